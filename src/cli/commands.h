@@ -1,0 +1,11 @@
+// The subcommands of the amsp executable. Each takes the arguments after its
+// own name and returns the process exit code; errors are thrown (core/error.h)
+// and reported by main.
+#pragma once
+
+namespace amsp::cli {
+
+int run_train(int argc, char** argv);
+int run_data_prepare(int argc, char** argv);
+
+}  // namespace amsp::cli

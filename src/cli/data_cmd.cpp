@@ -1,0 +1,41 @@
+// amsp data prepare: text files -> HDF5 token dataset.
+
+#include <iomanip>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "data/dataset.h"
+
+namespace amsp::cli {
+
+int run_data_prepare(int argc, char** argv) {
+  data::PrepareOptions opt;
+  po::options_description desc("Options");
+  desc.add_options()
+      ("input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->required()
+           ->value_name("FILE..."), "text files to tokenize; each is one document")
+      ("output", po::value<std::string>(&opt.output)->required()->value_name("FILE.h5"),
+           "the dataset to write")
+      ("tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("byte")
+           ->value_name("byte|FILE.model"),
+           "built-in byte-level tokenizer, or a SentencePiece model (e.g. LLaMA's tokenizer.model)")
+      ("valid-fraction", po::value<double>(&opt.valid_fraction)->default_value(0.05)->value_name("NUM"),
+           "share of tokens held out for validation, in [0, 0.5]");
+  po::variables_map vm;
+  if (!parse_command("data prepare", "Tokenizes text files into an HDF5 token dataset.", desc,
+                     argc, argv, vm))
+    return 0;
+  require(opt.valid_fraction >= 0 && opt.valid_fraction <= 0.5, "valid-fraction",
+          std::to_string(opt.valid_fraction), "a number in [0, 0.5]");
+
+  const data::PrepareReport r = data::prepare_dataset(opt);
+  std::cout << "wrote " << opt.output << ": " << r.documents << " documents, " << r.bytes_in
+            << " bytes -> " << r.train_tokens << " train + " << r.valid_tokens
+            << " validation tokens (tokenizer " << opt.tokenizer << ", vocabulary " << r.vocab_size
+            << ")\n";
+  return 0;
+}
+
+}  // namespace amsp::cli

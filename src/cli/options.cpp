@@ -1,0 +1,96 @@
+#include "cli/options.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "core/error.h"
+
+namespace amsp::cli {
+
+namespace {
+
+// What an option's value should look like, from its value_name ("INT", ...).
+std::string expected_for(const po::options_description& desc, const std::string& name) {
+  std::string key = name;
+  while (!key.empty() && key.front() == '-') key.erase(0, 1);
+  const po::option_description* opt = desc.find_nothrow(key, false);
+  if (!opt) return "a valid value";
+  const std::string arg = opt->semantic()->name();
+  if (arg == "INT") return "an integer";
+  if (arg == "NUM") return "a number";
+  if (arg == "FILE" || arg == "PATH") return "a path";
+  if (arg.empty()) return "no value";
+  return arg;
+}
+
+std::string dashed(const std::string& name) {
+  return name.rfind("--", 0) == 0 ? name : "--" + name;
+}
+
+}  // namespace
+
+void require(bool ok, const std::string& option, const std::string& value,
+             const std::string& expected) {
+  if (!ok) fail_usage("--", option, " ", value, ": expected ", expected);
+}
+
+bool parse_command(const std::string& command, const std::string& summary,
+                   const po::options_description& desc, int argc, char** argv,
+                   po::variables_map& vm, const po::positional_options_description* positional) {
+  po::options_description general("General");
+  general.add_options()("help,h", "print this help and exit")(
+      "config", po::value<std::string>()->value_name("FILE"),
+      "read options from an INI file (key = value; the command line wins)");
+  po::options_description all;
+  all.add(desc).add(general);
+
+  try {
+    po::command_line_parser parser(argc, argv);
+    parser.options(all);
+    if (positional) parser.positional(*positional);
+    po::store(parser.run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: amsp " << command << " [options]\n\n" << summary << "\n\n" << all;
+      return false;
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      if (!std::filesystem::is_regular_file(path))
+        fail_usage("--config ", path, ": no such file");
+      std::ifstream in(path);
+      if (!in) fail_usage("--config ", path, ": cannot read the file");
+      try {
+        po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
+      } catch (const po::unknown_option& e) {
+        fail_usage("--config ", path, ": unknown option '", e.get_option_name(),
+                   "'; see amsp ", command, " --help");
+      } catch (const po::invalid_option_value& e) {
+        fail_usage("--config ", path, ": option '", e.get_option_name(), "' has a bad value; expected ",
+                   expected_for(desc, e.get_option_name()));
+      } catch (const po::error& e) {
+        fail_usage("--config ", path, ": ", e.what());
+      }
+    }
+    po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    fail_usage("unknown option ", e.get_option_name(), "; see amsp ", command, " --help");
+  } catch (const po::invalid_option_value& e) {
+    fail_usage(dashed(e.get_option_name()), ": bad value; expected ",
+               expected_for(all, e.get_option_name()));
+  } catch (const po::required_option& e) {
+    fail_usage("missing required option ", dashed(e.get_option_name()), "; see amsp ", command,
+               " --help");
+  } catch (const po::multiple_occurrences& e) {
+    fail_usage("option ", dashed(e.get_option_name()), " given more than once");
+  } catch (const po::invalid_command_line_syntax& e) {
+    fail_usage(e.what(), "; see amsp ", command, " --help");
+  } catch (const po::too_many_positional_options_error& e) {
+    fail_usage("unexpected argument; see amsp ", command, " --help");
+  } catch (const po::error& e) {
+    fail_usage(e.what(), "; see amsp ", command, " --help");
+  }
+  return true;
+}
+
+}  // namespace amsp::cli

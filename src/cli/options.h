@@ -1,0 +1,26 @@
+// Shared plumbing for the subcommands: Boost.Program_options parsing with an
+// INI config file underneath the command line, and one-line errors.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+
+namespace amsp::cli {
+
+namespace po = boost::program_options;
+
+// Parses argv (after the subcommand words) against desc. Adds --help and
+// --config FILE; values from the config file (INI: `key = value`, sections map
+// to dotted names, e.g. [model] hidden_size = 64 is --model.hidden_size) fill
+// what the command line did not set. Throws UsageError with one line naming
+// the option and what was expected. Returns false if --help was printed.
+bool parse_command(const std::string& command, const std::string& summary,
+                   const po::options_description& desc, int argc, char** argv,
+                   po::variables_map& vm,
+                   const po::positional_options_description* positional = nullptr);
+
+// Range checks that name the option: require(vm, "steps", v >= 0, "an integer >= 0").
+void require(bool ok, const std::string& option, const std::string& value,
+             const std::string& expected);
+
+}  // namespace amsp::cli

@@ -1,0 +1,124 @@
+// amsp train: options -> engine::TrainOptions -> engine::train.
+
+#include <mpi.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "engine/trainer.h"
+#include "model/config.h"
+
+namespace amsp::cli {
+namespace {
+
+// MPI for the life of the command; finalised on every exit path.
+struct MpiSession {
+  MpiSession(int* argc, char*** argv) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  }
+  ~MpiSession() { MPI_Finalize(); }
+};
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  engine::TrainOptions o;
+  std::string model_name;
+  double lr = 0, min_lr = -1;
+  int64_t warmup = -1, seed = 0;
+
+  po::options_description desc("Options");
+  desc.add_options()
+      ("model", po::value<std::string>(&model_name)->default_value("tiny")->value_name("NAME|FILE"),
+           "model preset (inputs/models/NAME.json) or a Hugging Face config.json")
+      ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5"),
+           "token dataset from `amsp data prepare`")
+      ("steps", po::value<int64_t>(&o.steps)->default_value(300)->value_name("INT"),
+           "optimizer steps")
+      ("seed", po::value<int64_t>(&seed)->default_value(1337)->value_name("INT"),
+           "seed for initialisation and data sampling")
+      ("batch-size", po::value<int64_t>(&o.batch_size)->default_value(8)->value_name("INT"),
+           "sequences per micro-batch (per rank)")
+      ("seq-len", po::value<int64_t>(&o.seq_len)->default_value(128)->value_name("INT"),
+           "tokens per sequence")
+      ("grad-accum", po::value<int64_t>(&o.grad_accum)->default_value(1)->value_name("INT"),
+           "micro-batches per optimizer step")
+      ("lr", po::value<double>(&lr)->default_value(1e-3)->value_name("NUM"),
+           "peak learning rate")
+      ("min-lr", po::value<double>(&min_lr)->value_name("NUM"),
+           "learning rate at the last step (default: lr / 10)")
+      ("warmup-steps", po::value<int64_t>(&warmup)->value_name("INT"),
+           "linear warmup steps (default: 5% of steps)")
+      ("weight-decay", po::value<double>(&o.adamw.weight_decay)->default_value(0.1)->value_name("NUM"),
+           "AdamW decoupled weight decay")
+      ("decay-norms-and-embeddings", po::bool_switch(&o.adamw.decay_norms_and_embeddings),
+           "also decay RMSNorm weights and the token embedding")
+      ("beta1", po::value<double>(&o.adamw.beta1)->default_value(0.9)->value_name("NUM"), "AdamW beta1")
+      ("beta2", po::value<double>(&o.adamw.beta2)->default_value(0.95)->value_name("NUM"), "AdamW beta2")
+      ("adam-eps", po::value<double>(&o.adamw.eps)->default_value(1e-8)->value_name("NUM"), "AdamW epsilon")
+      ("grad-clip", po::value<double>(&o.grad_clip)->default_value(1.0)->value_name("NUM"),
+           "clip the global gradient norm to this; 0 disables")
+      ("eval-every", po::value<int64_t>(&o.eval_every)->default_value(50)->value_name("INT"),
+           "validation loss every N steps (and at the start and end); 0: start and end only")
+      ("eval-windows", po::value<int64_t>(&o.eval_windows)->default_value(64)->value_name("INT"),
+           "held-out windows per evaluation; 0: the whole split")
+      ("metrics", po::value<std::string>(&o.metrics_path)->value_name("FILE"),
+           "write one JSON line per step to FILE")
+      ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0)->value_name("NUM"),
+           "peak TFLOP/s for MFU; 0 measures this machine's sgemm peak")
+      ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"),
+           "OpenMP threads; 0 keeps OMP_NUM_THREADS or the core count");
+  po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
+  for (const auto& f : model::config_field_names())
+    fields.add_options()(("model." + f).c_str(), po::value<std::string>()->value_name("VALUE"),
+                         ("override " + f).c_str());
+  desc.add(fields);
+
+  po::variables_map vm;
+  if (!parse_command("train", "Trains a LLaMA model on a token dataset.", desc, argc, argv, vm))
+    return 0;
+
+  require(o.steps >= 1, "steps", std::to_string(o.steps), "an integer >= 1");
+  require(o.batch_size >= 1, "batch-size", std::to_string(o.batch_size), "an integer >= 1");
+  require(o.seq_len >= 2, "seq-len", std::to_string(o.seq_len), "an integer >= 2");
+  require(o.grad_accum >= 1, "grad-accum", std::to_string(o.grad_accum), "an integer >= 1");
+  require(seed >= 0, "seed", std::to_string(seed), "an integer >= 0");
+  require(lr > 0 && std::isfinite(lr), "lr", std::to_string(lr), "a number > 0");
+  require(o.grad_clip >= 0, "grad-clip", std::to_string(o.grad_clip), "a number >= 0");
+  require(o.eval_every >= 0, "eval-every", std::to_string(o.eval_every), "an integer >= 0");
+  require(o.eval_windows >= 0, "eval-windows", std::to_string(o.eval_windows), "an integer >= 0");
+  require(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "beta1", std::to_string(o.adamw.beta1), "a number in [0, 1)");
+  require(o.adamw.beta2 >= 0 && o.adamw.beta2 < 1, "beta2", std::to_string(o.adamw.beta2), "a number in [0, 1)");
+  require(o.adamw.eps > 0, "adam-eps", std::to_string(o.adamw.eps), "a number > 0");
+  require(o.adamw.weight_decay >= 0, "weight-decay", std::to_string(o.adamw.weight_decay), "a number >= 0");
+  require(o.threads >= 0, "threads", std::to_string(o.threads), "an integer >= 0");
+  require(o.peak_tflops >= 0, "peak-tflops", std::to_string(o.peak_tflops), "a number >= 0");
+
+  o.seed = static_cast<uint64_t>(seed);
+  o.model = model::load_config(model_name);
+  for (const auto& f : model::config_field_names()) {
+    if (vm.count("model." + f)) model::set_config_field(o.model, f, vm["model." + f].as<std::string>());
+  }
+  o.model.validate();
+  o.schedule.lr = lr;
+  o.schedule.min_lr = min_lr >= 0 ? min_lr : lr / 10;
+  o.schedule.warmup_steps = warmup >= 0 ? warmup : o.steps / 20;
+  require(o.schedule.min_lr <= lr, "min-lr", std::to_string(o.schedule.min_lr), "a number <= --lr");
+  require(o.schedule.warmup_steps <= o.steps, "warmup-steps", std::to_string(o.schedule.warmup_steps),
+          "at most --steps");
+
+  MpiSession mpi(&argc, &argv);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 1)
+    fail_usage("amsp train runs on one rank in this version; got ", world,
+               " ranks (launch without srun/mpiexec, or with one task)");
+  engine::train(o);
+  return 0;
+}
+
+}  // namespace amsp::cli

@@ -1,0 +1,89 @@
+// Token datasets in HDF5: what `amsp data prepare` writes and `amsp train` reads.
+//
+// File layout (format version 1), readable with h5py/h5dump:
+//   /                 attributes: format = "amsp-token-dataset", version = 1,
+//                     tokenizer = "byte" | "sentencepiece", vocab_size, bos_id,
+//                     eos_id, documents, sources (newline-joined input paths);
+//                     informative only: bytes_in, valid_fraction, split_block
+//   /train/tokens     1-D uint32 (chunked, deflate)
+//   /valid/tokens     1-D uint32, the held-out split (may be empty; a file
+//                     without it reads as an empty held-out split)
+//   /tokenizer/model  1-D uint8, the SentencePiece model proto (sentencepiece only)
+// Strings are variable-length UTF-8 (h5py reads them as str); integers int64.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace amsp::data {
+
+enum class Split { kTrain, kValid };
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;    // text files, each one document
+  std::string output;                 // .h5 path
+  std::string tokenizer = "byte";     // see make_tokenizer
+  double valid_fraction = 0.05;       // share of tokens held out
+};
+
+struct PrepareReport {
+  int64_t documents = 0;
+  int64_t bytes_in = 0;
+  int64_t train_tokens = 0;
+  int64_t valid_tokens = 0;
+  int64_t vocab_size = 0;
+};
+
+// Tokenizes the inputs and writes the dataset (to a temporary name, renamed into
+// place when complete, so a failed prepare never leaves a half-written file at
+// output). The held-out split takes every k-th block of the token stream so that
+// it samples the whole corpus rather than its last document.
+PrepareReport prepare_dataset(const PrepareOptions& options);
+
+// The tokenizer a dataset was prepared with (byte, or the stored SentencePiece
+// model), e.g. to decode samples. Throws UsageError like TokenDataset.
+std::unique_ptr<Tokenizer> dataset_tokenizer(const std::string& path);
+
+// A dataset opened for training; the splits are read into memory.
+class TokenDataset {
+ public:
+  // Throws UsageError with a one-line reason: missing file, not HDF5, wrong
+  // format attribute ("is this a tokenized dataset?"), unsupported version,
+  // missing /train/tokens, wrong dtype or rank, ids outside [0, vocab_size).
+  explicit TokenDataset(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::string& tokenizer() const { return tokenizer_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  const std::vector<int32_t>& tokens(Split split) const {
+    return split == Split::kTrain ? train_ : valid_;
+  }
+  // Largest token id in the split (checked against the model's vocab_size).
+  int32_t max_token(Split split) const;
+
+ private:
+  std::string path_;
+  std::string tokenizer_;
+  int64_t vocab_size_ = 0;
+  std::vector<int32_t> train_, valid_;
+};
+
+// Fills B windows of T+1 consecutive tokens: tokens[b*T + t] = w[t], targets =
+// w[t+1]. Training windows start at positions drawn from (seed, step, row) with
+// the counter-based RNG, row = first_row + b: a row's window depends only on
+// (seed, step, row), never on how rows are divided among ranks or micro-batches.
+// Throws UsageError if the split is shorter than T+1 tokens.
+void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
+                        int64_t B, int64_t T, int32_t* tokens, int32_t* targets);
+
+// Evaluation windows: the held-out split cut into consecutive windows of T+1
+// tokens (stride T); window i for i in [0, num_eval_windows). Deterministic.
+int64_t num_eval_windows(const TokenDataset& data, int64_t T);
+void eval_batch(const TokenDataset& data, int64_t first_window, int64_t B, int64_t T,
+                int32_t* tokens, int32_t* targets);
+
+}  // namespace amsp::data

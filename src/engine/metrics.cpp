@@ -1,0 +1,72 @@
+#include "engine/metrics.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace amsp::engine {
+
+MetricsSink::MetricsSink(const std::string& path) {
+  tty_ = isatty(STDOUT_FILENO) != 0;
+  if (path.empty()) return;
+  file_.open(path, std::ios::out | std::ios::trunc);
+  if (!file_) fail_usage("--metrics ", path, ": cannot create the file");
+}
+
+void MetricsSink::clear_status() {
+  if (status_shown_) std::printf("\r\033[K");
+  status_shown_ = false;
+}
+
+void MetricsSink::step(const StepMetrics& m) {
+  clear_status();
+  const int width = static_cast<int>(std::to_string(m.total_steps).size());
+  std::printf("step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %8.1f ms | %9.0f tok/s | MFU %5.1f%%\n",
+              width, static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss,
+              m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, 100.0 * m.mfu);
+  elapsed_ms_ += m.step_ms;
+  if (tty_ && m.step < m.total_steps) {
+    // A progress bar under the log lines, redrawn in place.
+    const int kBar = 30;
+    const int filled = static_cast<int>(kBar * m.step / std::max<int64_t>(1, m.total_steps));
+    const double eta_s = elapsed_ms_ / m.step * (m.total_steps - m.step) / 1000.0;
+    std::printf("[%s%s] %lld/%lld  ETA %dm%02ds", std::string(filled, '#').c_str(),
+                std::string(kBar - filled, '.').c_str(), static_cast<long long>(m.step),
+                static_cast<long long>(m.total_steps), static_cast<int>(eta_s) / 60,
+                static_cast<int>(eta_s) % 60);
+    status_shown_ = true;
+  }
+  std::fflush(stdout);
+  if (file_.is_open()) {
+    nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                        {"lr", m.lr},               {"grad_norm", m.grad_norm},
+                        {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
+                        {"mfu", m.mfu},             {"tokens", m.tokens}};
+    if (m.val_loss) j["val_loss"] = *m.val_loss;
+    file_ << j.dump() << "\n";
+    file_.flush();
+  }
+}
+
+void MetricsSink::eval(int64_t step, double val_loss, int64_t windows) {
+  clear_status();
+  std::printf("eval step %lld | val loss %.4f | %lld windows\n", static_cast<long long>(step),
+              val_loss, static_cast<long long>(windows));
+  std::fflush(stdout);
+  if (file_.is_open() && step == 0) {
+    // Steps >= 1 carry val_loss in their own line; the initial one stands alone.
+    file_ << nlohmann::json({{"step", 0}, {"val_loss", val_loss}}).dump() << "\n";
+    file_.flush();
+  }
+}
+
+void MetricsSink::finish(double seconds, int64_t steps) {
+  clear_status();
+  std::printf("done: %lld steps in %.1f s\n", static_cast<long long>(steps), seconds);
+  std::fflush(stdout);
+}
+
+}  // namespace amsp::engine

@@ -1,0 +1,44 @@
+// What a training step reports: one fixed-format console line on rank 0 and
+// the same fields as a JSON line in --metrics FILE. Field names are stable;
+// doc/metrics.md defines each.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace amsp::engine {
+
+struct StepMetrics {
+  int64_t step = 0;         // 1-based optimizer step
+  int64_t total_steps = 0;
+  double loss = 0;          // mean cross-entropy over the step's tokens
+  double lr = 0;
+  double grad_norm = 0;     // global L2 norm before clipping
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;           // fraction of peak
+  int64_t tokens = 0;       // tokens consumed so far
+  std::optional<double> val_loss;
+};
+
+class MetricsSink {
+ public:
+  // path empty: console only. Throws UsageError naming --metrics if the file
+  // cannot be created.
+  explicit MetricsSink(const std::string& path);
+  void step(const StepMetrics& m);
+  void eval(int64_t step, double val_loss, int64_t windows);
+  void finish(double seconds, int64_t steps);
+
+ private:
+  std::ofstream file_;
+  bool tty_ = false;
+  bool status_shown_ = false;
+  double elapsed_ms_ = 0;
+  void clear_status();
+};
+
+}  // namespace amsp::engine
