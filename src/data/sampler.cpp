@@ -1,0 +1,73 @@
+// Training and evaluation windows over a TokenDataset.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+
+namespace amsp::data {
+
+namespace {
+
+// RNG stream of training-window starts ("trainwin"); no other user of
+// core/rng.h may use it.
+constexpr uint64_t kTrainWindowStream = 0x747261696e77696eULL;
+
+// (step, row) -> a counter that is distinct for every pair with
+// 0 <= step, row < 2^32.
+uint64_t window_index(int64_t step, int64_t row) {
+  constexpr int64_t kLimit = int64_t{1} << 32;
+  if (step < 0 || step >= kLimit) fail("sample_train_batch: step ", step, " outside [0, 2^32)");
+  if (row < 0 || row >= kLimit) fail("sample_train_batch: row ", row, " outside [0, 2^32)");
+  return (static_cast<uint64_t>(step) << 32) | static_cast<uint64_t>(row);
+}
+
+void copy_window(const int32_t* w, int64_t T, int32_t* tokens, int32_t* targets) {
+  std::memcpy(tokens, w, sizeof(int32_t) * T);
+  std::memcpy(targets, w + 1, sizeof(int32_t) * T);
+}
+
+}  // namespace
+
+void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
+                        int64_t B, int64_t T, int32_t* tokens, int32_t* targets) {
+  if (T <= 0 || B < 0) fail("sample_train_batch: B = ", B, ", T = ", T, ": expected B >= 0, T > 0");
+  const auto& train = data.tokens(Split::kTrain);
+  const int64_t n = static_cast<int64_t>(train.size());
+  if (n < T + 1)
+    fail_usage("--data ", data.path(), ": train split has ", n, " tokens, fewer than one sequence of --seq-len ",
+               T, " + 1");
+  // Starts uniform over [0, n - (T+1)]: n - T choices.
+  const uint64_t choices = static_cast<uint64_t>(n - T);
+  for (int64_t b = 0; b < B; ++b) {
+    const uint64_t start = random_below(seed, kTrainWindowStream, window_index(step, first_row + b), choices);
+    copy_window(train.data() + start, T, tokens + b * T, targets + b * T);
+  }
+}
+
+int64_t num_eval_windows(const TokenDataset& data, int64_t T) {
+  if (T <= 0) fail("num_eval_windows: T = ", T, ": expected T > 0");
+  const int64_t n = static_cast<int64_t>(data.tokens(Split::kValid).size());
+  // Window i covers [i T, i T + T]; it fits when i T + T + 1 <= n.
+  return n < T + 1 ? 0 : (n - 1) / T;
+}
+
+void eval_batch(const TokenDataset& data, int64_t first_window, int64_t B, int64_t T, int32_t* tokens,
+                int32_t* targets) {
+  if (T <= 0 || B < 0) fail("eval_batch: B = ", B, ", T = ", T, ": expected B >= 0, T > 0");
+  const auto& valid = data.tokens(Split::kValid);
+  const int64_t windows = num_eval_windows(data, T);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t w = first_window + b;
+    if (w >= 0 && w < windows) {
+      copy_window(valid.data() + w * T, T, tokens + b * T, targets + b * T);
+    } else {
+      // Padding rows: targets -1 are ignored by the loss.
+      std::fill(tokens + b * T, tokens + (b + 1) * T, 0);
+      std::fill(targets + b * T, targets + (b + 1) * T, -1);
+    }
+  }
+}
+
+}  // namespace amsp::data
