@@ -60,6 +60,22 @@ def load_preset(model):
 
 # --- PyTorch ------------------------------------------------------------------
 
+def openblas_core_for_this_cpu():
+    """The OpenBLAS core amsp picks on this CPU (same rule as kernels/cpu/matmul.cpp)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    if all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
+        return "SkylakeX"
+    if "avx2" in flags and "fma" in flags:
+        return "Haswell"
+    if "avx" in flags:
+        return "SandyBridge"
+    return None
+
+
 def run_torch(cfg, batch, seq, steps, warmup, threads, lr, seed):
     """Runs torch_worker in a child process, so that the thread counts of OpenMP
     and of the BLAS library (read once, when they load) are those asked for.
@@ -74,6 +90,13 @@ def run_torch(cfg, batch, seq, steps, warmup, threads, lr, seed):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # amsp re-selects OpenBLAS's kernels when OpenBLAS does not know the CPU and
+    # falls back to its generic SSE3 ones (kernels/cpu/matmul.cpp). Give torch's
+    # OpenBLAS the same kernels, so the comparison is of the trainers, not of
+    # which sgemm each happened to load.
+    core = openblas_core_for_this_cpu()
+    if core:
+        env.setdefault("OPENBLAS_CORETYPE", core)
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-worker", json.dumps(job)],
                        stdout=subprocess.PIPE, env=env, text=True)
     if r.returncode != 0:

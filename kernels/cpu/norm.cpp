@@ -1,0 +1,79 @@
+// RMSNorm forward and backward (transformers' LlamaRMSNorm, fp32).
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/common/math.h"
+#include "kernels/cpu/ops.h"
+
+namespace amsp::kernels {
+
+void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows,
+                     int64_t dim, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    // Sum of squares in double: closer to torch's pairwise fp32 mean than a
+    // naive fp32 running sum, and still vectorised.
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < dim; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const float inv = rms_inv(static_cast<float>(ss), dim, eps);
+    inv_rms[r] = inv;
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) yr[j] = rmsnorm_element(xr[j], w[j], inv);
+  }
+}
+
+void rmsnorm_apply(const float* x, const float* w, const float* inv_rms, float* y, int64_t rows,
+                   int64_t dim) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    const float inv = inv_rms[r];
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) yr[j] = rmsnorm_element(xr[j], w[j], inv);
+  }
+}
+
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* inv_rms,
+                      float* dx, float* dw, int64_t rows, int64_t dim) {
+  // dx, row-parallel.
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    const float* dyr = dy + r * dim;
+    float* dxr = dx + r * dim;
+    const float inv = inv_rms[r];
+    double c = 0.0;
+#pragma omp simd reduction(+ : c)
+    for (int64_t j = 0; j < dim; ++j) c += static_cast<double>(w[j] * dyr[j]) * xr[j];
+    const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) dxr[j] += rmsnorm_dx_element(xr[j], w[j], dyr[j], inv, coef);
+  }
+  // dw: each thread owns a contiguous range of columns and walks the rows in
+  // order, so every column's sum has a fixed order whatever the thread count.
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t c0 = dim * t / nt, c1 = dim * (t + 1) / nt;
+    if (c1 > c0) {
+      std::vector<double> acc(c1 - c0, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * dim;
+        const float* dyr = dy + r * dim;
+        const float inv = inv_rms[r];
+        double* a = acc.data() - c0;
+#pragma omp simd
+        for (int64_t j = c0; j < c1; ++j) a[j] += static_cast<double>(dyr[j] * (xr[j] * inv));
+      }
+      for (int64_t j = c0; j < c1; ++j) dw[j] += static_cast<float>(acc[j - c0]);
+    }
+  }
+}
+
+}  // namespace amsp::kernels

@@ -1,0 +1,338 @@
+// Whole-model checks: layout, gradients against finite differences, gradient
+// accumulation, ignored targets, determinism, initialisation, FLOPs.
+#include "model/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "core/rng.h"
+
+namespace amsp::model {
+namespace {
+
+LlamaConfig micro_config() {
+  LlamaConfig c;
+  c.name = "micro";
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.vocab_size = 11;
+  c.max_position_embeddings = 32;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+using Buffers = std::vector<std::vector<float>>;
+
+// Parameters with larger-than-default spread so that every gradient is well
+// above the fp32 noise of a finite difference.
+Buffers make_params(const Llama& model, uint64_t seed, float matrix_scale = 15.0f) {
+  Buffers p;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const UnitSpec& unit = model.units()[u];
+    p.emplace_back(unit.numel);
+    init_unit_params(unit, u, seed, p.back().data());
+    for (const TensorSpec& t : unit.tensors)
+      for (int64_t i = 0; i < t.numel; ++i) {
+        float& v = p.back()[t.offset + i];
+        v = t.is_norm ? 1.0f + 0.2f * static_cast<float>(random_normal(seed + 1, u, t.offset + i))
+                      : v * matrix_scale;
+      }
+  }
+  return p;
+}
+
+Buffers zeros_like(const Buffers& b) {
+  Buffers z;
+  for (const auto& v : b) z.emplace_back(v.size(), 0.0f);
+  return z;
+}
+
+double run_forward(Llama& m, const Buffers& p, const std::vector<int32_t>& tok,
+                   const std::vector<int32_t>& tgt, int64_t B, int64_t T, float scale = 1.0f) {
+  m.set_batch(tok.data(), tgt.data(), B, T, scale);
+  for (int u = 0; u < m.num_units(); ++u) m.forward(u, p[u].data());
+  return m.loss_sum();
+}
+
+void run_step(Llama& m, const Buffers& p, Buffers& g, const std::vector<int32_t>& tok,
+              const std::vector<int32_t>& tgt, int64_t B, int64_t T, float scale = 1.0f) {
+  run_forward(m, p, tok, tgt, B, T, scale);
+  for (int u = m.num_units() - 1; u >= 0; --u) m.backward(u, p[u].data(), g[u].data());
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t stream) {
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(random_below(3, stream, i, vocab));
+  return t;
+}
+
+TEST(Layout, MatchesConfigAndHuggingFaceNames) {
+  LlamaConfig c = micro_config();
+  const auto units = build_layout(c);
+  ASSERT_EQ(units.size(), 4u);
+  EXPECT_EQ(units[0].kind, UnitKind::kEmbedding);
+  EXPECT_EQ(units[0].name, "embed");
+  EXPECT_EQ(units[1].kind, UnitKind::kDecoder);
+  EXPECT_EQ(units[1].layer, 0);
+  EXPECT_EQ(units[2].name, "layers.1");
+  EXPECT_EQ(units[3].kind, UnitKind::kHead);
+  EXPECT_EQ(units[3].name, "head");
+
+  int64_t total = 0;
+  std::set<std::string> names;
+  for (const auto& u : units) {
+    int64_t off = 0;
+    for (const auto& t : u.tensors) {
+      EXPECT_EQ(t.offset, off) << t.name;
+      int64_t n = 1;
+      for (auto d : t.shape) n *= d;
+      EXPECT_EQ(t.numel, n) << t.name;
+      off += t.numel;
+      EXPECT_TRUE(names.insert(t.name).second) << t.name;
+    }
+    EXPECT_EQ(u.numel, off);
+    total += u.numel;
+  }
+  EXPECT_EQ(total, c.num_parameters());
+  EXPECT_EQ(units[1].numel, c.num_parameters_per_layer());
+
+  ASSERT_EQ(units[0].tensors.size(), 1u);
+  EXPECT_EQ(units[0].tensors[0].name, "model.embed_tokens.weight");
+  EXPECT_TRUE(units[0].tensors[0].is_embedding);
+  EXPECT_EQ(units[0].tensors[0].shape, (std::vector<int64_t>{11, 16}));
+  const std::vector<std::string> layer_names = {
+      "input_layernorm.weight",      "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+      "self_attn.v_proj.weight",     "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+      "mlp.gate_proj.weight",        "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+  const std::vector<std::vector<int64_t>> layer_shapes = {{16},     {16, 16}, {8, 16},
+                                                          {8, 16},  {16, 16}, {16},
+                                                          {24, 16}, {24, 16}, {16, 24}};
+  ASSERT_EQ(units[2].tensors.size(), layer_names.size());
+  for (size_t i = 0; i < layer_names.size(); ++i) {
+    EXPECT_EQ(units[2].tensors[i].name, "model.layers.1." + layer_names[i]);
+    EXPECT_EQ(units[2].tensors[i].shape, layer_shapes[i]);
+    EXPECT_EQ(units[2].tensors[i].is_norm, layer_shapes[i].size() == 1);
+  }
+  ASSERT_EQ(units[3].tensors.size(), 2u);
+  EXPECT_EQ(units[3].tensors[0].name, "model.norm.weight");
+  EXPECT_TRUE(units[3].tensors[0].is_norm);
+  EXPECT_EQ(units[3].tensors[1].name, "lm_head.weight");
+  EXPECT_EQ(units[3].tensors[1].shape, (std::vector<int64_t>{11, 16}));
+}
+
+TEST(Llama, GradientsMatchFiniteDifferences) {
+  const LlamaConfig c = micro_config();
+  const int64_t B = 2, T = 5;
+  Llama model(c, B, T);
+  Buffers p = make_params(model, 11);
+  Buffers g = zeros_like(p);
+  const auto tok = random_tokens(B * T, c.vocab_size, 1);
+  auto tgt = random_tokens(B * T, c.vocab_size, 2);
+  tgt[3] = -100;  // ignored
+  tgt[7] = -1;
+  run_step(model, p, g, tok, tgt, B, T);
+  EXPECT_EQ(model.loss_count(), B * T - 2);
+
+  const float h = 1e-2f;
+  int checked = 0;
+  double worst = 0;
+  for (int u = 0; u < model.num_units(); ++u) {
+    for (const TensorSpec& t : model.units()[u].tensors) {
+      double gmax = 0;
+      int64_t imax = 0;
+      for (int64_t i = 0; i < t.numel; ++i) {
+        const double a = std::fabs(g[u][t.offset + i]);
+        if (a > gmax) gmax = a, imax = i;
+      }
+      EXPECT_GT(gmax, 1e-3) << t.name << " has no gradient";
+      std::vector<int64_t> sample = {imax};
+      for (int s = 0; s < 6; ++s)
+        sample.push_back(static_cast<int64_t>(random_below(5, u * 100 + checked, s, t.numel)));
+      for (int64_t i : sample) {
+        float& x = p[u][t.offset + i];
+        const float old = x;
+        x = old + h;
+        const float up = x;
+        const double fp = run_forward(model, p, tok, tgt, B, T);
+        x = old - h;
+        const float down = x;
+        const double fm = run_forward(model, p, tok, tgt, B, T);
+        x = old;
+        const double num = (fp - fm) / (static_cast<double>(up) - down);
+        const double ana = g[u][t.offset + i];
+        EXPECT_NEAR(ana, num, 2e-3 * std::max(1.0, gmax) + 3e-2 * std::fabs(num))
+            << t.name << "[" << i << "]";
+        worst = std::max(worst, std::fabs(ana - num) / (1e-3 + std::fabs(num)));
+        ++checked;
+      }
+    }
+  }
+  std::printf("worst relative error %.2e over %d samples\n", worst, checked);
+  EXPECT_EQ(checked, 7 * (1 + 2 * 9 + 2));  // every tensor of every unit
+}
+
+TEST(Llama, GradientsAccumulateAndScale) {
+  const LlamaConfig c = micro_config();
+  const int64_t B = 2, T = 5;
+  Llama model(c, B, T);
+  const Buffers p = make_params(model, 5, 1.0f);
+  const auto tok1 = random_tokens(B * T, c.vocab_size, 10), tgt1 = random_tokens(B * T, c.vocab_size, 11);
+  const auto tok2 = random_tokens(B * T, c.vocab_size, 12), tgt2 = random_tokens(B * T, c.vocab_size, 13);
+  Buffers g1 = zeros_like(p), g2 = zeros_like(p), g12 = zeros_like(p), g1s = zeros_like(p);
+  run_step(model, p, g1, tok1, tgt1, B, T);
+  run_step(model, p, g2, tok2, tgt2, B, T);
+  run_step(model, p, g12, tok1, tgt1, B, T);
+  run_step(model, p, g12, tok2, tgt2, B, T);
+  run_step(model, p, g1s, tok1, tgt1, B, T, 0.25f);
+  for (size_t u = 0; u < p.size(); ++u)
+    for (size_t i = 0; i < p[u].size(); ++i) {
+      const float s = g1[u][i] + g2[u][i];
+      ASSERT_NEAR(g12[u][i], s, 1e-5f * (1 + std::fabs(s))) << u << " " << i;
+      ASSERT_NEAR(g1s[u][i], 0.25f * g1[u][i], 1e-6f * (1 + std::fabs(g1[u][i]))) << u << " " << i;
+    }
+}
+
+TEST(Llama, IgnoredTargetsContributeNothing) {
+  const LlamaConfig c = micro_config();
+  const int64_t B = 2, T = 5;
+  Llama model(c, B, T);
+  const Buffers p = make_params(model, 6, 1.0f);
+  const auto tok = random_tokens(B * T, c.vocab_size, 20);
+  auto tgt = random_tokens(B * T, c.vocab_size, 21);
+
+  // All ignored: zero loss, zero count, zero gradient everywhere.
+  std::vector<int32_t> none(B * T, -100);
+  Buffers g = zeros_like(p);
+  run_step(model, p, g, tok, none, B, T);
+  EXPECT_EQ(model.loss_sum(), 0.0);
+  EXPECT_EQ(model.loss_count(), 0);
+  for (const auto& v : g)
+    for (float x : v) ASSERT_EQ(x, 0.0f);
+
+  // Some ignored: the loss is the sum over the others, from the logits.
+  tgt[0] = -1;
+  tgt[6] = -100;
+  const double loss = run_forward(model, p, tok, tgt, B, T);
+  EXPECT_EQ(model.loss_count(), B * T - 2);
+  double ref = 0;
+  for (int64_t r = 0; r < B * T; ++r) {
+    if (tgt[r] < 0) continue;
+    const float* z = model.logits() + r * c.vocab_size;
+    double s = 0;
+    for (int64_t j = 0; j < c.vocab_size; ++j) s += std::exp(static_cast<double>(z[j]));
+    ref += std::log(s) - z[tgt[r]];
+  }
+  EXPECT_NEAR(loss, ref, 1e-5 * ref);
+
+  // Changing an ignored position's target id changes nothing.
+  Buffers ga = zeros_like(p), gb = zeros_like(p);
+  run_step(model, p, ga, tok, tgt, B, T);
+  tgt[0] = -7;
+  run_step(model, p, gb, tok, tgt, B, T);
+  EXPECT_EQ(ga, gb);
+}
+
+TEST(Llama, ForwardWithoutTargetsGivesTheSameLogits) {
+  const LlamaConfig c = micro_config();
+  const int64_t B = 2, T = 5;
+  Llama model(c, B, T);
+  const Buffers p = make_params(model, 12, 1.0f);
+  const auto tok = random_tokens(B * T, c.vocab_size, 50), tgt = random_tokens(B * T, c.vocab_size, 51);
+  run_forward(model, p, tok, tgt, B, T);
+  const std::vector<float> with(model.logits(), model.logits() + B * T * c.vocab_size);
+  model.set_batch(tok.data(), nullptr, B, T, 1.0f);
+  for (int u = 0; u < model.num_units(); ++u) model.forward(u, p[u].data());
+  EXPECT_EQ(std::vector<float>(model.logits(), model.logits() + B * T * c.vocab_size), with);
+  EXPECT_EQ(model.loss_count(), 0);
+  Buffers g = zeros_like(p);
+  EXPECT_ANY_THROW(model.backward(model.num_units() - 1, p.back().data(), g.back().data()));
+}
+
+TEST(Llama, BitIdenticalAcrossRuns) {
+  // Big enough for OpenMP and OpenBLAS to split work, and for attention to
+  // span several query blocks.
+  LlamaConfig c = micro_config();
+  c.hidden_size = 64;
+  c.intermediate_size = 160;
+  c.vocab_size = 97;
+  c.max_position_embeddings = 128;
+  const int64_t B = 3, T = 80;
+  const auto tok = random_tokens(B * T, c.vocab_size, 30), tgt = random_tokens(B * T, c.vocab_size, 31);
+  auto once = [&](Buffers& g, std::vector<float>& logits) {
+    Llama model(c, B, T);
+    const Buffers p = make_params(model, 8, 1.0f);
+    g = zeros_like(p);
+    const double loss = run_forward(model, p, tok, tgt, B, T, 1.0f / (B * T));
+    logits.assign(model.logits(), model.logits() + B * T * c.vocab_size);
+    for (int u = model.num_units() - 1; u >= 0; --u) model.backward(u, p[u].data(), g[u].data());
+    return loss;
+  };
+  Buffers g1, g2;
+  std::vector<float> l1, l2;
+  const double a = once(g1, l1), b = once(g2, l2);
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(std::isfinite(a));
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(g1, g2);
+}
+
+TEST(Llama, ShorterBatchThanAllocated) {
+  // A micro-batch smaller than the allocation gives the same result as a
+  // model allocated exactly for it.
+  const LlamaConfig c = micro_config();
+  const auto tok = random_tokens(2 * 4, c.vocab_size, 40), tgt = random_tokens(2 * 4, c.vocab_size, 41);
+  Llama big(c, 3, 7), exact(c, 2, 4);
+  const Buffers p = make_params(big, 9, 1.0f);
+  Buffers gb = zeros_like(p), ge = zeros_like(p);
+  run_step(big, p, gb, tok, tgt, 2, 4);
+  run_step(exact, p, ge, tok, tgt, 2, 4);
+  EXPECT_EQ(big.loss_sum(), exact.loss_sum());
+  EXPECT_EQ(gb, ge);
+  EXPECT_ANY_THROW(big.set_batch(tok.data(), tgt.data(), 4, 2, 1.0f));
+  EXPECT_ANY_THROW(big.set_batch(tok.data(), tgt.data(), 1, 8, 1.0f));
+}
+
+TEST(Llama, InitUnitParams) {
+  const LlamaConfig c = micro_config();
+  const auto units = build_layout(c);
+  std::vector<float> a(units[1].numel), b(units[1].numel), d(units[2].numel);
+  init_unit_params(units[1], 1, 42, a.data());
+  init_unit_params(units[1], 1, 42, b.data());
+  init_unit_params(units[2], 2, 42, d.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(std::vector<float>(a.begin() + 16, a.begin() + 32),
+            std::vector<float>(d.begin() + 16, d.begin() + 32));
+  double s = 0, s2 = 0;
+  int64_t n = 0;
+  for (const auto& t : units[1].tensors)
+    for (int64_t i = 0; i < t.numel; ++i) {
+      const float v = a[t.offset + i];
+      if (t.is_norm) {
+        ASSERT_EQ(v, 1.0f);
+      } else {
+        s += v, s2 += double(v) * v, ++n;
+      }
+    }
+  EXPECT_NEAR(s / n, 0.0, 0.003);
+  EXPECT_NEAR(std::sqrt(s2 / n), 0.02, 0.002);
+}
+
+TEST(Llama, FlopsPerToken) {
+  LlamaConfig c = micro_config();
+  const double h = 16, kv = 8, i = 24, L = 2, V = 11, T = 5;
+  const double matmul = L * (2 * h * h + 2 * kv * h + 3 * h * i) + V * h;
+  EXPECT_DOUBLE_EQ(Llama::flops_per_token(c, 5), 6 * matmul + 6 * L * h * T);
+  // Matmul parameters are all but embedding and norms.
+  EXPECT_DOUBLE_EQ(matmul, c.num_parameters() - V * h - (2 * L + 1) * h);
+}
+
+}  // namespace
+}  // namespace amsp::model
