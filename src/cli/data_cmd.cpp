@@ -14,7 +14,7 @@ int run_data_prepare(int argc, char** argv) {
   data::PrepareOptions opt;
   po::options_description desc("Options");
   desc.add_options()
-      ("input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->required()
+      ("input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing()->required()
            ->value_name("FILE..."), "text files to tokenize; each is one document")
       ("output", po::value<std::string>(&opt.output)->required()->value_name("FILE.h5"),
            "the dataset to write")
@@ -28,7 +28,7 @@ int run_data_prepare(int argc, char** argv) {
                      argc, argv, vm))
     return 0;
   require(opt.valid_fraction >= 0 && opt.valid_fraction <= 0.5, "valid-fraction",
-          std::to_string(opt.valid_fraction), "a number in [0, 0.5]");
+          opt.valid_fraction, "a number in [0, 0.5]");
 
   const data::PrepareReport r = data::prepare_dataset(opt);
   std::cout << "wrote " << opt.output << ": " << r.documents << " documents, " << r.bytes_in

@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,7 +17,8 @@ std::string expected_for(const po::options_description& desc, const std::string&
   while (!key.empty() && key.front() == '-') key.erase(0, 1);
   const po::option_description* opt = desc.find_nothrow(key, false);
   if (!opt) return "a valid value";
-  const std::string arg = opt->semantic()->name();
+  std::string arg = opt->semantic()->name();  // "INT (=300)": drop the default
+  if (const size_t paren = arg.find(" (="); paren != std::string::npos) arg.resize(paren);
   if (arg == "INT") return "an integer";
   if (arg == "NUM") return "a number";
   if (arg == "FILE" || arg == "PATH") return "a path";
@@ -30,9 +32,21 @@ std::string dashed(const std::string& name) {
 
 }  // namespace
 
-void require(bool ok, const std::string& option, const std::string& value,
-             const std::string& expected) {
-  if (!ok) fail_usage("--", option, " ", value, ": expected ", expected);
+// A later occurrence of an option replaces an earlier one, so that scripts
+// can append overrides to a default command line. Composing options (--input)
+// collect every occurrence instead.
+void keep_last_occurrence(po::parsed_options& parsed, const po::options_description& desc) {
+  std::vector<po::option> kept;
+  for (auto it = parsed.options.rbegin(); it != parsed.options.rend(); ++it) {
+    const po::option_description* d = desc.find_nothrow(it->string_key, false);
+    const bool composing = d && d->semantic()->is_composing();
+    const bool dup = !it->string_key.empty() && !composing &&
+                     std::any_of(kept.begin(), kept.end(),
+                                 [&](const po::option& o) { return o.string_key == it->string_key; });
+    if (!dup) kept.push_back(*it);
+  }
+  std::reverse(kept.begin(), kept.end());
+  parsed.options = std::move(kept);
 }
 
 bool parse_command(const std::string& command, const std::string& summary,
@@ -49,7 +63,9 @@ bool parse_command(const std::string& command, const std::string& summary,
     po::command_line_parser parser(argc, argv);
     parser.options(all);
     if (positional) parser.positional(*positional);
-    po::store(parser.run(), vm);
+    po::parsed_options parsed = parser.run();
+    keep_last_occurrence(parsed, all);
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << "usage: amsp " << command << " [options]\n\n" << summary << "\n\n" << all;
       return false;

@@ -5,6 +5,8 @@
 #include <boost/program_options.hpp>
 #include <string>
 
+#include "core/error.h"
+
 namespace amsp::cli {
 
 namespace po = boost::program_options;
@@ -19,8 +21,11 @@ bool parse_command(const std::string& command, const std::string& summary,
                    po::variables_map& vm,
                    const po::positional_options_description* positional = nullptr);
 
-// Range checks that name the option: require(vm, "steps", v >= 0, "an integer >= 0").
-void require(bool ok, const std::string& option, const std::string& value,
-             const std::string& expected);
+// Range checks that name the option and the value given:
+// require(v >= 1, "steps", v, "an integer >= 1").
+template <typename T>
+void require(bool ok, const std::string& option, const T& value, const std::string& expected) {
+  if (!ok) fail_usage("--", option, " ", value, ": expected ", expected);
+}
 
 }  // namespace amsp::cli

@@ -82,21 +82,21 @@ int run_train(int argc, char** argv) {
   if (!parse_command("train", "Trains a LLaMA model on a token dataset.", desc, argc, argv, vm))
     return 0;
 
-  require(o.steps >= 1, "steps", std::to_string(o.steps), "an integer >= 1");
-  require(o.batch_size >= 1, "batch-size", std::to_string(o.batch_size), "an integer >= 1");
-  require(o.seq_len >= 2, "seq-len", std::to_string(o.seq_len), "an integer >= 2");
-  require(o.grad_accum >= 1, "grad-accum", std::to_string(o.grad_accum), "an integer >= 1");
-  require(seed >= 0, "seed", std::to_string(seed), "an integer >= 0");
-  require(lr > 0 && std::isfinite(lr), "lr", std::to_string(lr), "a number > 0");
-  require(o.grad_clip >= 0, "grad-clip", std::to_string(o.grad_clip), "a number >= 0");
-  require(o.eval_every >= 0, "eval-every", std::to_string(o.eval_every), "an integer >= 0");
-  require(o.eval_windows >= 0, "eval-windows", std::to_string(o.eval_windows), "an integer >= 0");
-  require(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "beta1", std::to_string(o.adamw.beta1), "a number in [0, 1)");
-  require(o.adamw.beta2 >= 0 && o.adamw.beta2 < 1, "beta2", std::to_string(o.adamw.beta2), "a number in [0, 1)");
-  require(o.adamw.eps > 0, "adam-eps", std::to_string(o.adamw.eps), "a number > 0");
-  require(o.adamw.weight_decay >= 0, "weight-decay", std::to_string(o.adamw.weight_decay), "a number >= 0");
-  require(o.threads >= 0, "threads", std::to_string(o.threads), "an integer >= 0");
-  require(o.peak_tflops >= 0, "peak-tflops", std::to_string(o.peak_tflops), "a number >= 0");
+  require(o.steps >= 1, "steps", o.steps, "an integer >= 1");
+  require(o.batch_size >= 1, "batch-size", o.batch_size, "an integer >= 1");
+  require(o.seq_len >= 2, "seq-len", o.seq_len, "an integer >= 2");
+  require(o.grad_accum >= 1, "grad-accum", o.grad_accum, "an integer >= 1");
+  require(seed >= 0, "seed", seed, "an integer >= 0");
+  require(lr > 0 && std::isfinite(lr), "lr", lr, "a number > 0");
+  require(o.grad_clip >= 0, "grad-clip", o.grad_clip, "a number >= 0");
+  require(o.eval_every >= 0, "eval-every", o.eval_every, "an integer >= 0");
+  require(o.eval_windows >= 0, "eval-windows", o.eval_windows, "an integer >= 0");
+  require(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "beta1", o.adamw.beta1, "a number in [0, 1)");
+  require(o.adamw.beta2 >= 0 && o.adamw.beta2 < 1, "beta2", o.adamw.beta2, "a number in [0, 1)");
+  require(o.adamw.eps > 0, "adam-eps", o.adamw.eps, "a number > 0");
+  require(o.adamw.weight_decay >= 0, "weight-decay", o.adamw.weight_decay, "a number >= 0");
+  require(o.threads >= 0, "threads", o.threads, "an integer >= 0");
+  require(o.peak_tflops >= 0, "peak-tflops", o.peak_tflops, "a number >= 0");
 
   o.seed = static_cast<uint64_t>(seed);
   o.model = model::load_config(model_name);
@@ -107,8 +107,8 @@ int run_train(int argc, char** argv) {
   o.schedule.lr = lr;
   o.schedule.min_lr = min_lr >= 0 ? min_lr : lr / 10;
   o.schedule.warmup_steps = warmup >= 0 ? warmup : o.steps / 20;
-  require(o.schedule.min_lr <= lr, "min-lr", std::to_string(o.schedule.min_lr), "a number <= --lr");
-  require(o.schedule.warmup_steps <= o.steps, "warmup-steps", std::to_string(o.schedule.warmup_steps),
+  require(o.schedule.min_lr <= lr, "min-lr", o.schedule.min_lr, "a number <= --lr");
+  require(o.schedule.warmup_steps <= o.steps, "warmup-steps", o.schedule.warmup_steps,
           "at most --steps");
 
   MpiSession mpi(&argc, &argv);
