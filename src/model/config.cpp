@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace amsp::model {
 namespace fs = std::filesystem;
@@ -141,30 +142,16 @@ LlamaConfig load_config(const std::string& name_or_path) {
 void set_config_field(LlamaConfig& config, const std::string& field, const std::string& value) {
   for (const auto& f : kIntFields) {
     if (field != f.name) continue;
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(value, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != value.size() || value.empty())
-      fail_usage("--model.", field, " = '", value, "': expected an integer");
-    config.*f.member = v;
+    const auto v = parse_int(value);
+    if (!v) fail_usage("--model.", field, " = '", value, "': expected an integer");
+    config.*f.member = *v;
     return;
   }
   for (const auto& f : kRealFields) {
     if (field != f.name) continue;
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(value, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != value.size() || value.empty())
-      fail_usage("--model.", field, " = '", value, "': expected a number");
-    config.*f.member = v;
+    const auto v = parse_double(value);
+    if (!v) fail_usage("--model.", field, " = '", value, "': expected a number");
+    config.*f.member = *v;
     return;
   }
   fail_usage("--model.", field, ": unknown model field");

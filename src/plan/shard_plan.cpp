@@ -4,21 +4,15 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace amsp::plan {
 namespace {
 
 int64_t parse_positive(const std::string& text, const std::string& context) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || v < 1)
-    fail_usage("--shard ", context, ": '", text, "' is not a positive integer");
-  return v;
+  const auto v = parse_int(text);
+  if (!v || *v < 1) fail_usage("--shard ", context, ": '", text, "' is not a positive integer");
+  return *v;
 }
 
 void check_factor(const Factor& f, const char* state, const MeshShape& mesh) {
