@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""System tests of topology discovery on a real (local) Slurm cluster and under mpiexec.
+
+usage: slurm_test.py CASE --probe PATH --work DIR [--cluster-scripts DIR] [--mpiexec PATH]
+
+CASE is one of
+  hostlist      amsp_topology_probe --expand agrees with `scontrol show hostnames`
+  srun-4x2      srun -N 4 --ntasks-per-node=2: 8 ranks, 2 per node, switches s1/s2
+  srun-2nodes   srun -N 2 with 2+2 ranks, 3 ranks ("2,1"), cyclic distribution, and
+                --require-equal failing on the unequal layout
+  mpiexec-alloc mpiexec inside an allocation (ranks are not Slurm tasks): MPI fallback
+  mpiexec       mpiexec -n 4 without Slurm: one node, 4 local ranks
+
+The Slurm cases start slurm/local-cluster/start.sh into a fresh directory under --work
+and always stop it again (finally + signal handlers + an internal deadline below the
+CTest timeout).  Exit code 77 (CTest SKIP_RETURN_CODE) if Slurm, munge or root is missing.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+SKIP = 77
+# Ports of the test clusters: not the defaults of start.sh, so a cluster a developer
+# started by hand keeps running undisturbed.
+CTLD_PORT = "16917"
+NODE_PORT = "17101"
+DEADLINE = 100  # seconds for a whole case, below the CTest TIMEOUT
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def clean_env(extra=None):
+    """This environment without any Slurm variables (the tests may run inside a job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "PMI_", "HYDRA_"))}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run(cmd, env, timeout=45, expect_rc=0):
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if expect_rc is not None and p.returncode != expect_rc:
+        raise Failure(f"{' '.join(cmd)} exited with {p.returncode}, expected {expect_rc}\n"
+                      f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def probe_output(stdout):
+    """The probe's per-rank records (by rank) and its summary."""
+    ranks, summary = {}, None
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        obj = json.loads(line)
+        if "summary" in obj:
+            summary = obj
+        else:
+            ranks[obj["rank"]] = obj
+    check(summary is not None, f"no summary line in probe output:\n{stdout}")
+    return [ranks[r] for r in sorted(ranks)], summary
+
+
+class Cluster:
+    def __init__(self, scripts, work):
+        self.scripts = scripts
+        self.dir = os.path.join(work, "cluster")
+        self.env = clean_env({"SLURM_CONF": os.path.join(self.dir, "slurm.conf")})
+
+    def start(self):
+        # A run killed before its cleanup may have left daemons in this directory.
+        self.stop(quiet=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        env = clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT, "AMSP_SLURM_NODE_PORT": NODE_PORT,
+                         "AMSP_SLURM_TIMEOUT": "40"})
+        run([os.path.join(self.scripts, "start.sh"), self.dir], env, timeout=60)
+
+    def stop(self, quiet=False):
+        p = subprocess.run([os.path.join(self.scripts, "stop.sh"), self.dir], env=clean_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
+        if not quiet or p.returncode != 0:
+            print(p.stdout, end="", flush=True)
+        return p.returncode == 0
+
+
+def case_hostlist(args, cluster):
+    same = [
+        "n[1-4]", "n[001-003]", "n[08-11]", "n[1-003]", "n[001-3]", "n[01-100]", "n[007]", "n[0-1]",
+        "a[1-2,5],b7,c[01-02]x[3-4]", "rack[1-2]-n[1-2]", "n[1-2][3]", "n[1-2]x[5]",
+        "r[1-2]c[01-02]n[0-1]", "n[1,3-4,10],m2", "n[1-2],n1", ",n1,,n2,", "a b", "x", "n-1",
+        "node[9-11],gpu[0001-0002]", "a[1-2]b[1-2]c[1-2]d[1-2]", "x[1-3]y[0-1]z[7,9],w[5]",
+    ]
+    for expr in same:
+        ours = run([args.probe, "--expand", expr], cluster.env).stdout.split()
+        theirs = run(["scontrol", "show", "hostnames", expr], cluster.env).stdout.split()
+        check(ours == theirs, f"{expr!r}: amsp expands to {ours}, Slurm to {theirs}")
+        print(f"ok {expr!r} -> {len(ours)} names")
+    for expr in ["n[3-1]", "n[]", "n[a-b]", "n[1,,2]", "n[-1]", "n[1-2-3]", "n[1-3]]"]:
+        theirs = run(["scontrol", "show", "hostnames", expr], cluster.env)
+        check("Invalid hostlist" in theirs.stdout + theirs.stderr, f"{expr!r}: Slurm accepted it: {theirs.stdout}")
+        ours = run([args.probe, "--expand", expr], cluster.env, expect_rc=2)
+        msg = ours.stderr.strip()
+        check(ours.stdout == "" and msg.count("\n") == 0 and "bad host list" in msg,
+              f"{expr!r}: expected a one-line 'bad host list' error, got {ours.stderr!r}")
+        print(f"ok {expr!r} rejected by both: {msg}")
+
+
+def srun(args, cluster, *opts, expect_rc=0, probe_args=()):
+    return run(["srun", "--mpi=pmi2", "--time=2", *opts, args.probe, *probe_args], cluster.env, expect_rc=expect_rc)
+
+
+def check_ranks(ranks, summary, world, nodes_tasks, switch_of):
+    """Common checks: ranks 0..world-1, node/local consistency, positions a permutation."""
+    check(len(ranks) == world, f"{len(ranks)} rank records, expected {world}")
+    tasks = dict(nodes_tasks)
+    for r in ranks:
+        check(r["source"] == "slurm", f"rank {r['rank']}: source {r['source']}, expected slurm")
+        check(r["world_size"] == world, f"rank {r['rank']}: world_size {r['world_size']}")
+        check(r["num_nodes"] == len(tasks), f"rank {r['rank']}: num_nodes {r['num_nodes']}")
+        check(r["local_size"] == tasks[r["node_name"]], f"rank {r['rank']}: local_size {r['local_size']} on {r['node_name']}")
+        check(r["switch_path"] == switch_of[r["node_name"]], f"rank {r['rank']}: switch path {r['switch_path']}")
+        check(r["leaf_switch"] == switch_of[r["node_name"]].split(".")[-1], f"rank {r['rank']}: leaf {r['leaf_switch']}")
+    by_node = {}
+    for r in ranks:
+        by_node.setdefault(r["node_name"], []).append(r["local_rank"])
+    check({n: sorted(l) for n, l in by_node.items()} == {n: list(range(c)) for n, c in tasks.items()},
+          f"local ranks per node {by_node}, expected {tasks}")
+    check(sorted(r["position"] for r in ranks) == list(range(world)), "positions are not a permutation")
+    check(summary["ranks_in_order"] == [r["rank"] for r in sorted(ranks, key=lambda r: r["position"])],
+          "ranks_in_order disagrees with the positions")
+
+
+SWITCH = {"n1": "top.s1", "n2": "top.s1", "n3": "top.s2", "n4": "top.s2"}
+
+
+def case_srun_4x2(args, cluster):
+    ranks, summary = probe_output(srun(args, cluster, "-N", "4", "--ntasks-per-node=2").stdout)
+    print(summary["summary"])
+    check_ranks(ranks, summary, 8, {"n1": 2, "n2": 2, "n3": 2, "n4": 2}, SWITCH)
+    for r in ranks:  # block distribution: rank r on node r // 2, node ids in list order
+        check(r["node_name"] == f"n{r['rank'] // 2 + 1}" and r["node"] == r["rank"] // 2
+              and r["local_rank"] == r["rank"] % 2 and r["position"] == r["rank"], f"rank record {r}")
+    check(summary["node_order"] == ["n1", "n2", "n3", "n4"], f"node order {summary['node_order']}")
+    check(summary["equal_tasks_per_node"] and summary["has_switch_info"], "summary flags")
+    check(summary["groups_under_leaf_switch"] == {"1": True, "2": True, "3": False, "4": False},
+          f"groups under one leaf switch: {summary['groups_under_leaf_switch']}")
+
+    # Three nodes across both switches (n2 under s1, n3 and n4 under s2).
+    ranks, summary = probe_output(srun(args, cluster, "-N", "3", "-w", "n2,n3,n4", "--ntasks-per-node=1").stdout)
+    print(summary["summary"])
+    check_ranks(ranks, summary, 3, {"n2": 1, "n3": 1, "n4": 1}, SWITCH)
+    check(summary["node_order"] == ["n2", "n3", "n4"], f"node order {summary['node_order']}")
+    check(summary["groups_under_leaf_switch"]["1"] and not summary["groups_under_leaf_switch"]["3"],
+          f"groups {summary['groups_under_leaf_switch']}")
+
+
+def case_srun_2nodes(args, cluster):
+    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "--ntasks-per-node=2").stdout)
+    print(summary["summary"])
+    check_ranks(ranks, summary, 4, {"n1": 2, "n2": 2}, SWITCH)
+    check(summary["groups_under_leaf_switch"] == {"1": True, "2": True}, "n1 and n2 share s1")
+
+    # Unequal: 3 tasks on 2 nodes, SLURM_TASKS_PER_NODE="2,1".
+    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-n", "3").stdout)
+    print(summary["summary"])
+    check_ranks(ranks, summary, 3, {"n1": 2, "n2": 1}, SWITCH)
+    check(summary["tasks_per_node"] == [2, 1] and not summary["equal_tasks_per_node"],
+          f"tasks per node {summary['tasks_per_node']}")
+    p = srun(args, cluster, "-N", "2", "-n", "3", expect_rc=None, probe_args=["--require-equal"])
+    check(p.returncode != 0, "--require-equal accepted 2+1 ranks")
+    lines = [l for l in p.stderr.splitlines() if l.startswith("amsp_topology_probe:")]
+    check(len(lines) == 1 and "same number of ranks on every node" in lines[0] and "n1=2, n2=1" in lines[0],
+          f"expected one error line from rank 0, got stderr:\n{p.stderr}")
+    print("ok unequal layout refused:", lines[0])
+
+    # Cyclic distribution: rank r on node r % 2; node-major positions regroup them.
+    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-n", "4", "-m", "cyclic").stdout)
+    print(summary["summary"])
+    check_ranks(ranks, summary, 4, {"n1": 2, "n2": 2}, SWITCH)
+    check([r["node_name"] for r in ranks] == ["n1", "n2", "n1", "n2"], "cyclic placement")
+    check(summary["ranks_in_order"] == [0, 2, 1, 3], f"ranks in order {summary['ranks_in_order']}")
+
+
+def case_mpiexec_alloc(args, cluster):
+    # Hydra starts one proxy per node through srun; the ranks are not Slurm tasks, so
+    # discovery falls back to shared-memory groups, named by SLURMD_NODENAME.
+    p = run(["salloc", "-N", "2", "--ntasks-per-node=2", "--time=2", args.mpiexec, "-n", "4", args.probe],
+            cluster.env)
+    ranks, summary = probe_output(p.stdout)
+    print(summary["summary"])
+    check(len(ranks) == 4, f"{len(ranks)} ranks")
+    for r in ranks:
+        check(r["source"] == "mpi", f"rank {r['rank']}: source {r['source']}, expected mpi")
+        check(r["local_rank"] == r["rank"] % 2 and r["local_size"] == 2, f"rank record {r}")
+        check(r["node_name"] == f"n{r['rank'] // 2 + 1}" and r["switch_path"] == "top.s1", f"rank record {r}")
+    check(summary["node_order"] == ["n1", "n2"], f"node order {summary['node_order']}")
+
+
+def case_mpiexec(args):
+    p = run([args.mpiexec, "-n", "4", args.probe], clean_env())
+    ranks, summary = probe_output(p.stdout)
+    print(summary["summary"])
+    check(len(ranks) == 4, f"{len(ranks)} ranks")
+    names = {r["node_name"] for r in ranks}
+    check(len(names) == 1, f"node names {names}")
+    host = socket.gethostname()
+    check(names == {host}, f"node name {names}, host name {host}")
+    for r in ranks:
+        check(r["source"] == "mpi" and r["num_nodes"] == 1 and r["node"] == 0, f"rank record {r}")
+        check(r["local_rank"] == r["rank"] and r["local_size"] == 4 and r["position"] == r["rank"], f"rank record {r}")
+        check(r["switch_path"] == "", f"rank {r['rank']}: switch path {r['switch_path']!r} without Slurm")
+    check(summary["equal_tasks_per_node"] and not summary["has_switch_info"], "summary flags")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=["hostlist", "srun-4x2", "srun-2nodes", "mpiexec-alloc", "mpiexec"])
+    ap.add_argument("--probe", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--cluster-scripts", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                              "..", "..", "slurm", "local-cluster"))
+    ap.add_argument("--mpiexec", default="mpiexec")
+    args = ap.parse_args()
+    args.probe = os.path.abspath(args.probe)
+    args.cluster_scripts = os.path.abspath(args.cluster_scripts)
+    args.work = os.path.abspath(os.path.join(args.work, args.case))
+
+    if args.case == "mpiexec":
+        try:
+            case_mpiexec(args)
+        except (Failure, subprocess.TimeoutExpired) as e:
+            print(f"FAIL: {e}", file=sys.stderr)
+            return 1
+        print("PASS")
+        return 0
+
+    missing = [t for t in ("srun", "salloc", "scontrol", "sinfo", "slurmctld", "slurmd", "munged")
+               if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+    if missing or os.geteuid() != 0:
+        print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+        return SKIP
+    os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+
+    os.makedirs(args.work, exist_ok=True)
+    cluster = Cluster(args.cluster_scripts, args.work)
+
+    def on_signal(signum, frame):
+        raise Failure(f"interrupted by signal {signum}" if signum != signal.SIGALRM
+                      else f"case took longer than {DEADLINE} s")
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(s, on_signal)
+    signal.alarm(DEADLINE)
+
+    code = 0
+    try:
+        cluster.start()
+        {"hostlist": case_hostlist, "srun-4x2": case_srun_4x2, "srun-2nodes": case_srun_2nodes,
+         "mpiexec-alloc": case_mpiexec_alloc}[args.case](args, cluster)
+        print("PASS")
+    except (Failure, subprocess.TimeoutExpired) as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+        code = 1
+    finally:
+        signal.alarm(0)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
+        if not cluster.stop():
+            print("FAIL: stop.sh could not stop the cluster", file=sys.stderr)
+            code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

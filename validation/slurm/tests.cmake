@@ -1,0 +1,37 @@
+# Topology discovery: the probe program and its system tests.  Included from
+# validation/CMakeLists.txt (so CMAKE_CURRENT_SOURCE_DIR is validation/).
+#
+#   ctest -L slurm   tests on a real 4-node Slurm cluster started on this machine
+#                    (slurm/local-cluster/start.sh; needs root, munge and slurm-wlm;
+#                    skipped otherwise); each starts its own cluster under the build
+#                    directory and stops it again
+#   ctest -L mpi     mpiexec without Slurm
+
+add_executable(amsp_topology_probe ${CMAKE_CURRENT_SOURCE_DIR}/slurm/topology_probe.cpp)
+target_compile_options(amsp_topology_probe PRIVATE ${AMSP_WARNINGS})
+target_link_libraries(amsp_topology_probe PRIVATE amsp_core)
+
+set(AMSP_SLURM_TEST ${CMAKE_CURRENT_SOURCE_DIR}/slurm/slurm_test.py)
+set(AMSP_SLURM_TEST_ARGS
+  --probe $<TARGET_FILE:amsp_topology_probe>
+  --work ${CMAKE_BINARY_DIR}/test-work/slurm
+  --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster
+  --mpiexec ${MPIEXEC_EXECUTABLE})
+
+# test name -> case of slurm_test.py
+set(AMSP_SLURM_CASES
+  slurm_hostlist hostlist
+  slurm_srun_4x2 srun-4x2
+  slurm_srun_2nodes srun-2nodes
+  slurm_mpiexec_in_allocation mpiexec-alloc)
+while(AMSP_SLURM_CASES)
+  list(POP_FRONT AMSP_SLURM_CASES test_name test_case)
+  add_test(NAME ${test_name} COMMAND python3 ${AMSP_SLURM_TEST} ${test_case} ${AMSP_SLURM_TEST_ARGS})
+  # The script gives itself 100 s and always stops its cluster; the clusters share ports.
+  set_tests_properties(${test_name} PROPERTIES LABELS slurm RUN_SERIAL TRUE TIMEOUT 150
+    SKIP_RETURN_CODE 77)
+endwhile()
+
+add_test(NAME mpi_topology_shared_memory
+  COMMAND python3 ${AMSP_SLURM_TEST} mpiexec ${AMSP_SLURM_TEST_ARGS})
+set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60)
