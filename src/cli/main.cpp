@@ -20,6 +20,7 @@ struct Command {
 const Command kCommands[] = {
     {"train", "train a LLaMA model", amsp::cli::run_train},
     {"data prepare", "tokenize text files into an HDF5 token dataset", amsp::cli::run_data_prepare},
+    {"comm-bench", "measure the collectives (nccl-tests style) and write a bandwidth table", amsp::cli::run_comm_bench},
 };
 
 void print_usage(std::ostream& os) {
@@ -69,8 +70,9 @@ int main(int argc, char** argv) {
     }
     std::string words = argv[1];
     if (argc > 2 && argv[2][0] != '-') words += std::string(" ") + argv[2];
-    amsp::fail_usage("unknown command '", words, "'; expected one of: train, data prepare "
-                     "(see amsp --help)");
+    std::string known;
+    for (const auto& c : kCommands) known += std::string(known.empty() ? "" : ", ") + c.words;
+    amsp::fail_usage("unknown command '", words, "'; expected one of: ", known, " (see amsp --help)");
   } catch (const amsp::Error& e) {
     std::cerr << "amsp: error: " << e.what() << "\n";
     return e.exit_code();

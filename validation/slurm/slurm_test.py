@@ -10,6 +10,8 @@ CASE is one of
                 --require-equal failing on the unequal layout
   mpiexec-alloc mpiexec inside an allocation (ranks are not Slurm tasks): MPI fallback
   mpiexec       mpiexec -n 4 without Slurm: one node, 4 local ranks
+  mesh-groups   srun -N 4 --ntasks-per-node=2: the five groups of several shard plans,
+                as communicators, have the members worked out by hand below
 
 The Slurm cases start slurm/local-cluster/start.sh into a fresh directory under --work
 and always stop it again (finally + signal handlers + an internal deadline below the
@@ -227,9 +229,76 @@ def case_mpiexec(args):
     check(summary["equal_tasks_per_node"] and not summary["has_switch_info"], "summary flags")
 
 
+# Expected groups on 4 nodes x 2 ranks (rank r on node n{r//2+1}; n1, n2 under switch
+# s1, n3, n4 under s2), worked out by hand from the design note's coordinates (P
+# fastest, then G, OS, replica). Each entry: group -> function of the rank giving the
+# world ranks of its group in group order.
+def _self(r):
+    return [r]
+
+
+MESH_EXPECTED = {
+    "zero3": {"P": lambda r: list(range(8)), "G": _self, "OS": _self, "replica": _self, "gather": _self},
+    "zero1": {"P": _self, "G": _self, "OS": lambda r: list(range(8)), "replica": _self,
+              "gather": lambda r: list(range(8))},
+    "zero2": {"P": _self, "G": lambda r: list(range(8)), "OS": _self, "replica": _self,
+              "gather": lambda r: list(range(8))},
+    "mics:2": {"P": lambda r: [r - r % 2, r - r % 2 + 1], "G": _self, "OS": _self,
+               "replica": lambda r: [r % 2, r % 2 + 2, r % 2 + 4, r % 2 + 6], "gather": _self},
+    # Groups of two whole nodes: n1+n2 (switch s1) and n3+n4 (switch s2).
+    "mics:4": {"P": lambda r: [0, 1, 2, 3] if r < 4 else [4, 5, 6, 7], "G": _self, "OS": _self,
+               "replica": lambda r: [r % 4, r % 4 + 4], "gather": _self},
+    # Mixed, OS spanning two nodes: G pairs a node's ranks, OS pairs the same local
+    # rank of two nodes under one switch; the gather group lists OS-shards in P-shard order.
+    "p=1,g=2x1,os=2x2": {"P": _self, "G": lambda r: [r - r % 2, r - r % 2 + 1],
+                         "OS": lambda r: [r % 2 + 4 * (r // 4), r % 2 + 4 * (r // 4) + 2],
+                         "replica": lambda r: [r % 4, r % 4 + 4],
+                         "gather": lambda r: [4 * (r // 4) + i for i in (0, 2, 1, 3)]},
+    "p=2x1,g=2x2,os=2x4": {"P": lambda r: [r - r % 2, r - r % 2 + 1],
+                           "G": lambda r: [r % 2 + 4 * (r // 4), r % 2 + 4 * (r // 4) + 2],
+                           "OS": lambda r: [r % 4, r % 4 + 4], "replica": _self,
+                           "gather": lambda r: [r % 2 + i for i in (0, 4, 2, 6)]},
+}
+
+
+def case_mesh_groups(args, cluster):
+    plans = list(MESH_EXPECTED)
+    out = run(["srun", "--mpi=pmi2", "--time=2", "-N", "4", "--ntasks-per-node=2", args.mesh_probe, *plans],
+              cluster.env).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    check(len(records) == 8 * len(plans), f"{len(records)} records for {len(plans)} plans x 8 ranks")
+    for rec in records:
+        want = MESH_EXPECTED[rec["plan"]]
+        r = rec["rank"]
+        for group, members in rec["groups"].items():
+            check(members == want[group](r),
+                  f"{rec['plan']} rank {r} group {group}: got {members}, expected {want[group](r)}")
+        check("across leaf switches" not in rec["placement"] or rec["plan"] in ("zero1", "zero2", "zero3", "p=2x1,g=2x2,os=2x4"),
+              f"{rec['plan']}: placement {rec['placement']}")
+    print(f"ok {len(plans)} plans x 8 ranks: every group has the expected members")
+    for rec in records:
+        if rec["rank"] == 0:
+            print(f"   {rec['plan']:22s} {rec['factors']:22s} {rec['placement']}")
+
+    # A plan that does not fit the world is refused on every rank with one line.
+    r = run(["srun", "--mpi=pmi2", "--time=2", "-N", "4", "--ntasks-per-node=2", args.mesh_probe, "mics:3"],
+            cluster.env, expect_rc=None)
+    errors = [line for line in r.stderr.splitlines() if "amsp_mesh_probe: error" in line]
+    check(r.returncode != 0 and errors and all("does not fit" in e for e in errors),
+          f"mics:3 should be refused: rc {r.returncode}, stderr {r.stderr.strip()[:300]}")
+    print(f"ok mics:3 refused: {errors[0]}")
+    # Unequal tasks per node: a plan needs equal ones.
+    r = run(["srun", "--mpi=pmi2", "--time=2", "-N", "2", "-n", "3", args.mesh_probe, "zero3"],
+            cluster.env, expect_rc=None)
+    check(r.returncode != 0 and "tasks" in r.stderr, f"unequal layout should be refused: {r.stderr.strip()[:300]}")
+    print("ok unequal tasks per node refused:", r.stderr.strip().splitlines()[0])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("case", choices=["hostlist", "srun-4x2", "srun-2nodes", "mpiexec-alloc", "mpiexec"])
+    ap.add_argument("case", choices=["hostlist", "srun-4x2", "srun-2nodes", "mpiexec-alloc", "mpiexec",
+                                       "mesh-groups"])
+    ap.add_argument("--mesh-probe", help="amsp_mesh_probe (for mesh-groups)")
     ap.add_argument("--probe", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--cluster-scripts", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -270,7 +339,7 @@ def main():
     try:
         cluster.start()
         {"hostlist": case_hostlist, "srun-4x2": case_srun_4x2, "srun-2nodes": case_srun_2nodes,
-         "mpiexec-alloc": case_mpiexec_alloc}[args.case](args, cluster)
+         "mpiexec-alloc": case_mpiexec_alloc, "mesh-groups": case_mesh_groups}[args.case](args, cluster)
         print("PASS")
     except (Failure, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", file=sys.stderr)

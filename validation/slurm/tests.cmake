@@ -11,19 +11,26 @@ add_executable(amsp_topology_probe ${CMAKE_CURRENT_SOURCE_DIR}/slurm/topology_pr
 target_compile_options(amsp_topology_probe PRIVATE ${AMSP_WARNINGS})
 target_link_libraries(amsp_topology_probe PRIVATE amsp_core)
 
+# Builds a shard plan's five groups on the live topology and prints their members.
+add_executable(amsp_mesh_probe ${CMAKE_CURRENT_SOURCE_DIR}/slurm/mesh_probe.cpp)
+target_compile_options(amsp_mesh_probe PRIVATE ${AMSP_WARNINGS})
+target_link_libraries(amsp_mesh_probe PRIVATE amsp_core)
+
 set(AMSP_SLURM_TEST ${CMAKE_CURRENT_SOURCE_DIR}/slurm/slurm_test.py)
 set(AMSP_SLURM_TEST_ARGS
   --probe $<TARGET_FILE:amsp_topology_probe>
   --work ${CMAKE_BINARY_DIR}/test-work/slurm
   --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster
-  --mpiexec ${MPIEXEC_EXECUTABLE})
+  --mpiexec ${MPIEXEC_EXECUTABLE}
+  --mesh-probe $<TARGET_FILE:amsp_mesh_probe>)
 
 # test name -> case of slurm_test.py
 set(AMSP_SLURM_CASES
   slurm_hostlist hostlist
   slurm_srun_4x2 srun-4x2
   slurm_srun_2nodes srun-2nodes
-  slurm_mpiexec_in_allocation mpiexec-alloc)
+  slurm_mpiexec_in_allocation mpiexec-alloc
+  slurm_mesh_groups mesh-groups)
 while(AMSP_SLURM_CASES)
   list(POP_FRONT AMSP_SLURM_CASES test_name test_case)
   add_test(NAME ${test_name} COMMAND python3 ${AMSP_SLURM_TEST} ${test_case} ${AMSP_SLURM_TEST_ARGS})

@@ -1,0 +1,94 @@
+// amsp comm-bench: nccl-tests-style collective benchmark; writes the measured
+// bandwidth table the planner reads. Run under mpiexec or srun.
+
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "comm/bench.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+
+namespace amsp::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int run_comm_bench(int argc, char** argv) {
+  comm::BenchOptions o;
+  std::string ops = "all_gather,reduce_scatter,all_reduce,broadcast", groups = "node,cross,world";
+  std::string min_bytes = "1K", max_bytes = "256M";
+  po::options_description desc("Options");
+  desc.add_options()
+      ("ops", po::value<std::string>(&ops)->default_value(ops)->value_name("LIST"),
+           "collectives to measure: all_gather, reduce_scatter, all_reduce, broadcast")
+      ("groups", po::value<std::string>(&groups)->default_value(groups)->value_name("LIST"),
+           "group shapes: node (the ranks of one node), cross (one rank per node), world")
+      ("min-bytes", po::value<std::string>(&min_bytes)->default_value(min_bytes)->value_name("SIZE"),
+           "smallest message (nccl-tests' size: the whole gathered/reduced buffer), e.g. 1K")
+      ("max-bytes", po::value<std::string>(&max_bytes)->default_value(max_bytes)->value_name("SIZE"),
+           "largest message, e.g. 256M or 1G")
+      ("step-factor", po::value<int64_t>(&o.step_factor)->default_value(2)->value_name("INT"),
+           "multiply the size by this between rows")
+      ("iters", po::value<int>(&o.iters)->default_value(20)->value_name("INT"),
+           "timed iterations per size")
+      ("warmup", po::value<int>(&o.warmup)->default_value(5)->value_name("INT"),
+           "untimed iterations before timing")
+      ("max-seconds", po::value<double>(&o.max_seconds_per_size)->default_value(1.0)->value_name("SEC"),
+           "time budget per size: fewer iterations for the large sizes (0: always --iters)")
+      ("check", po::value<bool>(&o.check)->default_value(true)->value_name("BOOL"),
+           "check every result in an untimed pass")
+      ("ranks-per-node", po::value<int>(&o.ranks_per_node)->default_value(0)->value_name("INT"),
+           "pretend consecutive ranks form nodes of this size (0: discover the topology)")
+      ("cluster", po::value<std::string>(&o.cluster)->value_name("NAME"),
+           "cluster name recorded in the table (default: SLURM_CLUSTER_NAME or host name)")
+      ("json", po::value<std::string>(&o.json_path)->value_name("FILE"),
+           "write every row as JSON")
+      ("output-table", po::value<std::string>(&o.table_path)->value_name("FILE"),
+           "write the bandwidth table the planner reads (inputs/bandwidth/README.md)");
+  po::variables_map vm;
+  if (!parse_command("comm-bench",
+                     "Measures all-gather, reduce-scatter, all-reduce and broadcast like "
+                     "nccl-tests, under mpiexec or srun.",
+                     desc, argc, argv, vm))
+    return 0;
+  o.ops.clear();
+  for (const auto& name : split_list(ops)) {
+    const auto op = comm::parse_op(name);
+    if (!op) fail_usage("--ops ", name, ": expected all_gather, reduce_scatter, all_reduce or broadcast");
+    o.ops.push_back(*op);
+  }
+  o.shapes.clear();
+  for (const auto& name : split_list(groups)) {
+    if (name == "node") o.shapes.push_back(comm::Shape::kNode);
+    else if (name == "cross") o.shapes.push_back(comm::Shape::kCross);
+    else if (name == "world") o.shapes.push_back(comm::Shape::kWorld);
+    else fail_usage("--groups ", name, ": expected node, cross or world");
+  }
+  require(!o.ops.empty(), "ops", ops, "at least one collective");
+  require(!o.shapes.empty(), "groups", groups, "at least one group shape");
+  o.min_bytes = comm::parse_bytes(min_bytes, "min-bytes");
+  o.max_bytes = comm::parse_bytes(max_bytes, "max-bytes");
+  require(o.min_bytes >= 1, "min-bytes", min_bytes, "a size >= 1 byte");
+  require(o.max_bytes >= o.min_bytes, "max-bytes", max_bytes, "a size >= --min-bytes");
+  require(o.step_factor >= 2, "step-factor", o.step_factor, "an integer >= 2");
+  require(o.iters >= 1, "iters", o.iters, "an integer >= 1");
+  require(o.warmup >= 0, "warmup", o.warmup, "an integer >= 0");
+  require(o.max_seconds_per_size >= 0, "max-seconds", o.max_seconds_per_size, "seconds >= 0");
+  require(o.ranks_per_node >= 0, "ranks-per-node", o.ranks_per_node, "an integer >= 0");
+
+  comm::MpiSession session(&argc, &argv);
+  const int64_t wrong = comm::run_bench(o, std::cout);
+  return wrong == 0 ? kExitOk : kExitFailure;
+}
+
+}  // namespace amsp::cli

@@ -1,0 +1,342 @@
+#include "comm/bench.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "comm/bandwidth_table.h"
+#include "comm/check.h"
+#include "comm/communicator.h"
+#include "comm/group.h"
+#include "core/error.h"
+#include "core/parse.h"
+#include "topology/topology.h"
+
+namespace amsp::comm {
+
+const char* shape_name(Shape s) {
+  switch (s) {
+    case Shape::kNode: return "node";
+    case Shape::kCross: return "cross";
+    case Shape::kWorld: return "world";
+  }
+  return "?";
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  std::string t = text;
+  int64_t mult = 1;
+  if (t.ends_with("iB")) t.resize(t.size() - 2);
+  else if (t.size() > 1 && t.ends_with("B")) t.pop_back();
+  if (!t.empty()) {
+    switch (std::toupper(static_cast<unsigned char>(t.back()))) {
+      case 'K': mult = int64_t{1} << 10; break;
+      case 'M': mult = int64_t{1} << 20; break;
+      case 'G': mult = int64_t{1} << 30; break;
+      default: break;
+    }
+    if (mult != 1) t.pop_back();
+  }
+  const auto v = parse_int(t);
+  if (!v || *v < 0 || *v > (int64_t{1} << 40) / mult)
+    fail_usage("--", what, " ", text, ": expected a size in bytes such as 4096, 1K, 256M or 1G");
+  return *v * mult;
+}
+
+std::string format_bytes(int64_t b) {
+  const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  double v = static_cast<double>(b);
+  while (v >= 1024 && u < 4 && std::fmod(v, 1024) == 0) {
+    v /= 1024;
+    ++u;
+  }
+  return cat(static_cast<int64_t>(v), units[u]);
+}
+
+std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes, int64_t factor) {
+  std::vector<int64_t> s;
+  for (int64_t b = std::max<int64_t>(min_bytes, 1); b <= max_bytes; b *= std::max<int64_t>(factor, 2))
+    s.push_back(b);
+  if (s.empty() || s.back() != max_bytes) s.push_back(max_bytes);
+  return s;
+}
+
+namespace {
+
+struct Layout {
+  int ranks_per_node = 1, nodes = 1;
+  std::vector<int> node_members;   // world ranks of my node, by local rank
+  std::vector<int> cross_members;  // the ranks with my local rank, one per node, in node order
+  std::string describe;
+};
+
+Layout discover_layout(int ranks_per_node) {
+  int rank = 0, world = 1;
+  AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  Layout l;
+  if (ranks_per_node > 0) {
+    if (world % ranks_per_node != 0)
+      fail_usage("--ranks-per-node ", ranks_per_node, ": must divide the ", world, " ranks");
+    l.ranks_per_node = ranks_per_node;
+    l.nodes = world / ranks_per_node;
+    const int node = rank / ranks_per_node, local = rank % ranks_per_node;
+    for (int i = 0; i < ranks_per_node; ++i) l.node_members.push_back(node * ranks_per_node + i);
+    for (int n = 0; n < l.nodes; ++n) l.cross_members.push_back(n * ranks_per_node + local);
+    l.describe = cat(world, " ranks as ", l.nodes, " pretend nodes of ", ranks_per_node,
+                     " (--ranks-per-node)");
+    return l;
+  }
+  const topology::Topology topo = topology::discover(MPI_COMM_WORLD);
+  topo.require_equal_tasks_per_node("comm-bench");
+  l.ranks_per_node = topo.local_size;
+  l.nodes = topo.num_nodes;
+  l.node_members = topo.nodes[topo.node].ranks;
+  for (int n : topo.node_order) l.cross_members.push_back(topo.nodes[n].ranks[topo.local_rank]);
+  l.describe = topo.describe();
+  return l;
+}
+
+// Deterministic, exactly summable data: small integers, so every reference
+// below is exact in fp32.
+float value(int rank, int64_t i) { return static_cast<float>((rank + 1) + (i % 13)); }
+
+// The untimed correctness pass: returns this rank's wrong elements.
+int64_t check_op(Communicator& c, Op op, int64_t count) {
+  const int n = c.size(), me = c.rank();
+  int64_t wrong = 0;
+  switch (op) {
+    case Op::kAllGather: {
+      std::vector<float> send(count), recv(count * n, -1.0f);
+      for (int64_t i = 0; i < count; ++i) send[i] = value(me, i);
+      c.all_gather(send.data(), count, recv.data()).wait();
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < count; ++i) wrong += recv[r * count + i] != value(r, i);
+      break;
+    }
+    case Op::kReduceScatter: {
+      std::vector<float> send(count * n), recv(count, -1.0f);
+      for (int64_t i = 0; i < count * n; ++i) send[i] = value(me, i);
+      c.reduce_scatter(send.data(), count, recv.data()).wait();
+      for (int64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += value(r, me * count + i);
+        wrong += recv[i] != want;
+      }
+      break;
+    }
+    case Op::kAllReduce: {
+      std::vector<float> buf(count);
+      for (int64_t i = 0; i < count; ++i) buf[i] = value(me, i);
+      c.all_reduce(buf.data(), count).wait();
+      for (int64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += value(r, i);
+        wrong += buf[i] != want;
+      }
+      break;
+    }
+    case Op::kBroadcast: {
+      std::vector<float> buf(count, -1.0f);
+      if (me == 0)
+        for (int64_t i = 0; i < count; ++i) buf[i] = value(0, i);
+      c.broadcast(buf.data(), count, 0).wait();
+      for (int64_t i = 0; i < count; ++i) wrong += buf[i] != value(0, i);
+      break;
+    }
+  }
+  return wrong;
+}
+
+// Issues `k` ops back to back (like nccl-tests on a stream) and waits for the last.
+void run_ops(Communicator& c, Op op, int64_t count, int k, std::vector<float>& a,
+             std::vector<float>& b) {
+  for (int i = 0; i < k; ++i) {
+    switch (op) {
+      case Op::kAllGather: c.all_gather(a.data(), count, b.data()); break;
+      case Op::kReduceScatter: c.reduce_scatter(a.data(), count, b.data()); break;
+      case Op::kAllReduce: c.all_reduce(a.data(), count); break;
+      case Op::kBroadcast: c.broadcast(a.data(), count, 0); break;
+    }
+  }
+  c.synchronize();
+}
+
+double max_world(double v) {
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  return v;
+}
+
+// Opens `path` for writing, creating its directory.
+std::ofstream open_output(const std::string& path) {
+  const auto dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  std::ofstream f(path);
+  if (!f) fail("cannot write ", path, ": ", std::strerror(errno));
+  return f;
+}
+
+std::string default_cluster() {
+  if (const char* c = std::getenv("SLURM_CLUSTER_NAME"); c && *c) return c;
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+}  // namespace
+
+int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
+  int rank = 0, world = 1;
+  AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  const Layout layout = discover_layout(opt.ranks_per_node);
+  const std::vector<int64_t> sizes = bench_sizes(opt.min_bytes, opt.max_bytes, opt.step_factor);
+  const bool root = rank == 0;
+
+  BandwidthTable table;
+  table.cluster = opt.cluster.empty() ? default_cluster() : opt.cluster;
+  nlohmann::json results = nlohmann::json::array();
+  int64_t total_wrong = 0;
+  std::string backend;
+
+  if (root) {
+    out << "# amsp comm-bench: " << layout.describe << "\n"
+        << "# warmup " << opt.warmup << ", iters " << opt.iters << " (fewer above "
+        << opt.max_seconds_per_size << " s per size), float32, check " << (opt.check ? "on" : "off")
+        << ", progress " << progress_name(session_progress()) << "\n";
+  }
+  std::vector<std::pair<int64_t, int64_t>> shapes_done;
+  for (Shape shape : opt.shapes) {
+    int64_t p0 = 1, p1 = 1;
+    Group group;
+    switch (shape) {
+      case Shape::kNode:
+        p0 = layout.ranks_per_node;
+        group = make_group(MPI_COMM_WORLD, layout.node_members, "node");
+        break;
+      case Shape::kCross:
+        p1 = layout.nodes;
+        group = make_group(MPI_COMM_WORLD, layout.cross_members, "cross");
+        break;
+      case Shape::kWorld:
+        p0 = layout.ranks_per_node;
+        p1 = layout.nodes;
+        group = dup_group(MPI_COMM_WORLD, "world");
+        break;
+    }
+    const int64_t n = p0 * p1;
+    if (n < 2 || std::find(shapes_done.begin(), shapes_done.end(), std::pair{p0, p1}) != shapes_done.end()) {
+      if (root)
+        out << "#\n# group " << shape_name(shape) << " (" << p0 << "x" << p1 << "): "
+            << (n < 2 ? "a single rank, nothing to measure" : "same shape as above, skipped") << "\n";
+      continue;
+    }
+    shapes_done.push_back({p0, p1});
+    auto c = make_mpi_communicator(std::move(group));
+    backend = c->backend();
+    for (Op op : opt.ops) {
+      if (root) {
+        char line[256];
+        out << "#\n# " << op_name(op) << " on group " << shape_name(shape) << ": " << n
+            << " ranks (" << p0 << " per node x " << p1 << " nodes), backend " << c->backend()
+            << "\n";
+        std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %6s %12s %8s %8s %8s\n", "size",
+                      "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong");
+        out << line;
+        std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %6s %12s %8s %8s %8s\n", "(B)",
+                      "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+        out << line;
+      }
+      for (int64_t bytes : sizes) {
+        // Elements per call: per rank for all-gather and reduce-scatter.
+        const bool blocked = op == Op::kAllGather || op == Op::kReduceScatter;
+        const int64_t count = blocked ? bytes / (4 * n) : bytes / 4;
+        if (count == 0) continue;
+        const int64_t size = bench_size_bytes(op, count, n);
+        const int64_t total_count = blocked ? count * n : count;
+
+        int64_t wrong = opt.check ? check_op(*c, op, count) : 0;
+        AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+        total_wrong += wrong;
+
+        std::vector<float> a(static_cast<size_t>(op == Op::kReduceScatter ? count * n : count), 0.0f);
+        std::vector<float> b(static_cast<size_t>(op == Op::kAllGather ? count * n : count), 0.0f);
+        AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        // One warm-up op prices the size; the rest of the warm-up and the
+        // timed iterations then fit the time budget.
+        double t0 = now_seconds();
+        run_ops(*c, op, count, 1, a, b);
+        const double t_warm = max_world(now_seconds() - t0);
+        int warmup = opt.warmup - 1;
+        if (opt.max_seconds_per_size > 0 && t_warm * warmup > opt.max_seconds_per_size / 2)
+          warmup = static_cast<int>(opt.max_seconds_per_size / 2 / t_warm);
+        if (warmup > 0) run_ops(*c, op, count, warmup, a, b);
+        int iters = opt.iters;
+        if (opt.max_seconds_per_size > 0 && t_warm * iters > opt.max_seconds_per_size)
+          iters = std::max(1, static_cast<int>(opt.max_seconds_per_size / t_warm));
+        AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        t0 = now_seconds();
+        run_ops(*c, op, count, iters, a, b);
+        const double t = max_world((now_seconds() - t0) / iters);
+
+        const double algbw = static_cast<double>(size) / t / 1e9;
+        const double busbw = algbw * busbw_factor(op, n);
+        const bool reduces = op == Op::kReduceScatter || op == Op::kAllReduce;
+        if (root) {
+          char line[256];
+          std::snprintf(line, sizeof line, "  %12lld %12lld %8s %6s %6s %12.1f %8.3f %8.3f %8lld\n",
+                        static_cast<long long>(size), static_cast<long long>(total_count), "float",
+                        reduces ? "sum" : "none", op == Op::kBroadcast ? "0" : "-", t * 1e6, algbw,
+                        busbw, static_cast<long long>(wrong));
+          out << line << std::flush;
+        }
+        table.entries.push_back({op, p0, p1, size, t * 1e6, algbw, busbw});
+        results.push_back({{"op", op_name(op)}, {"group", shape_name(shape)}, {"ranks", n},
+                           {"ranks_per_node", p0}, {"nodes", p1}, {"size", size},
+                           {"count", total_count}, {"type", "float"},
+                           {"redop", reduces ? "sum" : "none"},
+                           {"root", op == Op::kBroadcast ? 0 : -1}, {"time_us", t * 1e6},
+                           {"algbw_GBps", algbw}, {"busbw_GBps", busbw}, {"wrong", wrong},
+                           {"iters", iters}, {"warmup", opt.warmup}});
+      }
+    }
+  }
+  table.backend = backend;
+  if (root) {
+    out << "#\n# wrong: " << total_wrong << (total_wrong ? "  FAILED" : "  OK") << "\n";
+    if (!opt.json_path.empty()) {
+      nlohmann::json j = {{"command", "amsp comm-bench"}, {"world_size", world},
+                          {"ranks_per_node", layout.ranks_per_node}, {"nodes", layout.nodes},
+                          {"layout", layout.describe}, {"backend", backend},
+                          {"progress", progress_name(session_progress())},
+                          {"cluster", table.cluster}, {"wrong", total_wrong},
+                          {"results", results}};
+      std::ofstream f = open_output(opt.json_path);
+      f << j.dump(1) << "\n";
+      if (!f) fail("cannot write ", opt.json_path);
+      out << "# results: " << opt.json_path << "\n";
+    }
+    if (!opt.table_path.empty()) {
+      std::ofstream f = open_output(opt.table_path);
+      f << to_json(table);
+      if (!f) fail("cannot write ", opt.table_path);
+      out << "# bandwidth table: " << opt.table_path << "\n";
+    }
+  }
+  return total_wrong;
+}
+
+}  // namespace amsp::comm

@@ -1,0 +1,127 @@
+#include "comm/communicator.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+
+#include "comm/check.h"
+#include "core/error.h"
+#include "core/parse.h"
+
+namespace amsp::comm {
+
+double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+void Handle::wait() {
+  if (comm_ && seq_) comm_->wait_for(seq_, op_);
+}
+
+bool Handle::test() { return !comm_ || !seq_ || comm_->done(seq_); }
+
+Communicator::Communicator() {
+  if (const char* t = std::getenv("AMSP_COMM_TIMEOUT")) {
+    const auto v = parse_double(t);
+    if (!v || *v < 0) fail_usage("AMSP_COMM_TIMEOUT=", t, ": expected seconds >= 0 (0: no timeout)");
+    timeout_s_ = *v;
+  }
+}
+
+Handle Communicator::all_gather(const float* send, int64_t count_per_rank, float* recv) {
+  return submit({Op::kAllGather, send, recv, count_per_rank, 0});
+}
+Handle Communicator::reduce_scatter(const float* send, int64_t count_per_rank, float* recv) {
+  return submit({Op::kReduceScatter, send, recv, count_per_rank, 0});
+}
+Handle Communicator::all_reduce(float* buf, int64_t count) {
+  return submit({Op::kAllReduce, buf, buf, count, 0});
+}
+Handle Communicator::broadcast(float* buf, int64_t count, int root) {
+  return submit({Op::kBroadcast, buf, buf, count, root});
+}
+
+Handle Communicator::submit(const OpArgs& a) {
+  if (a.count < 0 || a.count > INT_MAX)
+    abort_job(cat(op_name(a.op), " on group ", name(), ": count ", a.count,
+                  " outside [0, INT_MAX]"));
+  if (a.op == Op::kBroadcast && (a.root < 0 || a.root >= size()))
+    abort_job(cat("broadcast on group ", name(), ": root ", a.root, " outside the group of ",
+                  size()));
+  const Traffic t = traffic_bytes(a.op, a.count, size(), rank(), a.root);
+  {
+    std::lock_guard lock(stats_mu_);
+    OpStats& s = stats_[a.op];
+    ++s.calls;
+    s.bytes_sent += t.sent;
+    s.bytes_received += t.received;
+  }
+  const uint64_t seq = issue(a);
+  last_seq_ = seq;
+  last_op_ = a.op;
+  return Handle(this, seq, a.op);
+}
+
+void Communicator::synchronize() {
+  if (last_seq_) wait_for(last_seq_, last_op_);
+}
+
+void Communicator::wait_for(uint64_t seq, Op op) {
+  if (done(seq)) return;
+  const double t0 = now_seconds();
+  block_until(seq, timeout_s_ > 0 ? t0 + timeout_s_ : 0.0);
+  const double dt = now_seconds() - t0;
+  std::lock_guard lock(stats_mu_);
+  stats_[op].exposed_s += dt;
+}
+
+void Communicator::record_completion(Op op, double in_flight_s) {
+  std::lock_guard lock(stats_mu_);
+  stats_[op].in_flight_s += in_flight_s;
+}
+
+Stats Communicator::stats() const {
+  std::lock_guard lock(stats_mu_);
+  Stats s = stats_;
+  s.group = name();
+  return s;
+}
+
+void Communicator::reset_stats() {
+  std::lock_guard lock(stats_mu_);
+  stats_ = Stats{};
+}
+
+void Communicator::timed_out(uint64_t seq, const OpArgs& a) const {
+  abort_job(cat("timeout: ", op_name(a.op), " (op #", seq, ", count ", a.count, ") on group ",
+                name(), " (", size(), " ranks, backend ", backend(),
+                ") did not complete within ", timeout_s_,
+                " s; another rank of the group is probably stuck or dead "
+                "(set AMSP_COMM_TIMEOUT to change the limit)"));
+}
+
+const char* progress_name(Progress p) {
+  switch (p) {
+    case Progress::kThread: return "thread";
+    case Progress::kMpiAsync: return "mpi-async";
+    case Progress::kNone: return "none";
+  }
+  return "?";
+}
+
+std::optional<Progress> parse_progress(const std::string& text) {
+  for (Progress p : {Progress::kThread, Progress::kMpiAsync, Progress::kNone})
+    if (text == progress_name(p)) return p;
+  return std::nullopt;
+}
+
+Progress progress_from_env() {
+  const char* v = std::getenv("AMSP_COMM_PROGRESS");
+  if (!v || !*v) return Progress::kThread;
+  const auto p = parse_progress(v);
+  if (!p) fail_usage("AMSP_COMM_PROGRESS=", v, ": expected thread, mpi-async or none");
+  return *p;
+}
+
+}  // namespace amsp::comm

@@ -1,0 +1,165 @@
+// Asynchronous collectives on one group, like a CUDA stream: every call issues
+// an operation and returns a Handle at once; operations issued on one
+// communicator run one after another in issue order (op k+1 starts after op k
+// completes, so it may read what op k wrote), and waiting on op k implies that
+// every earlier op on the communicator is done. Different communicators run
+// concurrently.
+//
+// Buffers are contiguous fp32 (host memory for the MPI backend, device memory
+// for the NCCL one) and must stay untouched until the op completes.
+//
+//   all_gather(send, c, recv)      recv[i*c .. (i+1)*c) = send of group rank i;
+//                                  send may be recv + rank*c (in place)
+//   reduce_scatter(send, c, recv)  recv[0..c) = sum over ranks of send[rank*c ..
+//                                  (rank+1)*c); send holds c * size elements
+//   all_reduce(buf, n)             buf = sum over ranks of buf (in place)
+//   broadcast(buf, n, root)        buf = root's buf
+//
+// Every rank of the group must issue the same ops in the same order with the
+// same counts. Zero counts are fine. all-gather and reduce-scatter take equal
+// blocks: callers pad (comm/traffic.h: padded_count, real_part_of_block).
+//
+// The operations themselves are not thread-safe against each other on one
+// communicator: issue, test and wait from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "comm/group.h"
+#include "comm/stats.h"
+#include "comm/traffic.h"
+
+namespace amsp::comm {
+
+class Communicator;
+
+// One issued operation. A default-constructed Handle is complete.
+class Handle {
+ public:
+  Handle() = default;
+  // Blocks until this op and every op issued before it on its communicator
+  // have completed; the time spent here is the op's exposed time. A wait that
+  // exceeds the communicator's timeout aborts the job.
+  void wait();
+  // True when wait() would return at once. Never blocks.
+  bool test();
+  uint64_t sequence() const { return seq_; }  // 1, 2, ... per communicator; 0: none
+
+ private:
+  friend class Communicator;
+  Handle(Communicator* comm, uint64_t seq, Op op) : comm_(comm), seq_(seq), op_(op) {}
+  Communicator* comm_ = nullptr;  // must outlive the handle
+  uint64_t seq_ = 0;
+  Op op_ = Op::kAllReduce;
+};
+
+// What an op was asked to do; backends see it in issue().
+struct OpArgs {
+  Op op = Op::kAllReduce;
+  const float* send = nullptr;
+  float* recv = nullptr;  // also the buffer of all-reduce and broadcast
+  int64_t count = 0;      // per rank for all-gather / reduce-scatter, else the buffer
+  int root = 0;
+};
+
+// The interface both backends implement. Accounting (comm/stats.h) and the
+// wait timeout live here so that the backends agree on them.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  Handle all_gather(const float* send, int64_t count_per_rank, float* recv);
+  Handle reduce_scatter(const float* send, int64_t count_per_rank, float* recv);
+  Handle all_reduce(float* buf, int64_t count);
+  Handle broadcast(float* buf, int64_t count, int root);
+
+  // Waits for everything issued so far (exposed time goes to the last op).
+  void synchronize();
+
+  virtual const std::string& name() const = 0;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual const char* backend() const = 0;  // "mpi/thread", "nccl", ...
+
+  Stats stats() const;
+  void reset_stats();
+
+  // A wait blocked longer than this ends the job naming rank, group and op.
+  // 0 waits forever. Default: AMSP_COMM_TIMEOUT seconds, else 600.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+ protected:
+  Communicator();
+  // Starts or queues the op; returns its sequence number (1, 2, ... in issue order).
+  virtual uint64_t issue(const OpArgs& args) = 0;
+  // Has every op with sequence <= seq completed? Never blocks.
+  virtual bool done(uint64_t seq) = 0;
+  // Blocks until done(seq); past `deadline` (a now_seconds() value, 0: none)
+  // calls timed_out().
+  virtual void block_until(uint64_t seq, double deadline) = 0;
+
+  // For backends: an op completed after `in_flight_s` seconds.
+  void record_completion(Op op, double in_flight_s);
+  // For backends: aborts the job, naming the group, the op and how long it waited.
+  [[noreturn]] void timed_out(uint64_t seq, const OpArgs& args) const;
+
+ private:
+  friend class Handle;
+  Handle submit(const OpArgs& args);
+  void wait_for(uint64_t seq, Op op);
+
+  mutable std::mutex stats_mu_;
+  Stats stats_;
+  double timeout_s_ = 600;
+  uint64_t last_seq_ = 0;
+  Op last_op_ = Op::kAllReduce;
+};
+
+// Seconds on a monotonic clock.
+double now_seconds();
+
+// --- the MPI backend ---------------------------------------------------------
+
+// How MPI collectives make progress while the caller computes (doc/communication.md):
+//   thread     a communication thread of this process owns the MPI calls of every
+//              communicator: it starts each op and polls it to completion (default)
+//   mpi-async  MPI_I* from the caller, progressed by MPICH's own progress thread
+//              (MPICH_ASYNC_PROGRESS=1, set by MpiSession)
+//   none       MPI_I* from the caller, progressed only inside test and wait
+enum class Progress { kThread, kMpiAsync, kNone };
+const char* progress_name(Progress p);
+std::optional<Progress> parse_progress(const std::string& text);
+// AMSP_COMM_PROGRESS, else thread. Throws UsageError on an unknown value.
+Progress progress_from_env();
+
+// Owns the group. Destroy communicators before MPI_Finalize; destruction waits
+// for outstanding ops.
+std::unique_ptr<Communicator> make_mpi_communicator(Group group, Progress progress);
+// With the progress mode MpiSession initialised MPI for.
+std::unique_ptr<Communicator> make_mpi_communicator(Group group);
+
+// MPI for the life of a command, initialised for the comm layer: reads the
+// progress mode from AMSP_COMM_PROGRESS, exports MPICH_ASYNC_PROGRESS=1 for
+// mpi-async, and requires MPI_THREAD_MULTIPLE (the communication thread and
+// the caller both call MPI). Finalises on destruction.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  Progress progress() const { return progress_; }
+
+ private:
+  Progress progress_;
+};
+
+// The mode of the current MpiSession (thread when none was created).
+Progress session_progress();
+
+}  // namespace amsp::comm

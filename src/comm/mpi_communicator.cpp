@@ -1,0 +1,323 @@
+// The MPI backend: one FIFO of ops per communicator, run one at a time with
+// MPI's non-blocking collectives, and progressed either by a communication
+// thread shared by all communicators of the process or by the caller.
+// Measurements and reasoning: doc/communication.md.
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "comm/check.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/parse.h"
+
+namespace amsp::comm {
+namespace {
+
+Progress g_session_progress = Progress::kThread;
+
+// How the communication thread waits between two polls that found nothing new.
+// AMSP_COMM_POLL: a number of microseconds to sleep (default 50), "yield" or
+// "spin". Sleeping leaves the cores to compute while an op is in flight;
+// doc/communication.md has the measurements.
+struct PollPolicy {
+  enum Kind { kSpin, kYield, kSleep } kind = kSleep;
+  int sleep_us = 50;
+};
+
+PollPolicy poll_policy() {
+  static const PollPolicy policy = [] {
+    PollPolicy p;
+    const char* v = std::getenv("AMSP_COMM_POLL");
+    if (!v || !*v) return p;
+    const std::string s = v;
+    if (s == "spin") {
+      p.kind = PollPolicy::kSpin;
+    } else if (s == "yield") {
+      p.kind = PollPolicy::kYield;
+    } else if (const auto us = parse_int(s); us && *us >= 0 && *us <= 1000000) {
+      p.kind = PollPolicy::kSleep;
+      p.sleep_us = static_cast<int>(*us);
+    } else {
+      fail_usage("AMSP_COMM_POLL=", s, ": expected microseconds to sleep, yield or spin");
+    }
+    return p;
+  }();
+  return policy;
+}
+
+void back_off(const PollPolicy& p) {
+  switch (p.kind) {
+    case PollPolicy::kSpin: break;
+    case PollPolicy::kYield: sched_yield(); break;
+    case PollPolicy::kSleep: std::this_thread::sleep_for(std::chrono::microseconds(p.sleep_us));
+  }
+}
+
+class MpiCommunicator;
+
+// The communication thread: polls every registered communicator while any
+// has work, sleeps on a condition variable otherwise. Runs while at least one
+// thread-mode communicator exists.
+class Engine {
+ public:
+  static Engine& get() {
+    static Engine engine;
+    return engine;
+  }
+  void add(MpiCommunicator* c);
+  void remove(MpiCommunicator* c);
+  void notify() {
+    {
+      std::lock_guard lock(sleep_mu_);
+      ++submitted_;
+    }
+    sleep_cv_.notify_one();
+  }
+
+ private:
+  void run();
+
+  std::mutex list_mu_;  // held for a whole polling pass
+  std::vector<MpiCommunicator*> comms_;
+  std::mutex sleep_mu_;
+  std::condition_variable sleep_cv_;
+  uint64_t submitted_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(Group group, Progress progress)
+      : group_(std::move(group)), progress_(progress),
+        backend_(cat("mpi/", progress_name(progress))) {
+    if (progress_ == Progress::kThread) Engine::get().add(this);
+  }
+  ~MpiCommunicator() override {
+    synchronize();
+    if (progress_ == Progress::kThread) Engine::get().remove(this);
+  }
+
+  const std::string& name() const override { return group_.name(); }
+  int size() const override { return group_.size(); }
+  int rank() const override { return group_.rank(); }
+  const char* backend() const override { return backend_.c_str(); }
+
+  // Starts queued ops and tests the one in flight, as far as it gets without
+  // blocking. Called by exactly one thread: the engine's, or the caller's.
+  // Returns {made progress, still has work}.
+  std::pair<bool, bool> poll() {
+    bool progressed = false;
+    for (;;) {
+      if (!current_) {
+        std::lock_guard lock(mu_);
+        if (queue_.empty()) return {progressed, false};
+        current_ = queue_.front();
+        queue_.pop_front();
+      }
+      if (req_ == MPI_REQUEST_NULL) {
+        start(current_->args);
+        progressed = true;
+      }
+      int flag = 0;
+      AMSP_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+      if (!flag) return {progressed, true};
+      record_completion(current_->args.op, now_seconds() - current_->t_issue);
+      {
+        std::lock_guard lock(mu_);
+        done_seq_.store(current_->seq, std::memory_order_release);
+      }
+      cv_.notify_all();
+      current_.reset();
+      progressed = true;
+    }
+  }
+
+ protected:
+  uint64_t issue(const OpArgs& args) override {
+    const uint64_t seq = next_seq_++;
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({seq, args, now_seconds()});
+    }
+    if (progress_ == Progress::kThread) {
+      Engine::get().notify();
+    } else {
+      poll();  // start it now if the communicator is idle
+    }
+    return seq;
+  }
+
+  bool done(uint64_t seq) override {
+    if (progress_ != Progress::kThread && done_seq_.load(std::memory_order_acquire) < seq) poll();
+    return done_seq_.load(std::memory_order_acquire) >= seq;
+  }
+
+  void block_until(uint64_t seq, double deadline) override {
+    if (progress_ == Progress::kThread) {
+      std::unique_lock lock(mu_);
+      while (done_seq_.load(std::memory_order_acquire) < seq) {
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
+        if (deadline > 0 && now_seconds() > deadline &&
+            done_seq_.load(std::memory_order_acquire) < seq) {
+          lock.unlock();  // stuck_args takes it again
+          timed_out(seq, stuck_args(seq));
+        }
+      }
+      return;
+    }
+    // The caller is the progress engine (none), or shares MPI with MPICH's
+    // progress thread (mpi-async): test, and let the other thread run.
+    for (uint64_t n = 0; done_seq_.load(std::memory_order_acquire) < seq; ++n) {
+      poll();
+      if (progress_ == Progress::kMpiAsync) sched_yield();
+      if (deadline > 0 && (n & 255) == 0 && now_seconds() > deadline &&
+          done_seq_.load(std::memory_order_acquire) < seq)
+        timed_out(seq, stuck_args(seq));
+    }
+  }
+
+ private:
+  struct Pending {
+    uint64_t seq = 0;
+    OpArgs args;
+    double t_issue = 0;
+  };
+
+  OpArgs stuck_args(uint64_t seq) {
+    std::lock_guard lock(mu_);
+    for (const Pending& p : queue_)
+      if (p.seq == seq) return p.args;
+    return current_ ? current_->args : OpArgs{};
+  }
+
+  void start(const OpArgs& a) {
+    const MPI_Comm comm = group_.comm();
+    const int n = static_cast<int>(a.count);
+    switch (a.op) {
+      case Op::kAllGather: {
+        const bool in_place = a.send == a.recv + a.count * rank();
+        AMSP_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : a.send, n, MPI_FLOAT, a.recv, n,
+                                      MPI_FLOAT, comm, &req_));
+        break;
+      }
+      case Op::kReduceScatter:
+        AMSP_MPI_CHECK(
+            MPI_Ireduce_scatter_block(a.send, a.recv, n, MPI_FLOAT, MPI_SUM, comm, &req_));
+        break;
+      case Op::kAllReduce:
+        AMSP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, a.recv, n, MPI_FLOAT, MPI_SUM, comm, &req_));
+        break;
+      case Op::kBroadcast:
+        AMSP_MPI_CHECK(MPI_Ibcast(a.recv, n, MPI_FLOAT, a.root, comm, &req_));
+        break;
+    }
+  }
+
+  Group group_;
+  Progress progress_;
+  std::string backend_;
+  uint64_t next_seq_ = 1;  // the issuing thread's
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;  // issued, not started
+  std::atomic<uint64_t> done_seq_{0};
+
+  // The poller's: the op in flight.
+  std::optional<Pending> current_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+void Engine::add(MpiCommunicator* c) {
+  std::lock_guard lock(list_mu_);
+  comms_.push_back(c);
+  if (!thread_.joinable()) {
+    {
+      std::lock_guard s(sleep_mu_);
+      stop_ = false;
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+}
+
+void Engine::remove(MpiCommunicator* c) {
+  std::thread finished;
+  {
+    std::lock_guard lock(list_mu_);
+    std::erase(comms_, c);
+    if (comms_.empty() && thread_.joinable()) {
+      {
+        std::lock_guard s(sleep_mu_);
+        stop_ = true;
+      }
+      sleep_cv_.notify_one();
+      finished = std::move(thread_);
+    }
+  }
+  if (finished.joinable()) finished.join();
+}
+
+void Engine::run() {
+  const PollPolicy policy = poll_policy();
+  for (;;) {
+    uint64_t seen = 0;
+    {
+      std::lock_guard lock(sleep_mu_);
+      if (stop_) return;
+      seen = submitted_;
+    }
+    bool progressed = false, busy = false;
+    {
+      std::lock_guard lock(list_mu_);
+      for (MpiCommunicator* c : comms_) {
+        const auto [p, b] = c->poll();
+        progressed |= p;
+        busy |= b;
+      }
+    }
+    if (!busy) {
+      std::unique_lock lock(sleep_mu_);
+      sleep_cv_.wait(lock, [&] { return stop_ || submitted_ != seen; });
+    } else if (!progressed) {
+      back_off(policy);
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(Group group, Progress progress) {
+  if (!group.valid()) abort_job("make_mpi_communicator: an empty group");
+  return std::make_unique<MpiCommunicator>(std::move(group), progress);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(Group group) {
+  return make_mpi_communicator(std::move(group), g_session_progress);
+}
+
+Progress session_progress() { return g_session_progress; }
+
+MpiSession::MpiSession(int* argc, char*** argv) : progress_(progress_from_env()) {
+  // MPICH reads its control variables in MPI_Init.
+  if (progress_ == Progress::kMpiAsync) setenv("MPICH_ASYNC_PROGRESS", "1", 1);
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE)
+    abort_job(cat("the MPI library provides thread level ", provided,
+                  "; amsp's communication layer needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+                  ")"));
+  g_session_progress = progress_;
+}
+
+MpiSession::~MpiSession() { MPI_Finalize(); }
+
+}  // namespace amsp::comm

@@ -1,0 +1,142 @@
+#include "comm/nccl/nccl_communicator.h"
+
+#include <sched.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/check.h"
+#include "core/error.h"
+
+// The CUDA and NCCL members of the check family (comm/check.h): name the call,
+// file:line, rank, host and the library's error string, then abort the job.
+#define AMSP_CUDA_CHECK(call)                                                           \
+  do {                                                                                  \
+    const cudaError_t amsp_rc_ = (call);                                                \
+    if (amsp_rc_ != cudaSuccess)                                                        \
+      ::amsp::comm::abort_job(::amsp::cat(#call, " failed at ", __FILE__, ":", __LINE__, \
+                                          ": ", cudaGetErrorString(amsp_rc_)));         \
+  } while (0)
+#define AMSP_NCCL_CHECK(call)                                                           \
+  do {                                                                                  \
+    const ncclResult_t amsp_rc_ = (call);                                               \
+    if (amsp_rc_ != ncclSuccess && amsp_rc_ != ncclInProgress)                          \
+      ::amsp::comm::abort_job(::amsp::cat(#call, " failed at ", __FILE__, ":", __LINE__, \
+                                          ": ", ncclGetErrorString(amsp_rc_)));         \
+  } while (0)
+
+namespace amsp::comm {
+
+NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
+    : group_(std::move(group)), compute_(compute) {
+  ncclUniqueId id;
+  if (group_.rank() == 0) AMSP_NCCL_CHECK(ncclGetUniqueId(&id));
+  AMSP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group_.comm()));
+  AMSP_NCCL_CHECK(ncclCommInitRank(&comm_, group_.size(), id, group_.rank()));
+  AMSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  AMSP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  synchronize();
+  retire();
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  if (ready_) cudaEventDestroy(ready_);
+  if (comm_) ncclCommDestroy(comm_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+cudaEvent_t NcclCommunicator::take_event() {
+  if (!free_events_.empty()) {
+    cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  AMSP_CUDA_CHECK(cudaEventCreate(&e));  // with timing: in-flight time comes from it
+  return e;
+}
+
+uint64_t NcclCommunicator::issue(const OpArgs& a) {
+  // Order after the compute issued so far, on the GPU.
+  AMSP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+  AMSP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  InFlight f{next_seq_++, a, take_event(), take_event()};
+  AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
+  const size_t n = static_cast<size_t>(a.count);
+  switch (a.op) {
+    case Op::kAllGather:  // in place when send == recv + rank * count, as NCCL defines
+      AMSP_NCCL_CHECK(ncclAllGather(a.send, a.recv, n, ncclFloat, comm_, stream_));
+      break;
+    case Op::kReduceScatter:
+      AMSP_NCCL_CHECK(ncclReduceScatter(a.send, a.recv, n, ncclFloat, ncclSum, comm_, stream_));
+      break;
+    case Op::kAllReduce:
+      AMSP_NCCL_CHECK(ncclAllReduce(a.recv, a.recv, n, ncclFloat, ncclSum, comm_, stream_));
+      break;
+    case Op::kBroadcast:
+      AMSP_NCCL_CHECK(ncclBroadcast(a.recv, a.recv, n, ncclFloat, a.root, comm_, stream_));
+      break;
+  }
+  AMSP_CUDA_CHECK(cudaEventRecord(f.end, stream_));
+  in_flight_.push_back(f);
+  return f.seq;
+}
+
+void NcclCommunicator::retire() {
+  while (!in_flight_.empty()) {
+    InFlight& f = in_flight_.front();
+    const cudaError_t rc = cudaEventQuery(f.end);
+    if (rc == cudaErrorNotReady) return;
+    AMSP_CUDA_CHECK(rc);
+    // In flight on the GPU: from the moment the op could start (after the
+    // compute it waited for) to its end.
+    float ms = 0;
+    AMSP_CUDA_CHECK(cudaEventElapsedTime(&ms, f.start, f.end));
+    record_completion(f.args.op, ms * 1e-3);
+    free_events_.push_back(f.start);
+    free_events_.push_back(f.end);
+    done_seq_ = f.seq;
+    in_flight_.pop_front();
+  }
+}
+
+bool NcclCommunicator::done(uint64_t seq) {
+  if (done_seq_ < seq) retire();
+  return done_seq_ >= seq;
+}
+
+void NcclCommunicator::block_until(uint64_t seq, double deadline) {
+  // Poll rather than cudaEventSynchronize, so that an NCCL error or a peer that
+  // never arrives ends the job instead of hanging it.
+  while (!done(seq)) {
+    ncclResult_t async = ncclSuccess;
+    AMSP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      abort_job(cat("NCCL error on group ", name(), ": ", ncclGetErrorString(async)));
+    }
+    if (deadline > 0 && now_seconds() > deadline) {
+      OpArgs stuck;
+      for (const InFlight& f : in_flight_)
+        if (f.seq == seq) stuck = f.args;
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      timed_out(seq, stuck);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclCommunicator::stream_wait(const Handle& h, cudaStream_t stream) {
+  if (h.sequence() == 0 || done_seq_ >= h.sequence()) return;
+  for (const InFlight& f : in_flight_) {
+    if (f.seq == h.sequence()) {
+      AMSP_CUDA_CHECK(cudaStreamWaitEvent(stream, f.end, 0));
+      return;
+    }
+  }
+}
+
+}  // namespace amsp::comm

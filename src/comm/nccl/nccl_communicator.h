@@ -1,0 +1,65 @@
+// The NCCL backend of the communicator interface (comm/communicator.h), built
+// only with -DAMSP_CUDA=ON. Buffers are device memory. Each communicator has
+// its own CUDA stream: an op first waits (on the GPU) for everything issued so
+// far on the compute stream, so it sees the gradients compute just wrote, and
+// the stream keeps ops in issue order. Handle::wait blocks the host until the
+// op's completion event; stream_wait makes a compute stream wait on the GPU
+// instead, which is how the engine should consume an all-gathered unit.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/group.h"
+
+namespace amsp::comm {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over the group's ranks: rank 0 of the group creates the NCCL
+  // unique id and broadcasts it over the group's MPI communicator. The current
+  // CUDA device must already be set (topology's GpuInfo::device).
+  NcclCommunicator(Group group, cudaStream_t compute);
+  ~NcclCommunicator() override;
+
+  const std::string& name() const override { return group_.name(); }
+  int size() const override { return group_.size(); }
+  int rank() const override { return group_.rank(); }
+  const char* backend() const override { return "nccl"; }
+
+  // Makes `stream` wait, on the GPU, until h's op (and the ops before it) are
+  // done. Does not block the host and does not count as exposed time.
+  void stream_wait(const Handle& h, cudaStream_t stream);
+  cudaStream_t stream() const { return stream_; }
+
+ protected:
+  uint64_t issue(const OpArgs& args) override;
+  bool done(uint64_t seq) override;
+  void block_until(uint64_t seq, double deadline) override;
+
+ private:
+  struct InFlight {
+    uint64_t seq = 0;
+    OpArgs args;
+    cudaEvent_t start = nullptr, end = nullptr;
+  };
+  void retire();  // accounts and recycles the completed ops at the front
+  cudaEvent_t take_event();
+
+  Group group_;
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // compute has reached the issue point
+  std::deque<InFlight> in_flight_;
+  std::vector<cudaEvent_t> free_events_;
+  uint64_t next_seq_ = 1;
+  uint64_t done_seq_ = 0;
+};
+
+}  // namespace amsp::comm

@@ -1,0 +1,35 @@
+// A shard plan laid on the live job: the mesh from the discovered topology and
+// the five groups of the plan (P, G, OS, replica, gather) as communicators.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <string>
+
+#include "comm/group.h"
+#include "plan/mesh.h"
+#include "topology/topology.h"
+
+namespace amsp::engine {
+
+struct PlanGroups {
+  plan::Mesh mesh;
+  int64_t position = 0;                  // this rank's node-major position
+  std::array<comm::Group, 5> groups;     // indexed by plan::GroupKind
+  std::string placement;                 // one line on how groups sit on nodes and switches
+
+  const comm::Group& group(plan::GroupKind kind) const {
+    return groups[static_cast<size_t>(kind)];
+  }
+};
+
+// Collective over world. Parses plan_text ("zero3", "p=2x1,g=2x1,os=8x1", ...)
+// for the topology's shape (equal tasks per node required; else UsageError on
+// every rank, naming the counts) and builds the groups. Groups of whole nodes
+// take consecutive nodes in switch order, so they sit under one leaf switch
+// whenever the topology allows it; `placement` says when it does not.
+PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
+                            const std::string& plan_text);
+
+}  // namespace amsp::engine

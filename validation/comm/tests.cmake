@@ -1,0 +1,58 @@
+# The communication layer's MPI system tests. Included from
+# validation/CMakeLists.txt (CMAKE_CURRENT_SOURCE_DIR is validation/).
+#
+#   ctest -L mpi -R comm_   runs them under mpiexec on this machine
+
+add_executable(amsp_comm_collectives_test ${CMAKE_CURRENT_SOURCE_DIR}/comm/collectives_test.cpp)
+target_compile_options(amsp_comm_collectives_test PRIVATE ${AMSP_WARNINGS})
+target_link_libraries(amsp_comm_collectives_test PRIVATE amsp_core)
+
+add_executable(amsp_comm_overlap_test ${CMAKE_CURRENT_SOURCE_DIR}/comm/overlap_test.cpp)
+target_compile_options(amsp_comm_overlap_test PRIVATE ${AMSP_WARNINGS})
+target_link_libraries(amsp_comm_overlap_test PRIVATE amsp_core)
+
+# Every collective against its reference, with 4 ranks and with 3 (not a power
+# of two), in the default progress mode and in the two others.
+foreach(n 4 3)
+  add_test(NAME comm_collectives_${n}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_comm_collectives_test>)
+  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300
+    PASS_REGULAR_EXPRESSION " 0 failed")
+endforeach()
+foreach(mode mpi-async none)
+  add_test(NAME comm_collectives_4_${mode}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_collectives_test>)
+  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300
+    ENVIRONMENT AMSP_COMM_PROGRESS=${mode} PASS_REGULAR_EXPRESSION " 0 failed")
+endforeach()
+
+# A reduce-scatter progresses while the caller computes: in the default mode
+# the caller is blocked for well under half of the op's time in flight. The
+# compute sleeps, so the test does not depend on how busy the machine's cores
+# are; doc/communication.md has the figures for a busy compute loop too.
+add_test(NAME comm_overlap
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_overlap_test>
+          --compute sleep --mib 32 --reps 3 --check 0.5)
+set_tests_properties(comm_overlap PROPERTIES LABELS mpi TIMEOUT 300 PASS_REGULAR_EXPRESSION " 0 failed")
+
+# The benchmark end to end, small sizes: a table the planner can read.
+add_test(NAME comm_bench_small
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp> comm-bench
+          --max-bytes 1M --iters 5 --warmup 2 --ranks-per-node 2
+          --json ${CMAKE_BINARY_DIR}/test-work/comm/bench.json
+          --output-table ${CMAKE_BINARY_DIR}/test-work/comm/table.json)
+set_tests_properties(comm_bench_small PROPERTIES LABELS mpi TIMEOUT 300
+  FAIL_REGULAR_EXPRESSION "wrong: [1-9]|FAILED")
+
+# A collective that one rank never joins ends the job after the timeout with a
+# message naming the rank, group and op (every progress mode).
+add_executable(amsp_comm_timeout_test ${CMAKE_CURRENT_SOURCE_DIR}/comm/timeout_test.cpp)
+target_compile_options(amsp_comm_timeout_test PRIVATE ${AMSP_WARNINGS})
+target_link_libraries(amsp_comm_timeout_test PRIVATE amsp_core)
+foreach(mode thread none)
+  add_test(NAME comm_timeout_${mode}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test>)
+  set_tests_properties(comm_timeout_${mode} PROPERTIES LABELS mpi TIMEOUT 60
+    ENVIRONMENT "AMSP_COMM_TIMEOUT=1.5;AMSP_COMM_PROGRESS=${mode}"
+    PASS_REGULAR_EXPRESSION "rank [02] of 3 on host .*: timeout: all_reduce \\(op #1, count 1000\\) on group P")
+endforeach()
