@@ -20,6 +20,7 @@ struct Command {
 const Command kCommands[] = {
     {"train", "train a LLaMA model", amsp::cli::run_train},
     {"data prepare", "tokenize text files into an HDF5 token dataset", amsp::cli::run_data_prepare},
+    {"plan", "choose how to shard model states for a model, cluster and batch", amsp::cli::run_plan},
     {"comm-bench", "measure the collectives (nccl-tests style) and write a bandwidth table", amsp::cli::run_comm_bench},
 };
 

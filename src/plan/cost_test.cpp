@@ -1,0 +1,193 @@
+#include "plan/cost.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/llama.h"
+
+namespace amsp::plan {
+namespace {
+
+// Units 42, 246, 246, 48 (see memory_test.cpp); padded to 4: 44, 248, 248, 48
+// (147 elements per rank over 4); to 2: 42, 246, 246, 48 (291 per rank over 2).
+Workload odd_workload() {
+  Workload w;
+  w.model.hidden_size = 6;
+  w.model.intermediate_size = 5;
+  w.model.num_hidden_layers = 2;
+  w.model.num_attention_heads = 3;
+  w.model.num_key_value_heads = 3;
+  w.model.vocab_size = 7;
+  w.model.max_position_embeddings = 16;
+  w.seq_len = 4;
+  return w;
+}
+
+const MeshShape k2x2{/*ranks_per_node=*/2, /*nodes=*/2};
+
+struct Bytes {
+  int64_t intra = 0, inter = 0;
+};
+
+Bytes sent(const std::vector<Collective>& list) {
+  Bytes b;
+  for (const Collective& c : list) (c.inter_node() ? b.inter : b.intra) += c.per_step * c.traffic.sent;
+  return b;
+}
+
+Bytes sent_for(const std::string& plan, int64_t M = 2) {
+  return sent(step_collectives(odd_workload(), parse_shard_plan(plan, k2x2), k2x2, M));
+}
+
+// Every named plan on 2 ranks x 2 nodes, 2 micro-batches, bf16 (2-byte
+// params and grads). Group of n: all-gather / reduce-scatter send (n-1)·c·2,
+// all-reduce 2(n-1)·ceil(c/n)·2; the gradient norm is an fp64 all-reduce of
+// one element over 4 ranks: 2·3·1·8 = 48, inter-node.
+TEST(Cost, BytesOfNamedPlansByHand) {
+  // ddp: replica all-reduce of whole units over 4: 12·ceil(Φ/4) with
+  // ceil = 11, 62, 62, 12: 1764; + norm.
+  EXPECT_EQ(sent_for("ddp").inter, 1764 + 48);
+  EXPECT_EQ(sent_for("ddp").intra, 0);
+  // zero1: OS reduce-scatter of 147 per rank over 4: 6·147 = 882; optimizer
+  // all-gather over the gather group (4): 882; + norm.
+  EXPECT_EQ(sent_for("zero1").inter, 882 + 48 + 882);
+  EXPECT_EQ(sent_for("zero1").intra, 0);
+  // zero2: G reduce-scatter every micro-batch: 2·882; optimizer gather 882.
+  EXPECT_EQ(sent_for("zero2").inter, 2 * 882 + 48 + 882);
+  // zero3 (= fsdp = mics:4 here): forward gather 2·882, backward gather
+  // without the head 2·6·(11 + 62 + 62) = 2·810, reduce-scatter 2·882.
+  EXPECT_EQ(sent_for("zero3").inter, 2 * 882 + 2 * 810 + 2 * 882 + 48);
+  EXPECT_EQ(sent_for("zero3").intra, 0);
+  EXPECT_EQ(sent_for("fsdp").inter, sent_for("zero3").inter);
+  EXPECT_EQ(sent_for("mics:4").inter, sent_for("zero3").inter);
+  // mics:2 (2x1): P group inside the node, 1·c·2 with c = 21, 123, 123, 24:
+  // forward 2·582, backward gather 2·534, reduce-scatter 2·582; replica
+  // all-reduce over the 2 nodes of c = 21, 123, 123, 24: 4·ceil(c/2) = 4·147.
+  EXPECT_EQ(sent_for("mics:2").intra, 2 * 582 + 2 * 534 + 2 * 582);
+  EXPECT_EQ(sent_for("mics:2").inter, 4 * 147 + 48);
+  // AMSP-style: p=1, g=2x1 (node), os=2x2. G reduce-scatter inside the node
+  // of 22, 124, 124, 24 per rank: 2·294 per micro-batch; OS reduce-scatter
+  // over 2 nodes of 147: 2·147; gather group of 4: 6·147.
+  EXPECT_EQ(sent_for("p=1x1,g=2x1,os=2x2").intra, 2 * 588);
+  EXPECT_EQ(sent_for("p=1x1,g=2x1,os=2x2").inter, 294 + 48 + 882);
+}
+
+TEST(Cost, ScheduleShape) {
+  const Workload w = odd_workload();
+  // zero3 with 3 micro-batches: 4 forward gathers, 3 backward gathers (not
+  // the head), 4 reduce-scatters, each 3 times a step; the norm once.
+  const auto list = step_collectives(w, parse_shard_plan("zero3", k2x2), k2x2, 3);
+  int fg = 0, bg = 0, br = 0, other = 0;
+  for (const Collective& c : list) {
+    if (c.phase == Phase::kForwardGather) ++fg;
+    else if (c.phase == Phase::kBackwardGather) { ++bg; EXPECT_NE(c.unit, 3); }
+    else if (c.phase == Phase::kBackwardReduce) ++br;
+    else if (c.phase == Phase::kGradNorm) { EXPECT_EQ(c.elem_bytes, 8); EXPECT_EQ(c.per_step, 1); }
+    else ++other;
+    if (c.phase != Phase::kGradNorm) EXPECT_EQ(c.per_step, 3);
+  }
+  EXPECT_EQ(fg, 4);
+  EXPECT_EQ(bg, 3);
+  EXPECT_EQ(br, 4);
+  EXPECT_EQ(other, 0);
+}
+
+TEST(Cost, NoCommunicationOfAKindIsChargedNone) {
+  const Workload w = odd_workload();
+  // ddp gathers nothing and reduce-scatters nothing.
+  for (const Collective& c : step_collectives(w, parse_shard_plan("ddp", k2x2), k2x2, 2))
+    EXPECT_EQ(c.op, comm::Op::kAllReduce);
+  // On one node nothing is inter-node, for every plan.
+  const MeshShape one_node{4, 1};
+  for (const char* plan : {"ddp", "zero1", "zero2", "zero3", "mics:2", "p=1,g=2,os=4"})
+    EXPECT_EQ(sent(step_collectives(w, parse_shard_plan(plan, one_node), one_node, 2)).inter, 0)
+        << plan;
+  // One rank: no collectives at all.
+  EXPECT_TRUE(step_collectives(w, parse_shard_plan("zero3", MeshShape{1, 1}), MeshShape{1, 1}, 2).empty());
+  // fp32 doubles every payload but the norm.
+  Workload w32 = w;
+  w32.precision = Precision::kFp32;
+  EXPECT_EQ(sent(step_collectives(w32, parse_shard_plan("zero3", k2x2), k2x2, 2)).inter - 48,
+            2 * (sent_for("zero3").inter - 48));
+}
+
+TEST(Cost, PaperFormulationByHand) {
+  // zero2 on 2x2: G reduce-scatter of 147 per rank over 4 becomes an
+  // all-reduce of 588 (2·3·147·2 = 1764 per micro-batch); the optimizer
+  // gather becomes 4 broadcasts of 147: each rank roots one (sends 294) and
+  // receives three (882).
+  const auto amsp = step_collectives(odd_workload(), parse_shard_plan("zero2", k2x2), k2x2, 2);
+  const auto paper = paper_formulation(amsp);
+  ASSERT_EQ(paper.size(), amsp.size());
+  int64_t sent_bytes = 0, received = 0;
+  for (const Collective& c : paper) {
+    EXPECT_NE(c.op, comm::Op::kReduceScatter);
+    EXPECT_NE(c.op, comm::Op::kAllGather);
+    sent_bytes += c.per_step * c.traffic.sent;
+    received += c.per_step * c.traffic.received;
+  }
+  EXPECT_EQ(sent_bytes, 2 * 2 * 882 + 48 + 294);
+  EXPECT_EQ(received, 2 * 2 * 882 + 48 + 882);
+}
+
+TEST(Cost, MicroBatchesNameTheOption) {
+  const Workload w = odd_workload();  // 4 tokens per micro-batch
+  EXPECT_EQ(micro_batches_per_step(64, w, 4), 4);
+  for (int64_t bad : {8, 60, 0}) {
+    try {
+      micro_batches_per_step(bad, w, 4);
+      ADD_FAILURE() << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--global-batch"), std::string::npos);
+    }
+  }
+}
+
+TEST(Cost, UnitFlopsAddUpToTheModelFigure) {
+  for (const char* name : {"tiny", "llama-7b", "llama2-70b"}) {
+    Workload w;
+    w.model = model::load_config(name);
+    w.seq_len = 512;
+    w.micro_batch = 2;
+    double sum = 0;
+    for (double f : unit_forward_flops(w)) sum += f;
+    const double per_token = 3 * sum / static_cast<double>(w.tokens_per_micro_batch());
+    EXPECT_NEAR(per_token / model::Llama::flops_per_token(w.model, 512), 1.0, 1e-12) << name;
+  }
+}
+
+// Overlap by hand: only forward gathers of 1 s each on a 4-unit model whose
+// decoder layers take 0.25 s forward and whose embedding and head take (close
+// to) nothing. Unit 0's gather and unit 1's (behind the embedding) are fully
+// exposed; units 2 and 3 hide 0.25 s each behind layers 0 and 1.
+TEST(Cost, OverlapByHand) {
+  Workload w = odd_workload();
+  const std::vector<double> flops = unit_forward_flops(w);
+  Compute compute;
+  compute.flops_per_s = flops[1] / 0.25;
+  compute.peak_flops_per_s = compute.flops_per_s;
+  std::vector<Collective> list;
+  for (int u = 0; u < 4; ++u) {
+    Collective c;
+    c.phase = Phase::kForwardGather;
+    c.unit = u;
+    c.seconds = 1.0;
+    list.push_back(c);
+  }
+  const double head_fwd = flops[3] / compute.flops_per_s;
+  const StepCost s = step_cost(w, list, 1, compute);
+  EXPECT_NEAR(s.exposed_s, 1 + 1 + 0.75 + std::max(0.0, 1 - 0.25), 1e-12);
+  EXPECT_NEAR(s.compute_s, 3 * (0.25 + 0.25 + head_fwd), 1e-12);
+  EXPECT_NEAR(s.step_s, s.compute_s + s.exposed_s, 1e-12);
+  EXPECT_NEAR(s.comm_s, 4.0, 1e-12);
+  // Recomputation adds one forward of each layer to backward.
+  w.recompute = Recompute::kFull;
+  EXPECT_NEAR(step_cost(w, list, 1, compute).compute_s, s.compute_s + 2 * 0.25, 1e-12);
+  // With two micro-batches everything happens twice.
+  for (auto& c : list) c.per_step = 2;
+  w.recompute = Recompute::kNone;
+  EXPECT_NEAR(step_cost(w, list, 2, compute).exposed_s, 2 * s.exposed_s, 1e-12);
+}
+
+}  // namespace
+}  // namespace amsp::plan

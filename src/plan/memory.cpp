@@ -1,0 +1,131 @@
+#include "plan/memory.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "comm/traffic.h"
+#include "core/error.h"
+#include "core/parse.h"
+#include "model/layout.h"
+
+namespace amsp::plan {
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+const char* recompute_name(Recompute r) { return r == Recompute::kNone ? "none" : "full"; }
+
+StateBytes state_bytes(Precision precision) {
+  if (precision == Precision::kBf16) return {2, 2, 12};
+  return {4, 4, 8};
+}
+
+std::vector<int64_t> unit_numels(const model::LlamaConfig& config) {
+  std::vector<int64_t> numels;
+  for (const auto& u : model::build_layout(config)) numels.push_back(u.numel);
+  return numels;
+}
+
+int64_t padded_numel(int64_t numel, int64_t s_os) { return comm::padded_count(numel, s_os); }
+
+int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T) {
+  // Mirrors Llama::Llama's allocations, buffer by buffer.
+  const int64_t N = B * T, h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size,
+                V = c.vocab_size, L = c.num_hidden_layers, heads = c.num_attention_heads;
+  const int64_t rope = 2 * T * (c.head_dim() / 2);        // cos, sin
+  const int64_t per_layer = N * h + 2 * N * kv           // q, k, v (after RoPE)
+                            + B * heads * T * T          // softmax probabilities
+                            + N * h + N * h              // attention output, h
+                            + 2 * N * I                  // gate, up
+                            + 2 * N;                     // 1/rms of both norms
+  const int64_t resid = (L + 1) * N * h;                 // layer inputs + final output
+  const int64_t head = N + N * V + N;                    // 1/rms, logits, log-sum-exp
+  const int64_t scratch = 5 * N * h + 2 * N * kv + 2 * N * I;  // n, dn, dres, dattn, dq; dk, dv; act, dact
+  return rope + resid + L * per_layer + head + scratch;
+}
+
+int64_t gpu_layer_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
+  // Korthikanti et al. 2022 (arXiv 2205.05198) section 4.1 counts, per layer,
+  // every tensor backward reads. For LLaMA in bf16 (2 bytes) with
+  // FlashAttention-2 (no s x s scores: it keeps O and the fp32 log-sum-exp
+  // per head and row), SwiGLU, RMSNorm and no dropout:
+  //   attention: norm input x, normed x, q, k, v after RoPE, output O   2·(4h + 2kv)
+  //   MLP:       norm input h, normed h, gate, up, silu(gate)·up        2·(2h + 3I)
+  //   fp32 1/rms of both norms (8), fp32 log-sum-exp per head (4·heads)
+  const int64_t h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size;
+  return tokens * (12 * h + 4 * kv + 6 * I + 8) + 4 * tokens * c.num_attention_heads;
+}
+
+int64_t gpu_head_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
+  // Final norm input and output (bf16), 1/rms (fp32), logits in bf16 plus the
+  // fp32 copy the loss works on (Megatron's 4·s·b·V term).
+  return tokens * (4 * c.hidden_size + 6 * c.vocab_size + 4);
+}
+
+int64_t activation_bytes(const Workload& w) {
+  const model::LlamaConfig& c = w.model;
+  if (w.precision == Precision::kFp32)
+    return 4 * cpu_activation_floats(c, w.micro_batch, w.seq_len);
+  const int64_t N = w.tokens_per_micro_batch(), L = c.num_hidden_layers;
+  const int64_t layer = gpu_layer_activation_bytes(c, N), head = gpu_head_activation_bytes(c, N);
+  if (w.recompute == Recompute::kNone) return L * layer + head;
+  // Full recomputation keeps each layer's input (bf16) and rebuilds one
+  // layer's working set at a time during backward; its input is already kept.
+  const int64_t input = 2 * N * c.hidden_size;
+  return L * input + (layer - input) + head;
+}
+
+MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_t world) {
+  const StateBytes b = state_bytes(w.precision);
+  const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size();
+  MemoryBreakdown m;
+  int64_t largest = 0;
+  for (int64_t numel : unit_numels(w.model)) {
+    const int64_t phi = padded_numel(numel, sos);
+    largest = std::max(largest, phi);
+    m.params += phi / sp * b.p;
+    m.grads += phi / sg * b.g;
+    m.optimizer += phi / sos * b.os;
+  }
+  m.activations = activation_bytes(w);
+  // Prefetch depth 2: the unit being computed and the next one being gathered.
+  if (sp > 1) m.gathered = 2 * largest * b.p;
+  // With s_g > 1 a unit's full gradient is computed into a bucket and
+  // reduce-scattered into the G-shard; two can be outstanding (the one being
+  // reduced, the one being computed). With s_g = 1 the full G buffer is the
+  // bucket and reductions run in place.
+  if (sg > 1 && world > 1) m.buckets = 2 * largest * b.g;
+  return m;
+}
+
+int64_t parse_memory_size(const std::string& text, const std::string& option) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string number = text.substr(0, i), unit = text.substr(i);
+  const auto v = parse_double(number);
+  struct Unit {
+    const char* name;
+    double bytes;
+  };
+  static const Unit kUnits[] = {
+      {"", 1},           {"B", 1},           {"KiB", 1024.0},   {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0}, {"M", 1048576.0},
+      {"G", 1073741824.0},   {"T", 1099511627776.0},   {"KB", 1e3},   {"MB", 1e6},
+      {"GB", 1e9},           {"TB", 1e12}};
+  for (const Unit& u : kUnits) {
+    if (unit != u.name || !v || *v <= 0) continue;
+    const double bytes = *v * u.bytes;
+    if (bytes < 1 || bytes > 9e18 || (unit.empty() && number.find('.') != std::string::npos)) break;
+    return static_cast<int64_t>(std::llround(bytes));
+  }
+  fail_usage("--", option, " ", text,
+             ": expected a size such as 80GiB, 80GB (10^9 bytes), 80G (= GiB) or a byte count");
+}
+
+std::string format_gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / 1073741824.0);
+  return buf;
+}
+
+}  // namespace amsp::plan

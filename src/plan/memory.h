@@ -1,0 +1,83 @@
+// The memory model: what one rank holds for a shard plan (doc/planner.md).
+//
+//   model states  = sum over units u of  Φu·bP/s_p + Φu·bG/s_g + Φu·bOS/s_os
+//   activations   = what forward keeps for backward (precision, recompute)
+//   temporaries   = gathered units in flight + gradient buckets
+//
+// Φu is unit u's numel padded up to a multiple of s_os, exactly what the
+// sharding engine allocates, so every shard level splits evenly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "plan/shard_plan.h"
+
+namespace amsp::plan {
+
+enum class Precision { kBf16, kFp32 };  // bf16 mixed precision on GPU; fp32 on CPU
+enum class Recompute { kNone, kFull };
+
+const char* precision_name(Precision p);  // "bf16", "fp32"
+const char* recompute_name(Recompute r);  // "none", "full"
+
+// What one rank computes: the model and its micro-batch.
+struct Workload {
+  model::LlamaConfig model;
+  int64_t seq_len = 0;
+  int64_t micro_batch = 1;  // sequences per micro-batch
+  Precision precision = Precision::kBf16;
+  Recompute recompute = Recompute::kNone;
+  int64_t tokens_per_micro_batch() const { return seq_len * micro_batch; }
+};
+
+// Bytes per element of each state: bf16 (2, 2, 12) = bf16 params and grads,
+// fp32 master + Adam m + v; fp32 (4, 4, 8) = fp32 params and grads, Adam m + v.
+struct StateBytes {
+  int64_t p = 0, g = 0, os = 0;
+};
+StateBytes state_bytes(Precision precision);
+
+// The units' numel in forward order (embed, layers.0.., head), unpadded.
+std::vector<int64_t> unit_numels(const model::LlamaConfig& config);
+// Φu: numel rounded up to a multiple of s_os.
+int64_t padded_numel(int64_t numel, int64_t s_os);
+
+struct MemoryBreakdown {
+  int64_t params = 0, grads = 0, optimizer = 0;  // model states
+  int64_t activations = 0;
+  int64_t gathered = 0;  // all-gathered units in flight
+  int64_t buckets = 0;   // gradient buckets of outstanding reductions
+  int64_t model_states() const { return params + grads + optimizer; }
+  int64_t temporaries() const { return gathered + buckets; }
+  int64_t total() const { return model_states() + activations + temporaries(); }
+};
+
+// Floats the CPU model (model::Llama, fp32) allocates for micro-batches of B
+// sequences of T tokens: activations kept for backward, scratch and RoPE
+// tables. Kept in step with src/model/llama.cpp; a test compares it with the
+// allocation Llama actually makes.
+int64_t cpu_activation_floats(const model::LlamaConfig& config, int64_t B, int64_t T);
+
+// Activation bytes of one decoder layer in bf16 on GPU (Korthikanti et al.
+// 2022 adapted to LLaMA, FlashAttention-2): tokens·(12h + 4·kv + 6·I + 8) +
+// 4·tokens·heads. The head keeps tokens·(4h + 6V + 4).
+int64_t gpu_layer_activation_bytes(const model::LlamaConfig& config, int64_t tokens);
+int64_t gpu_head_activation_bytes(const model::LlamaConfig& config, int64_t tokens);
+
+// Activation bytes per rank for one micro-batch in flight.
+int64_t activation_bytes(const Workload& w);
+
+// The whole per-rank breakdown for a plan on a world of `world` ranks.
+MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_t world);
+
+// "80GiB", "80GB" (10^9), "80G" (= GiB), "1.5TiB", "85899345920" -> bytes.
+// Throws UsageError naming `option` on anything else.
+int64_t parse_memory_size(const std::string& text, const std::string& option);
+
+// 80 GiB -> "80.0 GiB"
+std::string format_gib(int64_t bytes);
+
+}  // namespace amsp::plan

@@ -1,0 +1,78 @@
+// The planner: evaluate shard plans (memory, collectives, step time) and
+// search every valid plan for the fastest one that fits. `amsp plan` prints
+// it; `amsp train --shard auto` calls choose_plan on the live topology.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/bandwidth.h"
+#include "plan/cost.h"
+#include "plan/memory.h"
+#include "plan/shard_plan.h"
+
+namespace amsp::plan {
+
+struct PlanInput {
+  Workload workload;
+  MeshShape mesh;
+  int64_t global_batch_tokens = 0;  // tokens per optimizer step, all ranks
+  int64_t memory_per_rank = 0;      // bytes a rank may use
+  BandwidthTable bandwidth;
+  Compute compute;
+};
+
+// Fills bandwidth and compute from a cluster (peak for the workload's precision).
+void use_cluster(PlanInput& in, const Cluster& cluster);
+
+struct Evaluation {
+  ShardPlan plan;
+  MemoryBreakdown memory;
+  std::vector<Collective> collectives;  // timed
+  StepCost cost;
+  bool fits = false;
+};
+
+// Every plan the rules of shard_plan.h allow on the mesh (named "custom").
+std::vector<ShardPlan> enumerate_plans(const MeshShape& mesh);
+
+// One plan, fully costed. Throws UsageError on a bad --global-batch.
+Evaluation evaluate(const PlanInput& in, const ShardPlan& plan);
+
+// Ranking: predicted step time, then memory, then inter-node and intra-node
+// bytes, then the factors (so the order is total and deterministic). Step
+// times whose exposed communication differs by less than kTieResolution of
+// the compute time (identical for all plans of one input) are ties: the model
+// cannot resolve them, and the smaller plan leaves room for larger batches.
+inline constexpr double kTieResolution = 1e-3;
+bool better(const Evaluation& a, const Evaluation& b);
+// floor(exposed / (kTieResolution x compute)): the first ranking key.
+double exposed_ticks(const Evaluation& e);
+
+// Every valid plan, evaluated: the ones that fit first, ranked best first,
+// then those that do not fit, by memory.
+std::vector<Evaluation> search(const PlanInput& in);
+
+// The best plan that fits; throws UsageError saying how much the smallest
+// plan needs when none does.
+Evaluation choose_plan(const PlanInput& in);
+
+// Named plans shown beside the search: ddp, zero1, zero2, zero3, and mics:K
+// for K = one node, two and four nodes.
+std::vector<std::string> named_plan_names(const MeshShape& mesh);
+
+struct NamedResult {
+  std::string name;
+  std::optional<Evaluation> eval;  // absent when the plan is invalid on the mesh
+  std::string excluded;            // empty when it fits
+  int rank = 0;                    // 1-based place among fitting plans, 0 if excluded
+};
+std::vector<NamedResult> named_results(const PlanInput& in, const std::vector<Evaluation>& ranked);
+
+// Tokens: "4194304", "4M" (= 4·2^20, as LLM papers count batch tokens), "4Mi",
+// "512K", "1G". Throws UsageError naming `option`.
+int64_t parse_token_count(const std::string& text, const std::string& option);
+
+}  // namespace amsp::plan

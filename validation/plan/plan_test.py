@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""System tests of `amsp plan` (stdlib only): the issue's llama-13b command as text and
+as JSON (schema, ranking, named plans), --shard details, a measured bandwidth table, and
+bad input (exit 2, one line naming the option).
+
+usage: plan_test.py AMSP_BINARY SOURCE_DIR
+"""
+import json
+import math
+import re
+import subprocess
+import sys
+
+AMSP, SRC = sys.argv[1], sys.argv[2]
+ISSUE = ["plan", "--model", "llama-13b", "--nodes", "128", "--gpus-per-node", "8",
+         "--gpu-memory", "80GiB", "--cluster", "a800", "--seq-len", "4096",
+         "--micro-batch", "1", "--global-batch", "4M"]
+FACTOR = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*$")
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(args):
+    return subprocess.run([AMSP] + args, capture_output=True, text=True, timeout=120)
+
+
+def plan_fields(x, where, memory):
+    for key in ("p", "g", "os"):
+        check(isinstance(x.get(key), str) and FACTOR.match(x[key]), f"{where}: {key} is AxB")
+    for key in ("memory_bytes", "bytes_intra", "bytes_inter"):
+        check(isinstance(x.get(key), int) and x[key] >= 0, f"{where}: {key} is a byte count")
+    check(isinstance(x.get("step_time_s"), (int, float)) and x["step_time_s"] > 0,
+          f"{where}: step_time_s > 0")
+    check(isinstance(x.get("mfu"), (int, float)) and 0 < x["mfu"] <= 1, f"{where}: mfu in (0, 1]")
+    if "excluded" not in x:
+        check(x["memory_bytes"] <= memory, f"{where}: fits in memory")
+
+
+# --- the issue's command, text --------------------------------------------------
+r = run(ISSUE)
+check(r.returncode == 0, f"issue command exits 0 (got {r.returncode}: {r.stderr.strip()})")
+for needle in ("best first", "named plans", "chosen:", "paper's formulation", "MODELLED",
+               "ddp", "zero1", "zero2", "zero3", "mics:8", "excluded: needs"):
+    check(needle in r.stdout, f"text output mentions {needle!r}")
+print(r.stdout)
+
+# --- the issue's command, JSON --------------------------------------------------
+r = run(ISSUE + ["--json", "--top", "20"])
+check(r.returncode == 0, "--json exits 0")
+j = json.loads(r.stdout)
+memory = 80 * 2**30
+check(j["input"]["world"] == 1024 and j["input"]["micro_batches_per_step"] == 1,
+      "input: 1024 ranks, one micro-batch (4M = 4 * 2^20 tokens)")
+cands = j["candidates"]
+check(len(cands) == 20, "20 candidates")
+for i, c in enumerate(cands):
+    plan_fields(c, f"candidates[{i}]", memory)
+# Ranked best first: exposed communication in ticks of 0.1% of compute, then memory.
+ticks = [math.floor(c["exposed_comm_s"] / (1e-3 * c["compute_s"])) for c in cands]
+for i in range(len(cands) - 1):
+    a, b = (ticks[i], cands[i]["memory_bytes"]), (ticks[i + 1], cands[i + 1]["memory_bytes"])
+    check(a <= b, f"candidates[{i}] ranks before candidates[{i + 1}]")
+best_step = min(c["step_time_s"] for c in cands)
+check(cands[0]["step_time_s"] <= best_step + 1e-3 * cands[0]["compute_s"],
+      "the first candidate is within the tie resolution of the fastest")
+named = j["named"]
+expected = {"ddp": ("1x1", "1x1", "1x1"), "zero1": ("1x1", "1x1", "8x128"),
+            "zero2": ("1x1", "8x128", "8x128"), "zero3": ("8x128", "8x128", "8x128"),
+            "mics:8": ("8x1", "8x1", "8x1"), "mics:16": ("8x2", "8x2", "8x2"),
+            "mics:32": ("8x4", "8x4", "8x4")}
+check(set(named) == set(expected), f"named plans are {sorted(expected)}")
+for name, (p, g, os_) in expected.items():
+    x = named.get(name, {})
+    plan_fields(x, f"named[{name}]", memory)
+    check((x.get("p"), x.get("g"), x.get("os")) == (p, g, os_), f"{name} maps to {p},{g},{os_}")
+check("excluded" in named["ddp"] and "needs" in named["ddp"]["excluded"],
+      "ddp is excluded for memory (13B unsharded needs > 200 GiB)")
+check("excluded" not in named["zero3"], "zero3 fits")
+check(named["zero3"]["bytes_intra"] == 0, "zero3's groups span nodes: nothing counted intra-node")
+check(named["mics:8"]["bytes_intra"] > 0 and named["mics:8"]["bytes_inter"] > 0,
+      "mics:8 sends inside the node (P, G) and across (replica)")
+check("paper" in j and j["paper"]["step_time_s"] >= cands[0]["step_time_s"],
+      "the paper's formulation is reported and is not faster")
+
+# --- one plan in detail ---------------------------------------------------------
+r = run(ISSUE + ["--shard", "zero1", "--json"])
+check(r.returncode == 0, "--shard zero1 --json exits 0")
+d = json.loads(r.stdout)
+ops = {(c["phase"], c["op"], c["group"]) for c in d["plan"]["collectives"]}
+check(ops == {("last micro-batch reduce", "reduce_scatter", "OS"),
+              ("gradient norm", "all_reduce", "world"),
+              ("optimizer gather", "all_gather", "gather")}, f"zero1 collectives: {ops}")
+r = run(ISSUE + ["--shard", "p=1,g=8x1,os=8x1"])
+check(r.returncode == 0 and "collectives per step" in r.stdout, "--shard with factors prints collectives")
+
+# --- a measured table: the development VM's 4 ranks ------------------------------
+r = run(["plan", "--model", "small", "--nodes", "1", "--gpus-per-node", "4", "--precision",
+         "fp32", "--seq-len", "256", "--global-batch", "8K", "--bandwidth",
+         f"{SRC}/../inputs/bandwidth/localhost-4x1.json", "--peak-tflops", "0.05", "--json"])
+check(r.returncode == 0, f"--bandwidth with a comm-bench table exits 0 ({r.stderr.strip()})")
+if r.returncode == 0:
+    m = json.loads(r.stdout)
+    check(all(c["bytes_inter"] == 0 for c in m["candidates"]), "one node: nothing inter-node")
+    check(m["input"]["bandwidth_modelled"] is False, "a measured table is not 'modelled'")
+
+# --- bad input: exit 2, one line naming the option -------------------------------
+bad = [
+    (["--global-batch", "4000000"], "--global-batch"),
+    (["--global-batch", "4X"], "--global-batch"),
+    (["--gpu-memory", "80XB"], "--gpu-memory"),
+    (["--shard", "mics:3"], "--shard"),
+    (["--shard", "p=3x1"], "--shard"),
+    (["--cluster", "nope"], "--cluster"),
+    (["--precision", "fp16"], "--precision"),
+    (["--recompute", "some"], "--recompute"),
+    (["--seq-len", "0"], "--seq-len"),
+    (["--bandwidth", "/nonexistent.json"], "--bandwidth"),
+    (["--bandwidth", f"{SRC}/../inputs/bandwidth/localhost-4x1.json"], "--bandwidth"),
+    (["--model", "llama-99b"], "--model"),
+    (["--model.hidden_size", "x"], "--model.hidden_size"),
+]
+for extra, option in bad:
+    r = run(ISSUE + extra)
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 2, f"{extra}: exit 2 (got {r.returncode})")
+    check(len(lines) == 1 and option in lines[0], f"{extra}: one line naming {option}: {lines}")
+    check(r.stdout == "", f"{extra}: nothing on stdout")
+r = run(["plan", "--precision", "fp32", "--recompute", "full"])
+check(r.returncode == 2 and "--recompute" in r.stderr, "fp32 with recompute full is refused")
+
+print(f"{len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
