@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
     for (const auto& c : kCommands) known += std::string(known.empty() ? "" : ", ") + c.words;
     amsp::fail_usage("unknown command '", words, "'; expected one of: ", known, " (see amsp --help)");
   } catch (const amsp::Error& e) {
-    std::cerr << "amsp: error: " << e.what() << "\n";
+    // An empty message: another rank reports this error.
+    if (*e.what()) std::cerr << "amsp: error: " << e.what() << "\n";
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << "amsp: error: " << e.what() << "\n";

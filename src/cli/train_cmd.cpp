@@ -7,29 +7,21 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "engine/trainer.h"
 #include "model/config.h"
+#include "plan/memory.h"
 
 namespace amsp::cli {
-namespace {
-
-// MPI for the life of the command; finalised on every exit path.
-struct MpiSession {
-  MpiSession(int* argc, char*** argv) {
-    int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  }
-  ~MpiSession() { MPI_Finalize(); }
-};
-
-}  // namespace
 
 int run_train(int argc, char** argv) {
   engine::TrainOptions o;
   std::string model_name;
   double lr = 0, min_lr = -1;
   int64_t warmup = -1, seed = 0;
+  std::string memory;
+  bool no_overlap = false;
 
   po::options_description desc("Options");
   desc.add_options()
@@ -71,7 +63,19 @@ int run_train(int argc, char** argv) {
       ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0)->value_name("NUM"),
            "peak TFLOP/s for MFU; 0 measures this machine's sgemm peak")
       ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"),
-           "OpenMP threads; 0 keeps OMP_NUM_THREADS or the core count");
+           "OpenMP threads per rank; 0 keeps OMP_NUM_THREADS or the core count")
+      ("shard", po::value<std::string>(&o.shard)->default_value("auto")->value_name("PLAN"),
+           "shard plan: ddp, zero1, zero2, zero3, fsdp, mics:K, factors such as "
+           "p=2x1,g=2x1,os=8x1, or auto (the planner's choice for this topology)")
+      ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
+           "bandwidth table for --shard auto (amsp comm-bench --output-table); "
+           "default: inputs/bandwidth/localcluster-2x4.json")
+      ("memory-per-rank", po::value<std::string>(&memory)->value_name("SIZE"),
+           "memory a rank may use, for --shard auto (e.g. 4GiB); default: available / ranks per node")
+      ("no-overlap", po::bool_switch(&no_overlap),
+           "wait for every collective as soon as it is issued (for measuring what overlap hides)")
+      ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
+           "after the last step, write every parameter as raw float32 in layout order (tests)");
   po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
   for (const auto& f : model::config_field_names())
     fields.add_options()(("model." + f).c_str(), po::value<std::string>()->value_name("VALUE"),
@@ -111,13 +115,19 @@ int run_train(int argc, char** argv) {
   require(o.schedule.warmup_steps <= o.steps, "warmup-steps", o.schedule.warmup_steps,
           "at most --steps");
 
-  MpiSession mpi(&argc, &argv);
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != 1)
-    fail_usage("amsp train runs on one rank in this version; got ", world,
-               " ranks (launch without srun/mpiexec, or with one task)");
-  engine::train(o);
+  o.overlap = !no_overlap;
+  if (!memory.empty()) o.memory_per_rank = plan::parse_memory_size(memory, "--memory-per-rank");
+
+  comm::MpiSession mpi(&argc, &argv);
+  try {
+    engine::train(o);
+  } catch (const Error& e) {
+    // Setup errors reach every rank with the same message: rank 0 says it.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) throw Error("", e.exit_code());
+    throw;
+  }
   return 0;
 }
 

@@ -23,10 +23,18 @@ void MetricsSink::clear_status() {
 
 void MetricsSink::step(const StepMetrics& m) {
   clear_status();
+  double sent = 0, exposed_ms = 0;
+  for (const auto& g : m.comm) {
+    const comm::OpStats t = g.total();
+    sent += static_cast<double>(t.bytes_sent);
+    exposed_ms += t.exposed_s * 1e3;
+  }
   const int width = static_cast<int>(std::to_string(m.total_steps).size());
-  std::printf("step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %8.1f ms | %9.0f tok/s | MFU %5.1f%%\n",
+  std::printf("step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %8.1f ms | %9.0f tok/s | MFU %5.1f%%",
               width, static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss,
               m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, 100.0 * m.mfu);
+  if (!m.comm.empty()) std::printf(" | comm %.2f MB, exposed %.1f ms", sent / 1e6, exposed_ms);
+  std::printf("\n");
   elapsed_ms_ += m.step_ms;
   if (tty_ && m.step < m.total_steps) {
     // A progress bar under the log lines, redrawn in place.
@@ -46,6 +54,30 @@ void MetricsSink::step(const StepMetrics& m) {
                         {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
                         {"mfu", m.mfu},             {"tokens", m.tokens}};
     if (m.val_loss) j["val_loss"] = *m.val_loss;
+    j["model_state_bytes"] = m.model_state_bytes;
+    nlohmann::json groups = nlohmann::json::object();
+    double in_flight_ms = 0, exposed_ms = 0;
+    int64_t bytes_sent = 0;
+    for (const auto& g : m.comm) {
+      nlohmann::json ops = nlohmann::json::object();
+      for (comm::Op op : comm::kAllOps) {
+        const comm::OpStats& o = g[op];
+        if (o.calls == 0) continue;
+        ops[comm::op_name(op)] = {{"calls", o.calls},
+                                  {"bytes_sent", o.bytes_sent},
+                                  {"bytes_received", o.bytes_received},
+                                  {"in_flight_ms", o.in_flight_s * 1e3},
+                                  {"exposed_ms", o.exposed_s * 1e3}};
+        bytes_sent += o.bytes_sent;
+        in_flight_ms += o.in_flight_s * 1e3;
+        exposed_ms += o.exposed_s * 1e3;
+      }
+      groups[g.group] = ops;
+    }
+    j["comm"] = groups;
+    j["comm_bytes_sent"] = bytes_sent;
+    j["comm_in_flight_ms"] = in_flight_ms;
+    j["comm_exposed_ms"] = exposed_ms;
     file_ << j.dump() << "\n";
     file_.flush();
   }

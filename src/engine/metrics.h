@@ -8,6 +8,9 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "comm/stats.h"
 
 namespace amsp::engine {
 
@@ -21,6 +24,8 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double mfu = 0;           // fraction of peak
   int64_t tokens = 0;       // tokens consumed so far
+  int64_t model_state_bytes = 0;   // this rank's P-, G- and OS-shards
+  std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
   std::optional<double> val_loss;
 };
 

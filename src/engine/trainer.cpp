@@ -1,19 +1,27 @@
 #include "engine/trainer.h"
 
+#include <mpi.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <vector>
 
+#include "comm/check.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "engine/metrics.h"
 #include "engine/peak.h"
+#include "engine/plan_groups.h"
+#include "engine/sharded_engine.h"
 #include "model/llama.h"
+#include "plan/search.h"
+#include "topology/topology.h"
 
 namespace amsp::engine {
 namespace {
@@ -24,21 +32,34 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Parameters, gradients and Adam moments, one flat buffer per unit.
-struct ModelState {
-  std::vector<std::vector<float>> params, grads, exp_avg, exp_avg_sq;
-
-  explicit ModelState(const std::vector<model::UnitSpec>& units, uint64_t seed) {
-    for (size_t u = 0; u < units.size(); ++u) {
-      const size_t n = static_cast<size_t>(units[u].numel);
-      params.emplace_back(n);
-      model::init_unit_params(units[u], static_cast<int>(u), seed, params.back().data());
-      grads.emplace_back(n, 0.0f);
-      exp_avg.emplace_back(n, 0.0f);
-      exp_avg_sq.emplace_back(n, 0.0f);
-    }
+// Runs fn on every rank. If it throws an amsp::Error on any rank, every rank
+// throws the error of the lowest failing rank (message and exit code), so a
+// bad input ends the job the same way everywhere instead of leaving some
+// ranks waiting in a collective.
+void collectively(const std::function<void()>& fn) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::string message;
+  int code = 0;
+  try {
+    fn();
+  } catch (const Error& e) {
+    message = e.what();
+    code = e.exit_code();
   }
-};
+  int mine = code != 0 ? rank : size, first = size;
+  AMSP_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == size) return;
+  int len = static_cast<int>(message.size());
+  AMSP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, MPI_COMM_WORLD));
+  AMSP_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, MPI_COMM_WORLD));
+  message.resize(static_cast<size_t>(len));
+  AMSP_MPI_CHECK(MPI_Bcast(message.data(), len, MPI_CHAR, first, MPI_COMM_WORLD));
+  if (first != 0) message = cat("rank ", first, ": ", message);
+  if (code == kExitUsage) throw UsageError(message);
+  throw Error(message, code);
+}
 
 void check_options(const TrainOptions& o, const data::TokenDataset& data) {
   o.model.validate();
@@ -63,13 +84,57 @@ void check_options(const TrainOptions& o, const data::TokenDataset& data) {
                " tokens, fewer than one sequence of --seq-len ", o.seq_len, " + 1");
 }
 
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return int64_t{8} << 30;
+}
+
+// The plan to train with, and one line saying why.
+std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const topology::Topology& topo,
+                                                double peak_flops) {
+  if (o.shard != "auto") return {o.shard, "given with --shard"};
+  topo.require_equal_tasks_per_node("--shard auto");
+  plan::PlanInput in;
+  in.workload.model = o.model;
+  in.workload.seq_len = o.seq_len;
+  in.workload.micro_batch = o.batch_size;
+  in.workload.precision = plan::Precision::kFp32;
+  in.mesh = {topo.local_size, topo.num_nodes};
+  in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
+  in.memory_per_rank = o.memory_per_rank > 0 ? o.memory_per_rank
+                                             : available_memory_bytes() / topo.local_size;
+  const std::string table = o.bandwidth_path.empty()
+                                ? model::inputs_dir() + "/bandwidth/localcluster-2x4.json"
+                                : o.bandwidth_path;
+  in.bandwidth = plan::load_bandwidth_table(table, "--bandwidth");
+  in.compute.peak_flops_per_s = peak_flops;
+  in.compute.flops_per_s = peak_flops * 0.6;
+  const std::vector<plan::Evaluation> ranked = plan::search(in);
+  const plan::Evaluation best = plan::choose_plan(in);
+  const auto fitting = std::count_if(ranked.begin(), ranked.end(),
+                                     [](const plan::Evaluation& e) { return e.fits; });
+  char why[512];
+  std::snprintf(why, sizeof why,
+                "auto: fastest predicted of %ld plans that fit %.1f GiB per rank: step %.1f ms, "
+                "exposed communication %.1f ms, bandwidth from %s",
+                static_cast<long>(fitting), in.memory_per_rank / double(1 << 30), best.cost.step_s * 1e3,
+                best.cost.exposed_s * 1e3, table.c_str());
+  return {plan::to_string(best.plan), why};
+}
+
 void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
-                  int threads) {
+                  int threads, const topology::Topology& topo, const PlanGroups& pg,
+                  int64_t state_bytes) {
   const auto& m = o.model;
   auto row = [](const char* key, const std::string& value) {
-    std::printf("| %-26s | %-40s |\n", key, value.c_str());
+    std::printf("| %-26s | %-48s |\n", key, value.c_str());
   };
-  const std::string rule = "+" + std::string(28, '-') + "+" + std::string(42, '-') + "+";
+  const std::string rule = "+" + std::string(28, '-') + "+" + std::string(50, '-') + "+";
   std::printf("%s\n", rule.c_str());
   row("model", m.name);
   row("parameters", cat(m.num_parameters(), " (", m.num_parameters() / 1e6, " M)"));
@@ -80,43 +145,35 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
   row("num_key_value_heads", std::to_string(m.num_key_value_heads));
   row("vocab_size", std::to_string(m.vocab_size));
   row("rms_norm_eps / rope_theta", cat(m.rms_norm_eps, " / ", m.rope_theta));
+  row("ranks", cat(topo.world_size, " on ", topo.num_nodes, " node(s), ", topo.local_size, " per node"));
+  row("shard plan", plan::to_string(pg.mesh.plan()));
+  row("model states per rank", cat(state_bytes / 1e6, " MB"));
   row("data", data.path());
   row("train / validation tokens", cat(data.tokens(data::Split::kTrain).size(), " / ",
                                        data.tokens(data::Split::kValid).size()));
   row("steps", std::to_string(o.steps));
-  row("batch x seq x grad_accum", cat(o.batch_size, " x ", o.seq_len, " x ", o.grad_accum, " = ",
-                                      o.batch_size * o.seq_len * o.grad_accum, " tokens/step"));
+  row("batch x seq x accum x ranks",
+      cat(o.batch_size, " x ", o.seq_len, " x ", o.grad_accum, " x ", topo.world_size, " = ",
+          o.batch_size * o.seq_len * o.grad_accum * topo.world_size, " tokens/step"));
   row("lr (warmup, min)", cat(o.schedule.lr, " (", o.schedule.warmup_steps, " steps, ",
                               o.schedule.min_lr, ")"));
   row("adamw betas, eps, wd", cat(o.adamw.beta1, ", ", o.adamw.beta2, ", ", o.adamw.eps, ", ",
                                   o.adamw.weight_decay));
   row("grad clip", o.grad_clip > 0 ? cat(o.grad_clip) : "off");
   row("seed", std::to_string(o.seed));
-  row("threads", std::to_string(threads));
-  row("peak for MFU", cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : " (sgemm, measured)"));
+  row("threads per rank", std::to_string(threads));
+  row("peak per rank for MFU",
+      cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : " (sgemm, measured)"));
   std::printf("%s\n", rule.c_str());
   std::fflush(stdout);
 }
 
-// Mean loss over the first `windows` held-out windows (NaN if there are none).
-double evaluate(model::Llama& model, const ModelState& state, const data::TokenDataset& data,
-                const TrainOptions& o, std::vector<int32_t>& tokens, std::vector<int32_t>& targets,
-                int64_t* windows_used) {
-  int64_t windows = data::num_eval_windows(data, o.seq_len);
-  if (o.eval_windows > 0) windows = std::min(windows, o.eval_windows);
-  *windows_used = windows;
-  if (windows == 0) return std::numeric_limits<double>::quiet_NaN();
-  double loss = 0.0;
-  int64_t count = 0;
-  for (int64_t first = 0; first < windows; first += o.batch_size) {
-    const int64_t b = std::min(o.batch_size, windows - first);
-    data::eval_batch(data, first, b, o.seq_len, tokens.data(), targets.data());
-    model.set_batch(tokens.data(), targets.data(), b, o.seq_len, 0.0f);
-    for (int u = 0; u < model.num_units(); ++u) model.forward(u, state.params[u].data());
-    loss += model.loss_sum();
-    count += model.loss_count();
-  }
-  return loss / static_cast<double>(std::max<int64_t>(1, count));
+void write_final_params(const std::string& path, const std::vector<std::vector<float>>& params) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) fail("--final-params ", path, ": cannot create the file");
+  for (const auto& p : params)
+    out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
+  if (!out) fail("--final-params ", path, ": write failed");
 }
 
 }  // namespace
@@ -127,78 +184,114 @@ double train(const TrainOptions& options) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const int threads = omp_get_max_threads();
 
-  const data::TokenDataset data(o.data_path);
-  check_options(o, data);
+  // Setup: every check runs on every rank; the first failure ends all of them alike.
+  topology::Topology topo;
+  std::unique_ptr<data::TokenDataset> data;
+  collectively([&] {
+    topo = topology::discover(MPI_COMM_WORLD);
+  });
+  collectively([&] {
+    data = std::make_unique<data::TokenDataset>(o.data_path);
+    check_options(o, *data);
+  });
+  const bool root = topo.rank == 0;
+  // The peak is measured on rank 0 alone (others wait), as a rank has it on a
+  // dedicated device; ranks sharing a CPU make MFU look lower than it is.
+  double peak_flops = o.peak_tflops * 1e12;
+  if (peak_flops <= 0) {
+    if (root) peak_flops = measure_sgemm_peak_flops();
+    AMSP_MPI_CHECK(MPI_Bcast(&peak_flops, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  }
+  std::string plan_text, reason;
+  std::unique_ptr<PlanGroups> pg;
+  collectively([&] {
+    std::tie(plan_text, reason) = choose_plan(o, topo, peak_flops);
+    pg = std::make_unique<PlanGroups>(make_plan_groups(MPI_COMM_WORLD, topo, plan_text));
+  });
+  if (root) {
+    std::printf("plan: %s on %d rank(s) (%s)\n", plan::to_string(pg->mesh.plan()).c_str(),
+                topo.world_size, reason.c_str());
+    std::printf("groups: %s\n", pg->placement.c_str());
+    std::fflush(stdout);
+  }
 
-  model::Llama model(o.model, o.batch_size, o.seq_len);
-  ModelState state(model.units(), o.seed);
-  const double peak_flops = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : measure_sgemm_peak_flops();
-  const double flops_per_token = model::Llama::flops_per_token(o.model, o.seq_len);
-  print_config(o, data, peak_flops, threads);
+  EngineOptions eo;
+  eo.adamw = o.adamw;
+  eo.grad_clip = o.grad_clip;
+  eo.overlap = o.overlap;
+  ShardedEngine engine(o.model, o.batch_size, o.seq_len, *pg, o.seed, eo);
+  if (root) print_config(o, *data, peak_flops, threads, topo, *pg, engine.model_state_bytes());
 
-  MetricsSink sink(o.metrics_path);
-  std::vector<int32_t> tokens(static_cast<size_t>(o.batch_size * o.seq_len));
-  std::vector<int32_t> targets(tokens.size());
+  const int64_t world = topo.world_size, pos = pg->position, B = o.batch_size, T = o.seq_len;
+  const double flops_per_token = model::Llama::flops_per_token(o.model, T);
+  std::unique_ptr<MetricsSink> sink = root ? std::make_unique<MetricsSink>(o.metrics_path) : nullptr;
+
+  // Held-out loss over the first eval_windows windows, split over the ranks.
+  auto evaluate = [&](int64_t* windows_used) {
+    int64_t windows = data::num_eval_windows(*data, T);
+    if (o.eval_windows > 0) windows = std::min(windows, o.eval_windows);
+    *windows_used = windows;
+    if (windows == 0) return std::numeric_limits<double>::quiet_NaN();
+    const int64_t batches = (windows + world * B - 1) / (world * B);
+    auto [loss, count] = engine.evaluate(batches, [&](int64_t b, int32_t* tokens, int32_t* targets) {
+      const int64_t first = (b * world + pos) * B;
+      data::eval_batch(*data, first, B, T, tokens, targets);
+      for (int64_t r = 0; r < B; ++r)
+        if (first + r >= windows) std::fill_n(targets + r * T, T, -1);
+    });
+    double sums[2] = {loss, static_cast<double>(count)};
+    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    return sums[0] / std::max(1.0, sums[1]);
+  };
+
   int64_t windows = 0;
-  double val_loss = evaluate(model, state, data, o, tokens, targets, &windows);
-  sink.eval(0, val_loss, windows);
+  double val_loss = evaluate(&windows);
+  if (root) sink->eval(0, val_loss, windows);
 
-  const int64_t tokens_per_step = o.batch_size * o.seq_len * o.grad_accum;
+  const int64_t tokens_per_step = B * T * o.grad_accum * world;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
-  const int U = model.num_units();
   const auto run_start = Clock::now();
   for (int64_t step = 1; step <= o.steps; ++step) {
+    engine.reset_comm_stats();
     const auto t0 = Clock::now();
-    for (auto& g : state.grads) std::fill(g.begin(), g.end(), 0.0f);
-
-    double loss_sum = 0.0;
-    int64_t loss_count = 0;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      data::sample_train_batch(data, o.seed, step, micro * o.batch_size, o.batch_size, o.seq_len,
-                               tokens.data(), targets.data());
-      model.set_batch(tokens.data(), targets.data(), o.batch_size, o.seq_len, grad_scale);
-      for (int u = 0; u < U; ++u) model.forward(u, state.params[u].data());
-      loss_sum += model.loss_sum();
-      loss_count += model.loss_count();
-      for (int u = U - 1; u >= 0; --u)
-        model.backward(u, state.params[u].data(), state.grads[u].data());
-    }
-
-    double sq = 0.0;
-    for (const auto& g : state.grads) sq += sum_squares(g.data(), static_cast<int64_t>(g.size()));
-    const double grad_norm = std::sqrt(sq);
-    if (o.grad_clip > 0 && grad_norm > o.grad_clip) {
-      // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6).
-      const float scale = static_cast<float>(o.grad_clip / (grad_norm + 1e-6));
-      for (auto& g : state.grads) scale_inplace(g.data(), static_cast<int64_t>(g.size()), scale);
-    }
     const double lr = learning_rate(o.schedule, step - 1);
-    for (int u = 0; u < U; ++u)
-      adamw_update_range(model.units()[u], 0, model.units()[u].numel, state.params[u].data(),
-                         state.grads[u].data(), state.exp_avg[u].data(),
-                         state.exp_avg_sq[u].data(), o.adamw, lr, step);
+    const StepResult r = engine.step(step, o.grad_accum, grad_scale, lr,
+                                     [&](int64_t micro, int32_t* tokens, int32_t* targets) {
+                                       data::sample_train_batch(*data, o.seed, step, (micro * world + pos) * B,
+                                                                B, T, tokens, targets);
+                                     });
+    double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
+    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
 
     StepMetrics m;
     m.step = step;
     m.total_steps = o.steps;
-    m.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, loss_count));
+    m.loss = sums[0] / std::max(1.0, sums[1]);
     m.lr = lr;
-    m.grad_norm = grad_norm;
+    m.grad_norm = r.grad_norm;
     m.step_ms = seconds_since(t0) * 1e3;
-    m.tokens_per_s = tokens_per_step / (m.step_ms / 1e3);
-    m.mfu = flops_per_token * m.tokens_per_s / peak_flops;
+    m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
+    m.mfu = flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world));
     m.tokens = step * tokens_per_step;
+    m.model_state_bytes = engine.model_state_bytes();
+    m.comm = engine.comm_stats();
     if (!std::isfinite(m.loss))
-      fail("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)");
+      comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
     if (eval_now) {
-      val_loss = evaluate(model, state, data, o, tokens, targets, &windows);
+      val_loss = evaluate(&windows);
       m.val_loss = val_loss;
     }
-    sink.step(m);
-    if (eval_now) sink.eval(step, val_loss, windows);
+    if (root) {
+      sink->step(m);
+      if (eval_now) sink->eval(step, val_loss, windows);
+    }
   }
-  sink.finish(seconds_since(run_start), o.steps);
+  if (!o.final_params_path.empty()) {
+    const auto params = engine.full_parameters();
+    if (root) write_final_params(o.final_params_path, params);
+  }
+  if (root) sink->finish(seconds_since(run_start), o.steps);
   return val_loss;
 }
 

@@ -1,5 +1,6 @@
-// The training loop. Today: one process holds the whole model; the sharded,
-// multi-rank schedule replaces the inner step without changing this interface.
+// The training loop on every rank: topology, plan, the sharding engine, data,
+// evaluation and reporting. A single process is the one-rank case of the same
+// code (every group has one member, nothing is communicated).
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,19 @@ struct TrainOptions {
   std::string metrics_path;
   double peak_tflops = 0;      // 0: measure the sgemm peak at start
   int threads = 0;             // 0: OpenMP default
+  std::string shard = "auto";  // a plan (plan/shard_plan.h) or "auto": the planner's choice
+  std::string bandwidth_path;  // table for --shard auto (comm-bench output); empty: built-in
+  int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
+  bool overlap = true;         // false: every collective is waited for when issued
+  std::string final_params_path;  // rank 0 writes every parameter here after the last step
 };
 
-// Runs the training and returns the final validation loss (NaN if the held-out
-// split is too short to evaluate). Prints the configuration table and one line
-// per step to stdout.
+// Runs the training (collective over MPI_COMM_WORLD, which must be
+// initialised with comm::MpiSession) and returns the final validation loss (NaN
+// if the held-out split is too short to evaluate). Rank 0 prints the plan, the
+// configuration table and one line per step. Bad input found before training
+// throws UsageError on every rank (rank 0's message is the one printed); a
+// failure during training aborts the job.
 double train(const TrainOptions& options);
 
 }  // namespace amsp::engine

@@ -1,0 +1,94 @@
+// The sharding engine: one optimizer step of data-parallel training in which
+// parameters, gradients and optimizer states are each sharded as a plan says
+// (design note amsp.md, section 3), with communication overlapping compute.
+//
+// Per micro-batch, per unit:
+//   forward   all-gather the unit over the P group (the next `prefetch` units
+//             are already on their way), compute, release the gathered copy;
+//   backward  gather again (prefetched; the head keeps its forward copy),
+//             compute the unit's full gradient, reduce-scatter it over the P
+//             group and then over the G group, asynchronously, while earlier
+//             units compute; the G-shard accumulates across micro-batches.
+// Last micro-batch: each unit's G-shard is reduce-scattered over the OS group
+// and all-reduced over the replica group as soon as it is ready.
+// Then the global gradient norm, clipping, AdamW on the OS-shard, and an
+// all-gather over the gather group that rebuilds each P-shard, left in flight
+// until the next step needs that unit.
+//
+// Work in flight is bounded: `prefetch` gathered units and `max_reductions`
+// outstanding gradient reductions, so memory stays what the planner predicts.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/optimizer.h"
+#include "engine/plan_groups.h"
+#include "engine/shards.h"
+#include "model/llama.h"
+
+namespace amsp::engine {
+
+struct EngineOptions {
+  int prefetch = 2;          // gathered units in flight ahead of the one computing
+  int max_reductions = 2;    // outstanding gradient reductions
+  bool overlap = true;       // false: wait for every collective as soon as it is issued
+  AdamWOptions adamw;
+  double grad_clip = 1.0;    // 0: no clipping
+};
+
+struct StepResult {
+  double loss_sum = 0;       // over this rank's tokens
+  int64_t loss_count = 0;
+  double grad_norm = 0;      // global, before clipping
+};
+
+// Fills one micro-batch: (micro index, tokens [B*T], targets [B*T]).
+using BatchFn = std::function<void(int64_t, int32_t*, int32_t*)>;
+
+class ShardedEngine {
+ public:
+  // Allocates this rank's shards and initialises its parameters from `seed`
+  // (the same values a single process would have).
+  ShardedEngine(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
+                PlanGroups& groups, uint64_t seed, const EngineOptions& options);
+  ~ShardedEngine();
+
+  const std::vector<model::UnitSpec>& units() const { return model_.units(); }
+  const std::vector<UnitShards>& shards() const { return shards_; }
+
+  // One optimizer step of `micro_batches` micro-batches; grad_scale is
+  // 1 / (tokens of the step over all ranks).
+  StepResult step(int64_t step, int64_t micro_batches, float grad_scale, double lr,
+                  const BatchFn& batch);
+
+  // Forward only over `batches` micro-batches (same count on every rank):
+  // summed loss and count of valid targets on this rank.
+  std::pair<double, int64_t> evaluate(int64_t batches, const BatchFn& batch);
+
+  // Every unit's true parameters, gathered (collective; meaningful on all ranks).
+  std::vector<std::vector<float>> full_parameters();
+
+  // Bytes of model states this rank allocated (P-, G- and OS-shards).
+  int64_t model_state_bytes() const { return model_state_bytes(shards_); }
+  // Per group (those with more than one rank), plus "world" for the norm.
+  std::vector<comm::Stats> comm_stats() const;
+  void reset_comm_stats();
+
+ private:
+  struct Impl;
+  int64_t batch_, seq_len_;
+  std::vector<int32_t> tokens_, targets_;
+  model::Llama model_;
+  std::vector<UnitShards> shards_;
+  std::unique_ptr<Impl> impl_;
+  static int64_t model_state_bytes(const std::vector<UnitShards>& s) {
+    return engine::model_state_bytes(s);
+  }
+};
+
+}  // namespace amsp::engine
