@@ -74,6 +74,13 @@ int run_train(int argc, char** argv) {
            "memory a rank may use, for --shard auto (e.g. 4GiB); default: available / ranks per node")
       ("no-overlap", po::bool_switch(&no_overlap),
            "wait for every collective as soon as it is issued (for measuring what overlap hides)")
+      ("trace", po::value<std::string>(&o.trace_path)->value_name("FILE"),
+           "write a Chrome trace (chrome://tracing, Perfetto) of steps 2-3: compute, waits, collectives")
+      ("trace-steps", po::value<int64_t>(&o.trace_steps)->default_value(2)->value_name("INT"),
+           "how many steps --trace records")
+      ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0)->value_name("NUM"),
+           "seconds a collective may take before the job is aborted, naming the rank and the "
+           "operation; 0: AMSP_COMM_TIMEOUT or 600")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
            "after the last step, write every parameter as raw float32 in layout order (tests)");
   po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
@@ -116,6 +123,8 @@ int run_train(int argc, char** argv) {
           "at most --steps");
 
   o.overlap = !no_overlap;
+  require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
+  require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
   if (!memory.empty()) o.memory_per_rank = plan::parse_memory_size(memory, "--memory-per-rank");
 
   comm::MpiSession mpi(&argc, &argv);

@@ -71,14 +71,19 @@ void Communicator::wait_for(uint64_t seq, Op op) {
   if (done(seq)) return;
   const double t0 = now_seconds();
   block_until(seq, timeout_s_ > 0 ? t0 + timeout_s_ : 0.0);
-  const double dt = now_seconds() - t0;
+  const double t1 = now_seconds();
   std::lock_guard lock(stats_mu_);
-  stats_[op].exposed_s += dt;
+  stats_[op].exposed_s += t1 - t0;
+  if (trace_) trace_(op, t0, t1, true);
 }
 
 void Communicator::record_completion(Op op, double in_flight_s) {
   std::lock_guard lock(stats_mu_);
   stats_[op].in_flight_s += in_flight_s;
+  if (trace_) {
+    const double now = now_seconds();
+    trace_(op, now - in_flight_s, now, false);
+  }
 }
 
 Stats Communicator::stats() const {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -88,6 +89,16 @@ class Communicator {
   Stats stats() const;
   void reset_stats();
 
+  // Observer of timing, for traces: called with (op, start, end, waited) in
+  // now_seconds() time when an op completes (waited = false: start is its
+  // issue) and when a caller's wait returns (waited = true: the blocked span).
+  // Called from the backend's thread for completions: must be thread-safe.
+  using TraceFn = std::function<void(Op op, double start_s, double end_s, bool waited)>;
+  void set_trace(TraceFn fn) {
+    std::lock_guard lock(stats_mu_);
+    trace_ = std::move(fn);
+  }
+
   // A wait blocked longer than this ends the job naming rank, group and op.
   // 0 waits forever. Default: AMSP_COMM_TIMEOUT seconds, else 600.
   void set_timeout(double seconds) { timeout_s_ = seconds; }
@@ -115,6 +126,7 @@ class Communicator {
 
   mutable std::mutex stats_mu_;
   Stats stats_;
+  TraceFn trace_;
   double timeout_s_ = 600;
   uint64_t last_seq_ = 0;
   Op last_op_ = Op::kAllReduce;

@@ -7,6 +7,7 @@
 #include <deque>
 
 #include "comm/check.h"
+#include "comm/timed.h"
 #include "comm/traffic.h"
 #include "core/error.h"
 
@@ -73,7 +74,18 @@ struct ShardedEngine::Impl {
     replicas = pg.mesh.group_size(GroupKind::kReplica);
     for (GroupKind kind : plan::kAllGroups) {
       const size_t k = static_cast<size_t>(kind);
-      if (pg.mesh.group_size(kind) > 1) comms[k] = comm::make_mpi_communicator(std::move(pg.groups[k]));
+      if (pg.mesh.group_size(kind) <= 1) continue;
+      comms[k] = comm::make_mpi_communicator(std::move(pg.groups[k]));
+      if (opt.comm_timeout_s > 0) comms[k]->set_timeout(opt.comm_timeout_s);
+      if (Trace* trace = opt.trace) {
+        const std::string group = plan::group_name(kind);
+        comms[k]->set_trace([trace, group](comm::Op op, double start, double end, bool waited) {
+          if (waited)
+            trace->span("wait", cat("wait ", comm::op_name(op), " ", group), start, end);
+          else
+            trace->span("comm " + group, comm::op_name(op), start, end);
+        });
+      }
     }
     world = comm::dup_group(MPI_COMM_WORLD, "world");
     world_stats.group = "world";
@@ -264,9 +276,22 @@ struct ShardedEngine::Impl {
     while (!pending.empty()) finish_oldest();
   }
 
+  // A compute span on the trace.
+  template <typename F>
+  void traced(const char* what, int u, F&& f) {
+    if (!opt.trace || !opt.trace->recording()) return f();
+    const double t0 = comm::now_seconds();
+    f();
+    opt.trace->span("compute", cat(what, " ", model.units()[static_cast<size_t>(u)].name), t0,
+                    comm::now_seconds());
+  }
+
   // --- one micro-batch --------------------------------------------------------
   void forward(size_t base) {
-    for (int u = 0; u < U; ++u) model.forward(u, params_at(base + static_cast<size_t>(u)));
+    for (int u = 0; u < U; ++u) {
+      const float* params = params_at(base + static_cast<size_t>(u));
+      traced("fwd", u, [&] { model.forward(u, params); });
+    }
   }
 
   void backward(size_t base, bool last_micro) {
@@ -279,12 +304,12 @@ struct ShardedEngine::Impl {
       while (std::any_of(pending.begin(), pending.end(), [u](const Reduction& r) { return r.unit == u; }))
         finish_oldest();
       if (direct_gradients()) {
-        model.backward(u, params, g_shard[static_cast<size_t>(u)].data());
+        traced("bwd", u, [&] { model.backward(u, params, g_shard[static_cast<size_t>(u)].data()); });
         if (last_micro) start_reduction(u, take_slot(), true);
       } else {
         const int s = take_slot();
         zero(grad_full[static_cast<size_t>(s)]);
-        model.backward(u, params, grad_full[static_cast<size_t>(s)].data());
+        traced("bwd", u, [&] { model.backward(u, params, grad_full[static_cast<size_t>(s)].data()); });
         start_reduction(u, s, last_micro);
       }
       poll();
@@ -309,7 +334,9 @@ struct ShardedEngine::Impl {
     }
     double total = local;
     if (world.size() > 1) {
-      AMSP_MPI_CHECK(MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, world.comm()));
+      const double t0 = comm::now_seconds();
+      comm::allreduce_sum(&total, 1, world.comm(), "gradient norm", opt.comm_timeout_s);
+      if (opt.trace) opt.trace->span("comm world", "all_reduce (norm)", t0, comm::now_seconds());
       auto& s = world_stats[comm::Op::kAllReduce];
       const comm::Traffic t = comm::traffic_bytes(comm::Op::kAllReduce, 1, world.size(), world.rank(), 0, 8);
       ++s.calls;
@@ -388,7 +415,9 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
   const double clip_scale = im.opt.grad_clip > 0 && result.grad_norm > im.opt.grad_clip
                                 ? im.opt.grad_clip / (result.grad_norm + 1e-6)
                                 : 1.0;
+  const double t0 = comm::now_seconds();
   im.update(model_.units(), lr, step, clip_scale);
+  if (im.opt.trace) im.opt.trace->span("compute", "optimizer", t0, comm::now_seconds());
   return result;
 }
 

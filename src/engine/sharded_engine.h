@@ -29,6 +29,7 @@
 #include "engine/optimizer.h"
 #include "engine/plan_groups.h"
 #include "engine/shards.h"
+#include "engine/trace.h"
 #include "model/llama.h"
 
 namespace amsp::engine {
@@ -39,6 +40,8 @@ struct EngineOptions {
   bool overlap = true;       // false: wait for every collective as soon as it is issued
   AdamWOptions adamw;
   double grad_clip = 1.0;    // 0: no clipping
+  double comm_timeout_s = 0; // a collective waited on longer ends the job; 0: the comm default
+  Trace* trace = nullptr;    // records compute and communication spans when set
 };
 
 struct StepResult {

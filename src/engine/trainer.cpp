@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "comm/check.h"
+#include "comm/timed.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "engine/metrics.h"
 #include "engine/peak.h"
 #include "engine/plan_groups.h"
 #include "engine/sharded_engine.h"
+#include "engine/trace.h"
 #include "model/llama.h"
 #include "plan/search.h"
 #include "topology/topology.h"
@@ -215,10 +217,16 @@ double train(const TrainOptions& options) {
     std::fflush(stdout);
   }
 
+  std::unique_ptr<Trace> trace = o.trace_path.empty() ? nullptr : std::make_unique<Trace>(MPI_COMM_WORLD);
+  // Steps 2 .. 1 + trace_steps (the first warms up), or step 1 of a one-step run.
+  const int64_t trace_first = std::min<int64_t>(2, o.steps), trace_last = trace_first + o.trace_steps - 1;
+
   EngineOptions eo;
   eo.adamw = o.adamw;
   eo.grad_clip = o.grad_clip;
   eo.overlap = o.overlap;
+  eo.comm_timeout_s = o.comm_timeout_s;
+  eo.trace = trace.get();
   ShardedEngine engine(o.model, o.batch_size, o.seq_len, *pg, o.seed, eo);
   if (root) print_config(o, *data, peak_flops, threads, topo, *pg, engine.model_state_bytes());
 
@@ -240,7 +248,7 @@ double train(const TrainOptions& options) {
         if (first + r >= windows) std::fill_n(targets + r * T, T, -1);
     });
     double sums[2] = {loss, static_cast<double>(count)};
-    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "validation loss", o.comm_timeout_s);
     return sums[0] / std::max(1.0, sums[1]);
   };
 
@@ -253,6 +261,7 @@ double train(const TrainOptions& options) {
   const auto run_start = Clock::now();
   for (int64_t step = 1; step <= o.steps; ++step) {
     engine.reset_comm_stats();
+    if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
     const auto t0 = Clock::now();
     const double lr = learning_rate(o.schedule, step - 1);
     const StepResult r = engine.step(step, o.grad_accum, grad_scale, lr,
@@ -261,7 +270,7 @@ double train(const TrainOptions& options) {
                                                                 B, T, tokens, targets);
                                      });
     double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
-    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
 
     StepMetrics m;
     m.step = step;
@@ -278,6 +287,7 @@ double train(const TrainOptions& options) {
     if (!std::isfinite(m.loss))
       comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
+    if (trace) trace->set_recording(false);
     if (eval_now) {
       val_loss = evaluate(&windows);
       m.val_loss = val_loss;
@@ -290,6 +300,12 @@ double train(const TrainOptions& options) {
   if (!o.final_params_path.empty()) {
     const auto params = engine.full_parameters();
     if (root) write_final_params(o.final_params_path, params);
+  }
+  if (trace) {
+    trace->write(o.trace_path);
+    if (root) std::printf("trace: %s (steps %lld-%lld; open in chrome://tracing or ui.perfetto.dev)\n",
+                          o.trace_path.c_str(), static_cast<long long>(trace_first),
+                          static_cast<long long>(std::min(trace_last, o.steps)));
   }
   if (root) sink->finish(seconds_since(run_start), o.steps);
   return val_loss;

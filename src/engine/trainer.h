@@ -33,6 +33,9 @@ struct TrainOptions {
   int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
   bool overlap = true;         // false: every collective is waited for when issued
   std::string final_params_path;  // rank 0 writes every parameter here after the last step
+  std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
+  int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
+  double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default
 };
 
 // Runs the training (collective over MPI_COMM_WORLD, which must be
