@@ -41,7 +41,7 @@ struct ShardedEngine::Impl {
   const std::vector<UnitShards>& shards;
   EngineOptions opt;
   int U = 0;
-  int64_t sp = 1, sg = 1, sos = 1, replicas = 1;
+  int64_t sp = 1, sg = 1, sos = 1, replicas = 1, replica = 0;
   std::array<std::unique_ptr<comm::Communicator>, 5> comms;
   comm::Group world;
   comm::Stats world_stats;
@@ -72,6 +72,7 @@ struct ShardedEngine::Impl {
     sg = plan.g.size();
     sos = plan.os.size();
     replicas = pg.mesh.group_size(GroupKind::kReplica);
+    replica = pg.mesh.coords(pg.position).r;
     for (GroupKind kind : plan::kAllGroups) {
       const size_t k = static_cast<size_t>(kind);
       if (pg.mesh.group_size(kind) <= 1) continue;
@@ -456,6 +457,18 @@ std::vector<std::vector<float>> ShardedEngine::full_parameters() {
   }
   return out;
 }
+
+std::vector<ShardedEngine::StateView> ShardedEngine::state_views() {
+  Impl& im = *impl_;
+  std::vector<StateView> views;
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    im.param_update[u].wait();
+    views.push_back({im.p_shard[u].data(), im.exp_avg[u].data(), im.exp_avg_sq[u].data()});
+  }
+  return views;
+}
+
+int64_t ShardedEngine::replica_index() const { return impl_->replica; }
 
 std::vector<comm::Stats> ShardedEngine::comm_stats() const {
   std::vector<comm::Stats> out;

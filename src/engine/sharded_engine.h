@@ -76,6 +76,21 @@ class ShardedEngine {
   // Every unit's true parameters, gathered (collective; meaningful on all ranks).
   std::vector<std::vector<float>> full_parameters();
 
+  // This rank's model states, for checkpoints, per unit: the P-shard
+  // parameters (range shards()[u].p) and the OS-shard Adam moments (range
+  // shards()[u].os), in the padded unit's coordinates. Waits for parameter
+  // all-gathers in flight first; writing through the views (a resume) is
+  // allowed between steps.
+  struct StateView {
+    float* params;
+    float* exp_avg;
+    float* exp_avg_sq;
+  };
+  std::vector<StateView> state_views();
+  // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
+  // holds every OS-shard once and is the one that writes checkpoints.
+  int64_t replica_index() const;
+
   // Bytes of model states this rank allocated (P-, G- and OS-shards).
   int64_t model_state_bytes() const { return model_state_bytes(shards_); }
   // Per group (those with more than one rank), plus "world" for the norm.
