@@ -129,7 +129,7 @@ int run_train(int argc, char** argv) {
 
   comm::MpiSession mpi(&argc, &argv);
   try {
-    engine::train(o);
+    if (engine::train(o).preempted) return kExitPreempted;
   } catch (const Error& e) {
     // Setup errors reach every rank with the same message: rank 0 says it.
     int rank = 0;

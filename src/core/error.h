@@ -14,6 +14,8 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,  // a runtime failure: I/O error, library error, bad checkpoint
   kExitUsage = 2,    // bad input from the user: options, configs, datasets
+  kExitPreempted = 75,  // stopped on SIGUSR1/SIGTERM after a checkpoint: requeue to resume
+                        // (EX_TEMPFAIL of sysexits.h: "try again later")
 };
 
 // Concatenates anything streamable into one string: cat("got ", n, " tokens").

@@ -3,7 +3,10 @@
 #include <mpi.h>
 #include <omp.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -29,6 +32,21 @@ namespace amsp::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Set by SIGUSR1 / SIGTERM (Slurm's warning before a time limit or preemption):
+// finish the step, checkpoint, exit with kExitPreempted.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -180,8 +198,9 @@ void write_final_params(const std::string& path, const std::vector<std::vector<f
 
 }  // namespace
 
-double train(const TrainOptions& options) {
+TrainResult train(const TrainOptions& options) {
   TrainOptions o = options;
+  install_stop_handlers();
   o.schedule.total_steps = o.steps;
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const int threads = omp_get_max_threads();
@@ -256,6 +275,7 @@ double train(const TrainOptions& options) {
   double val_loss = evaluate(&windows);
   if (root) sink->eval(0, val_loss, windows);
 
+  TrainResult result;
   const int64_t tokens_per_step = B * T * o.grad_accum * world;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const auto run_start = Clock::now();
@@ -296,7 +316,18 @@ double train(const TrainOptions& options) {
       sink->step(m);
       if (eval_now) sink->eval(step, val_loss, windows);
     }
+    result.last_step = step;
+    // Stop together: a signal may reach the ranks at different moments.
+    double stop = g_stop_signal;
+    comm::allreduce_sum(&stop, 1, MPI_COMM_WORLD, "stop flag", o.comm_timeout_s);
+    if (stop > 0 && step < o.steps) {
+      result.preempted = true;
+      if (root)
+        std::printf("stopping after step %lld on a signal (SIGUSR1/SIGTERM)\n", static_cast<long long>(step));
+      break;
+    }
   }
+  result.val_loss = val_loss;
   if (!o.final_params_path.empty()) {
     const auto params = engine.full_parameters();
     if (root) write_final_params(o.final_params_path, params);
@@ -307,8 +338,8 @@ double train(const TrainOptions& options) {
                           o.trace_path.c_str(), static_cast<long long>(trace_first),
                           static_cast<long long>(std::min(trace_last, o.steps)));
   }
-  if (root) sink->finish(seconds_since(run_start), o.steps);
-  return val_loss;
+  if (root) sink->finish(seconds_since(run_start), result.last_step);
+  return result;
 }
 
 }  // namespace amsp::engine

@@ -38,12 +38,21 @@ struct TrainOptions {
   double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default
 };
 
+// On SIGUSR1 or SIGTERM every rank finishes the current step, the ranks agree
+// to stop after the same step, a checkpoint is written (with --checkpoint-dir)
+// and train returns with preempted set.
+//
 // Runs the training (collective over MPI_COMM_WORLD, which must be
 // initialised with comm::MpiSession) and returns the final validation loss (NaN
 // if the held-out split is too short to evaluate). Rank 0 prints the plan, the
 // configuration table and one line per step. Bad input found before training
 // throws UsageError on every rank (rank 0's message is the one printed); a
 // failure during training aborts the job.
-double train(const TrainOptions& options);
+struct TrainResult {
+  double val_loss = 0;      // last validation loss (NaN if nothing to evaluate)
+  int64_t last_step = 0;    // last optimizer step completed
+  bool preempted = false;   // stopped early on SIGUSR1/SIGTERM (exit kExitPreempted)
+};
+TrainResult train(const TrainOptions& options);
 
 }  // namespace amsp::engine
