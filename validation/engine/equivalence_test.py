@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""N ranks with any shard plan train exactly what one rank does with the same global batch.
+
+For each case (world layout, plan, micro-batches M, per-rank batch B) `amsp train` runs
+20 steps of the tiny preset on N ranks, and the reference runs on one rank with batch
+N*B and the same M (one reference per (N*B, M), computed once). Compared:
+
+  - every step's loss, and the validation loss at the start and the end: relative
+    difference <= 1e-5; the gradient norm: <= 1e-5 at step 1, <= 1e-3 later;
+  - the parameters after the last step (--final-params, raw float32 in layout order),
+    per tensor: max |a - b| / max |b| <= 1e-3 (the scale of the reference tensor, as
+    validation/hf_compare.py does) and |a - b| / |b| (L2) <= 1e-5. The worst tensor is
+    reported. Why not 1e-5 on the max: doc/engine-tests.md (AdamW's eps).
+
+Also: a plan that does not fit the world (mics:3) is refused before any work, exit code
+2 and the reason on stderr; and --shard auto runs, names the plan it chose on its first
+output line, and gives the reference losses too.
+
+Modes:
+  mpi    mpiexec -n N on this machine (one node with N ranks)
+  slurm  srun --mpi=pmi2 on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the
+         script starts (slurm/local-cluster/start.sh) and always stops again (finally,
+         signal handlers, an internal deadline below the CTest timeout). Exit code 77
+         (CTest SKIP_RETURN_CODE) without root, Slurm or munge.
+
+usage: equivalence_test.py MODE --amsp PATH --data CORPUS.h5 --work DIR
+                           [--mpiexec PATH] [--cluster-scripts DIR] [--only TEXT]
+Prints one line per case and ends with "N passed, M failed"; exit 1 on any failure.
+See doc/engine-tests.md.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from array import array
+
+SKIP = 77
+# Tolerances (doc/engine-tests.md). Losses and validation losses: the relative
+# difference per step; the gradient norm the same at step 1 (same parameters on both
+# sides), NORM_TOL later (the parameters have drifted apart as described below).
+# Parameters: per tensor, both the largest element difference relative to the tensor's
+# largest magnitude and the relative L2 difference.
+# AdamW's eps (1e-8) turns the last-bit differences of near-zero gradient elements
+# (sums taken in another order) into update differences of up to ~1e-6, which is
+# 1e-4 of a tensor of scale 0.08 after 20 steps; a real bug (a shard's update skipped
+# or wrong) moves elements by a whole step, ~1e-3, i.e. 1e-2 of the scale.
+LOSS_TOL = 1e-5
+NORM_TOL = 1e-3
+PARAM_MAX_TOL = 1e-3
+PARAM_L2_TOL = 1e-5
+STEPS, SEQ = 20, 32
+DEADLINE = 540        # seconds for the whole script, below the CTest TIMEOUT of 600
+RUN_TIMEOUT = 150     # seconds for one amsp run
+# Ports of this test's cluster: distinct from start.sh's defaults (16817, 17001-17004)
+# and from the topology tests' (16917, 17101-17104).
+CTLD_PORT, NODE_PORT = "17017", "17201"
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+# (ranks per node, nodes, plan, M, B). Plans name their factors as
+# "ranks per node x nodes"; on mpiexec every rank is on one node.
+MPI_CASES = (
+    # 4 ranks, one micro-batch: every named plan and two mixed ones
+    [(4, 1, p, 1, 1) for p in ("ddp", "zero1", "zero2", "zero3", "fsdp", "mics:2", "mics:4",
+                               "p=2x1,g=2x1,os=4x1", "p=1,g=2x1,os=4x1")]
+    # 4 ranks, three micro-batches, and a per-rank batch of 2
+    + [(4, 1, p, 3, 1) for p in ("zero2", "zero3", "mics:2", "p=1,g=2x1,os=4x1")]
+    + [(4, 1, p, 2, 2) for p in ("zero1", "p=2x1,g=2x1,os=4x1")]
+    # 8 ranks, two micro-batches: every named plan and two mixed ones
+    + [(8, 1, p, 2, 1) for p in ("ddp", "zero1", "zero2", "zero3", "mics:2", "mics:4",
+                                 "p=2x1,g=2x1,os=8x1", "p=1,g=2x1,os=4x1")]
+    # 8 ranks, one micro-batch
+    + [(8, 1, p, 1, 1) for p in ("zero1", "zero3", "mics:4", "p=2x1,g=4x1,os=8x1")]
+)
+SLURM_CASES = (
+    # 4 nodes x 2 ranks, two micro-batches: mics:4 = 2x2, mixed plans across nodes
+    [(2, 4, p, 2, 1) for p in ("ddp", "zero1", "zero2", "zero3", "mics:2", "mics:4",
+                               "p=2x1,g=2x2,os=2x4", "p=1,g=2x1,os=2x2")]
+    + [(2, 4, p, 1, 1) for p in ("zero3", "mics:4", "p=2x1,g=2x2,os=2x4")]
+    # 2 nodes x 2 ranks
+    + [(2, 2, p, 1, 1) for p in ("ddp", "zero1", "zero2", "zero3", "mics:2", "mics:4",
+                               "p=2x1,g=2x1,os=2x2", "p=1,g=2x1,os=2x2")]
+    + [(2, 2, p, 3, 1) for p in ("zero3", "mics:2", "p=1,g=2x1,os=2x2")]
+    # 4 nodes x 1 rank: every group crosses nodes
+    + [(1, 4, p, 2, 1) for p in ("zero2", "mics:2")]
+)
+
+
+class Failure(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    """A signal or the deadline: ends the whole script (the cluster is stopped)."""
+
+
+def clean_env(extra=None):
+    """This environment without Slurm or PMI variables (the test may run inside a job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "PMI_", "HYDRA_"))}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run(cmd, env, timeout=RUN_TIMEOUT):
+    """Runs cmd in its own process group; kills the whole group on timeout or on any
+    exception (a signal handler raising). Returns (returncode, stdout, stderr, seconds)."""
+    t0 = time.time()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except BaseException:
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # srun forwards SIGTERM to its tasks
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        p.communicate()
+        raise
+    return p.returncode, out, err, time.time() - t0
+
+
+# --- the parameter layout of the tiny preset (src/model/layout.h) -------------
+def tensor_layout(config_path):
+    """[(name, numel)] in the order of --final-params: embed, layers.0.., head."""
+    c = json.load(open(config_path))
+    h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = h // c["num_attention_heads"] * c.get("num_key_value_heads", c["num_attention_heads"])
+    out = [("model.embed_tokens.weight", v * h)]
+    for layer in range(c["num_hidden_layers"]):
+        pre = f"model.layers.{layer}."
+        out += [(pre + "input_layernorm.weight", h), (pre + "self_attn.q_proj.weight", h * h),
+                (pre + "self_attn.k_proj.weight", kv * h), (pre + "self_attn.v_proj.weight", kv * h),
+                (pre + "self_attn.o_proj.weight", h * h), (pre + "post_attention_layernorm.weight", h),
+                (pre + "mlp.gate_proj.weight", i * h), (pre + "mlp.up_proj.weight", i * h),
+                (pre + "mlp.down_proj.weight", h * i)]
+    out += [("model.norm.weight", h), ("lm_head.weight", v * h)]
+    return out
+
+
+def read_params(path):
+    a = array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a
+
+
+def compare_params(got, ref, layout):
+    """Per tensor, max |got - ref| / max |ref|: (worst value, its tensor, the worst
+    relative L2 difference |got - ref| / |ref| over the tensors). inf on a size mismatch."""
+    total = sum(n for _, n in layout)
+    if len(got) != total or len(ref) != total:
+        return float("inf"), f"size {len(got)} floats, reference {len(ref)}, layout {total}", float("inf")
+    worst, where, worst_l2, off = -1.0, "", 0.0, 0
+    for name, n in layout:
+        a, b = got[off:off + n], ref[off:off + n]
+        off += n
+        scale = max(max(map(abs, b)), 1e-30)
+        err = max(abs(x - y) for x, y in zip(a, b)) / scale
+        l2 = math.sqrt(math.fsum((x - y) ** 2 for x, y in zip(a, b)) / max(math.fsum(y * y for y in b), 1e-60))
+        if err != err or l2 != l2:  # NaN
+            err = l2 = float("inf")
+        if err > worst:
+            worst, where = err, name
+        worst_l2 = max(worst_l2, l2)
+    return worst, where, worst_l2
+
+
+def rel(a, b):
+    if a is None or b is None:
+        return float("inf")
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def compare_metrics(got, ref):
+    """Worst relative differences as ((value, where) of the losses and validation losses,
+    (value, where) of the gradient norms, the gradient norm of step 1)."""
+    if [r["step"] for r in got] != [r["step"] for r in ref]:
+        bad = (float("inf"), f"steps {[r['step'] for r in got][-3:]} vs reference {[r['step'] for r in ref][-3:]}")
+        return bad, bad, float("inf")
+    worst = {"loss": (-1.0, ""), "grad_norm": (-1.0, "")}
+    first_norm = float("inf")
+    for g, r in zip(got, ref):
+        for key in ("loss", "val_loss", "grad_norm"):
+            if key in r or key in g:
+                err = rel(g.get(key), r.get(key))
+                if err != err:  # NaN
+                    err = float("inf")
+                kind = "grad_norm" if key == "grad_norm" else "loss"
+                if err > worst[kind][0]:
+                    worst[kind] = (err, f"{key} step {r['step']}")
+                if key == "grad_norm" and r["step"] == 1:
+                    first_norm = err
+    return worst["loss"], worst["grad_norm"], first_norm
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Runner:
+    """Starts amsp train on N ranks (mpiexec or srun) or one rank, in a work directory."""
+
+    def __init__(self, args, slurm_env=None):
+        self.args = args
+        self.slurm_env = slurm_env
+        self.refs = {}
+        self.layout = tensor_layout(os.path.join(REPO, "inputs", "models", "tiny.json"))
+
+    def train_args(self, batch, accum, shard, tag, steps=STEPS):
+        return [self.args.amsp, "train", "--model", "tiny", "--data", self.args.data,
+                "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch),
+                "--grad-accum", str(accum), "--shard", shard, "--eval-every", "0",
+                "--eval-windows", "8", "--peak-tflops", "1", "--threads", "1",
+                "--comm-timeout", "60",
+                "--metrics", os.path.join(self.args.work, f"{tag}.jsonl"),
+                "--final-params", os.path.join(self.args.work, f"{tag}.bin")]
+
+    def launcher(self, per_node, nodes):
+        if self.slurm_env is None:
+            assert nodes == 1
+            return [self.args.mpiexec, "-n", str(per_node)], clean_env()
+        return (["srun", "--mpi=pmi2", "--time=4", "-N", str(nodes), f"--ntasks-per-node={per_node}"],
+                self.slurm_env)
+
+    def launch(self, per_node, nodes, batch, accum, shard, tag, steps=STEPS):
+        for ext in (".jsonl", ".bin"):
+            path = os.path.join(self.args.work, tag + ext)
+            if os.path.exists(path):
+                os.remove(path)
+        pre, env = self.launcher(per_node, nodes)
+        cmd = pre + self.train_args(batch, accum, shard, tag, steps)
+        return cmd, run(cmd, env)
+
+    def reference(self, global_batch, accum):
+        key = (global_batch, accum)
+        if key not in self.refs:
+            tag = f"ref-b{global_batch}-m{accum}"
+            cmd = self.train_args(global_batch, accum, "ddp", tag)
+            rc, out, err, secs = run(cmd, clean_env())
+            if rc != 0:
+                raise Failure(f"reference run failed ({rc}): {' '.join(cmd)}\n{err.strip()[-2000:]}")
+            self.refs[key] = (read_metrics(os.path.join(self.args.work, f"{tag}.jsonl")),
+                              read_params(os.path.join(self.args.work, f"{tag}.bin")))
+            print(f"     reference: 1 rank, batch {global_batch}, M={accum}: {secs:.1f} s", flush=True)
+        return self.refs[key]
+
+    def case(self, per_node, nodes, plan, accum, batch):
+        world = per_node * nodes
+        label = (f"{world} ranks ({per_node}x{nodes}) {plan:20s} M={accum} B={batch}")
+        ref_metrics, ref_params = self.reference(world * batch, accum)
+        tag = f"w{per_node}x{nodes}-{plan.replace(':', '').replace(',', '_').replace('=', '')}-m{accum}-b{batch}"
+        cmd, (rc, out, err, secs) = self.launch(per_node, nodes, batch, accum, plan, tag)
+        first = out.splitlines()[0] if out else ""
+        if rc != 0:
+            return False, f"{label}  exited with {rc} after {secs:.1f} s", cmd, err, first
+        try:
+            metrics = read_metrics(os.path.join(self.args.work, f"{tag}.jsonl"))
+            params = read_params(os.path.join(self.args.work, f"{tag}.bin"))
+        except (OSError, ValueError) as e:
+            return False, f"{label}  no metrics or parameters: {e}", cmd, err, first
+        (lerr, lwhere), (nerr, nwhere), nfirst = compare_metrics(metrics, ref_metrics)
+        perr, pwhere, pl2 = compare_params(params, ref_params, self.layout)
+        ok = (lerr <= LOSS_TOL and nfirst <= LOSS_TOL and nerr <= NORM_TOL and perr <= PARAM_MAX_TOL
+              and pl2 <= PARAM_L2_TOL)
+        factors = first.split()[1] if first.startswith("plan: ") else "?"
+        text = (f"{label} = {factors:20s} loss {lerr:.1e} ({lwhere})  grad norm {nfirst:.1e} at step 1, {nerr:.1e} ({nwhere})  "
+                f"params max {perr:.1e} ({pwhere}) L2 {pl2:.1e}  "
+                f"{secs:4.1f} s")
+        return ok, text, cmd, "" if ok else err, first
+
+    def refused(self, per_node, nodes, plan="mics:3"):
+        """A plan that does not fit is refused before any work: exit 2, the reason on stderr."""
+        world = per_node * nodes
+        tag = f"refused-{plan.replace(':', '')}"
+        cmd, (rc, out, err, secs) = self.launch(per_node, nodes, 1, 1, plan, tag, steps=2)
+        errors = [l for l in err.splitlines() if l.startswith("amsp: error:")]
+        started = any(l.startswith(("step ", "eval ")) for l in out.splitlines())
+        wrote = os.path.exists(os.path.join(self.args.work, f"{tag}.jsonl"))
+        ok = (rc == 2 and errors and all(f"--shard {plan}" in e and "does not fit" in e for e in errors)
+              and len(set(errors)) == 1 and not started and not wrote)
+        text = (f"{world} ranks ({per_node}x{nodes}) --shard {plan} refused: exit {rc}, {len(errors)} error "
+                f"line(s), {'trained' if started else 'no training'}, "
+                f"{'metrics written' if wrote else 'no metrics'}, {secs:.1f} s: "
+                f"{errors[0] if errors else err.strip()[:200]}")
+        return ok, text, cmd, "" if ok else err
+
+    def auto(self, per_node, nodes, accum=1, batch=1):
+        """--shard auto runs, names its plan on the first line and matches the reference."""
+        ok, text, cmd, err, first = self.case(per_node, nodes, "auto", accum, batch)
+        if first.startswith("plan: ") and "auto" in first:
+            text += "\n     " + first[:160]
+        else:
+            ok = False
+            text += f"\n     first line does not name the plan chosen by auto: {first[:160]!r}"
+        return ok, text, cmd, err
+
+
+def run_all(runner, cases, per_node_refuse, nodes_refuse, only):
+    passed = failed = 0
+    checks = [("case", c) for c in cases] + [("auto", (per_node_refuse, nodes_refuse)),
+                                             ("refused", (per_node_refuse, nodes_refuse))]
+    for kind, c in checks:
+        if only and not any(o in f"{kind} {c}" for o in only):
+            continue
+        try:
+            if kind == "case":
+                ok, text, cmd, err, _ = runner.case(*c)
+            elif kind == "auto":
+                ok, text, cmd, err = runner.auto(*c)
+            else:
+                ok, text, cmd, err = runner.refused(*c)
+        except (Failure, subprocess.TimeoutExpired) as e:
+            ok, text, cmd, err = False, f"{kind} {c}: {e}", getattr(e, "cmd", None) or [], ""
+        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+        if not ok:
+            print(f"     command: {' '.join(cmd)}")
+            for line in err.strip().splitlines()[-8:]:
+                print(f"     | {line}")
+        passed += bool(ok)
+        failed += not ok
+    return passed, failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["mpi", "slurm"])
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--data", required=True, help="a corpus written by amsp data prepare")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only the checks whose description contains TEXT, e.g. \"'zero3'\" (repeatable)")
+    args = ap.parse_args()
+    args.amsp = os.path.abspath(args.amsp)
+    args.data = os.path.abspath(args.data)
+    args.cluster_scripts = os.path.abspath(args.cluster_scripts)
+    args.work = os.path.abspath(os.path.join(args.work, args.mode))
+
+    if args.mode == "slurm":
+        missing = [t for t in ("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged")
+                   if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+        if missing or os.geteuid() != 0:
+            print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+            return SKIP
+        os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    os.makedirs(args.work, exist_ok=True)
+
+    def on_signal(signum, frame):
+        raise Interrupted(f"interrupted by signal {signum}" if signum != signal.SIGALRM
+                      else f"took longer than {DEADLINE} s")
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(s, on_signal)
+    signal.alarm(DEADLINE)
+
+    t0 = time.time()
+    code = 0
+    cluster_dir = os.path.join(args.work, "cluster")
+    stop = [os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir]
+    started = False
+    try:
+        if args.mode == "mpi":
+            passed, failed = run_all(Runner(args), MPI_CASES, 4, 1, args.only)
+        else:
+            # A run killed before its cleanup may have left daemons in this directory.
+            subprocess.run(stop, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=90)
+            shutil.rmtree(cluster_dir, ignore_errors=True)
+            started = True
+            rc, out, err, secs = run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
+                                     clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT,
+                                                "AMSP_SLURM_NODE_PORT": NODE_PORT,
+                                                "AMSP_SLURM_TIMEOUT": "40"}), timeout=60)
+            if rc != 0:
+                raise Failure(f"start.sh failed ({rc}):\n{out}{err}")
+            print(f"     local Slurm cluster started in {secs:.1f} s ({cluster_dir})", flush=True)
+            runner = Runner(args, clean_env({"SLURM_CONF": os.path.join(cluster_dir, "slurm.conf")}))
+            passed, failed = run_all(runner, SLURM_CASES, 2, 4, args.only)
+        print(f"{passed} passed, {failed} failed ({time.time() - t0:.0f} s)")
+        code = 1 if failed else 0
+    except (Failure, Interrupted, subprocess.TimeoutExpired) as e:
+        print(f"FAIL: {e}", flush=True)
+        code = 1
+    finally:
+        signal.alarm(0)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
+        if started:
+            p = subprocess.run(stop, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=90)
+            if p.returncode != 0:
+                print(p.stdout, end="")
+                print("FAIL: stop.sh could not stop the cluster")
+                code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+# The sharding engine is equivalent to one rank: every shard plan on 4 and 8 ranks, with
+# one and several micro-batches, gives the losses and final parameters of one rank with
+# the same global batch (doc/engine-tests.md). Included from validation/CMakeLists.txt
+# after AMSP_CORPUS and AMSP_TEST_WORK are set (CMAKE_CURRENT_SOURCE_DIR is validation/).
+#
+#   ctest -R engine_equivalence_mpi     mpiexec on this machine (one node, N ranks)
+#   ctest -R engine_equivalence_slurm   srun on a local Slurm cluster of 4 virtual nodes
+#                                       that the script starts and always stops; needs
+#                                       root, munge and slurm-wlm, skipped (77) otherwise
+
+set(AMSP_EQUIVALENCE_TEST ${CMAKE_CURRENT_SOURCE_DIR}/engine/equivalence_test.py)
+set(AMSP_EQUIVALENCE_ARGS
+  --amsp $<TARGET_FILE:amsp>
+  --data ${AMSP_CORPUS}
+  --work ${AMSP_TEST_WORK}/equivalence
+  --mpiexec ${MPIEXEC_EXECUTABLE}
+  --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster)
+
+# About 2 minutes on 2 cores; the script gives itself 540 s.
+add_test(NAME engine_equivalence_mpi
+  COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS})
+set_tests_properties(engine_equivalence_mpi PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
+
+# Its cluster uses ports 17017 and 17201-17204, its own; RUN_SERIAL because 8 ranks on
+# 4 virtual nodes already oversubscribe the machine.
+add_test(NAME engine_equivalence_slurm
+  COMMAND python3 ${AMSP_EQUIVALENCE_TEST} slurm ${AMSP_EQUIVALENCE_ARGS})
+set_tests_properties(engine_equivalence_slurm PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS slurm RUN_SERIAL TRUE TIMEOUT 600 SKIP_RETURN_CODE 77)
