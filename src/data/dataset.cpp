@@ -9,12 +9,15 @@
 #include <system_error>
 
 #include "core/error.h"
-#include "data/h5.h"
+#include "core/h5.h"
 #include "data/tokenizer.h"
 
 namespace amsp::data {
 namespace fs = std::filesystem;
 using h5::Handle;
+using h5::link_exists;
+using h5::read_int_attr;
+using h5::read_string_attr;
 
 namespace {
 
@@ -126,62 +129,6 @@ bool read_whole_file(const std::string& path, std::string* out) {
 }
 
 // ---------------------------------------------------------------- reading
-
-// Reads a scalar string attribute, variable- or fixed-length. False if it is
-// missing or not a string.
-bool read_string_attr(hid_t obj, const char* name, std::string* out) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  if (!attr.valid()) return false;
-  Handle ftype(H5Aget_type(attr), H5Tclose);
-  if (!ftype.valid() || H5Tget_class(ftype) != H5T_STRING) return false;
-  Handle space(H5Aget_space(attr), H5Sclose);
-  if (!space.valid() || H5Sget_simple_extent_npoints(space) != 1) return false;
-  const htri_t variable = H5Tis_variable_str(ftype);
-  if (variable < 0) return false;
-  if (variable > 0) {
-    Handle mtype(H5Tcopy(H5T_C_S1), H5Tclose);
-    if (!mtype.valid() || H5Tset_size(mtype, H5T_VARIABLE) < 0 ||
-        H5Tset_cset(mtype, H5Tget_cset(ftype)) < 0)
-      return false;
-    char* p = nullptr;
-    if (H5Aread(attr, mtype, &p) < 0) return false;
-    *out = p ? p : "";
-    if (p) H5free_memory(p);
-  } else {
-    const size_t size = H5Tget_size(ftype);
-    if (size == 0) return false;
-    Handle mtype(H5Tcopy(ftype), H5Tclose);
-    if (!mtype.valid()) return false;
-    std::string buf(size, '\0');
-    if (H5Aread(attr, mtype, buf.data()) < 0) return false;
-    buf.resize(std::min(buf.size(), buf.find('\0')));
-    if (H5Tget_strpad(ftype) == H5T_STR_SPACEPAD)
-      while (!buf.empty() && buf.back() == ' ') buf.pop_back();
-    *out = std::move(buf);
-  }
-  return true;
-}
-
-// Reads a scalar integer attribute. False if missing or not an integer.
-bool read_int_attr(hid_t obj, const char* name, int64_t* out) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  if (!attr.valid()) return false;
-  Handle ftype(H5Aget_type(attr), H5Tclose);
-  if (!ftype.valid() || H5Tget_class(ftype) != H5T_INTEGER) return false;
-  Handle space(H5Aget_space(attr), H5Sclose);
-  if (!space.valid() || H5Sget_simple_extent_npoints(space) != 1) return false;
-  return H5Aread(attr, H5T_NATIVE_INT64, out) >= 0;
-}
-
-bool link_exists(hid_t file, const std::string& path) {
-  // H5Lexists needs every intermediate group to exist: walk the path.
-  size_t pos = 0;
-  while ((pos = path.find('/', pos + 1)) != std::string::npos)
-    if (H5Lexists(file, path.substr(0, pos).c_str(), H5P_DEFAULT) <= 0) return false;
-  return H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0;
-}
 
 // An open, checked dataset file: exists, is HDF5, has our format and version.
 struct OpenDataset {

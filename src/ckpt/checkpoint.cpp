@@ -1,0 +1,514 @@
+// Parallel save and load of sharded checkpoints (checkpoint.h).
+//
+// Writing is collective parallel HDF5: MPI-IO, collective metadata, one
+// collective H5Dwrite per dataset in which each writer selects its OS range
+// and every other rank an empty selection. Reading is independent: the file
+// is immutable once renamed into place, so each rank opens it on its own and
+// reads just its hyperslabs; no rank can then hang in a collective another
+// rank left because the file was damaged. Ranks agree on every outcome
+// (agree() below) before anything else happens.
+
+#include "ckpt/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "ckpt/checksum.h"
+#include "ckpt/format.h"
+#include "ckpt/selection.h"
+#include "comm/check.h"
+#include "core/error.h"
+#include "core/h5.h"
+
+namespace amsp::ckpt {
+namespace fs = std::filesystem;
+using h5::Handle;
+using detail::dataset_path;
+
+namespace {
+
+// ------------------------------------------------------------ agreement
+
+// One rank's outcome of a phase: 0, or the exit code of the error it threw.
+struct Status {
+  int code = 0;
+  std::string message;
+};
+
+template <typename F>
+Status attempt(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const Error& e) {
+    return {e.exit_code(), e.what()};
+  } catch (const std::exception& e) {
+    return {kExitFailure, e.what()};
+  }
+}
+
+void bcast_string(std::string* s, int root, MPI_Comm comm) {
+  int64_t n = static_cast<int64_t>(s->size());
+  AMSP_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm));
+  s->resize(static_cast<size_t>(n));
+  if (n > 0) AMSP_MPI_CHECK(MPI_Bcast(s->data(), static_cast<int>(n), MPI_CHAR, root, comm));
+}
+
+// The error of the lowest rank that has one (or success), on every rank.
+Status agree(const Status& mine, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int first = mine.code ? rank : INT_MAX;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return {};
+  Status s = mine;
+  AMSP_MPI_CHECK(MPI_Bcast(&s.code, 1, MPI_INT, first, comm));
+  bcast_string(&s.message, first, comm);
+  return s;
+}
+
+void rethrow(const Status& s) {
+  if (!s.code) return;
+  if (s.code == kExitUsage) throw UsageError(s.message);
+  throw Error(s.message, s.code);
+}
+
+void agree_or_throw(const Status& mine, MPI_Comm comm) { rethrow(agree(mine, comm)); }
+
+// ------------------------------------------------------------ files
+
+std::string meta_to_json(const Metadata& m) {
+  nlohmann::json j{{"format_version", m.format_version}, {"step", m.step}, {"tokens", m.tokens},
+                   {"seed", m.seed}, {"model_json", m.model_json}, {"options_json", m.options_json},
+                   {"plan", m.plan}, {"topology", m.topology}, {"world_size", m.world_size}};
+  return j.dump();
+}
+
+Metadata meta_from_json(const std::string& s) {
+  const auto j = nlohmann::json::parse(s);
+  Metadata m;
+  m.format_version = j["format_version"];
+  m.step = j["step"];
+  m.tokens = j["tokens"];
+  m.seed = j["seed"];
+  m.model_json = j["model_json"];
+  m.options_json = j["options_json"];
+  m.plan = j["plan"];
+  m.topology = j["topology"];
+  m.world_size = j["world_size"];
+  return m;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) fail("checkpoint: cannot open ", path, " to sync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0 && !directory) fail("checkpoint: fsync of ", path, " failed (disk full or I/O error?)");
+}
+
+// Step of "step-00000042.h5", or -1.
+int64_t step_of(const std::string& name) {
+  static const std::regex re("step-([0-9]+)\\.h5");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return -1;
+  return std::stoll(m[1].str());
+}
+
+// Complete checkpoints in dir, newest (highest step) first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of(name);
+    if (step >= 0 && e.is_regular_file(ec)) out.emplace_back(step, name);
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+void write_latest(const std::string& dir, const std::string& name) {
+  const std::string tmp = dir + "/latest.tmp", final_path = dir + "/latest";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << name << "\n";
+    out.flush();
+    if (!out) fail("checkpoint: cannot write ", tmp);
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  if (ec) fail("checkpoint: cannot rename ", tmp, " to ", final_path, ": ", ec.message());
+}
+
+std::string read_latest(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  std::string name;
+  if (in) std::getline(in, name);
+  return name;
+}
+
+// Removes all but `keep` checkpoints: the one just written and the newest others.
+void prune(const std::string& dir, const std::string& written, int keep) {
+  if (keep <= 0) return;
+  int kept = 1;
+  for (const auto& [step, name] : list_checkpoints(dir)) {
+    if (name == written) continue;
+    if (kept < keep) {
+      ++kept;
+      continue;
+    }
+    std::error_code ec;
+    fs::remove(dir + "/" + name, ec);
+    if (ec) std::fprintf(stderr, "amsp: warning: checkpoint: cannot remove %s/%s: %s\n", dir.c_str(),
+                         name.c_str(), ec.message().c_str());
+  }
+}
+
+// ------------------------------------------------------------ writing
+
+struct Writer {
+  std::string path;
+  void check(bool ok, const std::string& what) const {
+    if (!ok) comm::abort_job(cat("checkpoint ", path, ": HDF5 could not ", what,
+                                 " (disk full or not writable?)"));
+  }
+};
+
+Handle make_group(const Writer& w, hid_t parent, const char* name) {
+  Handle gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  w.check(gcpl.valid() && H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED) >= 0,
+          "make a group property list");
+  Handle g(H5Gcreate2(parent, name, H5P_DEFAULT, gcpl, H5P_DEFAULT), H5Gclose);
+  w.check(g.valid(), cat("create group /", name));
+  return g;
+}
+
+// Where a writer's piece of tensor t comes from in its state views.
+struct Source {
+  std::optional<Piece> piece;
+  const float* data = nullptr;
+};
+
+Source source_of(int kind, const model::TensorSpec& t, const engine::UnitShards& sh,
+                 const engine::ShardedEngine::StateView& v, bool writer) {
+  Source s;
+  if (!writer) return s;
+  s.piece = intersect(t, sh.os.begin, sh.os.end());
+  if (!s.piece) return s;
+  if (kind == 0) s.data = v.params + (sh.os.begin - sh.p.begin) + s.piece->buffer_offset;
+  if (kind == 1) s.data = v.exp_avg + s.piece->buffer_offset;
+  if (kind == 2) s.data = v.exp_avg_sq + s.piece->buffer_offset;
+  return s;
+}
+
+void check_shapes(const std::vector<model::UnitSpec>& units) {
+  for (const auto& u : units)
+    for (const auto& t : u.tensors)
+      if (t.shape.empty() || t.shape.size() > 2)
+        fail("checkpoint: tensor ", t.name, " has ", t.shape.size(), " dimensions; expected 1 or 2");
+}
+
+}  // namespace
+
+std::string save(const std::string& dir, const Metadata& meta_in,
+                 const std::vector<model::UnitSpec>& units,
+                 const std::vector<engine::UnitShards>& shards,
+                 const std::vector<engine::ShardedEngine::StateView>& views, bool writer,
+                 int keep_last, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  check_shapes(units);
+  std::string meta_json = meta_to_json(meta_in);
+  bcast_string(&meta_json, 0, comm);
+  const Metadata meta = meta_from_json(meta_json);
+  const std::string name = file_name(meta.step);
+  const std::string final_path = dir + "/" + name, tmp_path = dir + "/." + name + ".tmp";
+
+  // Rank 0 prepares the directory and clears temporaries of crashed saves.
+  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir, ec))
+      fail_usage("--checkpoint-dir ", dir, ": cannot create the directory");
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() > 8 && n[0] == '.' && n.rfind("step-", 1) == 1 && n.ends_with(".h5.tmp"))
+        fs::remove(e.path(), ec);
+    }
+  }), comm);
+
+  // Checksums first: every writer sums its pieces, one reduction for all.
+  std::vector<uint64_t> sums;
+  for (int kind = 0; kind < 3; ++kind)
+    for (size_t u = 0; u < units.size(); ++u)
+      for (const auto& t : units[u].tensors) {
+        const Source s = source_of(kind, t, shards[u], views[u], writer);
+        sums.push_back(s.piece ? checksum(s.data, s.piece->size(), s.piece->begin) : 0);
+      }
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
+                               MPI_UINT64_T, MPI_SUM, comm));
+
+  {
+    const Writer w{final_path};
+    h5::QuietErrors quiet;
+    Handle fapl = h5::file_access();
+    w.check(fapl.valid() && H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) >= 0 &&
+                H5Pset_all_coll_metadata_ops(fapl, true) >= 0 &&
+                H5Pset_coll_metadata_write(fapl, true) >= 0,
+            "set up MPI-IO file access");
+    Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    w.check(file.valid(), cat("create ", tmp_path));
+    w.check(detail::write_metadata(file, meta), "write the root attributes");
+    Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    w.check(dxpl.valid() && H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) >= 0,
+            "set up collective transfers");
+    Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    w.check(dcpl.valid() && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+                H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+                H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
+            "make a dataset property list");
+    {
+      Handle gm = make_group(w, file, "model");
+      Handle go = make_group(w, file, "optimizer");
+      Handle ga = make_group(w, go, "exp_avg");
+      Handle gs = make_group(w, go, "exp_avg_sq");
+      const float dummy = 0;
+      size_t index = 0;
+      for (int kind = 0; kind < 3; ++kind) {
+        const hid_t parent = kind == 0 ? gm.get() : kind == 1 ? ga.get() : gs.get();
+        for (size_t u = 0; u < units.size(); ++u)
+          for (const auto& t : units[u].tensors) {
+            const std::string dpath = dataset_path(kind, t.name);
+            std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+            Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+            w.check(fspace.valid(), cat("make the dataspace of ", dpath));
+            Handle dset(H5Dcreate2(parent, dataset_name(t.name).c_str(), H5T_IEEE_F32LE, fspace,
+                                   H5P_DEFAULT, dcpl, H5P_DEFAULT),
+                        H5Dclose);
+            w.check(dset.valid(), cat("create dataset ", dpath));
+            w.check(detail::write_u64_attr(dset, "checksum", sums[index++]),
+                    cat("write the checksum of ", dpath));
+            const Source s = source_of(kind, t, shards[u], views[u], writer);
+            const int64_t n = s.piece ? s.piece->size() : 0;
+            Handle mspace = detail::memory_space(n);
+            w.check(mspace.valid() && detail::select_run(fspace, t.shape, s.piece ? s.piece->begin : 0,
+                                                         s.piece ? s.piece->end : 0),
+                    cat("select this rank's part of ", dpath));
+            w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, n ? s.data : &dummy) >= 0,
+                    cat("write dataset ", dpath));
+            w.check(dset.close(), cat("close dataset ", dpath));
+          }
+      }
+    }
+    w.check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flush the file");
+    w.check(file.close(), "close the file");
+  }
+  AMSP_MPI_CHECK(MPI_Barrier(comm));
+
+  // Every rank has closed the file: rank 0 makes it durable and visible.
+  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
+    fsync_path(tmp_path, false);
+    std::error_code ec;
+    fs::rename(tmp_path, final_path, ec);
+    if (ec) fail("checkpoint: cannot rename ", tmp_path, " to ", final_path, ": ", ec.message());
+    fsync_path(dir, true);
+    write_latest(dir, name);
+    fsync_path(dir, true);
+    prune(dir, name, keep_last);
+  }), comm);
+  return final_path;
+}
+
+// ------------------------------------------------------------ reading
+
+namespace {
+
+// "checkpoint PATH: model field hidden_size is 128 in the checkpoint but 256 here"
+void check_model(const std::string& path, const std::string& stored_json,
+                 const model::LlamaConfig& expected) {
+  nlohmann::json stored, here = nlohmann::json::parse(model::config_to_json(expected));
+  try {
+    stored = nlohmann::json::parse(stored_json);
+  } catch (const std::exception&) {
+    fail_usage("checkpoint ", path, ": the model_config attribute is not JSON");
+  }
+  for (const auto& f : model::config_field_names()) {
+    if (!here.contains(f)) continue;
+    if (!stored.contains(f))
+      fail_usage("checkpoint ", path, ": model field ", f, " is missing in the checkpoint (", here[f].dump(),
+                 " here)");
+    const auto& a = stored[f];
+    const auto& b = here[f];
+    const bool same = (a.is_number() && b.is_number()) ? a.get<double>() == b.get<double>() : a == b;
+    if (!same)
+      fail_usage("checkpoint ", path, ": model field ", f, " is ", a.dump(), " in the checkpoint but ",
+                 b.dump(), " here");
+  }
+}
+
+}  // namespace
+
+Metadata load(const std::string& path, const model::LlamaConfig& expected,
+              const std::vector<model::UnitSpec>& units,
+              const std::vector<engine::UnitShards>& shards,
+              const std::vector<engine::ShardedEngine::StateView>& views, MPI_Comm comm) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+
+  // A rank sums the checksum of a range only if no lower rank holds the same
+  // range: ranges of one plan are equal or disjoint, so each element counts once.
+  const size_t nu = units.size();
+  std::vector<int64_t> mine(2 * nu), all(2 * nu * static_cast<size_t>(world));
+  for (size_t u = 0; u < nu; ++u) mine[2 * u] = shards[u].p.begin, mine[2 * u + 1] = shards[u].os.begin;
+  AMSP_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(2 * nu), MPI_INT64_T, all.data(),
+                               static_cast<int>(2 * nu), MPI_INT64_T, comm));
+  const auto counts = [&](size_t u, int which) {
+    for (int r = 0; r < rank; ++r)
+      if (all[static_cast<size_t>(r) * 2 * nu + 2 * u + which] == mine[2 * u + which]) return false;
+    return true;
+  };
+
+  Metadata meta;
+  std::vector<uint64_t> sums, stored;
+  std::vector<std::string> names;
+  const Status st = attempt([&] {
+    check_shapes(units);
+    Handle file = detail::open_read(path);
+    meta = detail::read_metadata(file, path);
+    check_model(path, meta.model_json, expected);
+    h5::QuietErrors quiet;
+    for (int kind = 0; kind < 3; ++kind)
+      for (size_t u = 0; u < nu; ++u) {
+        const engine::UnitShards& sh = shards[u];
+        const engine::Range range = kind == 0 ? sh.p : sh.os;
+        float* base = kind == 0 ? views[u].params : kind == 1 ? views[u].exp_avg : views[u].exp_avg_sq;
+        for (int64_t x = std::max(range.begin, sh.numel); x < range.end(); ++x) base[x - range.begin] = 0;
+        const bool count = counts(u, kind == 0 ? 0 : 1);
+        for (const auto& t : units[u].tensors) {
+          const std::string dpath = dataset_path(kind, t.name);
+          names.push_back(dpath);
+          if (!h5::link_exists(file, "/" + dpath))
+            fail_usage("checkpoint ", path, ": no dataset ", dpath, " (written for another model?)");
+          Handle d(H5Dopen2(file, ("/" + dpath).c_str(), H5P_DEFAULT), H5Dclose);
+          if (!d.valid()) fail_usage("checkpoint ", path, ": cannot open dataset ", dpath);
+          Handle space(H5Dget_space(d), H5Sclose);
+          std::vector<hsize_t> dims(t.shape.size());
+          if (!space.valid() || H5Sget_simple_extent_ndims(space) != static_cast<int>(dims.size()) ||
+              H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0 ||
+              !std::equal(dims.begin(), dims.end(), t.shape.begin(),
+                          [](hsize_t a, int64_t b) { return static_cast<int64_t>(a) == b; }))
+            fail_usage("checkpoint ", path, ": dataset ", dpath, " does not have the shape of ", t.name);
+          uint64_t c = 0;
+          if (!detail::read_u64_attr(d, "checksum", &c))
+            fail_usage("checkpoint ", path, ": dataset ", dpath, " has no checksum attribute");
+          stored.push_back(c);
+          const auto piece = intersect(t, range.begin, range.end());
+          uint64_t s = 0;
+          if (piece) {
+            float* out = base + piece->buffer_offset;
+            if (!detail::read_run(d, t.shape, piece->begin, piece->end, out))
+              fail("checkpoint ", path, ": HDF5 cannot read dataset ", dpath, " (damaged file?)");
+            if (count) s = checksum(out, piece->size(), piece->begin);
+          }
+          sums.push_back(s);
+        }
+      }
+  });
+  agree_or_throw(st, comm);
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
+                               MPI_SUM, comm));
+  for (size_t i = 0; i < sums.size(); ++i)
+    if (sums[i] != stored[i])
+      fail("checkpoint ", path, ": dataset ", names[i], " fails its checksum (stored ",
+           detail::hex(stored[i]), ", computed ", detail::hex(sums[i]), "): the file is damaged");
+  return meta;
+}
+
+std::string verify(const std::string& path, MPI_Comm comm) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  std::vector<detail::Entry> entries;
+  std::vector<uint64_t> sums;
+  Status st = attempt([&] {
+    Handle file = detail::open_read(path);
+    (void)detail::read_metadata(file, path);
+    entries = detail::list_datasets(file, path);
+    if (entries.empty()) fail_usage("no datasets");
+    h5::QuietErrors quiet;
+    for (const auto& e : entries) {
+      if (!e.float32) fail_usage("dataset ", e.name, " is not float32");
+      if (!e.has_checksum) fail_usage("dataset ", e.name, " has no checksum attribute");
+      if (e.shape.empty() || e.shape.size() > 2)
+        fail_usage("dataset ", e.name, " has ", e.shape.size(), " dimensions; expected 1 or 2");
+      const Piece p = even_split(e.numel(), world, rank);
+      Handle d(H5Dopen2(file, ("/" + e.name).c_str(), H5P_DEFAULT), H5Dclose);
+      uint64_t s = 0;
+      if (!d.valid() || !detail::checksum_run(d, e.shape, p.begin, p.end, &s))
+        fail("HDF5 cannot read dataset ", e.name);
+      sums.push_back(s);
+    }
+  });
+  st = agree(st, comm);
+  if (st.code) {
+    const std::string prefix = "checkpoint " + path + ": ";
+    return st.message.rfind(prefix, 0) == 0 ? st.message.substr(prefix.size()) : st.message;
+  }
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
+                               MPI_SUM, comm));
+  std::string bad;
+  int more = 0;
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (sums[i] != entries[i].checksum) {
+      if (bad.empty())
+        bad = cat("dataset ", entries[i].name, " fails its checksum (stored ", detail::hex(entries[i].checksum),
+                  ", computed ", detail::hex(sums[i]), ")");
+      else
+        ++more;
+    }
+  if (more) bad += cat(" and ", more, " more");
+  return bad;
+}
+
+std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
+                                       MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // Rank 0 lists the candidates: the one `latest` names first (the last save
+  // of the run that wrote this directory), then the others, newest first.
+  std::string list;
+  if (rank == 0) {
+    std::error_code ec;
+    if (fs::is_directory(dir, ec)) {
+      const auto found = list_checkpoints(dir);
+      const std::string latest = read_latest(dir);
+      for (const auto& [step, name] : found)
+        if (name == latest) list += name + "\n";
+      for (const auto& [step, name] : found)
+        if (name != latest) list += name + "\n";
+    }
+  }
+  bcast_string(&list, 0, comm);
+  std::istringstream in(list);
+  std::string name;
+  while (std::getline(in, name)) {
+    const std::string path = dir + "/" + name;
+    const std::string problem = verify(path, comm);
+    if (problem.empty()) return path;
+    if (skipped) skipped->push_back(path + ": " + problem);
+  }
+  return std::nullopt;
+}
+
+}  // namespace amsp::ckpt

@@ -1,0 +1,115 @@
+// Sharded checkpoints: one HDF5 file per checkpoint, written collectively with
+// parallel HDF5, every element by the one rank that owns it in its OS-shard;
+// read back by any plan on any world size. doc/checkpoints.md describes the
+// file (Hugging Face tensor names and shapes, attributes, checksums), the
+// atomic save and the resume.
+//
+// File layout:
+//   /                                  attributes: Metadata, format, checksum_algorithm
+//   /model/<name>                      parameters; <name> is the Hugging Face
+//                                      state-dict key without a leading "model."
+//   /optimizer/exp_avg/<name>          Adam first moment
+//   /optimizer/exp_avg_sq/<name>       Adam second moment
+// Every dataset is float32 with the tensor's true shape and carries the
+// attribute "checksum" (uint64, ckpt/checksum.h).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sharded_engine.h"
+#include "engine/shards.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace amsp::ckpt {
+
+inline constexpr int64_t kFormatVersion = 1;
+inline constexpr const char* kFormat = "amsp-checkpoint";
+
+// Attributes of the root group.
+struct Metadata {
+  int64_t format_version = kFormatVersion;
+  int64_t step = 0;           // optimizer steps completed
+  int64_t tokens = 0;         // tokens consumed
+  uint64_t seed = 0;          // the run's seed: the sampler is counter-based, so
+                              // (seed, step) is its whole position and RNG state
+  std::string model_json;     // model::config_to_json
+  std::string options_json;   // the training options
+  std::string plan;           // plan::to_string of the plan written from
+  std::string topology;       // topology::Topology::describe()
+  int64_t world_size = 0;
+};
+
+// "step-00000042.h5"
+std::string file_name(int64_t step);
+
+// Collective over comm. Writes DIR/step-<8 digits>.h5 through a temporary
+// DIR/.step-<8 digits>.h5.tmp: every writer (replica 0: writer = true) writes
+// its OS range of every tensor's parameters and moments, the others take part
+// with empty selections; once all ranks closed the file, rank 0 fsyncs it,
+// renames it into place, fsyncs DIR, points DIR/latest at it (latest.tmp +
+// rename) and prunes to the newest keep_last checkpoints (0 keeps all).
+// Leftover temporaries of a crashed save are removed first. `meta` is taken
+// from rank 0. A failure inside the collective write ends the job
+// (comm::abort_job); a directory that cannot be created throws UsageError on
+// every rank. Returns the final path.
+std::string save(const std::string& dir, const Metadata& meta,
+                 const std::vector<model::UnitSpec>& units,
+                 const std::vector<engine::UnitShards>& shards,
+                 const std::vector<engine::ShardedEngine::StateView>& views, bool writer,
+                 int keep_last, MPI_Comm comm);
+
+// Collective over comm. Reads the metadata, refuses a checkpoint of another
+// model (UsageError naming the first field that differs) or another layout
+// (a missing dataset or a different shape, named), then fills each rank's P
+// range of the parameters and OS range of the moments from the file (any plan
+// and world size may have written it; the padded tail past a unit's numel is
+// zeroed) and checks every dataset's checksum from the pieces the ranks read
+// (Error naming the dataset on a mismatch; the views then hold garbage).
+// Every rank returns or throws the same.
+Metadata load(const std::string& path, const model::LlamaConfig& expected,
+              const std::vector<model::UnitSpec>& units,
+              const std::vector<engine::UnitShards>& shards,
+              const std::vector<engine::ShardedEngine::StateView>& views, MPI_Comm comm);
+
+// Collective over comm: every rank reads and checksums a slice of every
+// dataset. "" if the file is a complete, intact checkpoint, else one line
+// saying what is wrong (the same on every rank).
+std::string verify(const std::string& path, MPI_Comm comm);
+
+// Collective over comm. The newest checkpoint in dir (by step, among the
+// step-*.h5 files; temporaries are ignored) that opens and verifies. Each
+// newer one that does not is appended to `skipped` as "PATH: reason".
+// nullopt if there is none (or dir does not exist). Same answer on every rank.
+std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
+                                       MPI_Comm comm);
+
+// ----------------------------------------------------------- one process
+
+// Reads the root attributes. Throws UsageError if the file is not an amsp
+// checkpoint of a version this build reads.
+Metadata read_metadata(const std::string& path);
+
+struct DatasetInfo {
+  std::string name;               // "model/layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;
+  std::string dtype;              // "float32"
+  int64_t bytes = 0;
+  uint64_t stored_checksum = 0;
+  uint64_t computed_checksum = 0; // 0 unless computed
+};
+
+// Every dataset under /model and /optimizer, in file order; with
+// compute_checksums, each dataset is read and its checksum recomputed.
+std::vector<DatasetInfo> inspect(const std::string& path, bool compute_checksums);
+
+// Hugging Face state-dict key <-> dataset name inside /model.
+std::string dataset_name(const std::string& hf_name);  // "model.norm.weight" -> "norm.weight"
+std::string hf_name(const std::string& dataset_name);  // "lm_head.weight" stays
+
+}  // namespace amsp::ckpt

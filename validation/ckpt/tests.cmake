@@ -1,0 +1,24 @@
+# Checkpoint system tests. Included from validation/CMakeLists.txt
+# (CMAKE_CURRENT_SOURCE_DIR is validation/).
+#
+#   ctest -L mpi -R ckpt_   runs them
+
+add_executable(amsp_ckpt_test ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/ckpt_test.cpp)
+target_compile_options(amsp_ckpt_test PRIVATE ${AMSP_WARNINGS})
+target_link_libraries(amsp_ckpt_test PRIVATE amsp_core)
+
+# Save under several plans, load under others (resharding), damage, pruning:
+# on 4 ranks, 3 (padding, not a power of two) and 1.
+foreach(n 4 3 1)
+  add_test(NAME ckpt_mpi_${n}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_ckpt_test>
+            ${CMAKE_BINARY_DIR}/test-work/ckpt)
+  set_tests_properties(ckpt_mpi_${n} PROPERTIES LABELS mpi TIMEOUT 300 PASS_REGULAR_EXPRESSION " 0 failed")
+endforeach()
+
+# amsp ckpt inspect / verify (exit 1 naming the dataset on a flipped byte), and
+# the file read by h5dump and h5py with no amsp code.
+add_test(NAME ckpt_cli
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/cli_test.sh $<TARGET_FILE:amsp_ckpt_test>
+          $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/test-work/ckpt-cli)
+set_tests_properties(ckpt_cli PROPERTIES LABELS mpi TIMEOUT 300)
