@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -81,6 +82,14 @@ int run_train(int argc, char** argv) {
       ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0)->value_name("NUM"),
            "seconds a collective may take before the job is aborted, naming the rank and the "
            "operation; 0: AMSP_COMM_TIMEOUT or 600")
+      ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir)->value_name("DIR"),
+           "write sharded HDF5 checkpoints here (doc/checkpoints.md)")
+      ("checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(0)->value_name("INT"),
+           "steps between checkpoints; 0: only at the end and when stopped by SIGUSR1/SIGTERM")
+      ("resume", po::value<std::string>(&o.resume)->default_value("none")->value_name("auto|FILE|none"),
+           "continue from the newest verified checkpoint in --checkpoint-dir (auto), a file, or not")
+      ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
+           "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
            "after the last step, write every parameter as raw float32 in layout order (tests)");
   po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
@@ -123,6 +132,12 @@ int run_train(int argc, char** argv) {
           "at most --steps");
 
   o.overlap = !no_overlap;
+  require(o.checkpoint_every >= 0, "checkpoint-every", o.checkpoint_every, "an integer >= 0");
+  require(o.keep_last >= 0, "keep-last", o.keep_last, "an integer >= 0");
+  if (o.resume == "auto" && o.checkpoint_dir.empty())
+    fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");
+  if (o.resume != "auto" && o.resume != "none" && !std::filesystem::is_regular_file(o.resume))
+    fail_usage("--resume ", o.resume, ": no such file; expected auto, none or a checkpoint file");
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
   if (!memory.empty()) o.memory_per_rank = plan::parse_memory_size(memory, "--memory-per-rank");

@@ -80,10 +80,11 @@ class TokenDataset {
 void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
                         int64_t B, int64_t T, int32_t* tokens, int32_t* targets);
 
-// Evaluation windows: the held-out split cut into consecutive windows of T+1
-// tokens (stride T); window i for i in [0, num_eval_windows). Deterministic.
-int64_t num_eval_windows(const TokenDataset& data, int64_t T);
+// Evaluation windows: a split (the held-out one unless asked) cut into
+// consecutive windows of T+1 tokens (stride T); window i for i in
+// [0, num_eval_windows). Deterministic.
+int64_t num_eval_windows(const TokenDataset& data, int64_t T, Split split = Split::kValid);
 void eval_batch(const TokenDataset& data, int64_t first_window, int64_t B, int64_t T,
-                int32_t* tokens, int32_t* targets);
+                int32_t* tokens, int32_t* targets, Split split = Split::kValid);
 
 }  // namespace amsp::data

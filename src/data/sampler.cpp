@@ -46,18 +46,18 @@ void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, i
   }
 }
 
-int64_t num_eval_windows(const TokenDataset& data, int64_t T) {
+int64_t num_eval_windows(const TokenDataset& data, int64_t T, Split split) {
   if (T <= 0) fail("num_eval_windows: T = ", T, ": expected T > 0");
-  const int64_t n = static_cast<int64_t>(data.tokens(Split::kValid).size());
+  const int64_t n = static_cast<int64_t>(data.tokens(split).size());
   // Window i covers [i T, i T + T]; it fits when i T + T + 1 <= n.
   return n < T + 1 ? 0 : (n - 1) / T;
 }
 
 void eval_batch(const TokenDataset& data, int64_t first_window, int64_t B, int64_t T, int32_t* tokens,
-                int32_t* targets) {
+                int32_t* targets, Split split) {
   if (T <= 0 || B < 0) fail("eval_batch: B = ", B, ", T = ", T, ": expected B >= 0, T > 0");
-  const auto& valid = data.tokens(Split::kValid);
-  const int64_t windows = num_eval_windows(data, T);
+  const auto& valid = data.tokens(split);
+  const int64_t windows = num_eval_windows(data, T, split);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t w = first_window + b;
     if (w >= 0 && w < windows) {

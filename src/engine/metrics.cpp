@@ -9,10 +9,10 @@
 
 namespace amsp::engine {
 
-MetricsSink::MetricsSink(const std::string& path) {
+MetricsSink::MetricsSink(const std::string& path, bool append) {
   tty_ = isatty(STDOUT_FILENO) != 0;
   if (path.empty()) return;
-  file_.open(path, std::ios::out | std::ios::trunc);
+  file_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!file_) fail_usage("--metrics ", path, ": cannot create the file");
 }
 

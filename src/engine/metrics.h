@@ -33,7 +33,8 @@ class MetricsSink {
  public:
   // path empty: console only. Throws UsageError naming --metrics if the file
   // cannot be created.
-  explicit MetricsSink(const std::string& path);
+  // append: keep what the file holds (a resumed run continues its metrics).
+  explicit MetricsSink(const std::string& path, bool append = false);
   void step(const StepMetrics& m);
   void eval(int64_t step, double val_loss, int64_t windows);
   void finish(double seconds, int64_t steps);

@@ -13,12 +13,15 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "comm/check.h"
 #include "comm/timed.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "engine/evaluate.h"
 #include "engine/metrics.h"
 #include "engine/peak.h"
 #include "engine/plan_groups.h"
@@ -188,6 +191,19 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
   std::fflush(stdout);
 }
 
+std::string options_json(const TrainOptions& o) {
+  nlohmann::json j = {{"data", o.data_path},          {"steps", o.steps},
+                      {"seed", o.seed},                {"batch_size", o.batch_size},
+                      {"seq_len", o.seq_len},          {"grad_accum", o.grad_accum},
+                      {"lr", o.schedule.lr},           {"min_lr", o.schedule.min_lr},
+                      {"warmup_steps", o.schedule.warmup_steps},
+                      {"weight_decay", o.adamw.weight_decay},
+                      {"beta1", o.adamw.beta1},        {"beta2", o.adamw.beta2},
+                      {"adam_eps", o.adamw.eps},       {"grad_clip", o.grad_clip},
+                      {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings}};
+  return j.dump();
+}
+
 void write_final_params(const std::string& path, const std::vector<std::vector<float>>& params) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) fail("--final-params ", path, ": cannot create the file");
@@ -251,35 +267,86 @@ TrainResult train(const TrainOptions& options) {
 
   const int64_t world = topo.world_size, pos = pg->position, B = o.batch_size, T = o.seq_len;
   const double flops_per_token = model::Llama::flops_per_token(o.model, T);
-  std::unique_ptr<MetricsSink> sink = root ? std::make_unique<MetricsSink>(o.metrics_path) : nullptr;
 
-  // Held-out loss over the first eval_windows windows, split over the ranks.
   auto evaluate = [&](int64_t* windows_used) {
-    int64_t windows = data::num_eval_windows(*data, T);
-    if (o.eval_windows > 0) windows = std::min(windows, o.eval_windows);
-    *windows_used = windows;
-    if (windows == 0) return std::numeric_limits<double>::quiet_NaN();
-    const int64_t batches = (windows + world * B - 1) / (world * B);
-    auto [loss, count] = engine.evaluate(batches, [&](int64_t b, int32_t* tokens, int32_t* targets) {
-      const int64_t first = (b * world + pos) * B;
-      data::eval_batch(*data, first, B, T, tokens, targets);
-      for (int64_t r = 0; r < B; ++r)
-        if (first + r >= windows) std::fill_n(targets + r * T, T, -1);
-    });
-    double sums[2] = {loss, static_cast<double>(count)};
-    comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "validation loss", o.comm_timeout_s);
-    return sums[0] / std::max(1.0, sums[1]);
+    return evaluate_loss(engine, *data, data::Split::kValid, o.eval_windows, B, T, world, pos,
+                         o.comm_timeout_s, windows_used);
   };
 
+  // Resume: the newest verified checkpoint (auto) or a given one, on any plan
+  // and world size. The sampler needs nothing but (seed, step).
+  int64_t first_step = 1, tokens_before = 0;
+  std::string resumed_from;
+  if (o.resume != "none") {
+    std::string path = o.resume;
+    if (o.resume == "auto") {
+      std::vector<std::string> skipped;
+      std::optional<std::string> found;
+      collectively([&] { found = ckpt::find_latest(o.checkpoint_dir, &skipped, MPI_COMM_WORLD); });
+      if (root)
+        for (const auto& s : skipped) std::printf("resume: skipping %s\n", s.c_str());
+      path = found.value_or("");
+      if (root && path.empty())
+        std::printf("resume: no checkpoint in %s; starting from scratch\n", o.checkpoint_dir.c_str());
+    }
+    if (!path.empty()) {
+      ckpt::Metadata meta;
+      collectively([&] {
+        meta = ckpt::load(path, o.model, engine.units(), engine.shards(), engine.state_views(),
+                          MPI_COMM_WORLD);
+        if (meta.step >= o.steps)
+          fail_usage("--resume ", path, ": the checkpoint is at step ", meta.step,
+                     ", not before --steps ", o.steps, "; nothing left to train");
+      });
+      first_step = meta.step + 1;
+      tokens_before = meta.tokens;
+      resumed_from = path;
+      if (root) {
+        std::printf("resume: %s (step %lld, written by %s on %lld ranks)\n", path.c_str(),
+                    static_cast<long long>(meta.step), meta.plan.c_str(),
+                    static_cast<long long>(meta.world_size));
+        if (meta.seed != o.seed)
+          std::printf("resume: note: the checkpoint's run used --seed %llu, this one %llu: the "
+                      "data order differs from the original run\n",
+                      static_cast<unsigned long long>(meta.seed), static_cast<unsigned long long>(o.seed));
+      }
+    }
+  }
+  std::unique_ptr<MetricsSink> sink =
+      root ? std::make_unique<MetricsSink>(o.metrics_path, /*append=*/first_step > 1) : nullptr;
+
   int64_t windows = 0;
-  double val_loss = evaluate(&windows);
-  if (root) sink->eval(0, val_loss, windows);
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  if (first_step == 1) {
+    val_loss = evaluate(&windows);
+    if (root) sink->eval(0, val_loss, windows);
+  }
 
   TrainResult result;
   const int64_t tokens_per_step = B * T * o.grad_accum * world;
+  auto save_checkpoint = [&](int64_t step) {
+    const auto t0 = Clock::now();
+    ckpt::Metadata meta;
+    meta.step = step;
+    meta.tokens = tokens_before + (step - first_step + 1) * tokens_per_step;
+    meta.seed = o.seed;
+    meta.model_json = model::config_to_json(o.model);
+    meta.options_json = options_json(o);
+    meta.plan = plan::to_string(pg->mesh.plan());
+    meta.topology = topo.describe();
+    meta.world_size = world;
+    const std::string path = ckpt::save(o.checkpoint_dir, meta, engine.units(), engine.shards(),
+                                        engine.state_views(), engine.replica_index() == 0,
+                                        o.keep_last, MPI_COMM_WORLD);
+    if (root) {
+      std::printf("checkpoint: %s (step %lld, %.2f s)\n", path.c_str(), static_cast<long long>(step),
+                  seconds_since(t0));
+      std::fflush(stdout);
+    }
+  };
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const auto run_start = Clock::now();
-  for (int64_t step = 1; step <= o.steps; ++step) {
+  for (int64_t step = first_step; step <= o.steps; ++step) {
     engine.reset_comm_stats();
     if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
     const auto t0 = Clock::now();
@@ -301,7 +368,7 @@ TrainResult train(const TrainOptions& options) {
     m.step_ms = seconds_since(t0) * 1e3;
     m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
     m.mfu = flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world));
-    m.tokens = step * tokens_per_step;
+    m.tokens = tokens_before + (step - first_step + 1) * tokens_per_step;
     m.model_state_bytes = engine.model_state_bytes();
     m.comm = engine.comm_stats();
     if (!std::isfinite(m.loss))
@@ -320,10 +387,17 @@ TrainResult train(const TrainOptions& options) {
     // Stop together: a signal may reach the ranks at different moments.
     double stop = g_stop_signal;
     comm::allreduce_sum(&stop, 1, MPI_COMM_WORLD, "stop flag", o.comm_timeout_s);
-    if (stop > 0 && step < o.steps) {
+    const bool stopping = stop > 0 && step < o.steps;
+    if (!o.checkpoint_dir.empty() &&
+        ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping))
+      save_checkpoint(step);
+    if (stopping) {
       result.preempted = true;
-      if (root)
-        std::printf("stopping after step %lld on a signal (SIGUSR1/SIGTERM)\n", static_cast<long long>(step));
+      if (root) {
+        std::printf("stopping after step %lld on a signal (SIGUSR1/SIGTERM)%s\n", static_cast<long long>(step),
+                    o.checkpoint_dir.empty() ? "; no --checkpoint-dir, so this progress is not saved" : "");
+        std::fflush(stdout);
+      }
       break;
     }
   }

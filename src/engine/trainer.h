@@ -36,6 +36,10 @@ struct TrainOptions {
   std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
   double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default
+  std::string checkpoint_dir;  // where checkpoints go (doc/checkpoints.md); empty: none
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a stop signal
+  std::string resume = "none";   // "none", "auto" (newest verified in checkpoint_dir) or a file
+  int keep_last = 0;           // checkpoints kept; 0: all
 };
 
 // On SIGUSR1 or SIGTERM every rank finishes the current step, the ranks agree

@@ -96,6 +96,37 @@ std::vector<std::string> preset_names() {
   return names;
 }
 
+LlamaConfig config_from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail_usage(source, ": not valid JSON (", e.what(), ")");
+  }
+  if (!j.is_object()) fail_usage(source, ": expected a JSON object");
+  LlamaConfig c;
+  c.name = source;
+  for (const auto& f : kIntFields) {
+    if (!j.contains(f.name)) continue;
+    if (!j[f.name].is_number_integer())
+      fail_usage("model field ", f.name, " in ", source, ": expected an integer");
+    c.*f.member = j[f.name].get<int64_t>();
+  }
+  for (const auto& f : kRealFields) {
+    if (!j.contains(f.name)) continue;
+    if (!j[f.name].is_number())
+      fail_usage("model field ", f.name, " in ", source, ": expected a number");
+    c.*f.member = j[f.name].get<double>();
+  }
+  // Hugging Face's default: no num_key_value_heads means multi-head attention.
+  if (!j.contains("num_key_value_heads")) c.num_key_value_heads = c.num_attention_heads;
+  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() &&
+      j["tie_word_embeddings"].get<bool>())
+    fail_usage(source, ": tie_word_embeddings = true is not supported; "
+               "amsp trains LLaMA with an untied LM head");
+  return c;
+}
+
 LlamaConfig load_config(const std::string& name_or_path) {
   fs::path path = name_or_path;
   const bool looks_like_path =
@@ -109,33 +140,9 @@ LlamaConfig load_config(const std::string& name_or_path) {
     fail_usage("--model ", name_or_path, ": no such preset; expected one of ", known,
                " or a config.json path");
   }
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail_usage("--model ", path.string(), ": not valid JSON (", e.what(), ")");
-  }
-  if (!j.is_object()) fail_usage("--model ", path.string(), ": expected a JSON object");
-  LlamaConfig c;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  LlamaConfig c = config_from_json(text, "--model " + path.string());
   c.name = looks_like_path ? path.string() : name_or_path;
-  for (const auto& f : kIntFields) {
-    if (!j.contains(f.name)) continue;
-    if (!j[f.name].is_number_integer())
-      fail_usage("model field ", f.name, " in ", path.string(), ": expected an integer");
-    c.*f.member = j[f.name].get<int64_t>();
-  }
-  for (const auto& f : kRealFields) {
-    if (!j.contains(f.name)) continue;
-    if (!j[f.name].is_number())
-      fail_usage("model field ", f.name, " in ", path.string(), ": expected a number");
-    c.*f.member = j[f.name].get<double>();
-  }
-  // Hugging Face's default: no num_key_value_heads means multi-head attention.
-  if (!j.contains("num_key_value_heads")) c.num_key_value_heads = c.num_attention_heads;
-  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() &&
-      j["tie_word_embeddings"].get<bool>())
-    fail_usage("--model ", path.string(), ": tie_word_embeddings = true is not supported; "
-               "amsp trains LLaMA with an untied LM head");
   return c;
 }
 

@@ -40,6 +40,9 @@ const std::vector<std::string>& config_field_names();
 // transformers, so that a Hub config.json loads.
 LlamaConfig load_config(const std::string& name_or_path);
 
+// Parses a Hugging Face config.json text; errors name `source`.
+LlamaConfig config_from_json(const std::string& text, const std::string& source);
+
 // Sets one field from text ("hidden_size", "256"); bad names and values throw
 // UsageError naming the field.
 void set_config_field(LlamaConfig& config, const std::string& field, const std::string& value);

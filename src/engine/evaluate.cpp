@@ -1,0 +1,73 @@
+#include "engine/evaluate.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "ckpt/checkpoint.h"
+#include "comm/timed.h"
+#include "core/error.h"
+#include "engine/plan_groups.h"
+#include "model/config.h"
+#include "topology/topology.h"
+
+namespace amsp::engine {
+
+double evaluate_loss(ShardedEngine& engine, const data::TokenDataset& data, data::Split split,
+                     int64_t max_windows, int64_t batch, int64_t seq_len, int64_t world,
+                     int64_t position, double comm_timeout_s, int64_t* windows_used) {
+  int64_t windows = data::num_eval_windows(data, seq_len, split);
+  if (max_windows > 0) windows = std::min(windows, max_windows);
+  *windows_used = windows;
+  if (windows == 0) return std::numeric_limits<double>::quiet_NaN();
+  // Every rank runs the same number of batches (the gathers are collective);
+  // rows past the last window are ignored by the loss.
+  const int64_t batches = (windows + world * batch - 1) / (world * batch);
+  auto [loss, count] = engine.evaluate(batches, [&](int64_t b, int32_t* tokens, int32_t* targets) {
+    const int64_t first = (b * world + position) * batch;
+    data::eval_batch(data, first, batch, seq_len, tokens, targets, split);
+    for (int64_t r = 0; r < batch; ++r)
+      if (first + r >= windows) std::fill_n(targets + r * seq_len, seq_len, -1);
+  });
+  double sums[2] = {loss, static_cast<double>(count)};
+  comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "evaluation loss", comm_timeout_s);
+  return sums[0] / std::max(1.0, sums[1]);
+}
+
+double run_eval(const EvalOptions& o) {
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const topology::Topology topo = topology::discover(MPI_COMM_WORLD);
+  const ckpt::Metadata meta = ckpt::read_metadata(o.checkpoint);
+  model::LlamaConfig config = model::config_from_json(meta.model_json, "--checkpoint " + o.checkpoint);
+  config.name = o.checkpoint;
+  config.validate();
+  const data::TokenDataset data(o.data_path);
+  const int32_t max_id = data.max_token(o.split);
+  if (max_id >= config.vocab_size)
+    fail_usage("--data ", o.data_path, ": token id ", max_id, " is beyond the checkpoint's vocab_size ",
+               config.vocab_size);
+  if (o.seq_len > config.max_position_embeddings)
+    fail_usage("--seq-len ", o.seq_len, ": expected at most max_position_embeddings = ",
+               config.max_position_embeddings);
+  PlanGroups pg = make_plan_groups(MPI_COMM_WORLD, topo, o.shard);
+  ShardedEngine engine(config, o.batch_size, o.seq_len, pg, 0, EngineOptions{});
+  ckpt::load(o.checkpoint, config, engine.units(), engine.shards(), engine.state_views(), MPI_COMM_WORLD);
+  int64_t windows = 0;
+  const double loss = evaluate_loss(engine, data, o.split, o.windows, o.batch_size, o.seq_len,
+                                    topo.world_size, pg.position, 0, &windows);
+  if (topo.rank == 0) {
+    std::printf("checkpoint %s (step %lld, %lld tokens) on %s, %s split: loss %.6f over %lld windows "
+                "of %lld tokens (perplexity %.3f), %d rank(s), plan %s\n",
+                o.checkpoint.c_str(), static_cast<long long>(meta.step), static_cast<long long>(meta.tokens),
+                o.data_path.c_str(), o.split == data::Split::kValid ? "validation" : "train", loss,
+                static_cast<long long>(windows), static_cast<long long>(o.seq_len), std::exp(loss),
+                topo.world_size, plan::to_string(pg.mesh.plan()).c_str());
+    std::fflush(stdout);
+  }
+  return loss;
+}
+
+}  // namespace amsp::engine
