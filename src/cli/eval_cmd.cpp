@@ -40,16 +40,10 @@ int run_eval(int argc, char** argv) {
   if (!std::filesystem::is_regular_file(o.checkpoint))
     fail_usage("--checkpoint ", o.checkpoint, ": no such file");
 
-  comm::MpiSession mpi(&argc, &argv);
-  try {
+  return run_under_mpi(&argc, &argv, [&] {
     engine::run_eval(o);
-  } catch (const Error& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) throw Error("", e.exit_code());
-    throw;
-  }
-  return 0;
+    return kExitOk;
+  });
 }
 
 }  // namespace amsp::cli

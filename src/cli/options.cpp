@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 
 namespace amsp::cli {
@@ -107,6 +108,31 @@ bool parse_command(const std::string& command, const std::string& summary,
     fail_usage(e.what(), "; see amsp ", command, " --help");
   }
   return true;
+}
+
+po::options_description model_field_options() {
+  po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
+  for (const auto& f : model::config_field_names())
+    fields.add_options()(("model." + f).c_str(), po::value<std::string>()->value_name("VALUE"),
+                         ("override " + f).c_str());
+  return fields;
+}
+
+void apply_model_fields(const po::variables_map& vm, model::LlamaConfig& config) {
+  for (const auto& f : model::config_field_names())
+    if (vm.count("model." + f)) model::set_config_field(config, f, vm["model." + f].as<std::string>());
+}
+
+int run_under_mpi(int* argc, char*** argv, const std::function<int()>& body) {
+  comm::MpiSession mpi(argc, argv);
+  try {
+    return body();
+  } catch (const Error& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank != 0) throw Error("", e.exit_code());  // main prints nothing for an empty message
+    throw;
+  }
 }
 
 }  // namespace amsp::cli

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
+#include "model/config.h"
 
 namespace amsp::cli {
 
@@ -27,5 +29,15 @@ template <typename T>
 void require(bool ok, const std::string& option, const T& value, const std::string& expected) {
   if (!ok) fail_usage("--", option, " ", value, ": expected ", expected);
 }
+
+// The --model.FIELD options (one per Hugging Face LlamaConfig field), and
+// applying the ones given to a loaded config.
+po::options_description model_field_options();
+void apply_model_fields(const po::variables_map& vm, model::LlamaConfig& config);
+
+// Runs a command's work under MPI (comm::MpiSession) and returns its exit
+// code. Errors that every rank raised alike (setup checks run collectively)
+// are printed by rank 0 only.
+int run_under_mpi(int* argc, char*** argv, const std::function<int()>& body);
 
 }  // namespace amsp::cli

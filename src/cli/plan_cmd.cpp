@@ -191,11 +191,7 @@ int run_plan(int argc, char** argv) {
            "auto searches; a plan (ddp, zero1, zero2, zero3, fsdp, mics:K, p=AxB,g=..,os=..) "
            "is evaluated alone with its collectives")
       ("json", "print one JSON object instead of tables");
-  po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
-  for (const auto& f : model::config_field_names())
-    fields.add_options()(("model." + f).c_str(), po::value<std::string>()->value_name("VALUE"),
-                         ("override " + f).c_str());
-  desc.add(fields);
+  desc.add(model_field_options());
 
   po::variables_map vm;
   if (!parse_command("plan",
@@ -222,8 +218,7 @@ int run_plan(int argc, char** argv) {
   PlanInput in;
   Workload& w = in.workload;
   w.model = model::load_config(model_name);
-  for (const auto& f : model::config_field_names())
-    if (vm.count("model." + f)) model::set_config_field(w.model, f, vm["model." + f].as<std::string>());
+  apply_model_fields(vm, w.model);
   w.model.validate();
   w.seq_len = seq_len;
   w.micro_batch = micro_batch;

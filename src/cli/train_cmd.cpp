@@ -92,11 +92,7 @@ int run_train(int argc, char** argv) {
            "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
            "after the last step, write every parameter as raw float32 in layout order (tests)");
-  po::options_description fields("Model field overrides (Hugging Face LlamaConfig names)");
-  for (const auto& f : model::config_field_names())
-    fields.add_options()(("model." + f).c_str(), po::value<std::string>()->value_name("VALUE"),
-                         ("override " + f).c_str());
-  desc.add(fields);
+  desc.add(model_field_options());
 
   po::variables_map vm;
   if (!parse_command("train", "Trains a LLaMA model on a token dataset.", desc, argc, argv, vm))
@@ -120,9 +116,7 @@ int run_train(int argc, char** argv) {
 
   o.seed = static_cast<uint64_t>(seed);
   o.model = model::load_config(model_name);
-  for (const auto& f : model::config_field_names()) {
-    if (vm.count("model." + f)) model::set_config_field(o.model, f, vm["model." + f].as<std::string>());
-  }
+  apply_model_fields(vm, o.model);
   o.model.validate();
   o.schedule.lr = lr;
   o.schedule.min_lr = min_lr >= 0 ? min_lr : lr / 10;
@@ -142,17 +136,7 @@ int run_train(int argc, char** argv) {
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
   if (!memory.empty()) o.memory_per_rank = plan::parse_memory_size(memory, "--memory-per-rank");
 
-  comm::MpiSession mpi(&argc, &argv);
-  try {
-    if (engine::train(o).preempted) return kExitPreempted;
-  } catch (const Error& e) {
-    // Setup errors reach every rank with the same message: rank 0 says it.
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank != 0) throw Error("", e.exit_code());
-    throw;
-  }
-  return 0;
+  return run_under_mpi(&argc, &argv, [&] { return engine::train(o).preempted ? kExitPreempted : kExitOk; });
 }
 
 }  // namespace amsp::cli
