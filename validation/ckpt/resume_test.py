@@ -1,0 +1,834 @@
+#!/usr/bin/env python3
+"""Checkpoint and resume through the real `amsp train` (issue 6, points 3 and 6).
+
+Every run is the tiny preset, --seq-len 32, --eval-every 0 (validation at the start and
+the end only), --threads 1, --peak-tflops 1. A run is "interrupted" by SIGKILL of every
+rank (a crash) or SIGUSR1 (preemption, exit 75) and continued by a new `amsp train`.
+
+mpi mode (mpiexec on this machine):
+  1  same plan and world size: a run killed after its step-10 checkpoint and resumed
+     with --resume auto gives bit-identical losses, gradient norms, learning rates and
+     validation loss (JSON floats compared exactly) and identical --final-params bytes
+     to 20 steps straight; on 4 ranks (zero3, M=2, killed with SIGKILL at a random
+     moment after the step-10 checkpoint, mostly inside the step-20 write) and on 1 rank
+     (batch 4, M=2, stopped by SIGUSR1: exit 75, checkpoint, resume). The metrics file is
+     appended to: one file holds both runs.
+  2  another world size and plan, same global batch: 8 ranks zero3 (batch 1) -> 4 ranks
+     p=1,g=2x1,os=4x1 (batch 2), and 4 ranks zero3 M=2 (batch 1) -> 1 rank (batch 4):
+     losses and validation loss of the resumed part within 1e-5 relative of the
+     uninterrupted run; final parameters per tensor relative L2 <= 1e-5 and max <= 1e-3
+     of the tensor's scale (the tolerances of validation/engine/equivalence_test.py).
+  4  kill -9 during checkpoint writes: 2 ranks zero3, --checkpoint-every 1, five runs
+     each SIGKILLed (all ranks and mpiexec) at a random moment after its first
+     checkpoint; after each kill `latest` names a complete step file that `amsp ckpt
+     verify` passes, and the next --resume auto resumes from exactly that file, ignoring
+     any .tmp left by the killed write. Every step record of all six runs (one appended
+     metrics file) equals the uninterrupted run's bit for bit, and so do the final
+     parameters. Plus the 4-rank kill of check 1 checked the same way.
+  5  a flipped byte in the newest checkpoint's data: --resume auto says "skipping" naming
+     the dataset and resumes from the previous checkpoint (reproducing the original run's
+     losses bit for bit); --resume FILE on the damaged file fails naming the dataset.
+  6  a checkpoint of another model (--model.num_hidden_layers 3, run has 5): refused on 2
+     ranks with exit code 2 and one error line naming num_hidden_layers (--resume FILE
+     and --resume auto).
+  7  --keep-last 2 leaves exactly the two newest checkpoints (and again after a resume).
+
+slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
+starts on its own ports, 17317 and 17401-17404, and always stops):
+  3  8 ranks (4 nodes x 2) p=1,g=2x1,os=2x2 killed after the step-10 checkpoint, resumed
+     with --resume auto on 2 nodes x 2 under mics:2 with batch 2: losses and parameters
+     within the tolerances of 2 against the uninterrupted 8-rank run. Exit code 77
+     (CTest SKIP_RETURN_CODE) without root, Slurm or munge.
+
+usage: resume_test.py MODE --amsp PATH --data CORPUS.h5 --work DIR [--mpiexec PATH]
+                      [--cluster-scripts DIR] [--only TEXT]
+Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "engine"))
+import equivalence_test as eq  # noqa: E402  (clean_env, parameter layout and comparison)
+
+SKIP = 77
+LOSS_TOL = eq.LOSS_TOL            # 1e-5 relative, losses and validation losses
+PARAM_MAX_TOL = eq.PARAM_MAX_TOL  # 1e-3 of the tensor's scale
+PARAM_L2_TOL = eq.PARAM_L2_TOL    # 1e-5 relative L2 per tensor
+STEPS, SEQ = 20, 32
+DEADLINE = 840        # seconds for the whole script, below the CTest TIMEOUT of 900
+RUN_TIMEOUT = 240     # seconds for one amsp run
+# This test's cluster: distinct from start.sh's defaults (16817, 17001-17004), the
+# topology tests' (16917, 17101-17104) and the equivalence test's (17017, 17201-17204).
+CTLD_PORT, NODE_PORT = "17317", "17401"
+COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss")
+RNG = random.Random(int(os.environ.get("AMSP_RESUME_TEST_SEED", time.time_ns())))
+
+
+class Failure(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    pass
+
+
+# --- processes -----------------------------------------------------------------
+def rank_pids(tag):
+    """PIDs of the amsp processes whose command line holds tag (a path unique to a run).
+    mpiexec (hydra) starts every rank in its own session, so killing mpiexec's process
+    group does not reach them; slurmstepd starts them under srun. They are found here."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                if f.read().strip() != "amsp":
+                    continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(tag in a for a in args):
+            pids.append(int(d))
+    return sorted(pids)
+
+
+def descendants(pid):
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+LIVE_JOBS = []
+
+
+class Job:
+    """A launched `amsp train` whose stdout is read line by line as it comes."""
+
+    def __init__(self, cmd, env, tag):
+        self.cmd, self.tag, self.t0 = cmd, tag, time.time()
+        self.out, self.err = [], []
+        self.cond = threading.Condition()
+        self.p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        LIVE_JOBS.append(self)
+        self.readers = [threading.Thread(target=self._read, args=(s, l), daemon=True)
+                        for s, l in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
+        for r in self.readers:
+            r.start()
+
+    def _read(self, stream, lines):
+        for line in stream:
+            with self.cond:
+                lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_line(self, pattern, timeout=RUN_TIMEOUT):
+        """The first stdout line matching pattern, or None if the job ends first."""
+        rx = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self.cond:
+            seen = 0
+            while True:
+                for line in self.out[seen:]:
+                    if rx.search(line):
+                        return line
+                seen = len(self.out)
+                if self.p.poll() is not None and not self.readers[0].is_alive():
+                    return None
+                left = deadline - time.time()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, 0.2))
+
+    def kill9(self):
+        """SIGKILL every rank at once, then the launcher and its helpers."""
+        for pid in rank_pids(self.tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in [self.p.pid] + descendants(self.p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def signal_ranks(self, sig):
+        pids = rank_pids(self.tag)
+        for pid in pids:
+            os.kill(pid, sig)
+        return len(pids)
+
+    def finish(self, timeout=RUN_TIMEOUT):
+        try:
+            self.p.wait(timeout=max(1, timeout - (time.time() - self.t0)))
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            self.p.wait()
+        for r in self.readers:
+            r.join(10)
+        for pid in rank_pids(self.tag):  # leave nothing behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self in LIVE_JOBS:
+            LIVE_JOBS.remove(self)
+        return self.p.returncode
+
+    def seconds(self):
+        return time.time() - self.t0
+
+    def stdout(self):
+        return "\n".join(self.out)
+
+    def stderr(self):
+        return "\n".join(self.err)
+
+
+def kill_all_jobs():
+    for j in list(LIVE_JOBS):
+        j.kill9()
+        try:
+            j.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+# --- metrics and parameters ------------------------------------------------------
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def split_resumed(records, resume_step):
+    """An appended metrics file as (the records before the resumed run, the resumed run's):
+    the resumed run wrote the last STEPS - resume_step records. The interrupted run may
+    have written steps past its last checkpoint, or none."""
+    n = STEPS - resume_step
+    return records[:len(records) - n], records[len(records) - n:]
+
+
+def by_step(records):
+    return {r["step"]: r for r in records if "loss" in r}
+
+
+def exact_mismatches(records, ref):
+    """Step records whose compared fields differ in any bit from the reference's."""
+    bad = []
+    for r in records:
+        if "loss" not in r:
+            continue
+        s = ref.get(r["step"])
+        if s is None:
+            bad.append(f"step {r['step']} not in the reference")
+            continue
+        for k in COMPARED:
+            if r.get(k) != s.get(k):
+                bad.append(f"step {r['step']} {k} {r.get(k)!r} vs {s.get(k)!r}")
+    return bad
+
+
+def loss_error(records, ref):
+    """Worst relative difference of loss / val_loss over the step records, and where."""
+    worst, where = 0.0, ""
+    for r in records:
+        if "loss" not in r:
+            continue
+        s = ref.get(r["step"], {})
+        for k in ("loss", "val_loss"):
+            if k in r or k in s:
+                e = eq.rel(r.get(k), s.get(k))
+                if e != e:
+                    e = float("inf")
+                if e > worst:
+                    worst, where = e, f"{k} step {r['step']}"
+    return worst, where
+
+
+def file_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# --- checkpoint directory helpers -----------------------------------------------
+def latest_name(ckdir):
+    try:
+        with open(os.path.join(ckdir, "latest")) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def step_files(ckdir):
+    return sorted(f for f in os.listdir(ckdir) if re.fullmatch(r"step-\d{8}\.h5", f))
+
+
+def tmp_files(ckdir):
+    return sorted(f for f in os.listdir(ckdir) if f.endswith(".tmp"))
+
+
+# --- the test ----------------------------------------------------------------------
+class Tests:
+    def __init__(self, args, slurm_env=None):
+        self.args = args
+        self.slurm_env = slurm_env
+        self.layout = eq.tensor_layout(os.path.join(REPO, "inputs", "models", "tiny.json"))
+        self.passed = self.failed = 0
+
+    # reporting
+    def report(self, ok, text, details=()):
+        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+        if not ok:
+            for d in details:
+                for line in str(d).strip().splitlines()[-10:]:
+                    print(f"     | {line}")
+        self.passed += bool(ok)
+        self.failed += not ok
+        return ok
+
+    def path(self, *p):
+        return os.path.join(self.args.work, *p)
+
+    # launching
+    def launcher(self, ranks, nodes=1):
+        if self.slurm_env is None:
+            assert nodes == 1
+            return [self.args.mpiexec, "-n", str(ranks)], eq.clean_env()
+        return (["srun", "--mpi=pmi2", "--time=5", "-N", str(nodes), f"--ntasks-per-node={ranks // nodes}"],
+                self.slurm_env)
+
+    def start(self, tag, ranks, plan, batch, accum, steps=STEPS, nodes=1, ckdir=None, every=0,
+              resume=None, keep=0, params=True, extra=(), fresh=True):
+        """Starts a run; its metrics go to WORK/tag.jsonl (appended to on resume unless
+        fresh), its final parameters to WORK/tag.bin."""
+        metrics, final = self.path(f"{tag}.jsonl"), self.path(f"{tag}.bin")
+        if fresh:
+            for p in (metrics, final):
+                if os.path.exists(p):
+                    os.remove(p)
+        pre, env = self.launcher(ranks, nodes)
+        cmd = pre + [self.args.amsp, "train", "--model", "tiny", "--data", self.args.data,
+                     "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch),
+                     "--grad-accum", str(accum), "--shard", plan, "--eval-every", "0",
+                     "--eval-windows", "8", "--peak-tflops", "1", "--threads", "1",
+                     "--comm-timeout", "120", "--metrics", metrics]
+        if params:
+            cmd += ["--final-params", final]
+        if ckdir:
+            cmd += ["--checkpoint-dir", ckdir, "--checkpoint-every", str(every)]
+        if resume:
+            cmd += ["--resume", resume]
+        if keep:
+            cmd += ["--keep-last", str(keep)]
+        cmd += list(extra)
+        return Job(cmd, env, metrics)
+
+    def run(self, *a, **kw):
+        job = self.start(*a, **kw)
+        rc = job.finish()
+        return job, rc
+
+    def straight(self, tag, ranks, plan, batch, accum, nodes=1):
+        """An uninterrupted reference run: its step records by step and its parameters."""
+        job, rc = self.run(tag, ranks, plan, batch, accum, nodes=nodes)
+        if rc != 0:
+            raise Failure(f"uninterrupted run {tag} exited {rc}: {' '.join(job.cmd)}\n{job.stderr()[-1500:]}")
+        print(f"     uninterrupted {tag}: {ranks} ranks {plan} B={batch} M={accum}, "
+              f"{job.seconds():.1f} s", flush=True)
+        return by_step(read_metrics(self.path(f"{tag}.jsonl"))), self.path(f"{tag}.bin")
+
+    def verify(self, path):
+        p = subprocess.run([self.args.amsp, "ckpt", "verify", path], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=120)
+        return p.returncode == 0 and ": ok," in p.stdout, p.stdout.strip()
+
+    def after_kill(self, ckdir):
+        """After a SIGKILL: `latest` names one complete step file that verifies.
+        Returns (ok, step, description)."""
+        name = latest_name(ckdir)
+        if name is None:
+            return False, None, "no latest file"
+        fname = name.strip()
+        if not name.endswith("\n") or "\n" in fname or not re.fullmatch(r"step-(\d{8})\.h5", fname):
+            return False, None, f"latest holds {name!r}, not one step-NNNNNNNN.h5 line"
+        if not os.path.isfile(os.path.join(ckdir, fname)):
+            return False, None, f"latest names {fname}, which does not exist"
+        ok, text = self.verify(os.path.join(ckdir, fname))
+        step = int(fname[5:13])
+        return ok, step, f"latest {fname} {'verifies' if ok else 'FAILS verify: ' + text}"
+
+    # ---------------------------------------------------------------- check 1 and 4a
+    def same_plan_4(self):
+        """4 ranks zero3 M=2: SIGKILL after the step-10 checkpoint, resume auto."""
+        ref, ref_params = self.straight("s4", 4, "zero3", 1, 2)
+        self.s4 = (ref, ref_params)
+        ckdir = self.path("ck-s4")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job = self.start("i4", 4, "zero3", 1, 2, ckdir=ckdir, every=10)
+        line = job.wait_line(r"^checkpoint: .*step-00000010\.h5")
+        # Aimed inside the step-20 write: a random moment within 70% of the time the
+        # step-10 write took ("checkpoint: PATH (step 10, S s)") after its .tmp appears.
+        m = re.search(r", ([0-9.]+) s\)$", line or "")
+        delay = RNG.uniform(0.0, 0.7 * (float(m.group(1)) if m else 1.0))
+        if line is not None:
+            t_end = time.time() + RUN_TIMEOUT
+            while not tmp_files(ckdir) and job.p.poll() is None and time.time() < t_end:
+                time.sleep(0.005)
+            time.sleep(delay)
+        last_step = max([int(m.group(1)) for m in (re.match(r"^step +(\d+)/", l) for l in job.out) if m] or [0])
+        job.kill9()
+        rc = job.finish()
+        if line is None or rc == 0 or os.path.exists(os.path.join(ckdir, "step-00000020.h5")):
+            self.report(False, f"1  4 ranks zero3 M=2: could not interrupt the run after step 10 (exit {rc})",
+                        [job.stderr()])
+            return
+        tmps = tmp_files(ckdir)
+        ok, step, what = self.after_kill(ckdir)
+        where = (f"a write was under way: {' '.join(tmps)} left" if tmps
+                 else f"between writes, after step {last_step}")
+        self.report(ok and step == 10,
+                    f"4  kill -9 of 4 ranks {delay:.1f} s after the step-20 .tmp appeared ({where}): {what}",
+                    [what])
+        self.s4_ckpt = os.path.join(ckdir, "step-00000010.h5")
+        # Resume with auto: the .tmp of the killed write must be ignored.
+        job2, rc2 = self.run("i4", 4, "zero3", 1, 2, ckdir=ckdir, every=10, resume="auto", fresh=False)
+        self.same_plan_result("1  4 ranks zero3 M=2 B=1: 10 steps, kill -9, --resume auto, 10 steps",
+                              job2, rc2, "i4", ref, ref_params, 10, ckdir)
+
+    def same_plan_result(self, label, job, rc, tag, ref, ref_params, resume_step, ckdir):
+        out = job.stdout()
+        resumed = re.search(r"^resume: (\S+) \(step (\d+),", out, re.M)
+        problems = []
+        if rc != 0:
+            problems.append(f"resumed run exited {rc}")
+        if not resumed or os.path.basename(resumed.group(1)) != f"step-{resume_step:08d}.h5":
+            problems.append(f"did not resume from step-{resume_step:08d}.h5: "
+                            f"{resumed.group(0) if resumed else 'no resume line'}")
+        recs = read_metrics(self.path(f"{tag}.jsonl")) if os.path.exists(self.path(f"{tag}.jsonl")) else []
+        head, tail = split_resumed(recs, resume_step)
+        hs, ts = [r["step"] for r in head], [r["step"] for r in tail]
+        if hs != list(range(len(hs))) or len(hs) <= resume_step or "val_loss" not in head[0] \
+                or ts != list(range(resume_step + 1, STEPS + 1)):
+            problems.append(f"metrics file steps {hs} then {ts}; expected 0..j (j >= {resume_step}) "
+                            f"then {resume_step + 1}..{STEPS}")
+        bad = exact_mismatches(recs, ref)
+        if bad:
+            problems.append(f"{len(bad)} differences, first: {bad[0]}")
+        got = self.path(f"{tag}.bin")
+        same = os.path.exists(got) and file_bytes(got) == file_bytes(ref_params)
+        if not same:
+            problems.append("final parameters differ from the uninterrupted run's")
+        tmps = tmp_files(ckdir)
+        if tmps:
+            problems.append(f"temporaries left after the resumed run: {tmps}")
+        n = sum(1 for r in recs if "loss" in r)
+        self.report(not problems,
+                    f"{label}: {n} step records bit-identical{'' if not bad else ' (NOT)'}, final params "
+                    f"{'identical' if same else 'DIFFER'}, {job.seconds():.1f} s"
+                    + (f"; {'; '.join(problems)}" if problems else ""),
+                    [' '.join(job.cmd), job.stderr()])
+
+    def same_plan_1(self):
+        """1 rank, batch 4, M=2: SIGUSR1 (preemption) near step 10, exit 75, resume auto."""
+        ref, ref_params = self.straight("s1", 1, "zero3", 4, 2)
+        ckdir = self.path("ck-s1")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job = self.start("i1", 1, "zero3", 4, 2, ckdir=ckdir, every=10)
+        line = job.wait_line(r"^step +9/")
+        n = job.signal_ranks(signal.SIGUSR1) if line else 0
+        rc = job.finish()
+        stop = re.search(r"^stopping after step (\d+) on a signal", job.stdout(), re.M)
+        k = int(stop.group(1)) if stop else None
+        if rc != 75 or k is None or not os.path.exists(os.path.join(ckdir, f"step-{k:08d}.h5")) \
+                or (latest_name(ckdir) or "").strip() != f"step-{k:08d}.h5":
+            self.report(False, f"1  1 rank: SIGUSR1 to {n} rank(s) at step 9: exit {rc} (expected 75), "
+                               f"stopped after step {k}, latest {latest_name(ckdir)!r}",
+                        [' '.join(job.cmd), job.stderr()])
+            return
+        job2, rc2 = self.run("i1", 1, "zero3", 4, 2, ckdir=ckdir, every=10, resume="auto", fresh=False)
+        self.same_plan_result(f"1  1 rank B=4 M=2: SIGUSR1 at step 9, stopped after step {k} (exit 75), "
+                              f"--resume auto, {STEPS - k} steps", job2, rc2, "i1", ref, ref_params, k, ckdir)
+
+    # ---------------------------------------------------------------- check 2 and 3
+    def resharded(self, label, job, rc, tag, ref, ref_params, resume_step):
+        problems = []
+        out = job.stdout()
+        resumed = re.search(r"^resume: (\S+) \(step (\d+), written by (\S+) on (\d+) ranks", out, re.M)
+        if rc != 0:
+            problems.append(f"exited {rc}")
+        if not resumed or int(resumed.group(2)) != resume_step:
+            problems.append(f"no 'resume: ... (step {resume_step}' line")
+        recs = read_metrics(self.path(f"{tag}.jsonl")) if os.path.exists(self.path(f"{tag}.jsonl")) else []
+        last = split_resumed(recs, resume_step)[1]
+        steps = [r["step"] for r in last]
+        if steps != list(range(resume_step + 1, STEPS + 1)):
+            problems.append(f"resumed steps {steps[:2]}..{steps[-1:]}, expected {resume_step + 1}..{STEPS}")
+        lerr, lwhere = loss_error(last, ref)
+        if lerr > LOSS_TOL:
+            problems.append(f"loss {lerr:.1e} > {LOSS_TOL}")
+        got = self.path(f"{tag}.bin")
+        if os.path.exists(got):
+            perr, pwhere, pl2 = eq.compare_params(eq.read_params(got), eq.read_params(ref_params), self.layout)
+        else:
+            perr, pwhere, pl2 = float("inf"), "no --final-params file", float("inf")
+        if perr > PARAM_MAX_TOL or pl2 > PARAM_L2_TOL:
+            problems.append(f"params max {perr:.1e} ({pwhere}) L2 {pl2:.1e}")
+        src = f"{resumed.group(3)} on {resumed.group(4)}" if resumed else "?"
+        self.report(not problems,
+                    f"{label}: from {src} at step {resume_step}, loss {lerr:.1e} ({lwhere}), params max "
+                    f"{perr:.1e} ({pwhere}) L2 {pl2:.1e}, {job.seconds():.1f} s"
+                    + (f"; {'; '.join(problems)}" if problems else ""),
+                    [' '.join(job.cmd), job.stderr()])
+
+    def interrupted_at_10(self, tag, ranks, plan, batch, accum, ckdir, nodes=1):
+        """Runs until its step-10 checkpoint is written, then kills every rank at once."""
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job = self.start(tag, ranks, plan, batch, accum, nodes=nodes, ckdir=ckdir, every=10)
+        line = job.wait_line(r"^checkpoint: .*step-00000010\.h5")
+        job.kill9()
+        rc = job.finish()
+        if line is None or rc == 0:
+            raise Failure(f"{tag}: the run did not write its step-10 checkpoint or was not killed "
+                          f"(exit {rc}): {' '.join(job.cmd)}\n{job.stderr()[-1500:]}")
+        print(f"     interrupted {tag}: {ranks} ranks {plan}, killed after the step-10 checkpoint, "
+              f"{job.seconds():.1f} s", flush=True)
+        ok, step, what = self.after_kill(ckdir)
+        if not ok or step != 10:
+            raise Failure(f"{tag}: after the kill: {what}")
+        return os.path.join(ckdir, "step-00000010.h5")
+
+    def reshard_8_to_4(self):
+        ref, ref_params = self.straight("s8", 8, "zero3", 1, 1)
+        ck = self.interrupted_at_10("i8", 8, "zero3", 1, 1, self.path("ck-s8"))
+        job, rc = self.run("r8to4", 4, "p=1,g=2x1,os=4x1", 2, 1, resume=ck)
+        self.resharded("2  8 ranks zero3 B=1 -> 4 ranks p=1,g=2x1,os=4x1 B=2 (--resume FILE)",
+                       job, rc, "r8to4", ref, ref_params, 10)
+
+    def reshard_4_to_1(self):
+        if not getattr(self, "s4_ckpt", None) or not os.path.exists(self.s4_ckpt):
+            self.report(False, "2  4 ranks -> 1 rank: no step-10 checkpoint from check 1")
+            return
+        ref, ref_params = self.s4
+        job, rc = self.run("r4to1", 1, "ddp", 4, 2, resume=self.s4_ckpt)
+        self.resharded("2  4 ranks zero3 B=1 M=2 -> 1 rank B=4 M=2 (--resume FILE)",
+                       job, rc, "r4to1", ref, ref_params, 10)
+
+    def slurm_resume(self):
+        ref, ref_params = self.straight("u8", 8, "p=1,g=2x1,os=2x2", 1, 1, nodes=4)
+        ckdir = self.path("ck-slurm")
+        self.interrupted_at_10("sl8", 8, "p=1,g=2x1,os=2x2", 1, 1, ckdir, nodes=4)
+        self.report(True, "3  8 ranks on 4 nodes killed after the step-10 checkpoint: latest names "
+                          "step-00000010.h5, which verifies")
+        job, rc = self.run("sl8", 4, "mics:2", 2, 1, nodes=2, ckdir=ckdir, every=0, resume="auto", fresh=False)
+        self.resharded("3  srun 4 nodes x 2 p=1,g=2x1,os=2x2 B=1 -> 2 nodes x 2 mics:2 B=2 (--resume auto)",
+                       job, rc, "sl8", ref, ref_params, 10)
+
+    # ---------------------------------------------------------------- check 4
+    def kills(self, n_kills=5):
+        steps = 40
+        tag = "k2"
+        ref_job, rc = self.run("k2ref", 2, "zero3", 1, 1, steps=steps)
+        if rc != 0:
+            raise Failure(f"kill test reference exited {rc}: {ref_job.stderr()[-1500:]}")
+        ref = by_step(read_metrics(self.path("k2ref.jsonl")))
+        ckdir = self.path("ck-kill")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        expect = None   # the file the next run must resume from
+        spans = []      # (first, last) step of each run, from its records
+        def count():
+            p = self.path(f"{tag}.jsonl")
+            return read_metrics(p) if os.path.exists(p) else []
+        for i in range(n_kills + 1):
+            before = len(count()) if i else 0
+            job = self.start(tag, 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=1, resume="auto",
+                             fresh=(i == 0))
+            if i == n_kills:
+                rc = job.finish()
+                mine = [r["step"] for r in count()[before:]]
+                spans.append(f"{mine[0]}-{mine[-1]}" if mine else "none")
+                break
+            # Odd kills: a random moment after this run's first checkpoint (a step takes
+            # ~0.06 s, a write ~0.2 s). Even kills: aimed inside a write, a random moment
+            # after the next .tmp appears (stale ones are gone once a save has completed).
+            line = job.wait_line(r"^checkpoint: ")
+            aimed = i % 2 == 1
+            # the write time this run reported: "checkpoint: PATH (step N, S s)"
+            m = re.search(r", ([0-9.]+) s\)$", line or "")
+            write_s = float(m.group(1)) if m else 0.1
+            delay = RNG.uniform(0.0, 0.7 * write_s) if aimed else RNG.uniform(0.0, 0.3)
+            if line is not None:
+                t_end = time.time() + 30
+                while aimed and not tmp_files(ckdir) and job.p.poll() is None and time.time() < t_end:
+                    time.sleep(0.002)
+                time.sleep(delay)
+            job.kill9()
+            rc = job.finish()
+            mine = [r["step"] for r in count()[before:]]
+            spans.append(f"{mine[0]}-{mine[-1]}" if mine else "none")
+            problems = []
+            out = job.stdout()
+            if expect:
+                m = re.search(r"^resume: (\S+) \(step (\d+),", out, re.M)
+                if not m or os.path.basename(m.group(1)) != expect:
+                    problems.append(f"resumed from {m.group(1) if m else 'nothing'}, not {expect}")
+            if expect and mine and mine[0] != int(expect[5:13]) + 1:
+                problems.append(f"its first step record is {mine[0]}, not {int(expect[5:13]) + 1}")
+            if line is None or rc == 0:
+                problems.append(f"run ended by itself (exit {rc}) before the kill")
+            tmps = tmp_files(ckdir)
+            last_ckpt = [l for l in job.out if l.startswith("checkpoint: ")][-1:]
+            ok, step, what = self.after_kill(ckdir)
+            if not ok:
+                problems.append(what)
+            expect = f"step-{step:08d}.h5" if step else None
+            self.report(not problems,
+                        f"4  kill -9 #{i + 1} of 2 ranks {delay:.2f} s after "
+                        f"{'a .tmp appeared' if aimed else 'a checkpoint'} "
+                        f"({'a write was under way: ' + ' '.join(tmps) if tmps else 'between writes'}): {what}"
+                        + (f"; {'; '.join(problems)}" if problems else ""),
+                        [' '.join(job.cmd), job.stderr(), *last_ckpt])
+        # The last run finishes: every record of the six runs equals the reference.
+        problems = []
+        m = re.search(r"^resume: (\S+) \(step (\d+),", job.stdout(), re.M)
+        if rc != 0:
+            problems.append(f"the final run exited {rc}")
+        if not m or os.path.basename(m.group(1)) != expect:
+            problems.append(f"resumed from {m.group(1) if m else 'nothing'}, not {expect}")
+        recs = read_metrics(self.path(f"{tag}.jsonl"))
+        bad = exact_mismatches(recs, ref)
+        if bad:
+            problems.append(f"{len(bad)} differences, first: {bad[0]}")
+        if not recs or recs[0] != {"step": 0, "val_loss": recs[0].get("val_loss")} or recs[-1]["step"] != steps:
+            problems.append(f"metrics file from step {recs[0]['step'] if recs else None} to "
+                            f"{recs[-1]['step'] if recs else None}")
+        same = file_bytes(self.path(f"{tag}.bin")) == file_bytes(self.path("k2ref.bin"))
+        if not same:
+            problems.append("final parameters differ")
+        if tmp_files(ckdir):
+            problems.append(f"temporaries left: {tmp_files(ckdir)}")
+        spans = " ".join(spans)
+        self.report(not problems,
+                    f"4  after {n_kills} kills the run finishes: steps per run {spans}, "
+                    f"{sum(1 for r in recs if 'loss' in r)} step records bit-identical to the uninterrupted "
+                    f"run, final params {'identical' if same else 'DIFFER'}"
+                    + (f"; {'; '.join(problems)}" if problems else ""),
+                    [' '.join(job.cmd), job.stderr()])
+
+    # ---------------------------------------------------------------- check 5
+    def flipped_byte(self):
+        ckdir = self.path("ck-flip")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job, rc = self.run("f1", 1, "ddp", 1, 1, steps=10, ckdir=ckdir, every=5)
+        if rc != 0 or step_files(ckdir) != ["step-00000005.h5", "step-00000010.h5"]:
+            raise Failure(f"flip test: the run exited {rc}, files {step_files(ckdir)}: {job.stderr()[-1000:]}")
+        ref = by_step(read_metrics(self.path("f1.jsonl")))
+        victim = os.path.join(ckdir, "step-00000010.h5")
+        dataset = "model/layers.1.mlp.down_proj.weight"
+        h5 = subprocess.run(["h5dump", "-p", "-H", "-d", "/" + dataset, victim], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=60)
+        m = re.search(r"OFFSET\s+(\d+)", h5.stdout)
+        if not m:
+            raise Failure(f"h5dump gives no offset for {dataset}: {h5.stdout[-500:]}")
+        offset = int(m.group(1)) + 4 * 1001 + 2   # a byte inside element 1001
+        with open(victim, "r+b") as f:
+            f.seek(offset)
+            b = f.read(1)
+            f.seek(offset)
+            f.write(bytes([b[0] ^ 0x10]))
+        # --resume FILE on the damaged file: refused, the dataset named.
+        job, rc = self.run("f1-file", 1, "ddp", 1, 1, steps=20, resume=victim, params=False)
+        errors = [l for l in job.err if l.strip()]
+        ok = rc != 0 and any(dataset in l for l in errors) and not os.path.exists(self.path("f1-file.jsonl"))
+        self.report(ok, f"5  --resume FILE on a checkpoint with a flipped byte refused: exit {rc}, "
+                        f"{len(errors)} stderr line(s): {errors[0][:200] if errors else '(none)'}",
+                    [' '.join(job.cmd), job.stdout()[-800:], job.stderr()])
+        # --resume auto: skips it naming the dataset, resumes from step 5.
+        job, rc = self.run("f1-auto", 1, "ddp", 1, 1, steps=10, ckdir=ckdir, every=5, resume="auto")
+        out = job.stdout()
+        skip = re.search(r"^resume: skipping (\S+): (.*)$", out, re.M)
+        res = re.search(r"^resume: (\S+) \(step (\d+),", out, re.M)
+        recs = read_metrics(self.path("f1-auto.jsonl")) if os.path.exists(self.path("f1-auto.jsonl")) else []
+        bad = exact_mismatches(recs, ref)
+        steps = [r["step"] for r in recs]
+        problems = []
+        if rc != 0:
+            problems.append(f"exited {rc}")
+        if not skip or os.path.basename(skip.group(1)) != "step-00000010.h5" or dataset not in skip.group(2):
+            problems.append("no 'resume: skipping .../step-00000010.h5: ... " + dataset + "' line")
+        if not res or os.path.basename(res.group(1)) != "step-00000005.h5":
+            problems.append(f"resumed from {res.group(1) if res else 'nothing'}, not step-00000005.h5")
+        if steps != list(range(6, 11)) or bad:
+            problems.append(f"steps {steps}, {len(bad)} differences from the original run" +
+                            (f", first {bad[0]}" if bad else ""))
+        self.report(not problems,
+                    f"5  --resume auto with the newest checkpoint damaged: "
+                    f"{skip.group(0)[:160] if skip else 'no skip line'}; resumed from step "
+                    f"{res.group(2) if res else '?'}, steps 6-10 bit-identical to the original run"
+                    + (f"; {'; '.join(problems)}" if problems else ""),
+                    [' '.join(job.cmd), out[-800:], job.stderr()])
+
+    # ---------------------------------------------------------------- check 6
+    def other_model(self):
+        ckdir = self.path("ck-model")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job, rc = self.run("m3", 1, "ddp", 1, 1, steps=2, ckdir=ckdir, params=False,
+                           extra=["--model.num_hidden_layers", "3"])
+        ck = os.path.join(ckdir, "step-00000002.h5")
+        if rc != 0 or not os.path.exists(ck):
+            raise Failure(f"model test: the 3-layer run exited {rc}: {job.stderr()[-1000:]}")
+        for how, kw in (("--resume FILE", dict(resume=ck)),
+                        ("--resume auto", dict(resume="auto", ckdir=ckdir))):
+            job, rc = self.run("m5", 2, "zero3", 1, 1, steps=4, params=False, **kw)
+            lines = [l for l in job.err if l.strip()]
+            ok = (rc == 2 and len(lines) == 1 and lines[0].startswith("amsp: error:")
+                  and "num_hidden_layers" in lines[0] and " 3 " in lines[0] and " 5 " in lines[0]
+                  and not any(l.startswith("step ") for l in job.out))
+            self.report(ok, f"6  5-layer run on 2 ranks, {how} of a 3-layer checkpoint: exit {rc}, "
+                            f"{len(lines)} stderr line(s): {lines[0][:200] if lines else '(none)'}",
+                        [' '.join(job.cmd), job.stderr()])
+
+    # ---------------------------------------------------------------- check 7
+    def keep_last(self):
+        ckdir = self.path("ck-keep")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job, rc = self.run("kl", 1, "ddp", 1, 1, steps=5, ckdir=ckdir, every=1, keep=2, params=False)
+        left = sorted(os.listdir(ckdir)) if os.path.isdir(ckdir) else []
+        want = ["latest", "step-00000004.h5", "step-00000005.h5"]
+        ok = rc == 0 and left == want and (latest_name(ckdir) or "").strip() == "step-00000005.h5"
+        job2, rc2 = self.run("kl", 1, "ddp", 1, 1, steps=7, ckdir=ckdir, every=1, keep=2, params=False,
+                             resume="auto", fresh=False)
+        left2 = sorted(os.listdir(ckdir))
+        want2 = ["latest", "step-00000006.h5", "step-00000007.h5"]
+        ok2 = rc2 == 0 and left2 == want2 and (latest_name(ckdir) or "").strip() == "step-00000007.h5"
+        self.report(ok and ok2, f"7  --keep-last 2 with 5 checkpoints leaves {' '.join(left)}; "
+                                f"resumed to step 7: {' '.join(left2)}",
+                    [job.stderr(), job2.stderr()])
+
+
+def run_checks(tests, checks, only):
+    for name, fn in checks:
+        if only and not any(o in name for o in only):
+            continue
+        try:
+            fn()
+        except (Failure, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as e:
+            kill_all_jobs()
+            tests.report(False, f"{name}: {e}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["mpi", "slurm"])
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--data", required=True, help="a corpus written by amsp data prepare")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only the checks whose name contains TEXT: same_plan_4, same_plan_1, "
+                         "reshard_8_to_4, reshard_4_to_1, kills, flipped_byte, other_model, keep_last")
+    args = ap.parse_args()
+    args.amsp = os.path.abspath(args.amsp)
+    args.data = os.path.abspath(args.data)
+    args.cluster_scripts = os.path.abspath(args.cluster_scripts)
+    args.work = os.path.abspath(os.path.join(args.work, args.mode))
+
+    if args.mode == "slurm":
+        missing = [t for t in ("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged")
+                   if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+        if missing or os.geteuid() != 0:
+            print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+            return SKIP
+        os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    cluster_dir = os.path.join(args.work, "cluster")
+    stop = [os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir]
+    if args.mode == "slurm" and os.path.isdir(cluster_dir):
+        # A run killed before its cleanup may have left daemons in this directory.
+        subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=90)
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work, exist_ok=True)
+
+    def on_signal(signum, frame):
+        raise Interrupted(f"interrupted by signal {signum}" if signum != signal.SIGALRM
+                          else f"took longer than {DEADLINE} s")
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(s, on_signal)
+    signal.alarm(DEADLINE)
+
+    t0 = time.time()
+    code = 0
+    started = False
+    tests = None
+    try:
+        if args.mode == "mpi":
+            tests = Tests(args)
+            run_checks(tests, [("same_plan_4", tests.same_plan_4), ("same_plan_1", tests.same_plan_1),
+                               ("reshard_4_to_1", tests.reshard_4_to_1),
+                               ("reshard_8_to_4", tests.reshard_8_to_4), ("kills", tests.kills),
+                               ("flipped_byte", tests.flipped_byte), ("other_model", tests.other_model),
+                               ("keep_last", tests.keep_last)], args.only)
+        else:
+            started = True
+            rc, out, err, secs = eq.run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
+                                        eq.clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT,
+                                                      "AMSP_SLURM_NODE_PORT": NODE_PORT,
+                                                      "AMSP_SLURM_TIMEOUT": "40"}), timeout=60)
+            if rc != 0:
+                raise Failure(f"start.sh failed ({rc}):\n{out}{err}")
+            print(f"     local Slurm cluster started in {secs:.1f} s ({cluster_dir})", flush=True)
+            tests = Tests(args, eq.clean_env({"SLURM_CONF": os.path.join(cluster_dir, "slurm.conf")}))
+            run_checks(tests, [("slurm_resume", tests.slurm_resume)], args.only)
+        print(f"{tests.passed} passed, {tests.failed} failed ({time.time() - t0:.0f} s)")
+        code = 1 if tests.failed else 0
+    except (Failure, Interrupted, subprocess.TimeoutExpired) as e:
+        print(f"FAIL: {e}", flush=True)
+        if tests:
+            print(f"{tests.passed} passed, {tests.failed + 1} failed ({time.time() - t0:.0f} s)")
+        code = 1
+    finally:
+        signal.alarm(0)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
+        kill_all_jobs()
+        if started:
+            p = subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=90)
+            if p.returncode != 0:
+                print(p.stdout, end="")
+                print("FAIL: stop.sh could not stop the cluster")
+                code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
