@@ -137,8 +137,10 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
   in.bandwidth = plan::load_bandwidth_table(table, "--bandwidth");
   in.compute.peak_flops_per_s = peak_flops;
   in.compute.flops_per_s = peak_flops * 0.6;
+  // search ranks the plans that fit first, best first; choose_plan is only
+  // called for its error when none fits.
   const std::vector<plan::Evaluation> ranked = plan::search(in);
-  const plan::Evaluation best = plan::choose_plan(in);
+  const plan::Evaluation best = !ranked.empty() && ranked.front().fits ? ranked.front() : plan::choose_plan(in);
   const auto fitting = std::count_if(ranked.begin(), ranked.end(),
                                      [](const plan::Evaluation& e) { return e.fits; });
   char why[512];
