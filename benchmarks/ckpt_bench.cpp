@@ -3,9 +3,10 @@
 // size, measured in the same run:
 //
 //   mpiexec -n 4 build/ckpt_bench [--model base] [--shard zero3] [--dir DIR] [--reps 3]
+//                                 [--io independent|collective|both]
 //
-// Checkpoint write = ckpt::save (collective parallel HDF5, fsync, rename,
-// latest); read = ckpt::load (every rank reads its P range and OS range and
+// Checkpoint write = ckpt::save (parallel HDF5 with independent or collective
+// transfers, fsync, rename, latest); read = ckpt::load (every rank reads its P range and OS range and
 // checks the checksums). Plain file: rank 0 alone writes the same number of
 // bytes in 64 MiB blocks and fsyncs, then reads them back. Page caches cannot
 // be dropped here (no root to /proc/sys/vm/drop_caches), so both reads are
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   std::string model_name = "base", shard = "zero3", dir = "ckpt-bench";
+  std::string io = "both";  // independent, collective or both
   int reps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
     else if (k == "--shard") shard = v;
     else if (k == "--dir") dir = v;
     else if (k == "--reps") reps = std::max(1, std::stoi(v));
+    else if (k == "--io") io = v;
   }
   try {
     const model::LlamaConfig cfg = model::load_config(model_name);
@@ -104,20 +107,27 @@ int main(int argc, char** argv) {
     meta.world_size = world;
     if (rank == 0) fs::remove_all(dir);
 
-    double best_w = 1e30, best_r = 1e30, plain_w = 1e30, plain_r = 1e30;
+    std::vector<std::pair<const char*, ckpt::Transfer>> modes;
+    if (io == "both" || io == "independent") modes.emplace_back("independent", ckpt::Transfer::kIndependent);
+    if (io == "both" || io == "collective") modes.emplace_back("collective", ckpt::Transfer::kCollective);
+    if (modes.empty()) fail_usage("--io ", io, ": expected independent, collective or both");
+    std::vector<double> best_w(modes.size(), 1e30), best_r(modes.size(), 1e30);
+    double plain_w = 1e30, plain_r = 1e30;
     int64_t bytes = 0;
     for (int r = 0; r < reps; ++r) {
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = now();
-      const std::string path = ckpt::save(dir, meta, eng.units(), eng.shards(), eng.state_views(),
-                                          eng.replica_index() == 0, 1, MPI_COMM_WORLD);
-      MPI_Barrier(MPI_COMM_WORLD);
-      best_w = std::min(best_w, now() - t0);
-      bytes = static_cast<int64_t>(fs::file_size(path));
-      t0 = now();
-      ckpt::load(path, cfg, eng.units(), eng.shards(), eng.state_views(), MPI_COMM_WORLD);
-      MPI_Barrier(MPI_COMM_WORLD);
-      best_r = std::min(best_r, now() - t0);
+      for (size_t m = 0; m < modes.size(); ++m) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = now();
+        const std::string path = ckpt::save(dir, meta, eng.units(), eng.shards(), eng.state_views(),
+                                            eng.replica_index() == 0, 1, MPI_COMM_WORLD, modes[m].second);
+        MPI_Barrier(MPI_COMM_WORLD);
+        best_w[m] = std::min(best_w[m], now() - t0);
+        bytes = static_cast<int64_t>(fs::file_size(path));
+        t0 = now();
+        ckpt::load(path, cfg, eng.units(), eng.shards(), eng.state_views(), MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        best_r[m] = std::min(best_r[m], now() - t0);
+      }
       if (rank == 0) {
         const auto [w, rd] = plain_file(dir + "/plain.bin", bytes);
         plain_w = std::min(plain_w, w);
@@ -131,8 +141,10 @@ int main(int argc, char** argv) {
                   "best of %d\n", cfg.name.c_str(), static_cast<long long>(cfg.num_parameters()),
                   shard.c_str(), world, mb, reps);
       std::printf("%-40s %10s %10s %10s %10s\n", "", "write s", "write MB/s", "read s", "read MB/s");
-      std::printf("%-40s %10.3f %10.1f %10.3f %10.1f\n", "checkpoint (parallel HDF5, all ranks)", best_w,
-                  mb / best_w, best_r, mb / best_r);
+      for (size_t m = 0; m < modes.size(); ++m)
+        std::printf("%-40s %10.3f %10.1f %10.3f %10.1f\n",
+                    cat("checkpoint (parallel HDF5, ", modes[m].first, ")").c_str(), best_w[m],
+                    mb / best_w[m], best_r[m], mb / best_r[m]);
       std::printf("%-40s %10.3f %10.1f %10.3f %10.1f\n", "plain file (rank 0, sequential)", plain_w,
                   mb / plain_w, plain_r, mb / plain_r);
       std::printf("(writes include fsync; reads are from the page cache, which cannot be dropped here;\n"

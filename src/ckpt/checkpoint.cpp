@@ -1,8 +1,9 @@
 // Parallel save and load of sharded checkpoints (checkpoint.h).
 //
-// Writing is collective parallel HDF5: MPI-IO, collective metadata, one
-// collective H5Dwrite per dataset in which each writer selects its OS range
-// and every other rank an empty selection. Reading is independent: the file
+// Writing is parallel HDF5: MPI-IO, collective metadata, and per dataset one
+// H5Dwrite by each writer of its OS range (independent transfer by default;
+// with Transfer::kCollective every rank takes part, the others with an empty
+// selection). Reading is independent: the file
 // is immutable once renamed into place, so each rank opens it on its own and
 // reads just its hyperslabs; no rank can then hang in a collective another
 // rank left because the file was damaged. Ranks agree on every outcome
@@ -224,7 +225,7 @@ std::string save(const std::string& dir, const Metadata& meta_in,
                  const std::vector<model::UnitSpec>& units,
                  const std::vector<engine::UnitShards>& shards,
                  const std::vector<engine::ShardedEngine::StateView>& views, bool writer,
-                 int keep_last, MPI_Comm comm) {
+                 int keep_last, MPI_Comm comm, Transfer transfer) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   check_shapes(units);
@@ -270,8 +271,9 @@ std::string save(const std::string& dir, const Metadata& meta_in,
     w.check(file.valid(), cat("create ", tmp_path));
     w.check(detail::write_metadata(file, meta), "write the root attributes");
     Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-    w.check(dxpl.valid() && H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) >= 0,
-            "set up collective transfers");
+    const bool collective = transfer == Transfer::kCollective;
+    w.check(dxpl.valid() && H5Pset_dxpl_mpio(dxpl, collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT) >= 0,
+            "set up the transfer property list");
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     w.check(dcpl.valid() && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
                 H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
@@ -304,8 +306,9 @@ std::string save(const std::string& dir, const Metadata& meta_in,
             w.check(mspace.valid() && detail::select_run(fspace, t.shape, s.piece ? s.piece->begin : 0,
                                                          s.piece ? s.piece->end : 0),
                     cat("select this rank's part of ", dpath));
-            w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, n ? s.data : &dummy) >= 0,
-                    cat("write dataset ", dpath));
+            if (collective || n > 0)
+              w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, n ? s.data : &dummy) >= 0,
+                      cat("write dataset ", dpath));
             w.check(dset.close(), cat("close dataset ", dpath));
           }
       }

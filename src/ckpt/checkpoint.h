@@ -48,6 +48,16 @@ struct Metadata {
 // "step-00000042.h5"
 std::string file_name(int64_t step);
 
+// How each writer's piece of a dataset reaches the file. A writer's piece of a
+// tensor is one contiguous run, so there is nothing for MPI-IO's two-phase
+// collective buffering to merge, and a collective H5Dwrite costs every rank a
+// synchronisation per dataset: with more ranks than cores (or a slow rank) that
+// dominates (doc/checkpoints.md, "Throughput"). Independent is the default;
+// collective lets ROMIO align writes to a parallel file system's stripes.
+enum class Transfer { kIndependent, kCollective };
+// "independent" / "collective"; UsageError naming `option` otherwise.
+Transfer parse_transfer(const std::string& text, const std::string& option);
+
 // Collective over comm. Writes DIR/step-<8 digits>.h5 through a temporary
 // DIR/.step-<8 digits>.h5.tmp: every writer (replica 0: writer = true) writes
 // its OS range of every tensor's parameters and moments, the others take part
@@ -62,7 +72,7 @@ std::string save(const std::string& dir, const Metadata& meta,
                  const std::vector<model::UnitSpec>& units,
                  const std::vector<engine::UnitShards>& shards,
                  const std::vector<engine::ShardedEngine::StateView>& views, bool writer,
-                 int keep_last, MPI_Comm comm);
+                 int keep_last, MPI_Comm comm, Transfer transfer = Transfer::kIndependent);
 
 // Collective over comm. Reads the metadata, refuses a checkpoint of another
 // model (UsageError naming the first field that differs) or another layout

@@ -17,6 +17,12 @@ std::string file_name(int64_t step) {
   return buf;
 }
 
+Transfer parse_transfer(const std::string& text, const std::string& option) {
+  if (text == "independent") return Transfer::kIndependent;
+  if (text == "collective") return Transfer::kCollective;
+  fail_usage(option, " ", text, ": expected independent or collective");
+}
+
 std::string dataset_name(const std::string& hf) {
   return hf.rfind("model.", 0) == 0 ? hf.substr(6) : hf;
 }

@@ -23,6 +23,7 @@ int run_train(int argc, char** argv) {
   int64_t warmup = -1, seed = 0;
   std::string memory;
   bool no_overlap = false;
+  std::string checkpoint_io;
 
   po::options_description desc("Options");
   desc.add_options()
@@ -88,6 +89,9 @@ int run_train(int argc, char** argv) {
            "steps between checkpoints; 0: only at the end and when stopped by SIGUSR1/SIGTERM")
       ("resume", po::value<std::string>(&o.resume)->default_value("none")->value_name("auto|FILE|none"),
            "continue from the newest verified checkpoint in --checkpoint-dir (auto), a file, or not")
+      ("checkpoint-io", po::value<std::string>(&checkpoint_io)->default_value("independent")->value_name("MODE"),
+           "how ranks write their shards: independent (default) or collective (MPI-IO two-phase "
+           "buffering, for parallel file systems; doc/checkpoints.md)")
       ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
            "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
@@ -127,6 +131,7 @@ int run_train(int argc, char** argv) {
 
   o.overlap = !no_overlap;
   require(o.checkpoint_every >= 0, "checkpoint-every", o.checkpoint_every, "an integer >= 0");
+  o.checkpoint_io = ckpt::parse_transfer(checkpoint_io, "--checkpoint-io");
   require(o.keep_last >= 0, "keep-last", o.keep_last, "an integer >= 0");
   if (o.resume == "auto" && o.checkpoint_dir.empty())
     fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");

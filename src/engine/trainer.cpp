@@ -339,7 +339,7 @@ TrainResult train(const TrainOptions& options) {
     meta.world_size = world;
     const std::string path = ckpt::save(o.checkpoint_dir, meta, engine.units(), engine.shards(),
                                         engine.state_views(), engine.replica_index() == 0,
-                                        o.keep_last, MPI_COMM_WORLD);
+                                        o.keep_last, MPI_COMM_WORLD, o.checkpoint_io);
     if (root) {
       std::printf("checkpoint: %s (step %lld, %.2f s)\n", path.c_str(), static_cast<long long>(step),
                   seconds_since(t0));

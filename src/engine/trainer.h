@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ckpt/checkpoint.h"
 #include "engine/optimizer.h"
 #include "engine/schedule.h"
 #include "model/config.h"
@@ -40,6 +41,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a stop signal
   std::string resume = "none";   // "none", "auto" (newest verified in checkpoint_dir) or a file
   int keep_last = 0;           // checkpoints kept; 0: all
+  ckpt::Transfer checkpoint_io = ckpt::Transfer::kIndependent;  // how shards reach the file
 };
 
 // On SIGUSR1 or SIGTERM every rank finishes the current step, the ranks agree

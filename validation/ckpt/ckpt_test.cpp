@@ -130,10 +130,11 @@ ckpt::Metadata meta_for(int64_t step, const std::string& plan, const model::Llam
   return m;
 }
 
-std::string save(Run& r, const std::string& dir, const ckpt::Metadata& m, int keep_last) {
+std::string save(Run& r, const std::string& dir, const ckpt::Metadata& m, int keep_last,
+                 ckpt::Transfer transfer = ckpt::Transfer::kIndependent) {
   auto& e = *r.engine;
   return ckpt::save(dir, m, e.units(), e.shards(), e.state_views(), e.replica_index() == 0, keep_last,
-                    MPI_COMM_WORLD);
+                    MPI_COMM_WORLD, transfer);
 }
 
 // Runs f, which must throw on every rank; returns the message ("" if it did not).
@@ -200,9 +201,11 @@ int main(int argc, char** argv) {
       {
         auto ra = make_run(cfg, topo, a, 1);
         fill(*ra->engine, tag);
-        path = save(*ra, root + "/reshard", meta_for(static_cast<int64_t>(i + 1), a, cfg, topo), 0);
+        // Both transfer modes must write the same file contents.
+        path = save(*ra, root + "/reshard", meta_for(static_cast<int64_t>(i + 1), a, cfg, topo), 0,
+                    i % 2 ? ckpt::Transfer::kCollective : ckpt::Transfer::kIndependent);
       }
-      check(fs::exists(path), cat("save under ", a, " wrote ", path));
+      check(fs::exists(path), cat("save under ", a, i % 2 ? " (collective)" : " (independent)", " wrote ", path));
       auto rb = make_run(cfg, topo, b, 2);
       ckpt::Metadata m;
       const std::string err = error_of([&] {
