@@ -42,6 +42,7 @@ expect_error "bad integer" "--steps.*expected an integer" -- "$amsp" train --dat
 expect_error "bad number" "--lr.*expected a number" -- "$amsp" train --data good.h5 --lr fast
 expect_error "negative steps" "--steps.*expected an integer >= 1" -- "${train[@]}" --steps 0
 expect_error "bad checkpoint io" "--checkpoint-io parallel: expected independent or collective" -- "${train[@]}" --checkpoint-io parallel
+expect_error "run info dir" "--run-info nodir/run.json: no directory nodir" -- "${train[@]}" --run-info nodir/run.json
 expect_error "missing --data" "missing required option --data" -- "$amsp" train
 expect_error "missing dataset" "--data nosuch.h5: no such file" -- "$amsp" train --data nosuch.h5
 expect_error "malformed dataset" "--data notdata.h5: not an HDF5 file" -- "$amsp" train --data notdata.h5

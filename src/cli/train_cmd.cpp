@@ -94,6 +94,9 @@ int run_train(int argc, char** argv) {
            "buffering, for parallel file systems; doc/checkpoints.md)")
       ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
            "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
+      ("run-info", po::value<std::string>(&o.run_info_path)->value_name("FILE"),
+           "write a JSON record of the run (plan, topology, Slurm job, options) at the start and "
+           "its outcome (steps, time, peak memory) at the end")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
            "after the last step, write every parameter as raw float32 in layout order (tests)");
   desc.add(model_field_options());
@@ -137,6 +140,11 @@ int run_train(int argc, char** argv) {
     fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");
   if (o.resume != "auto" && o.resume != "none" && !std::filesystem::is_regular_file(o.resume))
     fail_usage("--resume ", o.resume, ": no such file; expected auto, none or a checkpoint file");
+  if (!o.run_info_path.empty()) {
+    const auto dir = std::filesystem::path(o.run_info_path).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir))
+      fail_usage("--run-info ", o.run_info_path, ": no directory ", dir.string(), "; expected a file in an existing directory");
+  }
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
   if (!memory.empty()) o.memory_per_rank = plan::parse_memory_size(memory, "--memory-per-rank");

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -25,6 +26,7 @@
 #include "engine/metrics.h"
 #include "engine/peak.h"
 #include "engine/plan_groups.h"
+#include "engine/run_info.h"
 #include "engine/sharded_engine.h"
 #include "engine/trace.h"
 #include "model/llama.h"
@@ -49,6 +51,14 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+}
+
+// "2026-11-23T21:00:00Z"
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -317,6 +327,37 @@ TrainResult train(const TrainOptions& options) {
   std::unique_ptr<MetricsSink> sink =
       root ? std::make_unique<MetricsSink>(o.metrics_path, /*append=*/first_step > 1) : nullptr;
 
+  // What this run is, for job scripts and scaling studies; the result is added at the end.
+  nlohmann::ordered_json info;
+  if (!o.run_info_path.empty()) {
+    collectively([&] {
+      if (!root) return;
+      info = {{"amsp_version", AMSP_VERSION},
+              {"started_at", utc_now()},
+              {"slurm", slurm_job_json(topology::process_environment())},
+              {"world_size", topo.world_size},
+              {"num_nodes", topo.num_nodes},
+              {"ranks_per_node",
+               topo.equal_tasks_per_node() ? nlohmann::ordered_json(topo.local_size) : nlohmann::ordered_json()},
+              {"topology", topology_json(topo)},
+              {"plan", plan::to_string(pg->mesh.plan())},
+              {"plan_reason", reason},
+              {"groups", pg->placement},
+              {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
+              {"parameters", o.model.num_parameters()},
+              {"options", nlohmann::ordered_json::parse(options_json(o))},
+              {"tokens_per_step", B * T * o.grad_accum * world},
+              {"threads_per_rank", threads},
+              {"peak_flops_per_rank", peak_flops},
+              {"model_state_bytes", engine.model_state_bytes()},
+              {"resumed_from",
+               resumed_from.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(resumed_from)},
+              {"first_step", first_step},
+              {"result", nullptr}};
+      write_run_info(o.run_info_path, info);
+    });
+  }
+
   int64_t windows = 0;
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   if (first_step == 1) {
@@ -414,7 +455,23 @@ TrainResult train(const TrainOptions& options) {
                           o.trace_path.c_str(), static_cast<long long>(trace_first),
                           static_cast<long long>(std::min(trace_last, o.steps)));
   }
-  if (root) sink->finish(seconds_since(run_start), result.last_step);
+  const double seconds = seconds_since(run_start);
+  if (root) sink->finish(seconds, result.last_step);
+  if (!o.run_info_path.empty()) {
+    int64_t rss = peak_rss_bytes();
+    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+    collectively([&] {
+      if (!root) return;
+      info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
+                        {"exit_code", result.preempted ? kExitPreempted : kExitOk},
+                        {"last_step", result.last_step},
+                        {"seconds", seconds},
+                        {"val_loss", std::isfinite(val_loss) ? nlohmann::ordered_json(val_loss) : nlohmann::ordered_json()},
+                        {"peak_rss_bytes", rss},
+                        {"finished_at", utc_now()}};
+      write_run_info(o.run_info_path, info);
+    });
+  }
   return result;
 }
 

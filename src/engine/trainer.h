@@ -33,6 +33,7 @@ struct TrainOptions {
   std::string bandwidth_path;  // table for --shard auto (comm-bench output); empty: built-in
   int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
   bool overlap = true;         // false: every collective is waited for when issued
+  std::string run_info_path;    // rank 0 writes what the run is and how it ended (run_info.h)
   std::string final_params_path;  // rank 0 writes every parameter here after the last step
   std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)

@@ -1,0 +1,30 @@
+// --run-info FILE: one JSON document that says what a run was and how it ended, for
+// job scripts and scaling studies (slurm/train.sbatch, slurm/scaling_report.py).
+// Rank 0 writes it when training starts (result: null) and again when it ends, each
+// time through FILE.tmp and a rename, so a reader never sees half a file.
+// doc/cluster.md lists the fields.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "topology/topology.h"
+
+namespace amsp::engine {
+
+// The Slurm job this process belongs to (job id, name, restart count, node list,
+// partition, submit directory), or null when SLURM_JOB_ID is unset.
+nlohmann::ordered_json slurm_job_json(const topology::Env& env);
+
+// Nodes in switch order, each with its switch path and world ranks.
+nlohmann::ordered_json topology_json(const topology::Topology& topo);
+
+// This process's peak resident set size in bytes (getrusage).
+int64_t peak_rss_bytes();
+
+// Writes j to path through path.tmp and a rename. UsageError naming --run-info if
+// the file cannot be written.
+void write_run_info(const std::string& path, const nlohmann::ordered_json& j);
+
+}  // namespace amsp::engine
