@@ -74,7 +74,9 @@ SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCKET
+# cred_expire is also how long a requeued job waits before it may start again
+# (default 120 s); 10 s keeps the requeue tests short.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
@@ -87,14 +89,19 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+# Look at pending jobs every 2 s (default 60 s and 30 s), so that requeued and
+# dependent jobs start soon after they become eligible.
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=pmi2
 ReturnToService=2
 TopologyPlugin=topology/tree
-# Short timeouts: this cluster only runs small test jobs.
+# Short timeouts: this cluster only runs small test jobs. KillWait (SIGTERM to
+# SIGKILL when a job is cancelled, requeued or out of time) stays at Slurm's
+# default, which is the time a stopped amsp has to write its checkpoint.
 SlurmdTimeout=60
-KillWait=5
+KillWait=30
 MinJobAge=30
 InactiveLimit=0
 NodeName=n[1-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$((NODE_PORT + 3)) CPUs=2 RealMemory=2000 State=UNKNOWN
