@@ -204,7 +204,7 @@ def summarize(job, study_dir, skip):
            "resolved_plan": str(attempt.get("plan") or ""), "run_dir": job["run_dir"],
            "tokens_per_s_per_gpu": None, "mfu": None, "exposed_comm_share": None,
            "model_state_mb": None, "peak_rss_mb": None, "step_ms": None,
-           "model": model.get("name"),
+           "model": attempt.get("model_name") or model.get("name"),
            "tokens_per_step": attempt.get("tokens_per_step")}
     if result.get("status") != "completed" or not steps:
         row["status"] = "failed: " + failure_reason(job, run_dir, found, steps, study_dir)

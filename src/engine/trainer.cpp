@@ -343,6 +343,7 @@ TrainResult train(const TrainOptions& options) {
               {"plan", plan::to_string(pg->mesh.plan())},
               {"plan_reason", reason},
               {"groups", pg->placement},
+              {"model_name", o.model.name},
               {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
               {"parameters", o.model.num_parameters()},
               {"options", nlohmann::ordered_json::parse(options_json(o))},

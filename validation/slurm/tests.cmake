@@ -42,3 +42,24 @@ endwhile()
 add_test(NAME mpi_topology_shared_memory
   COMMAND python3 ${AMSP_SLURM_TEST} mpiexec ${AMSP_SLURM_TEST_ARGS})
 set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60)
+
+# slurm/train.sbatch and slurm/scaling-study.sh through sbatch on a local Slurm cluster
+# of 4 virtual nodes that each test starts on its own ports (17517, 17601-17604) and
+# always stops (validation/slurm/sbatch_test.py). Needs root, munge and slurm-wlm,
+# skipped (77) otherwise. About 10 s, 100 s and 30 s on 2 idle cores.
+set(AMSP_SBATCH_TEST ${CMAKE_CURRENT_SOURCE_DIR}/slurm/sbatch_test.py)
+foreach(mode job preempt scaling)
+  add_test(NAME sbatch_${mode}
+    COMMAND python3 ${AMSP_SBATCH_TEST} ${mode} --amsp $<TARGET_FILE:amsp> --data ${AMSP_CORPUS}
+            --work ${CMAKE_BINARY_DIR}/test-work/sbatch
+            --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster)
+  set_tests_properties(sbatch_${mode} PROPERTIES FIXTURES_REQUIRED corpus LABELS slurm
+    RUN_SERIAL TRUE TIMEOUT 600 SKIP_RETURN_CODE 77)
+endforeach()
+
+# The scaling study's table and plot from synthetic runs (no Slurm needed). It needs a
+# python3 with matplotlib; a pyenv or conda python3 first on PATH may not see Debian's.
+add_test(NAME scaling_report
+  COMMAND bash -c "for py in python3 /usr/bin/python3; do \"$py\" -c 'import matplotlib' 2>/dev/null && exec \"$py\" \"$0\"; done; echo 'no python3 with matplotlib (apt-get install python3-matplotlib)'; exit 1"
+          ${CMAKE_CURRENT_SOURCE_DIR}/slurm/scaling_report_test.py)
+set_tests_properties(scaling_report PROPERTIES LABELS system TIMEOUT 120)

@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""slurm/train.sbatch and slurm/scaling-study.sh on a real local Slurm cluster (issue 7).
+
+Each mode starts its own cluster of 4 virtual nodes x 2 CPUs (slurm/local-cluster/start.sh,
+ports 17517 and 17601-17604) and always stops it. Jobs are submitted with sbatch exactly as a
+user would, from a submit directory under --work, with AMSP_BIN and AMSP_DATA in the
+environment. Every run is the tiny preset, --batch-size 2 --seq-len 32 --peak-tflops 1.
+
+job       the script's refusals and one 2-node training job:
+            - outside an allocation it exits 2 with one line naming SLURM_JOB_ID;
+            - a job with a missing dataset ends with exit code 2 and one error line;
+            - sbatch train.sbatch with the script's own #SBATCH defaults (2 nodes x 2 ranks,
+              log amsp-<id>.out in the submit directory, run directory runs/amsp-<id>):
+              exit code 0; job.log names the job, its nodes and switches; the amsp record
+              (attempt-<id>.0.json) holds the Slurm job id, the node list, the topology the
+              ranks saw (4 ranks, 2 per node, switch paths from topology.conf) and the plan;
+              every step once in metrics.jsonl; the final checkpoint passes amsp ckpt verify.
+preempt   one uninterrupted run and three interrupted ones, 2 nodes x 2 ranks, zero3, all
+          submitted at once:
+            A  scancel --batch --signal=USR1 (what Slurm's --signal=B:USR1 sends): the script
+               forwards it, amsp checkpoints and exits 75, the script requeues the job;
+            B  scontrol requeue: Slurm sends SIGTERM, amsp checkpoints and exits 75, Slurm
+               requeues the job;
+            C  the time limit: submitted with --time=1 --signal=B:USR1@60, so Slurm's own
+               warning signal arrives during the run (the test lifts the limit of the
+               requeued attempt so that it can finish).
+          Each must run exactly two attempts, the second resuming from the checkpoint the
+          first wrote when it stopped, and its metrics must hold every step exactly once,
+          with the losses, gradient norms, learning rates, token counts and validation losses
+          of the uninterrupted run bit for bit.
+scaling   scaling-study.sh over 1, 2 and 4 nodes x 2 ranks for zero3 and auto, one job at a
+          time: scaling.csv and scaling.md with six ok rows (2, 4 and 8 GPUs, positive
+          throughput and MFU, exposed share in [0, 1], the resolved plans), a PNG plot of the
+          expected size, and no two runs overlapping in time. Also --dry-run of the 8..1024
+          GPU sweep: ten sbatch commands and nothing submitted.
+
+usage: sbatch_test.py MODE --amsp PATH --data CORPUS.h5 --work DIR [--cluster-scripts DIR]
+Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure, 77
+(CTest SKIP_RETURN_CODE) without root, Slurm or munge.
+"""
+
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "engine"))
+import equivalence_test as eq  # noqa: E402  (clean_env, run)
+
+SKIP = 77
+DEADLINE = 560          # seconds for the whole script, below the CTest TIMEOUT of 600
+# This test's cluster: distinct from start.sh's defaults and the other tests' clusters.
+CTLD_PORT, NODE_PORT = "17517", "17601"
+SMALL = ["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]
+COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss")
+
+
+class Failure(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    pass
+
+
+class Cluster:
+    """Submits and watches jobs on the local cluster from a submit directory."""
+
+    def __init__(self, args, work, conf):
+        self.args, self.work = args, work
+        self.submit_dir = os.path.join(work, "submit")
+        os.makedirs(self.submit_dir, exist_ok=True)
+        self.env = eq.clean_env({"SLURM_CONF": conf, "AMSP_BIN": args.amsp, "AMSP_DATA": args.data,
+                                 "PATH": os.environ["PATH"] + ":/usr/sbin:/sbin"})
+        self.passed = self.failed = 0
+
+    def report(self, ok, text, details=()):
+        print(f"{'PASS' if ok else 'FAIL'}: {text}", flush=True)
+        if not ok:
+            for d in details:
+                if d:
+                    print("      " + str(d)[-3000:].replace("\n", "\n      "))
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+
+    def cmd(self, args, env=None, timeout=60):
+        rc, out, err, _ = eq.run(args, {**self.env, **(env or {})}, timeout=timeout)
+        return rc, out, err
+
+    def sbatch(self, opts, env=None, train_args=()):
+        """Submits slurm/train.sbatch from the submit directory; returns the job id."""
+        p = subprocess.run(["sbatch", "--parsable", *opts, os.path.join(REPO, "slurm", "train.sbatch"),
+                            *train_args], env={**self.env, **(env or {})}, cwd=self.submit_dir,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+        if p.returncode != 0:
+            raise Failure(f"sbatch {' '.join(opts)} failed: {p.stderr.strip()}")
+        return p.stdout.strip().split(";")[0]
+
+    def job(self, jid):
+        """scontrol's view of a job as a dict (empty once Slurm has forgotten it)."""
+        rc, out, _ = self.cmd(["scontrol", "-o", "show", "job", jid], timeout=20)
+        if rc != 0:
+            return {}
+        return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+    def wait_done(self, jids, timeout):
+        """Waits until no job in jids is pending, running or completing."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            states = {j: self.job(j).get("JobState", "GONE") for j in jids}
+            if all(s not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "SUSPENDED")
+                   for s in states.values()):
+                return states
+            time.sleep(1)
+        raise Failure(f"jobs {' '.join(jids)} still not done after {timeout} s: {states}")
+
+    def log(self, jid, name="amsp"):
+        path = os.path.join(self.submit_dir, f"{name}-{jid}.out")
+        return open(path, errors="replace").read() if os.path.exists(path) else ""
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def step_records(path):
+    return [r for r in read_jsonl(path) if "loss" in r]
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def attempts(run_dir):
+    """The amsp records of a run directory, in attempt order."""
+    def key(p):
+        return [int(x) for x in re.findall(r"\d+", os.path.basename(p))]
+    return [read_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "attempt-*.json")), key=key)]
+
+
+def hostnames(cluster, expr):
+    rc, out, _ = cluster.cmd(["scontrol", "show", "hostnames", expr], timeout=20)
+    return out.split() if rc == 0 else []
+
+
+# --------------------------------------------------------------------------- job
+def mode_job(c):
+    # Outside an allocation: refused in one line.
+    rc, out, err = c.cmd(["bash", os.path.join(REPO, "slurm", "train.sbatch")])
+    lines = [l for l in err.splitlines() if l.strip()]
+    c.report(rc == 2 and len(lines) == 1 and "SLURM_JOB_ID" in lines[0] and "sbatch" in lines[0],
+             f"outside an allocation: exit {rc}, {lines[0] if lines else '(no message)'}", [out, err])
+
+    bad = c.sbatch(["-N", "1", "--ntasks-per-node=1", "--job-name=bad"],
+                   env={"AMSP_DATA": os.path.join(c.work, "nosuch.h5")})
+    steps = 12
+    jid = c.sbatch([], env={"AMSP_SHARD": "p=1,g=2x1,os=2x2"},
+                   train_args=["--steps", str(steps), "--eval-every", "6", "--eval-windows", "8", *SMALL])
+    c.wait_done([bad, jid], 180)
+
+    info = c.job(bad)
+    log = c.log(bad, "bad")
+    errors = [l for l in log.splitlines() if "error" in l]
+    c.report(info.get("ExitCode") == "2:0" and len(errors) == 1 and "nosuch.h5: no such file" in errors[0],
+             f"a job with a missing dataset: ExitCode {info.get('ExitCode')}, "
+             f"{errors[0] if errors else '(no error line)'}", [log])
+
+    info = c.job(jid)
+    log = c.log(jid)
+    run_dir = os.path.join(c.submit_dir, "runs", f"amsp-{jid}")
+    problems = []
+    if info.get("ExitCode") != "0:0":
+        problems.append(f"ExitCode {info.get('ExitCode')}")
+    if info.get("NumNodes") != "2" or info.get("NumTasks") != "4":
+        problems.append(f"{info.get('NumNodes')} nodes, {info.get('NumTasks')} tasks (expected the "
+                        "script's #SBATCH defaults: 2 nodes x 2)")
+    if "train.sbatch: training completed" not in log:
+        problems.append("no 'training completed' in the log")
+    nodelist = info.get("NodeList", "")
+    names = hostnames(c, nodelist)
+    joblog = open(os.path.join(run_dir, "job.log")).read() if os.path.exists(os.path.join(run_dir, "job.log")) else ""
+    if f"== attempt 0 of job {jid}" not in joblog or nodelist not in joblog or "switches:" not in joblog:
+        problems.append("job.log does not name the job, its node list and the switches")
+    recs = attempts(run_dir)
+    rec = recs[-1] if recs else {}
+    slurm = rec.get("slurm") or {}
+    topo = rec.get("topology") or {}
+    seen = [n.get("name") for n in topo.get("nodes", [])]
+    paths = [n.get("switch_path") for n in topo.get("nodes", [])]
+    expect_paths = ["top.s1" if n in ("n1", "n2") else "top.s2" for n in seen]
+    if slurm.get("job_id") != jid or slurm.get("nodelist") != nodelist:
+        problems.append(f"record's slurm {slurm}")
+    if (rec.get("world_size"), rec.get("num_nodes"), rec.get("ranks_per_node")) != (4, 2, 2) or \
+            topo.get("source") != "slurm" or sorted(seen) != sorted(names) or paths != expect_paths:
+        problems.append(f"record's topology {topo}")
+    if rec.get("plan") != "p=1x1,g=2x1,os=2x2":
+        problems.append(f"record's plan {rec.get('plan')}")
+    result = rec.get("result") or {}
+    if result.get("status") != "completed" or result.get("last_step") != steps or not result.get("peak_rss_bytes"):
+        problems.append(f"record's result {result}")
+    got = [r["step"] for r in step_records(os.path.join(run_dir, "metrics.jsonl"))]
+    if got != list(range(1, steps + 1)):
+        problems.append(f"metrics steps {got}")
+    ck = os.path.join(run_dir, "checkpoints", f"step-{steps:08d}.h5")
+    rc, out, err = c.cmd([c.args.amsp, "ckpt", "verify", ck])
+    if rc != 0:
+        problems.append(f"amsp ckpt verify {ck}: exit {rc} {err.strip()}")
+    c.report(not problems,
+             f"2-node job {jid} through train.sbatch's defaults on {nodelist} ({' '.join(f'{n}[{p}]' for n, p in zip(seen, paths))}): "
+             f"plan {rec.get('plan')}, {len(got)} steps, checkpoint verified"
+             + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog])
+
+
+# ----------------------------------------------------------------------- preempt
+def mode_preempt(c):
+    steps = 300
+    train = ["--steps", str(steps), "--eval-every", "100", "--eval-windows", "8", *SMALL]
+    env = {"AMSP_SHARD": "zero3"}
+    ids = {
+        "ref": c.sbatch(["--job-name=ref"], env=env, train_args=train),
+        "A": c.sbatch(["--job-name=usr1"], env=env, train_args=train),
+        "B": c.sbatch(["--job-name=requeue"], env=env, train_args=train),
+        "C": c.sbatch(["--job-name=timelimit", "--time=1", "--signal=B:USR1@60"], env=env, train_args=train),
+    }
+    names = {"ref": "ref", "A": "usr1", "B": "requeue", "C": "timelimit"}
+    run_dir = {k: os.path.join(c.submit_dir, "runs", f"{names[k]}-{j}") for k, j in ids.items()}
+    how = {"A": "scancel --batch --signal=USR1", "B": "scontrol requeue",
+           "C": "the time limit's warning (--signal=B:USR1@60)"}
+    acted = {"A": False, "B": False, "C": False}
+    lifted = False
+    deadline = time.time() + 420
+    while time.time() < deadline:
+        for k in ("A", "B"):
+            if not acted[k] and len(step_records(os.path.join(run_dir[k], "metrics.jsonl"))) >= 20:
+                cmd = (["scancel", "--batch", "--signal=USR1", ids[k]] if k == "A"
+                       else ["scontrol", "requeue", ids[k]])
+                rc, out, err = c.cmd(cmd)
+                if rc != 0:
+                    raise Failure(f"{' '.join(cmd)}: exit {rc} {err.strip()}")
+                acted[k] = True
+        # C: once Slurm has requeued it, give the next attempt room to finish.
+        if not lifted and c.job(ids["C"]).get("Restarts", "0") != "0":
+            rc, out, err = c.cmd(["scontrol", "update", f"JobId={ids['C']}", "TimeLimit=10"])
+            if rc != 0:
+                raise Failure(f"scontrol update TimeLimit of job {ids['C']}: {err.strip()}")
+            lifted = True
+        states = [c.job(j).get("JobState", "GONE") for j in ids.values()]
+        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE") for s in states) and all(acted[k] for k in "AB"):
+            break
+        time.sleep(0.5)
+    else:
+        raise Failure(f"preemption jobs not done after 420 s: "
+                      f"{ {k: c.job(j).get('JobState') for k, j in ids.items()} }")
+
+    ref = {r["step"]: r for r in step_records(os.path.join(run_dir["ref"], "metrics.jsonl"))}
+    ref_ok = sorted(ref) == list(range(1, steps + 1)) and c.job(ids["ref"]).get("ExitCode") == "0:0"
+    c.report(ref_ok, f"uninterrupted run {ids['ref']}: {len(ref)} steps, ExitCode {c.job(ids['ref']).get('ExitCode')}",
+             [c.log(ids["ref"], "ref")[-2000:]])
+    if not ref_ok:
+        return
+    for k in ("A", "B", "C"):
+        jid, d = ids[k], run_dir[k]
+        log = c.log(jid, names[k])
+        joblog = open(os.path.join(d, "job.log")).read() if os.path.exists(os.path.join(d, "job.log")) else ""
+        recs = attempts(d)
+        problems = []
+        if c.job(jid).get("ExitCode") != "0:0" or open(os.path.join(d, "exit-code")).read().strip() != "0":
+            problems.append(f"ExitCode {c.job(jid).get('ExitCode')}")
+        if len(recs) != 2:
+            problems.append(f"{len(recs)} attempts, expected 2")
+        stop_step = None
+        if len(recs) == 2:
+            first, second = recs[0].get("result") or {}, recs[1].get("result") or {}
+            stop_step = first.get("last_step")
+            ck = f"step-{stop_step:08d}.h5" if isinstance(stop_step, int) else "?"
+            if first.get("status") != "stopped" or first.get("exit_code") != 75 or not (1 <= (stop_step or 0) < steps):
+                problems.append(f"first attempt's result {first}")
+            if not str(recs[1].get("resumed_from") or "").endswith(ck) or recs[1].get("first_step") != (stop_step or 0) + 1:
+                problems.append(f"second attempt resumed from {recs[1].get('resumed_from')} at step "
+                                f"{recs[1].get('first_step')}, not {ck}")
+            if second.get("status") != "completed" or second.get("last_step") != steps:
+                problems.append(f"second attempt's result {second}")
+            if recs[1].get("slurm", {}).get("restart_count") != 1:
+                problems.append(f"second attempt's restart_count {recs[1].get('slurm', {}).get('restart_count')}")
+        expect_log = {"A": ["received SIGUSR1", "requeueing job"], "B": ["received SIGTERM", "stopped by SIGTERM"],
+                      "C": ["received SIGUSR1", "requeueing job"]}[k]
+        for text in expect_log:
+            if text not in log:
+                problems.append(f"no '{text}' in the log")
+        recs_m = step_records(os.path.join(d, "metrics.jsonl"))
+        got = [r["step"] for r in recs_m]
+        if got != list(range(1, steps + 1)):
+            dup = sorted({s for s in got if got.count(s) > 1})
+            problems.append(f"metrics hold {len(got)} step records (repeated: {dup[:5]}, missing: "
+                            f"{sorted(set(range(1, steps + 1)) - set(got))[:5]})")
+        diffs = [f"step {r['step']} {f}: {r.get(f)} vs {ref[r['step']].get(f)}"
+                 for r in recs_m if r["step"] in ref for f in COMPARED if r.get(f) != ref[r["step"]].get(f)]
+        if diffs:
+            problems.append(f"{len(diffs)} differences from the uninterrupted run, first: {diffs[0]}")
+        c.report(not problems,
+                 f"{k}  {how[k]} (job {jid}): stopped after step {stop_step}, checkpointed, requeued, resumed; "
+                 f"{len(got)} step records, each once, bit-identical to the uninterrupted run"
+                 + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog])
+
+
+# ----------------------------------------------------------------------- scaling
+def png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    return struct.unpack(">II", head[16:24])
+
+
+def mode_scaling(c):
+    study = os.path.join(c.work, "study")
+    shutil.rmtree(study, ignore_errors=True)
+    script = os.path.join(REPO, "slurm", "scaling-study.sh")
+    rc, out, err = c.cmd([script, "--nodes", "1 2 4", "--tasks-per-node", "2", "--plans", "zero3 auto",
+                          "--data", c.args.data, "--steps", "8", "--batch-size", "2", "--seq-len", "64",
+                          "--serial", "--out", study, "--", "--peak-tflops", "1"], timeout=300)
+    problems = []
+    if rc != 0:
+        problems.append(f"exit {rc}")
+    rows = list(csv.DictReader(open(os.path.join(study, "scaling.csv")))) if os.path.exists(
+        os.path.join(study, "scaling.csv")) else []
+    got = [(r["plan"], int(r["nodes"]), int(r["gpus"])) for r in rows]
+    want = [(p, n, 2 * n) for p in ("zero3", "auto") for n in (1, 2, 4)]
+    if got != want:
+        problems.append(f"rows {got}, expected {want}")
+    for r in rows:
+        try:
+            ok = (r["status"] == "ok" and float(r["tokens_per_s_per_gpu"]) > 0 and 0 < float(r["mfu"]) < 1
+                  and 0 <= float(r["exposed_comm_share"]) <= 1 and float(r["model_state_mb"]) > 0
+                  and float(r["peak_rss_mb"]) > 0 and r["resolved_plan"].startswith("p="))
+        except ValueError:
+            ok = False
+        if not ok:
+            problems.append(f"row {r}")
+    md = open(os.path.join(study, "scaling.md")).read() if os.path.exists(os.path.join(study, "scaling.md")) else ""
+    if md.count("| ok |") != 6:
+        problems.append(f"scaling.md has {md.count('| ok |')} ok rows")
+    size = png_size(os.path.join(study, "scaling.png")) if os.path.exists(os.path.join(study, "scaling.png")) else None
+    if not size or not (1000 <= size[0] <= 2000 and 400 <= size[1] <= 1000):
+        problems.append(f"scaling.png size {size}")
+    # --serial: each run starts after the previous one finished.
+    spans = []
+    for r in rows:
+        recs = attempts(r["run_dir"] if os.path.isabs(r["run_dir"]) else os.path.join(study, r["run_dir"]))
+        if recs and recs[-1].get("result"):
+            spans.append((recs[-1]["started_at"], recs[-1]["result"]["finished_at"]))
+    if len(spans) == 6 and any(spans[i + 1][0] < spans[i][1] for i in range(5)):
+        problems.append(f"runs overlap in time: {spans}")
+    c.report(not problems,
+             f"scaling study over 1, 2, 4 nodes x 2 ranks, zero3 and auto, one job at a time: "
+             f"{len(rows)} rows, plot {size}" + (f"; {'; '.join(problems)}" if problems else ""),
+             [out[-3000:], err[-2000:], md])
+    if rows:
+        print(md)
+
+    # The 8..1024 GPU sweep of a real cluster, as sbatch commands only.
+    before = c.cmd(["squeue", "-h", "-o", "%i"])[1].split()
+    rc, out, err = c.cmd([script, "--nodes", "1 2 4 8 16 32 64 128", "--tasks-per-node", "8", "--plans",
+                          "zero3 mics:8", "--data", c.args.data, "--out", os.path.join(c.work, "dry"),
+                          "--sbatch", "--exclusive --gpus-per-node=8 -p gpu", "--dry-run"])
+    lines = [l for l in out.splitlines() if " sbatch " in l]
+    after = c.cmd(["squeue", "-h", "-o", "%i"])[1].split()
+    ok = (rc == 0 and len(lines) == 16 and "-N 128 --ntasks-per-node=8" in out and "--gpus-per-node=8" in out
+          and before == after and not os.path.exists(os.path.join(c.work, "dry")))
+    c.report(ok, f"--dry-run of 8 to 1024 GPUs for 2 plans: {len(lines)} sbatch commands, nothing submitted",
+             [out[-2000:], err])
+
+
+MODES = {"job": mode_job, "preempt": mode_preempt, "scaling": mode_scaling}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=sorted(MODES))
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
+    args = ap.parse_args()
+    args.amsp = os.path.abspath(args.amsp)
+    args.data = os.path.abspath(args.data)
+    args.cluster_scripts = os.path.abspath(args.cluster_scripts)
+    work = os.path.abspath(os.path.join(args.work, args.mode))
+
+    missing = [t for t in ("sbatch", "srun", "scontrol", "scancel", "slurmctld", "slurmd", "munged")
+               if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+    if missing or os.geteuid() != 0:
+        print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+        return SKIP
+    os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+
+    def on_signal(signum, frame):
+        raise Interrupted(f"interrupted by signal {signum}" if signum != signal.SIGALRM
+                          else f"took longer than {DEADLINE} s")
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(s, on_signal)
+    signal.alarm(DEADLINE)
+
+    t0 = time.time()
+    code = 0
+    cluster_dir = os.path.join(work, "cluster")
+    stop = [os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir]
+    started = False
+    try:
+        # A run killed before its cleanup may have left daemons in this directory.
+        subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90)
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        started = True
+        rc, out, err, secs = eq.run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
+                                    eq.clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT,
+                                                  "AMSP_SLURM_NODE_PORT": NODE_PORT,
+                                                  "AMSP_SLURM_TIMEOUT": "40"}), timeout=60)
+        if rc != 0:
+            raise Failure(f"start.sh failed ({rc}):\n{out}{err}")
+        print(f"     local Slurm cluster started in {secs:.1f} s ({cluster_dir})", flush=True)
+        c = Cluster(args, work, os.path.join(cluster_dir, "slurm.conf"))
+        MODES[args.mode](c)
+        print(f"{c.passed} passed, {c.failed} failed ({time.time() - t0:.0f} s)")
+        code = 1 if c.failed else 0
+    except (Failure, Interrupted, subprocess.TimeoutExpired) as e:
+        print(f"FAIL: {e}", flush=True)
+        code = 1
+    finally:
+        signal.alarm(0)
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
+        if started:
+            p = subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=120)
+            if p.returncode != 0:
+                print(p.stdout, end="")
+                print("FAIL: stop.sh could not stop the cluster")
+                code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
