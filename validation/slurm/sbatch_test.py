@@ -14,7 +14,10 @@ job       the script's refusals and one 2-node training job:
               exit code 0; job.log names the job, its nodes and switches; the amsp record
               (attempt-<id>.0.json) holds the Slurm job id, the node list, the topology the
               ranks saw (4 ranks, 2 per node, switch paths from topology.conf) and the plan;
-              every step once in metrics.jsonl; the final checkpoint passes amsp ckpt verify.
+              every step once in metrics.jsonl; the final checkpoint passes amsp ckpt verify;
+            - one rank of a running job killed with SIGKILL: the whole job ends within
+              KillWait (srun --kill-on-bad-exit, then SIGKILL) with a failure exit code, and no
+              rank is left.
 preempt   one uninterrupted run and three interrupted ones, 2 nodes x 2 ranks, zero3, all
           submitted at once:
             A  scancel --batch --signal=USR1 (what Slurm's --signal=B:USR1 sends): the script
@@ -55,7 +58,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "engine"))
-import equivalence_test as eq  # noqa: E402  (clean_env, run)
+import equivalence_test as eq  # noqa: E402  (run: a command in its own process group)
+import local_cluster as lc  # noqa: E402
 
 SKIP = 77
 DEADLINE = 560          # seconds for the whole script, below the CTest TIMEOUT of 600
@@ -69,10 +73,6 @@ class Failure(Exception):
     pass
 
 
-class Interrupted(Exception):
-    pass
-
-
 class Cluster:
     """Submits and watches jobs on the local cluster from a submit directory."""
 
@@ -80,8 +80,7 @@ class Cluster:
         self.args, self.work = args, work
         self.submit_dir = os.path.join(work, "submit")
         os.makedirs(self.submit_dir, exist_ok=True)
-        self.env = eq.clean_env({"SLURM_CONF": conf, "AMSP_BIN": args.amsp, "AMSP_DATA": args.data,
-                                 "PATH": os.environ["PATH"] + ":/usr/sbin:/sbin"})
+        self.env = lc.clean_env({"SLURM_CONF": conf, "AMSP_BIN": args.amsp, "AMSP_DATA": args.data})
         self.passed = self.failed = 0
 
     def report(self, ok, text, details=()):
@@ -152,6 +151,24 @@ def attempts(run_dir):
     def key(p):
         return [int(x) for x in re.findall(r"\d+", os.path.basename(p))]
     return [read_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "attempt-*.json")), key=key)]
+
+
+def amsp_pids(tag):
+    """PIDs of the amsp processes whose command line mentions tag (a run directory)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                if f.read().strip() != "amsp":
+                    continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if tag in f.read().decode(errors="replace"):
+                    pids.append(int(d))
+        except OSError:
+            pass
+    return sorted(pids)
 
 
 def hostnames(cluster, expr):
@@ -225,6 +242,32 @@ def mode_job(c):
              f"2-node job {jid} through train.sbatch's defaults on {nodelist} ({' '.join(f'{n}[{p}]' for n, p in zip(seen, paths))}): "
              f"plan {rec.get('plan')}, {len(got)} steps, checkpoint verified"
              + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog])
+
+
+    # One rank killed: srun (--kill-on-bad-exit) ends the step. The other ranks take its
+    # SIGTERM as a stop request but cannot finish a step without the dead rank, so they
+    # end at KillWait (30 s) with SIGKILL: bounded, instead of waiting for the collective
+    # timeout (600 s).
+    jid = c.sbatch(["--job-name=crash"], env={"AMSP_SHARD": "zero3"},
+                   train_args=["--steps", "3000", "--eval-every", "0", *SMALL])
+    run_dir = os.path.join(c.submit_dir, "runs", f"crash-{jid}")
+    t_end = time.time() + 120
+    while len(step_records(os.path.join(run_dir, "metrics.jsonl"))) < 5 and time.time() < t_end:
+        time.sleep(0.2)
+    pids = amsp_pids(run_dir)
+    if len(pids) != 4:
+        raise Failure(f"crash test: found {len(pids)} amsp ranks of job {jid}, not 4")
+    os.kill(pids[-1], signal.SIGKILL)
+    t0 = time.time()
+    c.wait_done([jid], 120)
+    secs = time.time() - t0
+    info = c.job(jid)
+    left = amsp_pids(run_dir)
+    code = open(os.path.join(run_dir, "exit-code")).read().strip() if os.path.exists(
+        os.path.join(run_dir, "exit-code")) else "?"
+    c.report(secs < 50 and info.get("ExitCode") not in (None, "0:0") and code not in ("0", "75") and not left,
+             f"one rank of job {jid} killed (SIGKILL): the job ended {secs:.1f} s later (KillWait is 30 s) with ExitCode "
+             f"{info.get('ExitCode')} (script exit {code}), no rank left", [c.log(jid, "crash")[-2000:]])
 
 
 # ----------------------------------------------------------------------- preempt
@@ -403,57 +446,25 @@ def main():
     args.cluster_scripts = os.path.abspath(args.cluster_scripts)
     work = os.path.abspath(os.path.join(args.work, args.mode))
 
-    missing = [t for t in ("sbatch", "srun", "scontrol", "scancel", "slurmctld", "slurmd", "munged")
-               if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
-    if missing or os.geteuid() != 0:
-        print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+    lacking = lc.missing()
+    if lacking:
+        print(f"SKIP: needs root and Slurm + munge (missing: {lacking})")
         return SKIP
-    os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
-
-    def on_signal(signum, frame):
-        raise Interrupted(f"interrupted by signal {signum}" if signum != signal.SIGALRM
-                          else f"took longer than {DEADLINE} s")
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(s, on_signal)
-    signal.alarm(DEADLINE)
+    os.environ["PATH"] = os.environ.get("PATH", "") + lc.SBIN
 
     t0 = time.time()
-    code = 0
-    cluster_dir = os.path.join(work, "cluster")
-    stop = [os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir]
-    started = False
     try:
-        # A run killed before its cleanup may have left daemons in this directory.
-        subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90)
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-        started = True
-        rc, out, err, secs = eq.run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
-                                    eq.clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT,
-                                                  "AMSP_SLURM_NODE_PORT": NODE_PORT,
-                                                  "AMSP_SLURM_TIMEOUT": "40"}), timeout=60)
-        if rc != 0:
-            raise Failure(f"start.sh failed ({rc}):\n{out}{err}")
-        print(f"     local Slurm cluster started in {secs:.1f} s ({cluster_dir})", flush=True)
-        c = Cluster(args, work, os.path.join(cluster_dir, "slurm.conf"))
-        MODES[args.mode](c)
-        print(f"{c.passed} passed, {c.failed} failed ({time.time() - t0:.0f} s)")
-        code = 1 if c.failed else 0
-    except (Failure, Interrupted, subprocess.TimeoutExpired) as e:
+        with lc.deadline(DEADLINE):
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
+            with lc.local_cluster(args.cluster_scripts, os.path.join(work, "cluster"), CTLD_PORT, NODE_PORT) as conf:
+                c = Cluster(args, work, conf)
+                MODES[args.mode](c)
+    except (Failure, lc.Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", flush=True)
-        code = 1
-    finally:
-        signal.alarm(0)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
-        if started:
-            p = subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=120)
-            if p.returncode != 0:
-                print(p.stdout, end="")
-                print("FAIL: stop.sh could not stop the cluster")
-                code = 1
-    return code
+        return 1
+    print(f"{c.passed} passed, {c.failed} failed ({time.time() - t0:.0f} s)")
+    return 1 if c.failed else 0
 
 
 if __name__ == "__main__":

@@ -172,18 +172,20 @@ def case_srun_4x2(args, cluster):
 
 
 def case_srun_2nodes(args, cluster):
-    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "--ntasks-per-node=2").stdout)
+    # -w: the checks name the nodes, and Slurm may give a new job other idle nodes while
+    # the previous job's are still completing.
+    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-w", "n1,n2", "--ntasks-per-node=2").stdout)
     print(summary["summary"])
     check_ranks(ranks, summary, 4, {"n1": 2, "n2": 2}, SWITCH)
     check(summary["groups_under_leaf_switch"] == {"1": True, "2": True}, "n1 and n2 share s1")
 
     # Unequal: 3 tasks on 2 nodes, SLURM_TASKS_PER_NODE="2,1".
-    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-n", "3").stdout)
+    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-w", "n1,n2", "-n", "3").stdout)
     print(summary["summary"])
     check_ranks(ranks, summary, 3, {"n1": 2, "n2": 1}, SWITCH)
     check(summary["tasks_per_node"] == [2, 1] and not summary["equal_tasks_per_node"],
           f"tasks per node {summary['tasks_per_node']}")
-    p = srun(args, cluster, "-N", "2", "-n", "3", expect_rc=None, probe_args=["--require-equal"])
+    p = srun(args, cluster, "-N", "2", "-w", "n1,n2", "-n", "3", expect_rc=None, probe_args=["--require-equal"])
     check(p.returncode != 0, "--require-equal accepted 2+1 ranks")
     lines = [l for l in p.stderr.splitlines() if l.startswith("amsp_topology_probe:")]
     check(len(lines) == 1 and "same number of ranks on every node" in lines[0] and "n1=2, n2=1" in lines[0],
@@ -191,7 +193,7 @@ def case_srun_2nodes(args, cluster):
     print("ok unequal layout refused:", lines[0])
 
     # Cyclic distribution: rank r on node r % 2; node-major positions regroup them.
-    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-n", "4", "-m", "cyclic").stdout)
+    ranks, summary = probe_output(srun(args, cluster, "-N", "2", "-w", "n1,n2", "-n", "4", "-m", "cyclic").stdout)
     print(summary["summary"])
     check_ranks(ranks, summary, 4, {"n1": 2, "n2": 2}, SWITCH)
     check([r["node_name"] for r in ranks] == ["n1", "n2", "n1", "n2"], "cyclic placement")
@@ -201,7 +203,7 @@ def case_srun_2nodes(args, cluster):
 def case_mpiexec_alloc(args, cluster):
     # Hydra starts one proxy per node through srun; the ranks are not Slurm tasks, so
     # discovery falls back to shared-memory groups, named by SLURMD_NODENAME.
-    p = run(["salloc", "-N", "2", "--ntasks-per-node=2", "--time=2", args.mpiexec, "-n", "4", args.probe],
+    p = run(["salloc", "-N", "2", "-w", "n1,n2", "--ntasks-per-node=2", "--time=2", args.mpiexec, "-n", "4", args.probe],
             cluster.env)
     ranks, summary = probe_output(p.stdout)
     print(summary["summary"])
