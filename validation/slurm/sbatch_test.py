@@ -60,6 +60,8 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "engine"))
 import equivalence_test as eq  # noqa: E402  (run: a command in its own process group)
 import local_cluster as lc  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "ckpt"))
+import resume_test as rt  # noqa: E402  (rank_pids: the amsp processes of a run)
 
 SKIP = 77
 DEADLINE = 560          # seconds for the whole script, below the CTest TIMEOUT of 600
@@ -153,24 +155,6 @@ def attempts(run_dir):
     return [read_json(p) for p in sorted(glob.glob(os.path.join(run_dir, "attempt-*.json")), key=key)]
 
 
-def amsp_pids(tag):
-    """PIDs of the amsp processes whose command line mentions tag (a run directory)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/comm") as f:
-                if f.read().strip() != "amsp":
-                    continue
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if tag in f.read().decode(errors="replace"):
-                    pids.append(int(d))
-        except OSError:
-            pass
-    return sorted(pids)
-
-
 def hostnames(cluster, expr):
     rc, out, _ = cluster.cmd(["scontrol", "show", "hostnames", expr], timeout=20)
     return out.split() if rc == 0 else []
@@ -254,7 +238,7 @@ def mode_job(c):
     t_end = time.time() + 120
     while len(step_records(os.path.join(run_dir, "metrics.jsonl"))) < 5 and time.time() < t_end:
         time.sleep(0.2)
-    pids = amsp_pids(run_dir)
+    pids = rt.rank_pids(run_dir)
     if len(pids) != 4:
         raise Failure(f"crash test: found {len(pids)} amsp ranks of job {jid}, not 4")
     os.kill(pids[-1], signal.SIGKILL)
@@ -262,7 +246,7 @@ def mode_job(c):
     c.wait_done([jid], 120)
     secs = time.time() - t0
     info = c.job(jid)
-    left = amsp_pids(run_dir)
+    left = rt.rank_pids(run_dir)
     code = open(os.path.join(run_dir, "exit-code")).read().strip() if os.path.exists(
         os.path.join(run_dir, "exit-code")) else "?"
     c.report(secs < 50 and info.get("ExitCode") not in (None, "0:0") and code not in ("0", "75") and not left,
