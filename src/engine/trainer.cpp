@@ -327,6 +327,7 @@ TrainResult train(const TrainOptions& options) {
   std::unique_ptr<MetricsSink> sink =
       root ? std::make_unique<MetricsSink>(o.metrics_path, /*append=*/first_step > 1) : nullptr;
 
+  const int64_t tokens_per_step = B * T * o.grad_accum * world;
   // What this run is, for job scripts and scaling studies; the result is added at the end.
   nlohmann::ordered_json info;
   if (!o.run_info_path.empty()) {
@@ -347,7 +348,7 @@ TrainResult train(const TrainOptions& options) {
               {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
               {"parameters", o.model.num_parameters()},
               {"options", nlohmann::ordered_json::parse(options_json(o))},
-              {"tokens_per_step", B * T * o.grad_accum * world},
+              {"tokens_per_step", tokens_per_step},
               {"threads_per_rank", threads},
               {"peak_flops_per_rank", peak_flops},
               {"model_state_bytes", engine.model_state_bytes()},
@@ -367,7 +368,6 @@ TrainResult train(const TrainOptions& options) {
   }
 
   TrainResult result;
-  const int64_t tokens_per_step = B * T * o.grad_accum * world;
   auto save_checkpoint = [&](int64_t step) {
     const auto t0 = Clock::now();
     ckpt::Metadata meta;
