@@ -27,6 +27,7 @@
 #include "ckpt/selection.h"
 #include "comm/check.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/h5.h"
 
 namespace amsp::ckpt {
@@ -137,7 +138,7 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return out;
 }
 
-void write_latest(const std::string& dir, const std::string& name) {
+void write_latest(const std::string& dir, const std::string& name, int64_t step) {
   const std::string tmp = dir + "/latest.tmp", final_path = dir + "/latest";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -146,6 +147,7 @@ void write_latest(const std::string& dir, const std::string& name) {
     if (!out) fail("checkpoint: cannot write ", tmp);
   }
   fsync_path(tmp, false);
+  fault::point("save.latest_tmp", step, 0);
   std::error_code ec;
   fs::rename(tmp, final_path, ec);
   if (ec) fail("checkpoint: cannot rename ", tmp, " to ", final_path, ": ", ec.message());
@@ -234,6 +236,7 @@ std::string save(const std::string& dir, const Metadata& meta_in,
   const Metadata meta = meta_from_json(meta_json);
   const std::string name = file_name(meta.step);
   const std::string final_path = dir + "/" + name, tmp_path = dir + "/." + name + ".tmp";
+  fault::point("save.begin", meta.step, rank);
 
   // Rank 0 prepares the directory and clears temporaries of crashed saves.
   agree_or_throw(rank != 0 ? Status{} : attempt([&] {
@@ -313,10 +316,12 @@ std::string save(const std::string& dir, const Metadata& meta_in,
           }
       }
     }
+    fault::point("save.data", meta.step, rank);
     w.check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flush the file");
     w.check(file.close(), "close the file");
   }
   AMSP_MPI_CHECK(MPI_Barrier(comm));
+  fault::point("save.closed", meta.step, rank);
 
   // Every rank has closed the file: rank 0 makes it durable and visible.
   agree_or_throw(rank != 0 ? Status{} : attempt([&] {
@@ -325,8 +330,10 @@ std::string save(const std::string& dir, const Metadata& meta_in,
     fs::rename(tmp_path, final_path, ec);
     if (ec) fail("checkpoint: cannot rename ", tmp_path, " to ", final_path, ": ", ec.message());
     fsync_path(dir, true);
-    write_latest(dir, name);
+    fault::point("save.renamed", meta.step, 0);
+    write_latest(dir, name, meta.step);
     fsync_path(dir, true);
+    fault::point("save.latest", meta.step, 0);
     prune(dir, name, keep_last);
   }), comm);
   return final_path;

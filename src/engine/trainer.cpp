@@ -21,6 +21,7 @@
 #include "comm/check.h"
 #include "comm/timed.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "data/dataset.h"
 #include "engine/evaluate.h"
 #include "engine/metrics.h"
@@ -237,6 +238,7 @@ TrainResult train(const TrainOptions& options) {
   topology::Topology topo;
   std::unique_ptr<data::TokenDataset> data;
   collectively([&] {
+    fault::check_environment();
     topo = topology::discover(MPI_COMM_WORLD);
   });
   collectively([&] {
@@ -391,6 +393,7 @@ TrainResult train(const TrainOptions& options) {
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step <= o.steps; ++step) {
+    fault::point("train.step", step, topo.rank);
     engine.reset_comm_stats();
     if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
     const auto t0 = Clock::now();

@@ -2,27 +2,31 @@
 """Checkpoint and resume through the real `amsp train` (issue 6, points 3 and 6).
 
 Every run is the tiny preset, --seq-len 32, --eval-every 0 (validation at the start and
-the end only), --threads 1, --peak-tflops 1. A run is "interrupted" by SIGKILL of every
-rank (a crash) or SIGUSR1 (preemption, exit 75) and continued by a new `amsp train`.
+the end only), --threads 1, --peak-tflops 1. A run is "interrupted" by SIGKILL (a crash)
+or SIGUSR1 (preemption, exit 75) and continued by a new `amsp train`. Every interruption
+happens at a named point of a step or a save: the test sets AMSP_FAULT and the ranks
+raise the signal on themselves there (src/core/fault.h), so no check races the run and
+the outcome is the same on a fast machine and a loaded one.
 
 mpi mode (mpiexec on this machine):
   1  same plan and world size: a run killed after its step-10 checkpoint and resumed
      with --resume auto gives bit-identical losses, gradient norms, learning rates and
      validation loss (JSON floats compared exactly) and identical --final-params bytes
-     to 20 steps straight; on 4 ranks (zero3, M=2, killed with SIGKILL at a random
-     moment after the step-10 checkpoint, mostly inside the step-20 write) and on 1 rank
-     (batch 4, M=2, stopped by SIGUSR1: exit 75, checkpoint, resume). The metrics file is
+     to 20 steps straight; on 4 ranks (zero3, M=2, every rank killed inside the step-20
+     write: save.data@20) and on 1 rank (batch 4, M=2, SIGUSR1 during step 9: exit 75,
+     checkpoint, resume). The metrics file is
      appended to: one file holds both runs.
   2  another world size and plan, same global batch: 8 ranks zero3 (batch 1) -> 4 ranks
      p=1,g=2x1,os=4x1 (batch 2), and 4 ranks zero3 M=2 (batch 1) -> 1 rank (batch 4):
      losses and validation loss of the resumed part within 1e-5 relative of the
      uninterrupted run; final parameters per tensor relative L2 <= 1e-5 and max <= 1e-3
      of the tensor's scale (the tolerances of validation/engine/equivalence_test.py).
-  4  kill -9 during checkpoint writes: 2 ranks zero3, --checkpoint-every 1, five runs
-     each SIGKILLed (all ranks and mpiexec) at a random moment after its first
-     checkpoint; after each kill `latest` names a complete step file that `amsp ckpt
-     verify` passes, and the next --resume auto resumes from exactly that file, ignoring
-     any .tmp left by the killed write. Every step record of all six runs (one appended
+  4  kill -9 at every point of a save: 2 ranks zero3, --checkpoint-every 1, seven runs,
+     each killed at another point (save.begin, save.data, save.closed, save.renamed,
+     save.latest_tmp, save.latest, train.step); after each kill `latest` names the
+     complete step file that point implies, `amsp ckpt verify` passes it, and the next
+     --resume auto resumes from exactly that file, ignoring any .tmp left by the killed
+     write. Every step record of all six runs (one appended
      metrics file) equals the uninterrupted run's bit for bit, and so do the final
      parameters. Plus the 4-rank kill of check 1 checked the same way.
   5  a flipped byte in the newest checkpoint's data: --resume auto says "skipping" naming
@@ -48,7 +52,6 @@ Prints one line per check and ends with "N passed, M failed"; exit 1 on any fail
 import argparse
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -73,7 +76,6 @@ RUN_TIMEOUT = 240     # seconds for one amsp run
 # topology tests' (16917, 17101-17104) and the equivalence test's (17017, 17201-17204).
 CTLD_PORT, NODE_PORT = "17317", "17401"
 COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss")
-RNG = random.Random(int(os.environ.get("AMSP_RESUME_TEST_SEED", time.time_ns())))
 
 
 class Failure(Exception):
@@ -150,24 +152,6 @@ class Job:
         with self.cond:
             self.cond.notify_all()
 
-    def wait_line(self, pattern, timeout=RUN_TIMEOUT):
-        """The first stdout line matching pattern, or None if the job ends first."""
-        rx = re.compile(pattern)
-        deadline = time.time() + timeout
-        with self.cond:
-            seen = 0
-            while True:
-                for line in self.out[seen:]:
-                    if rx.search(line):
-                        return line
-                seen = len(self.out)
-                if self.p.poll() is not None and not self.readers[0].is_alive():
-                    return None
-                left = deadline - time.time()
-                if left <= 0:
-                    return None
-                self.cond.wait(min(left, 0.2))
-
     def kill9(self):
         """SIGKILL every rank at once, then the launcher and its helpers."""
         for pid in rank_pids(self.tag):
@@ -180,12 +164,6 @@ class Job:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-    def signal_ranks(self, sig):
-        pids = rank_pids(self.tag)
-        for pid in pids:
-            os.kill(pid, sig)
-        return len(pids)
 
     def finish(self, timeout=RUN_TIMEOUT):
         try:
@@ -327,15 +305,17 @@ class Tests:
                 self.slurm_env)
 
     def start(self, tag, ranks, plan, batch, accum, steps=STEPS, nodes=1, ckdir=None, every=0,
-              resume=None, keep=0, params=True, extra=(), fresh=True):
+              resume=None, keep=0, params=True, extra=(), fresh=True, fault=None):
         """Starts a run; its metrics go to WORK/tag.jsonl (appended to on resume unless
-        fresh), its final parameters to WORK/tag.bin."""
+        fresh), its final parameters to WORK/tag.bin. fault: AMSP_FAULT for the ranks (a
+        crash or a signal at a named point of a step or a save, src/core/fault.h)."""
         metrics, final = self.path(f"{tag}.jsonl"), self.path(f"{tag}.bin")
         if fresh:
             for p in (metrics, final):
                 if os.path.exists(p):
                     os.remove(p)
         pre, env = self.launcher(ranks, nodes)
+        env = dict(env, AMSP_FAULT=fault) if fault else env
         cmd = pre + [self.args.amsp, "train", "--model", "tiny", "--data", self.args.data,
                      "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch),
                      "--grad-accum", str(accum), "--shard", plan, "--eval-every", "0",
@@ -388,41 +368,28 @@ class Tests:
 
     # ---------------------------------------------------------------- check 1 and 4a
     def same_plan_4(self):
-        """4 ranks zero3 M=2: SIGKILL after the step-10 checkpoint, resume auto."""
+        """4 ranks zero3 M=2: every rank killed inside the step-20 write, resume auto."""
         ref, ref_params = self.straight("s4", 4, "zero3", 1, 2)
         self.s4 = (ref, ref_params)
         ckdir = self.path("ck-s4")
         shutil.rmtree(ckdir, ignore_errors=True)
-        job = self.start("i4", 4, "zero3", 1, 2, ckdir=ckdir, every=10)
-        line = job.wait_line(r"^checkpoint: .*step-00000010\.h5")
-        # Aimed inside the step-20 write: a random moment within 70% of the time the
-        # step-10 write took ("checkpoint: PATH (step 10, S s)") after its .tmp appears.
-        m = re.search(r", ([0-9.]+) s\)$", line or "")
-        delay = RNG.uniform(0.0, 0.7 * (float(m.group(1)) if m else 1.0))
-        if line is not None:
-            t_end = time.time() + RUN_TIMEOUT
-            while not tmp_files(ckdir) and job.p.poll() is None and time.time() < t_end:
-                time.sleep(0.005)
-            time.sleep(delay)
-        last_step = max([int(m.group(1)) for m in (re.match(r"^step +(\d+)/", l) for l in job.out) if m] or [0])
-        job.kill9()
-        rc = job.finish()
-        if line is None or rc == 0 or os.path.exists(os.path.join(ckdir, "step-00000020.h5")):
-            self.report(False, f"1  4 ranks zero3 M=2: could not interrupt the run after step 10 (exit {rc})",
-                        [job.stderr()])
+        # Each rank kills itself once its part of step-20.h5 is written, before the
+        # file is closed: a crash inside the write, on every machine alike.
+        job, rc = self.run("i4", 4, "zero3", 1, 2, ckdir=ckdir, every=10, fault="save.data@20")
+        if rc == 0 or os.path.exists(os.path.join(ckdir, "step-00000020.h5")):
+            self.report(False, f"1  4 ranks zero3 M=2: AMSP_FAULT=save.data@20 did not kill the run "
+                               f"inside the step-20 write (exit {rc})", [job.stderr()])
             return
         tmps = tmp_files(ckdir)
         ok, step, what = self.after_kill(ckdir)
-        where = (f"a write was under way: {' '.join(tmps)} left" if tmps
-                 else f"between writes, after step {last_step}")
-        self.report(ok and step == 10,
-                    f"4  kill -9 of 4 ranks {delay:.1f} s after the step-20 .tmp appeared ({where}): {what}",
-                    [what])
+        self.report(ok and step == 10 and tmps == [".step-00000020.h5.tmp"],
+                    f"4  kill -9 of 4 ranks inside the step-20 write (left {' '.join(tmps) or 'no .tmp'}): "
+                    f"{what}", [what])
         self.s4_ckpt = os.path.join(ckdir, "step-00000010.h5")
         # Resume with auto: the .tmp of the killed write must be ignored.
         job2, rc2 = self.run("i4", 4, "zero3", 1, 2, ckdir=ckdir, every=10, resume="auto", fresh=False)
-        self.same_plan_result("1  4 ranks zero3 M=2 B=1: 10 steps, kill -9, --resume auto, 10 steps",
-                              job2, rc2, "i4", ref, ref_params, 10, ckdir)
+        self.same_plan_result("1  4 ranks zero3 M=2 B=1: 20 steps, kill -9 in the step-20 write, "
+                              "--resume auto, 10 steps", job2, rc2, "i4", ref, ref_params, 10, ckdir)
 
     def same_plan_result(self, label, job, rc, tag, ref, ref_params, resume_step, ckdir):
         out = job.stdout()
@@ -462,19 +429,20 @@ class Tests:
         ref, ref_params = self.straight("s1", 1, "zero3", 4, 2)
         ckdir = self.path("ck-s1")
         shutil.rmtree(ckdir, ignore_errors=True)
-        job = self.start("i1", 1, "zero3", 4, 2, ckdir=ckdir, every=10)
-        line = job.wait_line(r"^step +9/")
-        n = job.signal_ranks(signal.SIGUSR1) if line else 0
-        rc = job.finish()
+        # SIGUSR1 raised by the rank itself at the start of step 9: the stop request
+        # arrives mid-run whatever the machine's speed.
+        job, rc = self.run("i1", 1, "zero3", 4, 2, ckdir=ckdir, every=10, fault="train.step@9,USR1")
         stop = re.search(r"^stopping after step (\d+) on a signal", job.stdout(), re.M)
         k = int(stop.group(1)) if stop else None
         if rc != 75 or k is None or not os.path.exists(os.path.join(ckdir, f"step-{k:08d}.h5")) \
                 or (latest_name(ckdir) or "").strip() != f"step-{k:08d}.h5":
-            self.report(False, f"1  1 rank: SIGUSR1 to {n} rank(s) at step 9: exit {rc} (expected 75), "
+            self.report(False, f"1  1 rank: SIGUSR1 at step 9: exit {rc} (expected 75), "
                                f"stopped after step {k}, latest {latest_name(ckdir)!r}",
                         [' '.join(job.cmd), job.stderr()])
             return
         job2, rc2 = self.run("i1", 1, "zero3", 4, 2, ckdir=ckdir, every=10, resume="auto", fresh=False)
+        if k != 9:
+            self.report(False, f"1  1 rank: SIGUSR1 during step 9 stopped after step {k}, not 9")
         self.same_plan_result(f"1  1 rank B=4 M=2: SIGUSR1 at step 9, stopped after step {k} (exit 75), "
                               f"--resume auto, {STEPS - k} steps", job2, rc2, "i1", ref, ref_params, k, ckdir)
 
@@ -510,12 +478,11 @@ class Tests:
                     [' '.join(job.cmd), job.stderr()])
 
     def interrupted_at_10(self, tag, ranks, plan, batch, accum, ckdir, nodes=1):
-        """Runs until its step-10 checkpoint is written, then kills every rank at once."""
+        """Runs until its step-10 checkpoint is written; every rank dies at the start of step 11."""
         shutil.rmtree(ckdir, ignore_errors=True)
-        job = self.start(tag, ranks, plan, batch, accum, nodes=nodes, ckdir=ckdir, every=10)
-        line = job.wait_line(r"^checkpoint: .*step-00000010\.h5")
-        job.kill9()
-        rc = job.finish()
+        job, rc = self.run(tag, ranks, plan, batch, accum, nodes=nodes, ckdir=ckdir, every=10,
+                           fault="train.step@11")
+        line = next((l for l in job.out if re.search(r"^checkpoint: .*step-00000010\.h5", l)), None)
         if line is None or rc == 0:
             raise Failure(f"{tag}: the run did not write its step-10 checkpoint or was not killed "
                           f"(exit {rc}): {' '.join(job.cmd)}\n{job.stderr()[-1500:]}")
@@ -553,7 +520,13 @@ class Tests:
                        job, rc, "sl8", ref, ref_params, 10)
 
     # ---------------------------------------------------------------- check 4
-    def kills(self, n_kills=5):
+    # Each run of check 4 dies at one of these points (src/core/fault.h), past the
+    # checkpoint the previous run resumed from; with --checkpoint-every 1, the file
+    # `latest` must then name: the previous step's file, or for save.latest this one's.
+    KILLS = (("save.begin", 3), ("save.data", 7), ("save.closed", 11), ("save.renamed", 15),
+             ("save.latest_tmp", 19), ("save.latest", 23), ("train.step", 28))
+
+    def kills(self):
         steps = 40
         tag = "k2"
         ref_job, rc = self.run("k2ref", 2, "zero3", 1, 1, steps=steps)
@@ -567,33 +540,16 @@ class Tests:
         def count():
             p = self.path(f"{tag}.jsonl")
             return read_metrics(p) if os.path.exists(p) else []
-        for i in range(n_kills + 1):
+        for i in range(len(self.KILLS) + 1):
             before = len(count()) if i else 0
-            job = self.start(tag, 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=1, resume="auto",
-                             fresh=(i == 0))
-            if i == n_kills:
-                rc = job.finish()
-                mine = [r["step"] for r in count()[before:]]
-                spans.append(f"{mine[0]}-{mine[-1]}" if mine else "none")
-                break
-            # Odd kills: a random moment after this run's first checkpoint (a step takes
-            # ~0.06 s, a write ~0.2 s). Even kills: aimed inside a write, a random moment
-            # after the next .tmp appears (stale ones are gone once a save has completed).
-            line = job.wait_line(r"^checkpoint: ")
-            aimed = i % 2 == 1
-            # the write time this run reported: "checkpoint: PATH (step N, S s)"
-            m = re.search(r", ([0-9.]+) s\)$", line or "")
-            write_s = float(m.group(1)) if m else 0.1
-            delay = RNG.uniform(0.0, 0.7 * write_s) if aimed else RNG.uniform(0.0, 0.3)
-            if line is not None:
-                t_end = time.time() + 30
-                while aimed and not tmp_files(ckdir) and job.p.poll() is None and time.time() < t_end:
-                    time.sleep(0.002)
-                time.sleep(delay)
-            job.kill9()
-            rc = job.finish()
+            fault = "%s@%d" % self.KILLS[i] if i < len(self.KILLS) else None
+            job, rc = self.run(tag, 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=1, resume="auto",
+                               fresh=(i == 0), fault=fault)
             mine = [r["step"] for r in count()[before:]]
             spans.append(f"{mine[0]}-{mine[-1]}" if mine else "none")
+            if fault is None:
+                break
+            point, at = self.KILLS[i]
             problems = []
             out = job.stdout()
             if expect:
@@ -602,21 +558,20 @@ class Tests:
                     problems.append(f"resumed from {m.group(1) if m else 'nothing'}, not {expect}")
             if expect and mine and mine[0] != int(expect[5:13]) + 1:
                 problems.append(f"its first step record is {mine[0]}, not {int(expect[5:13]) + 1}")
-            if line is None or rc == 0:
-                problems.append(f"run ended by itself (exit {rc}) before the kill")
+            if rc == 0:
+                problems.append(f"run ended by itself (exit {rc}): AMSP_FAULT={fault} never fired")
             tmps = tmp_files(ckdir)
-            last_ckpt = [l for l in job.out if l.startswith("checkpoint: ")][-1:]
             ok, step, what = self.after_kill(ckdir)
-            if not ok:
-                problems.append(what)
+            want = at if point == "save.latest" else at - 1
+            if not ok or step != want:
+                problems.append(f"{what}; expected latest step-{want:08d}.h5")
             expect = f"step-{step:08d}.h5" if step else None
             self.report(not problems,
-                        f"4  kill -9 #{i + 1} of 2 ranks {delay:.2f} s after "
-                        f"{'a .tmp appeared' if aimed else 'a checkpoint'} "
-                        f"({'a write was under way: ' + ' '.join(tmps) if tmps else 'between writes'}): {what}"
+                        f"4  kill -9 #{i + 1} of 2 ranks at {fault} "
+                        f"({'a write was under way: ' + ' '.join(tmps) if tmps else 'no .tmp left'}): {what}"
                         + (f"; {'; '.join(problems)}" if problems else ""),
-                        [' '.join(job.cmd), job.stderr(), *last_ckpt])
-        # The last run finishes: every record of the six runs equals the reference.
+                        [' '.join(job.cmd), job.stderr()])
+        # The last run finishes: every record of all the runs equals the reference.
         problems = []
         m = re.search(r"^resume: (\S+) \(step (\d+),", job.stdout(), re.M)
         if rc != 0:
@@ -637,7 +592,7 @@ class Tests:
             problems.append(f"temporaries left: {tmp_files(ckdir)}")
         spans = " ".join(spans)
         self.report(not problems,
-                    f"4  after {n_kills} kills the run finishes: steps per run {spans}, "
+                    f"4  after {len(self.KILLS)} kills the run finishes: steps per run {spans}, "
                     f"{sum(1 for r in recs if 'loss' in r)} step records bit-identical to the uninterrupted "
                     f"run, final params {'identical' if same else 'DIFFER'}"
                     + (f"; {'; '.join(problems)}" if problems else ""),

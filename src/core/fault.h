@@ -1,0 +1,31 @@
+// Crashes on purpose at a named point, for tests of what survives a crash.
+//
+// A test that kills a run "after step 10" by watching its output races the
+// run: on a fast machine the run may finish first, on a loaded one the kill
+// lands elsewhere. Instead the test names the point in the environment and
+// the process kills itself there, so the crash happens at the same place on
+// every machine:
+//
+//   AMSP_FAULT=POINT@STEP        every rank that reaches POINT at STEP
+//   AMSP_FAULT=POINT@STEP:RANK   only that rank (MPI_COMM_WORLD rank)
+//   AMSP_FAULT=POINT@STEP,USR1   a signal other than KILL (USR1 or TERM)
+//
+// The process raises the signal on itself. SIGKILL: no handler, destructor or
+// atexit runs, exactly as for `kill -9`. USR1 and TERM reach the stop handler
+// as Slurm's would, at a known moment. The points are listed in doc/checkpoints.md
+// ("Crash points"); an unknown POINT is refused at the first check so that a
+// typo cannot make a crash test pass by crashing nowhere.
+#pragma once
+
+#include <cstdint>
+
+namespace amsp::fault {
+
+// Throws UsageError if AMSP_FAULT is set but malformed; call it at start.
+void check_environment();
+
+// Dies here if AMSP_FAULT names this point, this step and this rank. `point`
+// must be one of the names in kPoints (fault.cpp). rank < 0: not known yet.
+void point(const char* name, int64_t step, int rank);
+
+}  // namespace amsp::fault
