@@ -16,8 +16,10 @@ mpi mode (mpiexec on this machine):
      write: save.data@20) and on 1 rank (batch 4, M=2, SIGUSR1 during step 9: exit 75,
      checkpoint, resume). The metrics file is
      appended to: one file holds both runs.
-  2  another world size and plan, same global batch: 8 ranks zero3 (batch 1) -> 4 ranks
-     p=1,g=2x1,os=4x1 (batch 2), and 4 ranks zero3 M=2 (batch 1) -> 1 rank (batch 4):
+  2  another world size and plan, same global batch in micro-batches of the same shape
+     (so that only the order of the gradient sums differs, as in the equivalence test):
+     8 ranks zero3 (batch 1) -> 4 ranks p=1,g=2x1,os=4x1 (batch 1, M=2), and 4 ranks
+     zero3 M=2 (batch 1) -> 1 rank (batch 1, M=8):
      losses and validation loss of the resumed part within 1e-5 relative of the
      uninterrupted run; final parameters per tensor relative L2 <= 1e-5 and max <= 1e-3
      of the tensor's scale (the tolerances of validation/engine/equivalence_test.py).
@@ -40,7 +42,7 @@ mpi mode (mpiexec on this machine):
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
 starts on its own ports, 17317 and 17401-17404, and always stops):
   3  8 ranks (4 nodes x 2) p=1,g=2x1,os=2x2 killed after the step-10 checkpoint, resumed
-     with --resume auto on 2 nodes x 2 under mics:2 with batch 2: losses and parameters
+     with --resume auto on 2 nodes x 2 under mics:2 with batch 1, M=2: losses and parameters
      within the tolerances of 2 against the uninterrupted 8-rank run. Exit code 77
      (CTest SKIP_RETURN_CODE) without root, Slurm or munge.
 
@@ -496,8 +498,8 @@ class Tests:
     def reshard_8_to_4(self):
         ref, ref_params = self.straight("s8", 8, "zero3", 1, 1)
         ck = self.interrupted_at_10("i8", 8, "zero3", 1, 1, self.path("ck-s8"))
-        job, rc = self.run("r8to4", 4, "p=1,g=2x1,os=4x1", 2, 1, resume=ck)
-        self.resharded("2  8 ranks zero3 B=1 -> 4 ranks p=1,g=2x1,os=4x1 B=2 (--resume FILE)",
+        job, rc = self.run("r8to4", 4, "p=1,g=2x1,os=4x1", 1, 2, resume=ck)
+        self.resharded("2  8 ranks zero3 B=1 -> 4 ranks p=1,g=2x1,os=4x1 B=1 M=2 (--resume FILE)",
                        job, rc, "r8to4", ref, ref_params, 10)
 
     def reshard_4_to_1(self):
@@ -505,8 +507,8 @@ class Tests:
             self.report(False, "2  4 ranks -> 1 rank: no step-10 checkpoint from check 1")
             return
         ref, ref_params = self.s4
-        job, rc = self.run("r4to1", 1, "ddp", 4, 2, resume=self.s4_ckpt)
-        self.resharded("2  4 ranks zero3 B=1 M=2 -> 1 rank B=4 M=2 (--resume FILE)",
+        job, rc = self.run("r4to1", 1, "ddp", 1, 8, resume=self.s4_ckpt)
+        self.resharded("2  4 ranks zero3 B=1 M=2 -> 1 rank B=1 M=8 (--resume FILE)",
                        job, rc, "r4to1", ref, ref_params, 10)
 
     def slurm_resume(self):
@@ -515,8 +517,8 @@ class Tests:
         self.interrupted_at_10("sl8", 8, "p=1,g=2x1,os=2x2", 1, 1, ckdir, nodes=4)
         self.report(True, "3  8 ranks on 4 nodes killed after the step-10 checkpoint: latest names "
                           "step-00000010.h5, which verifies")
-        job, rc = self.run("sl8", 4, "mics:2", 2, 1, nodes=2, ckdir=ckdir, every=0, resume="auto", fresh=False)
-        self.resharded("3  srun 4 nodes x 2 p=1,g=2x1,os=2x2 B=1 -> 2 nodes x 2 mics:2 B=2 (--resume auto)",
+        job, rc = self.run("sl8", 4, "mics:2", 1, 2, nodes=2, ckdir=ckdir, every=0, resume="auto", fresh=False)
+        self.resharded("3  srun 4 nodes x 2 p=1,g=2x1,os=2x2 B=1 -> 2 nodes x 2 mics:2 B=1 M=2 (--resume auto)",
                        job, rc, "sl8", ref, ref_params, 10)
 
     # ---------------------------------------------------------------- check 4

@@ -2,15 +2,19 @@
 """N ranks with any shard plan train exactly what one rank does with the same global batch.
 
 For each case (world layout, plan, micro-batches M, per-rank batch B) `amsp train` runs
-20 steps of the tiny preset on N ranks, and the reference runs on one rank with batch
-N*B and the same M (one reference per (N*B, M), computed once). Compared:
+20 steps of the tiny preset on N ranks, and the reference runs on one rank with the
+same global batch cut into the same micro-batches: batch B and N*M micro-batches (one
+reference per (B, N*M), computed once). Micro-batch k of the reference is micro-batch
+k // N of rank k % N, so every forward and backward is the same arithmetic on the same
+data; the two sides differ only in the order in which the N*M micro-batch gradients
+are added (doc/engine-tests.md derives the tolerances from that). Compared:
 
   - every step's loss, and the validation loss at the start and the end: relative
-    difference <= 1e-5; the gradient norm: <= 1e-5 at step 1, <= 1e-3 later;
+    difference <= 1e-5; the gradient norm: <= 1e-5 at step 1, <= 1e-4 later;
   - the parameters after the last step (--final-params, raw float32 in layout order),
     per tensor: max |a - b| / max |b| <= 1e-3 (the scale of the reference tensor, as
     validation/hf_compare.py does) and |a - b| / |b| (L2) <= 1e-5. The worst tensor is
-    reported. Why not 1e-5 on the max: doc/engine-tests.md (AdamW's eps).
+    reported.
 
 Also: a plan that does not fit the world (mics:3) is refused before any work, exit code
 2 and the reason on stderr; and --shard auto runs, names the plan it chose on its first
@@ -41,17 +45,16 @@ import time
 from array import array
 
 SKIP = 77
-# Tolerances (doc/engine-tests.md). Losses and validation losses: the relative
-# difference per step; the gradient norm the same at step 1 (same parameters on both
-# sides), NORM_TOL later (the parameters have drifted apart as described below).
-# Parameters: per tensor, both the largest element difference relative to the tensor's
-# largest magnitude and the relative L2 difference.
-# AdamW's eps (1e-8) turns the last-bit differences of near-zero gradient elements
-# (sums taken in another order) into update differences of up to ~1e-6, which is
-# 1e-4 of a tensor of scale 0.08 after 20 steps; a real bug (a shard's update skipped
-# or wrong) moves elements by a whole step, ~1e-3, i.e. 1e-2 of the scale.
+# Tolerances, derived in doc/engine-tests.md ("Why these tolerances"). Both sides compute
+# every micro-batch bit for bit alike; they differ only in the order of an R-term fp32
+# sum (R = ranks x micro-batches <= 16), i.e. by at most 2(R-1)u of the summands' sum of
+# magnitudes per gradient element, u = 2^-24. Losses and the step-1 gradient norm see that
+# directly (<= 2e-6); later norms and the parameters see it after AdamW, whose eps
+# amplifies the last-bit differences of near-zero gradient elements, and 20 steps of
+# feedback. A real bug (a shard's update skipped or wrong, a reduction missed) moves a
+# shard by a whole update, lr ~ 1e-4..1e-3, i.e. >= 1e-3 of a tensor in L2.
 LOSS_TOL = 1e-5
-NORM_TOL = 1e-3
+NORM_TOL = 1e-4
 PARAM_MAX_TOL = 1e-3
 PARAM_L2_TOL = 1e-5
 STEPS, SEQ = 20, 32
@@ -248,23 +251,24 @@ class Runner:
         cmd = pre + self.train_args(batch, accum, shard, tag, steps)
         return cmd, run(cmd, env)
 
-    def reference(self, global_batch, accum):
-        key = (global_batch, accum)
+    def reference(self, batch, micro_batches):
+        """One rank, the same micro-batches as the N ranks together: batch B, N*M of them."""
+        key = (batch, micro_batches)
         if key not in self.refs:
-            tag = f"ref-b{global_batch}-m{accum}"
-            cmd = self.train_args(global_batch, accum, "ddp", tag)
+            tag = f"ref-b{batch}-m{micro_batches}"
+            cmd = self.train_args(batch, micro_batches, "ddp", tag)
             rc, out, err, secs = run(cmd, clean_env())
             if rc != 0:
                 raise Failure(f"reference run failed ({rc}): {' '.join(cmd)}\n{err.strip()[-2000:]}")
             self.refs[key] = (read_metrics(os.path.join(self.args.work, f"{tag}.jsonl")),
                               read_params(os.path.join(self.args.work, f"{tag}.bin")))
-            print(f"     reference: 1 rank, batch {global_batch}, M={accum}: {secs:.1f} s", flush=True)
+            print(f"     reference: 1 rank, batch {batch}, M={micro_batches}: {secs:.1f} s", flush=True)
         return self.refs[key]
 
     def case(self, per_node, nodes, plan, accum, batch):
         world = per_node * nodes
         label = (f"{world} ranks ({per_node}x{nodes}) {plan:20s} M={accum} B={batch}")
-        ref_metrics, ref_params = self.reference(world * batch, accum)
+        ref_metrics, ref_params = self.reference(batch, world * accum)
         tag = f"w{per_node}x{nodes}-{plan.replace(':', '').replace(',', '_').replace('=', '')}-m{accum}-b{batch}"
         cmd, (rc, out, err, secs) = self.launch(per_node, nodes, batch, accum, plan, tag)
         first = out.splitlines()[0] if out else ""
