@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "engine/trainer.h"
+#include "hf/model_dir.h"
 #include "model/config.h"
 #include "plan/memory.h"
 
@@ -98,7 +99,15 @@ int run_train(int argc, char** argv) {
            "write a JSON record of the run (plan, topology, Slurm job, options) at the start and "
            "its outcome (steps, time, peak memory) at the end")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
-           "after the last step, write every parameter as raw float32 in layout order (tests)");
+           "after the last step, write every parameter as raw float32 in layout order (tests)")
+      ("param-trace", po::value<std::string>(&o.param_trace_path)->value_name("FILE"),
+           "after every step, append every parameter as raw float32 in layout order (tests)")
+      ("init-from", po::value<std::string>(&o.init_from)->value_name("DIR"),
+           "start from a Hugging Face model directory (config.json and safetensors) instead of "
+           "random weights; the model comes from its config.json")
+      ("data-order", po::value<std::string>(&o.data_order_path)->value_name("FILE"),
+           "write one JSON line per step: where each of its training windows starts in the "
+           "train split, in global row order");
   desc.add(model_field_options());
 
   po::variables_map vm;
@@ -122,7 +131,14 @@ int run_train(int argc, char** argv) {
   require(o.peak_tflops >= 0, "peak-tflops", o.peak_tflops, "a number >= 0");
 
   o.seed = static_cast<uint64_t>(seed);
-  o.model = model::load_config(model_name);
+  if (!o.init_from.empty()) {
+    if (!vm["model"].defaulted())
+      fail_usage("--model ", model_name, " with --init-from ", o.init_from,
+                 ": expected one of them (--init-from takes the model from its config.json)");
+    o.model = hf::ModelDir(o.init_from).config();
+  } else {
+    o.model = model::load_config(model_name);
+  }
   apply_model_fields(vm, o.model);
   o.model.validate();
   o.schedule.lr = lr;

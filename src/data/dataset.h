@@ -79,6 +79,10 @@ class TokenDataset {
 // Throws UsageError if the split is shorter than T+1 tokens.
 void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
                         int64_t B, int64_t T, int32_t* tokens, int32_t* targets);
+// Where row `row` of step `step` starts in the train split: its window is
+// tokens [start, start + T]. What sample_train_batch copies, for recording the
+// data order.
+int64_t train_window_start(const TokenDataset& data, uint64_t seed, int64_t step, int64_t row, int64_t T);
 
 // Evaluation windows: a split (the held-out one unless asked) cut into
 // consecutive windows of T+1 tokens (stride T); window i for i in

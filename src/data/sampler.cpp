@@ -30,18 +30,23 @@ void copy_window(const int32_t* w, int64_t T, int32_t* tokens, int32_t* targets)
 
 }  // namespace
 
-void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
-                        int64_t B, int64_t T, int32_t* tokens, int32_t* targets) {
-  if (T <= 0 || B < 0) fail("sample_train_batch: B = ", B, ", T = ", T, ": expected B >= 0, T > 0");
-  const auto& train = data.tokens(Split::kTrain);
-  const int64_t n = static_cast<int64_t>(train.size());
+int64_t train_window_start(const TokenDataset& data, uint64_t seed, int64_t step, int64_t row, int64_t T) {
+  if (T <= 0) fail("train_window_start: T = ", T, ": expected T > 0");
+  const int64_t n = static_cast<int64_t>(data.tokens(Split::kTrain).size());
   if (n < T + 1)
     fail_usage("--data ", data.path(), ": train split has ", n, " tokens, fewer than one sequence of --seq-len ",
                T, " + 1");
   // Starts uniform over [0, n - (T+1)]: n - T choices.
   const uint64_t choices = static_cast<uint64_t>(n - T);
+  return static_cast<int64_t>(random_below(seed, kTrainWindowStream, window_index(step, row), choices));
+}
+
+void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
+                        int64_t B, int64_t T, int32_t* tokens, int32_t* targets) {
+  if (T <= 0 || B < 0) fail("sample_train_batch: B = ", B, ", T = ", T, ": expected B >= 0, T > 0");
+  const auto& train = data.tokens(Split::kTrain);
   for (int64_t b = 0; b < B; ++b) {
-    const uint64_t start = random_below(seed, kTrainWindowStream, window_index(step, first_row + b), choices);
+    const int64_t start = train_window_start(data, seed, step, first_row + b, T);
     copy_window(train.data() + start, T, tokens + b * T, targets + b * T);
   }
 }

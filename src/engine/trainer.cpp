@@ -24,6 +24,7 @@
 #include "core/fault.h"
 #include "data/dataset.h"
 #include "engine/evaluate.h"
+#include "engine/hf_init.h"
 #include "engine/metrics.h"
 #include "engine/peak.h"
 #include "engine/plan_groups.h"
@@ -214,15 +215,29 @@ std::string options_json(const TrainOptions& o) {
                       {"beta1", o.adamw.beta1},        {"beta2", o.adamw.beta2},
                       {"adam_eps", o.adamw.eps},       {"grad_clip", o.grad_clip},
                       {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings}};
+  if (!o.init_from.empty()) j["init_from"] = o.init_from;
   return j.dump();
 }
 
-void write_final_params(const std::string& path, const std::vector<std::vector<float>>& params) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail("--final-params ", path, ": cannot create the file");
+// Every parameter as raw float32 in layout order; `option` names the file in errors.
+void write_params(const std::string& path, const std::vector<std::vector<float>>& params, bool append,
+                  const char* option) {
+  std::ofstream out(path, std::ios::binary | (append ? std::ios::app : std::ios::trunc));
+  if (!out) fail(option, " ", path, ": cannot create the file");
   for (const auto& p : params)
     out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size() * sizeof(float)));
-  if (!out) fail("--final-params ", path, ": write failed");
+  if (!out) fail(option, " ", path, ": write failed");
+}
+
+// One JSON line: the step and where each of its rows' windows starts in the
+// train split, rows in global order (row = (micro * ranks + rank) * batch + b).
+void write_data_order(std::ofstream& out, const data::TokenDataset& data, uint64_t seed, int64_t step,
+                      int64_t rows, int64_t T) {
+  nlohmann::json starts = nlohmann::json::array();
+  for (int64_t row = 0; row < rows; ++row) starts.push_back(data::train_window_start(data, seed, step, row, T));
+  out << nlohmann::json{{"step", step}, {"window_tokens", T + 1}, {"starts", starts}}.dump() << "\n";
+  out.flush();
+  if (!out) fail("--data-order: write failed at step ", step);
 }
 
 }  // namespace
@@ -277,6 +292,7 @@ TrainResult train(const TrainOptions& options) {
   eo.comm_timeout_s = o.comm_timeout_s;
   eo.trace = trace.get();
   ShardedEngine engine(o.model, o.batch_size, o.seq_len, *pg, o.seed, eo);
+  if (!o.init_from.empty()) collectively([&] { load_hf_weights(hf::ModelDir(o.init_from), engine); });
   if (root) print_config(o, *data, peak_flops, threads, topo, *pg, engine.model_state_bytes());
 
   const int64_t world = topo.world_size, pos = pg->position, B = o.batch_size, T = o.seq_len;
@@ -390,6 +406,11 @@ TrainResult train(const TrainOptions& options) {
       std::fflush(stdout);
     }
   };
+  std::ofstream data_order;
+  if (root && !o.data_order_path.empty()) {
+    data_order.open(o.data_order_path, first_step > 1 ? std::ios::app : std::ios::trunc);
+    if (!data_order) comm::abort_job(cat("--data-order ", o.data_order_path, ": cannot create the file"));
+  }
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step <= o.steps; ++step) {
@@ -429,6 +450,11 @@ TrainResult train(const TrainOptions& options) {
     if (root) {
       sink->step(m);
       if (eval_now) sink->eval(step, val_loss, windows);
+      if (data_order.is_open()) write_data_order(data_order, *data, o.seed, step, tokens_per_step / T, T);
+    }
+    if (!o.param_trace_path.empty()) {
+      const auto params = engine.full_parameters();
+      if (root) write_params(o.param_trace_path, params, /*append=*/step > 1, "--param-trace");
     }
     result.last_step = step;
     // Stop together: a signal may reach the ranks at different moments.
@@ -451,7 +477,7 @@ TrainResult train(const TrainOptions& options) {
   result.val_loss = val_loss;
   if (!o.final_params_path.empty()) {
     const auto params = engine.full_parameters();
-    if (root) write_final_params(o.final_params_path, params);
+    if (root) write_params(o.final_params_path, params, /*append=*/false, "--final-params");
   }
   if (trace) {
     trace->write(o.trace_path);

@@ -35,6 +35,9 @@ struct TrainOptions {
   bool overlap = true;         // false: every collective is waited for when issued
   std::string run_info_path;    // rank 0 writes what the run is and how it ended (run_info.h)
   std::string final_params_path;  // rank 0 writes every parameter here after the last step
+  std::string param_trace_path;   // rank 0 appends every parameter here after every step
+  std::string init_from;          // Hugging Face model directory the weights start from
+  std::string data_order_path;    // rank 0 writes each step's training windows here (JSON lines)
   std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
   double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default

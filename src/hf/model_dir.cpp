@@ -1,0 +1,134 @@
+#include "hf/model_dir.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace amsp::hf {
+namespace fs = std::filesystem;
+namespace {
+
+std::string read_text(const fs::path& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) fail_usage("--init-from ", path.parent_path().string(), ": no ", what, " (expected a Hugging Face "
+                      "model directory: config.json and model.safetensors)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The parts of a config.json that amsp's LLaMA cannot represent.
+void check_architecture(const nlohmann::json& j, const std::string& source) {
+  auto refuse = [&](const std::string& what) {
+    fail_usage(source, ": ", what, "; expected a LLaMA model (LlamaForCausalLM)");
+  };
+  if (j.contains("model_type") && j["model_type"] != "llama")
+    refuse(cat("model_type is ", j["model_type"].dump()));
+  if (j.contains("architectures") && j["architectures"].is_array() &&
+      (j["architectures"].size() != 1 || j["architectures"][0] != "LlamaForCausalLM"))
+    refuse(cat("architectures is ", j["architectures"].dump()));
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") refuse(cat("hidden_act is ", j["hidden_act"].dump()));
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (j.contains(bias) && j[bias] == true) refuse(cat(bias, " is true (amsp's projections have no bias)"));
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    refuse(cat("rope_scaling is ", j["rope_scaling"].dump(), " (only plain RoPE is supported)"));
+  if (j.contains("head_dim") && j["head_dim"].is_number_integer() && j.contains("hidden_size") &&
+      j.contains("num_attention_heads") &&
+      j["head_dim"].get<int64_t>() * j["num_attention_heads"].get<int64_t>() != j["hidden_size"].get<int64_t>())
+    refuse(cat("head_dim ", j["head_dim"].dump(), " is not hidden_size / num_attention_heads"));
+}
+
+// The weight files: the index's shards, else model.safetensors.
+std::vector<std::string> weight_files(const fs::path& dir) {
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    if (!fs::exists(dir / "model.safetensors"))
+      fail_usage("--init-from ", dir.string(), ": no model.safetensors or model.safetensors.index.json");
+    return {(dir / "model.safetensors").string()};
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text(index, "model.safetensors.index.json"));
+  } catch (const nlohmann::json::exception&) {
+    fail_usage(index.string(), ": not valid JSON");
+  }
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    fail_usage(index.string(), ": no weight_map object");
+  std::set<std::string> names;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+      fail_usage(index.string(), ": weight_map entry ", tensor, " is not a file name in the directory");
+    names.insert(file.get<std::string>());
+  }
+  std::vector<std::string> out;
+  for (const auto& n : names) out.push_back((dir / n).string());
+  return out;
+}
+
+}  // namespace
+
+ModelDir::ModelDir(const std::string& dir) : dir_(dir) {
+  if (!fs::is_directory(dir)) fail_usage("--init-from ", dir, ": not a directory");
+  const fs::path config_path = fs::path(dir) / "config.json";
+  const std::string text = read_text(config_path, "config.json");
+  const std::string source = config_path.string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    fail_usage(source, ": not valid JSON");
+  }
+  check_architecture(j, source);
+  config_ = model::config_from_json(text, source);
+  config_.name = dir;
+  config_.validate();
+  for (const auto& f : weight_files(dir)) files_.push_back(std::make_unique<SafetensorsFile>(f));
+}
+
+ModelDir::~ModelDir() = default;
+
+const SafetensorsFile* ModelDir::file_of(const std::string& name) const {
+  for (const auto& f : files_)
+    if (f->tensors().count(name)) return f.get();
+  return nullptr;
+}
+
+void ModelDir::check(const std::vector<model::UnitSpec>& units) const {
+  std::set<std::string> expected;
+  for (const auto& u : units)
+    for (const auto& t : u.tensors) {
+      expected.insert(t.name);
+      const SafetensorsFile* f = file_of(t.name);
+      if (!f) fail_usage("--init-from ", dir_, ": no tensor ", t.name, " in the weights");
+      const TensorInfo& info = f->tensors().at(t.name);
+      if (info.shape != t.shape) {
+        auto dims = [](const std::vector<int64_t>& s) {
+          std::string out;
+          for (int64_t d : s) {
+            if (!out.empty()) out += 'x';
+            out += std::to_string(d);
+          }
+          return out;
+        };
+        fail_usage("--init-from ", dir_, ": tensor ", t.name, " in ", f->path(), " has shape ", dims(info.shape),
+                   "; config.json implies ", dims(t.shape));
+      }
+    }
+  for (const auto& f : files_)
+    for (const auto& [name, info] : f->tensors())
+      if (!expected.count(name))
+        fail_usage("--init-from ", dir_, ": ", f->path(), " holds ", name,
+                   ", which a LLaMA model of this config.json does not have");
+}
+
+void ModelDir::read(const std::string& name, int64_t first, int64_t count, float* out) const {
+  const SafetensorsFile* f = file_of(name);
+  if (!f) fail_usage("--init-from ", dir_, ": no tensor ", name, " in the weights");
+  f->read(name, first, count, out);
+}
+
+}  // namespace amsp::hf

@@ -1,0 +1,183 @@
+#include "hf/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace amsp::hf {
+namespace {
+
+// Headers of real models are tens of kilobytes; the format's own reader
+// refuses anything above 100 MB.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // normal: rebias 15 -> 127
+  } else if (mant == 0) {
+    bits = sign;  // +-0
+  } else {
+    // Subnormal: mant * 2^-24, exact in fp32.
+    float f = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+DType parse_dtype(const std::string& s, const std::string& where) {
+  if (s == "F32") return DType::kF32;
+  if (s == "BF16") return DType::kBF16;
+  if (s == "F16") return DType::kF16;
+  fail_usage(where, ": dtype ", s, " is not supported; expected F32, BF16 or F16");
+}
+
+void read_exact(int fd, void* buf, uint64_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) fail(path, ": read failed at byte ", offset, got < 0 ? cat(": ", std::strerror(errno)) : ": end of file");
+    p += got;
+    n -= static_cast<uint64_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+}
+
+TensorInfo parse_tensor(const std::string& path, const std::string& name, const nlohmann::json& j,
+                        uint64_t data_start, uint64_t data_bytes) {
+  const std::string where = cat(path, ": tensor ", name);
+  if (!j.is_object() || !j.contains("dtype") || !j["dtype"].is_string() || !j.contains("shape") ||
+      !j["shape"].is_array() || !j.contains("data_offsets") || !j["data_offsets"].is_array() ||
+      j["data_offsets"].size() != 2)
+    fail_usage(where, ": expected {\"dtype\": ..., \"shape\": [...], \"data_offsets\": [begin, end]}");
+  TensorInfo t;
+  t.dtype = parse_dtype(j["dtype"].get<std::string>(), where);
+  for (const auto& d : j["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+      fail_usage(where, ": shape ", j["shape"].dump(), " is not a list of sizes");
+    t.shape.push_back(d.get<int64_t>());
+    t.numel *= t.shape.back();
+    if (t.numel > (int64_t{1} << 40)) fail_usage(where, ": shape ", j["shape"].dump(), " is too large");
+  }
+  const auto& off = j["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    fail_usage(where, ": data_offsets ", off.dump(), " are not byte offsets");
+  const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+  if (b > e || e > data_bytes)
+    fail_usage(where, ": data_offsets ", off.dump(), " outside the data section of ", data_bytes, " bytes");
+  if (e - b != static_cast<uint64_t>(t.numel * dtype_bytes(t.dtype)))
+    fail_usage(where, ": data_offsets ", off.dump(), " hold ", e - b, " bytes, but shape ", j["shape"].dump(),
+               " of ", dtype_name(t.dtype), " needs ", t.numel * dtype_bytes(t.dtype));
+  t.begin = static_cast<int64_t>(data_start + b);
+  return t;
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+  }
+  return "?";
+}
+
+int64_t dtype_bytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail_usage(path, ": cannot open: ", std::strerror(errno));
+  try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) fail_usage(path, ": not a regular file");
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size < 8) fail_usage(path, ": ", size, " bytes; a safetensors file starts with an 8-byte header length");
+    unsigned char len_bytes[8];
+    read_exact(fd_, len_bytes, 8, 0, path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+    if (n == 0 || n > kMaxHeaderBytes || n > size - 8)
+      fail_usage(path, ": header length ", n, " does not fit a file of ", size,
+                 " bytes (is this a safetensors file?)");
+    std::string header(n, '\0');
+    read_exact(fd_, header.data(), n, 8, path);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(header);
+    } catch (const std::exception&) {
+      fail_usage(path, ": the header is not JSON (is this a safetensors file?)");
+    }
+    if (!j.is_object()) fail_usage(path, ": the header is not a JSON object");
+    const uint64_t data_start = 8 + n, data_bytes = size - data_start;
+    std::vector<std::pair<uint64_t, std::string>> ranges;
+    for (const auto& [name, value] : j.items()) {
+      if (name == "__metadata__") {
+        if (!value.is_object()) fail_usage(path, ": __metadata__ is not an object");
+        for (const auto& [k, v] : value.items())
+          if (v.is_string()) metadata_[k] = v.get<std::string>();
+        continue;
+      }
+      const TensorInfo t = parse_tensor(path, name, value, data_start, data_bytes);
+      ranges.emplace_back(static_cast<uint64_t>(t.begin), name);
+      tensors_[name] = t;
+    }
+    // Ranges must not overlap: a crafted header could alias one tensor's bytes into another.
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      const TensorInfo& prev = tensors_[ranges[i - 1].second];
+      if (static_cast<uint64_t>(prev.begin + prev.numel * dtype_bytes(prev.dtype)) > ranges[i].first)
+        fail_usage(path, ": tensors ", ranges[i - 1].second, " and ", ranges[i].second, " overlap");
+    }
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::read(const std::string& name, int64_t first, int64_t count, float* out) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail_usage(path_, ": no tensor ", name);
+  const TensorInfo& t = it->second;
+  if (first < 0 || count < 0 || first + count > t.numel)
+    fail(path_, ": elements [", first, ", ", first + count, ") of ", name, " outside its ", t.numel);
+  if (count == 0) return;
+  const int64_t eb = dtype_bytes(t.dtype);
+  const uint64_t offset = static_cast<uint64_t>(t.begin + first * eb);
+  if (t.dtype == DType::kF32) {
+    read_exact(fd_, out, static_cast<uint64_t>(count * 4), offset, path_);
+    return;
+  }
+  std::vector<uint16_t> half(static_cast<size_t>(count));
+  read_exact(fd_, half.data(), static_cast<uint64_t>(count * 2), offset, path_);
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = t.dtype == DType::kBF16 ? bf16_to_float(half[static_cast<size_t>(i)])
+                                     : f16_to_float(half[static_cast<size_t>(i)]);
+}
+
+}  // namespace amsp::hf

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Training steps of amsp checked step by step against PyTorch.
+
+For each configuration below, the same initial weights and the same token windows go
+through N optimizer steps of amsp (`amsp train`, on 1 or 4 MPI ranks, any shard plan)
+and of PyTorch (transformers' LlamaForCausalLM, torch.optim.AdamW with weight decay on
+the matrices only, an explicit warmup + cosine schedule, clip_grad_norm_):
+
+  1. A Hugging Face model directory is written by transformers (save_pretrained:
+     config.json + model.safetensors) with random weights; RMSNorm weights are drawn
+     as 1 + 0.1 N(0, 1) so that decaying them by mistake shows.
+  2. `amsp train --init-from DIR --data-order ORDER --param-trace TRACE --metrics M`
+     trains from it; ORDER says which windows of the train split each step used,
+     TRACE holds every parameter after every step.
+  3. PyTorch loads DIR with from_pretrained and trains on exactly those windows: per
+     micro-batch the summed cross-entropy over the step's tokens, backward, then
+     clip_grad_norm_ (its return value: the norm before clipping), the learning rate
+     of the step, AdamW.
+  4. After every step: loss, gradient norm before clipping, learning rate (relative
+     difference) and every parameter tensor (relative L2 difference |a - b| / |b|)
+     must be within TOL = 1e-5. doc/validation.md argues the tolerance.
+
+The schedule crosses from warmup into cosine decay, clipping triggers on some steps
+(the script fails if it never does, or always does), and weight decay applies to the
+matrices only (norms and the embedding are not decayed: amsp's default).
+
+Usage (the python of validation/setup-python.sh):
+  PY=$(validation/setup-python.sh)
+  $PY validation/train_compare.py --amsp build/amsp --data build/test-work/corpus.h5 \\
+      --workdir /tmp/tc [--mpiexec mpiexec] [--only NAME] [--steps 10]
+Prints one table row per step and configuration and ends with "N passed, M failed";
+exit 1 on any failure.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "engine"))
+import equivalence_test as eq  # noqa: E402  (the parameter layout of --final-params)
+TOL = 1e-5
+LR, MIN_LR, WARMUP = 2e-3, 2e-4, 4
+BETAS, EPS, WD, CLIP = (0.9, 0.95), 1e-6, 0.1, 2.0
+SEQ = 32
+
+# (name, preset, ranks, plan, per-rank batch B, micro-batches M, clip)
+CONFIGS = [
+    ("tiny-1rank-M1", "tiny", 1, "ddp", 4, 1, CLIP),
+    ("tiny-1rank-M3", "tiny", 1, "ddp", 2, 3, CLIP),
+    ("tiny-4ranks-zero3-M1", "tiny", 4, "zero3", 1, 1, CLIP),
+    ("tiny-4ranks-mixed-M3", "tiny", 4, "p=2x1,g=2x1,os=4x1", 1, 3, CLIP),
+    ("small-1rank-M3", "small", 1, "ddp", 1, 3, 2.5),
+    ("small-4ranks-zero3-M1", "small", 4, "zero3", 1, 1, 2.5),
+]
+
+
+def learning_rate(step0, steps):
+    """The schedule written out here, independently of amsp's: linear warmup to LR over
+    WARMUP steps ((s+1)/WARMUP, so the first update is not zero), then a half cosine from
+    LR to MIN_LR reached at the last step. step0 is 0-based."""
+    if step0 < WARMUP:
+        return LR * (step0 + 1) / WARMUP
+    decay = steps - WARMUP
+    progress = min(max((step0 - WARMUP) / (decay - 1), 0.0), 1.0)
+    return MIN_LR + 0.5 * (LR - MIN_LR) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_model_dir(preset, path, seed):
+    """A Hugging Face directory with random weights, written by transformers itself."""
+    cfg = json.load(open(os.path.join(REPO, "inputs", "models", preset + ".json")))
+    config = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")},
+                         attn_implementation="eager", torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    shutil.rmtree(path, ignore_errors=True)
+    model.save_pretrained(path, safe_serialization=True)
+
+
+def run_amsp(args, name, model_dir, ranks, plan, batch, accum, clip):
+    work = os.path.join(args.workdir, name)
+    os.makedirs(work, exist_ok=True)
+    files = {k: os.path.join(work, k) for k in ("metrics.jsonl", "order.jsonl", "trace.bin")}
+    for f in files.values():
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = ([args.mpiexec, "-n", str(ranks)] if ranks > 1 else []) + [
+        args.amsp, "train", "--init-from", model_dir, "--data", args.data, "--steps", str(args.steps),
+        "--seq-len", str(SEQ), "--batch-size", str(batch), "--grad-accum", str(accum), "--shard", plan,
+        "--lr", str(LR), "--min-lr", str(MIN_LR), "--warmup-steps", str(WARMUP),
+        "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]), "--adam-eps", str(EPS),
+        "--weight-decay", str(WD), "--grad-clip", str(clip), "--eval-every", "0", "--eval-windows", "1",
+        "--threads", "1", "--peak-tflops", "1", "--metrics", files["metrics.jsonl"],
+        "--data-order", files["order.jsonl"], "--param-trace", files["trace.bin"]]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"amsp exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    metrics = [json.loads(l) for l in open(files["metrics.jsonl"]) if l.strip()]
+    steps = {r["step"]: r for r in metrics if "loss" in r}
+    order = [json.loads(l) for l in open(files["order.jsonl"]) if l.strip()]
+    return steps, order, files["trace.bin"]
+
+
+def torch_steps(model_dir, layout, train_tokens, order, ranks, batch, accum, clip, steps):
+    """Yields (step, loss, grad norm before clipping, lr, {name: tensor}) after each step."""
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                             attn_implementation="eager")
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "embed_tokens" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    rows_per_micro = ranks * batch
+    tokens_per_step = rows_per_micro * accum * SEQ
+    for s in range(1, steps + 1):
+        rec = order[s - 1]
+        assert rec["step"] == s and rec["window_tokens"] == SEQ + 1 and len(rec["starts"]) == rows_per_micro * accum
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for m in range(accum):
+            starts = rec["starts"][m * rows_per_micro:(m + 1) * rows_per_micro]
+            w = torch.tensor(np.stack([train_tokens[a:a + SEQ + 1] for a in starts]).astype(np.int64))
+            logits = model(input_ids=w[:, :-1]).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum")
+            loss_sum += loss.item()
+            (loss / tokens_per_step).backward()
+        # The norm before clipping in double, as amsp sums it: clip_grad_norm_'s own
+        # return value is summed in fp32 (1e-6 off on 14M parameters). It still clips.
+        norm = math.sqrt(sum(float(torch.sum(p.grad.double() ** 2)) for p in model.parameters()))
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        lr = learning_rate(s - 1, steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        params = dict(model.named_parameters())
+        yield s, loss_sum / tokens_per_step, norm, lr, {n: params[n].detach().numpy() for n, _ in layout}
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def check(args, name, preset, ranks, plan, batch, accum, clip, train_tokens):
+    model_dir = os.path.join(args.workdir, f"hf-{preset}")
+    make_model_dir(preset, model_dir, seed=1234)
+    # --param-trace holds amsp's layout order (embed, layers.0 .., head), not torch's.
+    layout = eq.tensor_layout(os.path.join(REPO, "inputs", "models", preset + ".json"))
+    got, order, trace = run_amsp(args, name, model_dir, ranks, plan, batch, accum, clip)
+    total = sum(n for _, n in layout)
+    flat = np.memmap(trace, dtype="<f4", mode="r")
+    if flat.size != total * args.steps or len(order) != args.steps:
+        raise RuntimeError(f"trace of {flat.size} floats, {len(order)} order lines; expected "
+                           f"{args.steps} steps of {total}")
+    worst = {"loss": 0.0, "grad_norm": 0.0, "lr": 0.0, "param": (0.0, "")}
+    clipped = 0
+    print(f"{name}: {ranks} rank(s) {plan} B={batch} M={accum} clip={clip}, {args.steps} steps")
+    print("  step        loss  err     grad norm  err     lr         err     worst param L2 (tensor)")
+    for s, loss, norm, lr, params in torch_steps(model_dir, layout, train_tokens, order, ranks, batch,
+                                                 accum, clip, args.steps):
+        r = got[s]
+        e_loss, e_lr = rel(r["loss"], loss), rel(r["lr"], lr)
+        e_norm = rel(r["grad_norm"], norm)
+        clipped += norm > clip
+        base = (s - 1) * total
+        step_worst, where = 0.0, ""
+        for n, k in layout:
+            a = np.asarray(flat[base:base + k], dtype=np.float64)
+            b = params[n].astype(np.float64).ravel()
+            base += k
+            e = math.sqrt(float(np.sum((a - b) ** 2)) / max(float(np.sum(b * b)), 1e-60))
+            if not e <= step_worst:  # NaN counts as worst
+                step_worst, where = e, n
+        print(f"  {s:4d}  {loss:10.6f}  {e_loss:.1e}  {norm:9.4f}  {e_norm:.1e}  {lr:.3e}  {e_lr:.1e}  "
+              f"{step_worst:.1e} ({where})")
+        worst["loss"] = max(worst["loss"], e_loss)
+        worst["grad_norm"] = max(worst["grad_norm"], e_norm)
+        worst["lr"] = max(worst["lr"], e_lr)
+        if not step_worst <= worst["param"][0]:
+            worst["param"] = (step_worst, f"{where}, step {s}")
+    problems = [f"{k} {worst[k]:.1e} > {TOL}" for k in ("loss", "grad_norm", "lr") if not worst[k] <= TOL]
+    if not worst["param"][0] <= TOL:
+        problems.append(f"parameters {worst['param'][0]:.1e} > {TOL} ({worst['param'][1]})")
+    if clip > 0 and not 0 < clipped < args.steps:
+        problems.append(f"clipping triggered on {clipped} of {args.steps} steps; the check needs some of each")
+    ok = not problems
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: worst loss {worst['loss']:.1e}, grad norm {worst['grad_norm']:.1e}, "
+          f"lr {worst['lr']:.1e}, parameters {worst['param'][0]:.1e} ({worst['param'][1]}); clipped "
+          f"{clipped}/{args.steps} steps" + (f"; {'; '.join(problems)}" if problems else ""), flush=True)
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--data", required=True, help="a byte-level corpus from `amsp data prepare`")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--only", action="append", default=[], help="configurations whose name contains TEXT")
+    args = ap.parse_args()
+    if args.steps < WARMUP + 3:
+        ap.error(f"--steps must be at least {WARMUP + 3} to cross from warmup into the cosine decay")
+    args.amsp, args.data = os.path.abspath(args.amsp), os.path.abspath(args.data)
+    os.makedirs(args.workdir, exist_ok=True)
+    torch.set_num_threads(1)
+    with h5py.File(args.data, "r") as f:
+        train_tokens = np.asarray(f["train/tokens"][:], dtype=np.int64)
+    passed = failed = 0
+    for c in CONFIGS:
+        if args.only and not any(o in c[0] for o in args.only):
+            continue
+        try:
+            ok = check(args, *c, train_tokens)
+        except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, AssertionError) as e:
+            print(f"FAIL {c[0]}: {e}", flush=True)
+            ok = False
+        passed += ok
+        failed += not ok
+    print(f"train_compare: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
