@@ -48,6 +48,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, ".."))
@@ -58,8 +61,11 @@ LR, MIN_LR, WARMUP = 2e-3, 2e-4, 4
 BETAS, EPS, WD, CLIP = (0.9, 0.95), 1e-6, 0.1, 2.0
 SEQ = 32
 
-# (name, preset, ranks, plan, per-rank batch B, micro-batches M, clip)
+# (name, preset, ranks, plan, per-rank batch B, micro-batches M, clip[, weights' dtype,
+# shard size]). Weights stored in bf16 or fp16 are read exactly into fp32 by both sides.
 CONFIGS = [
+    ("tiny-bf16-sharded-4ranks-zero3", "tiny", 4, "zero3", 1, 1, CLIP, "bfloat16", "300KB"),
+    ("tiny-fp16-1rank", "tiny", 1, "ddp", 4, 1, CLIP, "float16", None),
     ("tiny-1rank-M1", "tiny", 1, "ddp", 4, 1, CLIP),
     ("tiny-1rank-M3", "tiny", 1, "ddp", 2, 3, CLIP),
     ("tiny-4ranks-zero3-M1", "tiny", 4, "zero3", 1, 1, CLIP),
@@ -80,8 +86,10 @@ def learning_rate(step0, steps):
     return MIN_LR + 0.5 * (LR - MIN_LR) * (1.0 + math.cos(math.pi * progress))
 
 
-def make_model_dir(preset, path, seed):
-    """A Hugging Face directory with random weights, written by transformers itself."""
+def make_model_dir(preset, path, seed, dtype="float32", max_shard=None):
+    """A Hugging Face directory with random weights, written by transformers itself:
+    one model.safetensors, or shards with model.safetensors.index.json when max_shard
+    is given; stored as dtype (float32, bfloat16 or float16)."""
     cfg = json.load(open(os.path.join(REPO, "inputs", "models", preset + ".json")))
     config = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")},
                          attn_implementation="eager", torch_dtype="float32")
@@ -92,7 +100,8 @@ def make_model_dir(preset, path, seed):
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
     shutil.rmtree(path, ignore_errors=True)
-    model.save_pretrained(path, safe_serialization=True)
+    model.to(getattr(torch, dtype))
+    model.save_pretrained(path, safe_serialization=True, **({"max_shard_size": max_shard} if max_shard else {}))
 
 
 def run_amsp(args, name, model_dir, ranks, plan, batch, accum, clip):
@@ -159,9 +168,10 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def check(args, name, preset, ranks, plan, batch, accum, clip, train_tokens):
-    model_dir = os.path.join(args.workdir, f"hf-{preset}")
-    make_model_dir(preset, model_dir, seed=1234)
+def check(args, name, preset, ranks, plan, batch, accum, clip, dtype="float32", max_shard=None, *, train_tokens):
+    model_dir = os.path.join(args.workdir, f"hf-{name}")
+    make_model_dir(preset, model_dir, seed=1234, dtype=dtype, max_shard=max_shard)
+    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
     # --param-trace holds amsp's layout order (embed, layers.0 .., head), not torch's.
     layout = eq.tensor_layout(os.path.join(REPO, "inputs", "models", preset + ".json"))
     got, order, trace = run_amsp(args, name, model_dir, ranks, plan, batch, accum, clip)
@@ -172,7 +182,8 @@ def check(args, name, preset, ranks, plan, batch, accum, clip, train_tokens):
                            f"{args.steps} steps of {total}")
     worst = {"loss": 0.0, "grad_norm": 0.0, "lr": 0.0, "param": (0.0, "")}
     clipped = 0
-    print(f"{name}: {ranks} rank(s) {plan} B={batch} M={accum} clip={clip}, {args.steps} steps")
+    print(f"{name}: {ranks} rank(s) {plan} B={batch} M={accum} clip={clip}, {args.steps} steps, "
+          f"weights {dtype} in {len(files)} file(s)")
     print("  step        loss  err     grad norm  err     lr         err     worst param L2 (tensor)")
     for s, loss, norm, lr, params in torch_steps(model_dir, layout, train_tokens, order, ranks, batch,
                                                  accum, clip, args.steps):
@@ -229,7 +240,7 @@ def main():
         if args.only and not any(o in c[0] for o in args.only):
             continue
         try:
-            ok = check(args, *c, train_tokens)
+            ok = check(args, *c, train_tokens=train_tokens)
         except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, AssertionError) as e:
             print(f"FAIL {c[0]}: {e}", flush=True)
             ok = False
