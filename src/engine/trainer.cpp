@@ -373,6 +373,9 @@ TrainResult train(const TrainOptions& options) {
               {"resumed_from",
                resumed_from.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(resumed_from)},
               {"first_step", first_step},
+              {"init_from", o.init_from.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(o.init_from)},
+              {"data_order", o.data_order_path.empty() ? nlohmann::ordered_json()
+                                                       : nlohmann::ordered_json(o.data_order_path)},
               {"result", nullptr}};
       write_run_info(o.run_info_path, info);
     });
