@@ -24,6 +24,7 @@
 
 #include "ckpt/checksum.h"
 #include "ckpt/format.h"
+#include "ckpt/manifest.h"
 #include "ckpt/selection.h"
 #include "comm/check.h"
 #include "core/error.h"
@@ -153,12 +154,6 @@ void write_latest(const std::string& dir, const std::string& name, int64_t step)
   if (ec) fail("checkpoint: cannot rename ", tmp, " to ", final_path, ": ", ec.message());
 }
 
-std::string read_latest(const std::string& dir) {
-  std::ifstream in(dir + "/latest");
-  std::string name;
-  if (in) std::getline(in, name);
-  return name;
-}
 
 // Removes all but `keep` checkpoints: the one just written and the newest others.
 void prune(const std::string& dir, const std::string& written, int keep) {
@@ -261,6 +256,13 @@ std::string save(const std::string& dir, const Metadata& meta_in,
       }
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
                                MPI_UINT64_T, MPI_SUM, comm));
+  Manifest manifest;
+  manifest.meta = meta;
+  for (int kind = 0; kind < 3; ++kind)
+    for (const auto& u : units)
+      for (const auto& t : u.tensors)
+        manifest.datasets.push_back({dataset_path(kind, t.name), t.shape, sums[manifest.datasets.size()]});
+  const std::string manifest_json = manifest_to_json(manifest);
 
   {
     const Writer w{final_path};
@@ -272,7 +274,7 @@ std::string save(const std::string& dir, const Metadata& meta_in,
             "set up MPI-IO file access");
     Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
     w.check(file.valid(), cat("create ", tmp_path));
-    w.check(detail::write_metadata(file, meta), "write the root attributes");
+    w.check(detail::write_metadata(file, meta, manifest_json), "write the root attributes");
     Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
     const bool collective = transfer == Transfer::kCollective;
     w.check(dxpl.valid() && H5Pset_dxpl_mpio(dxpl, collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT) >= 0,
@@ -395,8 +397,12 @@ Metadata load(const std::string& path, const model::LlamaConfig& expected,
   const Status st = attempt([&] {
     check_shapes(units);
     Handle file = detail::open_read(path);
-    meta = detail::read_metadata(file, path);
+    const Manifest manifest = detail::read_manifest(file, path);
+    meta = manifest.meta;
     check_model(path, meta.model_json, expected);
+    detail::check_structure(file, path, manifest);
+    std::map<std::string, uint64_t> listed;
+    for (const auto& d : manifest.datasets) listed[d.name] = d.checksum;
     h5::QuietErrors quiet;
     for (int kind = 0; kind < 3; ++kind)
       for (size_t u = 0; u < nu; ++u) {
@@ -408,21 +414,9 @@ Metadata load(const std::string& path, const model::LlamaConfig& expected,
         for (const auto& t : units[u].tensors) {
           const std::string dpath = dataset_path(kind, t.name);
           names.push_back(dpath);
-          if (!h5::link_exists(file, "/" + dpath))
-            fail_usage("checkpoint ", path, ": no dataset ", dpath, " (written for another model?)");
           Handle d(H5Dopen2(file, ("/" + dpath).c_str(), H5P_DEFAULT), H5Dclose);
           if (!d.valid()) fail_usage("checkpoint ", path, ": cannot open dataset ", dpath);
-          Handle space(H5Dget_space(d), H5Sclose);
-          std::vector<hsize_t> dims(t.shape.size());
-          if (!space.valid() || H5Sget_simple_extent_ndims(space) != static_cast<int>(dims.size()) ||
-              H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0 ||
-              !std::equal(dims.begin(), dims.end(), t.shape.begin(),
-                          [](hsize_t a, int64_t b) { return static_cast<int64_t>(a) == b; }))
-            fail_usage("checkpoint ", path, ": dataset ", dpath, " does not have the shape of ", t.name);
-          uint64_t c = 0;
-          if (!detail::read_u64_attr(d, "checksum", &c))
-            fail_usage("checkpoint ", path, ": dataset ", dpath, " has no checksum attribute");
-          stored.push_back(c);
+          stored.push_back(listed.at(dpath));  // present: check_structure matched the model
           const auto piece = intersect(t, range.begin, range.end());
           uint64_t s = 0;
           if (piece) {
@@ -449,20 +443,21 @@ std::string verify(const std::string& path, MPI_Comm comm) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-  std::vector<detail::Entry> entries;
+  // First the structure, in a child: only then may this process open the file.
+  std::string problem;
+  if (rank == 0) problem = check_in_child(path, /*data=*/false);
+  bcast_string(&problem, 0, comm);
+  if (!problem.empty()) return problem;
+  std::vector<ManifestDataset> datasets;
   std::vector<uint64_t> sums;
   Status st = attempt([&] {
     Handle file = detail::open_read(path);
-    (void)detail::read_metadata(file, path);
-    entries = detail::list_datasets(file, path);
-    if (entries.empty()) fail_usage("no datasets");
+    datasets = detail::read_manifest(file, path).datasets;
     h5::QuietErrors quiet;
-    for (const auto& e : entries) {
-      if (!e.float32) fail_usage("dataset ", e.name, " is not float32");
-      if (!e.has_checksum) fail_usage("dataset ", e.name, " has no checksum attribute");
-      if (e.shape.empty() || e.shape.size() > 2)
-        fail_usage("dataset ", e.name, " has ", e.shape.size(), " dimensions; expected 1 or 2");
-      const Piece p = even_split(e.numel(), world, rank);
+    for (const auto& e : datasets) {
+      int64_t numel = 1;
+      for (int64_t x : e.shape) numel *= x;
+      const Piece p = even_split(numel, world, rank);
       Handle d(H5Dopen2(file, ("/" + e.name).c_str(), H5P_DEFAULT), H5Dclose);
       uint64_t s = 0;
       if (!d.valid() || !detail::checksum_run(d, e.shape, p.begin, p.end, &s))
@@ -479,10 +474,10 @@ std::string verify(const std::string& path, MPI_Comm comm) {
                                MPI_SUM, comm));
   std::string bad;
   int more = 0;
-  for (size_t i = 0; i < entries.size(); ++i)
-    if (sums[i] != entries[i].checksum) {
+  for (size_t i = 0; i < datasets.size(); ++i)
+    if (sums[i] != datasets[i].checksum) {
       if (bad.empty())
-        bad = cat("dataset ", entries[i].name, " fails its checksum (stored ", detail::hex(entries[i].checksum),
+        bad = cat("dataset ", datasets[i].name, " fails its checksum (stored ", detail::hex(datasets[i].checksum),
                   ", computed ", detail::hex(sums[i]), ")");
       else
         ++more;
@@ -491,23 +486,28 @@ std::string verify(const std::string& path, MPI_Comm comm) {
   return bad;
 }
 
+void require_sound(const std::string& path, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string problem;
+  if (rank == 0) problem = check_in_child(path, /*data=*/false);
+  bcast_string(&problem, 0, comm);
+  if (!problem.empty()) fail("checkpoint ", path, ": ", problem);
+}
+
 std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
                                        MPI_Comm comm) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  // Rank 0 lists the candidates: the one `latest` names first (the last save
-  // of the run that wrote this directory), then the others, newest first.
+  // Rank 0 lists the candidates, newest first. `latest` is not consulted: a
+  // crash between the rename of step-N.h5 and the update of `latest` leaves it
+  // naming an older file, and step-N.h5 is complete (it was renamed into
+  // place only once written and synced).
   std::string list;
   if (rank == 0) {
     std::error_code ec;
-    if (fs::is_directory(dir, ec)) {
-      const auto found = list_checkpoints(dir);
-      const std::string latest = read_latest(dir);
-      for (const auto& [step, name] : found)
-        if (name == latest) list += name + "\n";
-      for (const auto& [step, name] : found)
-        if (name != latest) list += name + "\n";
-    }
+    if (fs::is_directory(dir, ec))
+      for (const auto& [step, name] : list_checkpoints(dir)) list += name + "\n";
   }
   bcast_string(&list, 0, comm);
   std::istringstream in(list);

@@ -4,8 +4,9 @@
 // file (Hugging Face tensor names and shapes, attributes, checksums), the
 // atomic save and the resume.
 //
-// File layout:
-//   /                                  attributes: Metadata, format, checksum_algorithm
+// File layout (format version 2):
+//   /                                  attributes: Metadata, format, checksum_algorithm,
+//                                      manifest + manifest_checksum (ckpt/manifest.h)
 //   /model/<name>                      parameters; <name> is the Hugging Face
 //                                      state-dict key without a leading "model."
 //   /optimizer/exp_avg/<name>          Adam first moment
@@ -28,7 +29,9 @@
 
 namespace amsp::ckpt {
 
-inline constexpr int64_t kFormatVersion = 1;
+// Version 2 added the manifest; version 1 files still load (their metadata is
+// not covered by a checksum).
+inline constexpr int64_t kFormatVersion = 2;
 inline constexpr const char* kFormat = "amsp-checkpoint";
 
 // Attributes of the root group.
@@ -87,23 +90,49 @@ Metadata load(const std::string& path, const model::LlamaConfig& expected,
               const std::vector<engine::UnitShards>& shards,
               const std::vector<engine::ShardedEngine::StateView>& views, MPI_Comm comm);
 
-// Collective over comm: every rank reads and checksums a slice of every
-// dataset. "" if the file is a complete, intact checkpoint, else one line
-// saying what is wrong (the same on every rank).
+// Collective over comm. Rank 0 checks the file's structure in a child process
+// (check_in_child), so that a damaged file cannot crash or hang the job; then
+// every rank reads and checksums a slice of every dataset. "" if the file is a
+// complete, intact checkpoint, else one line saying what is wrong (the same on
+// every rank).
 std::string verify(const std::string& path, MPI_Comm comm);
 
+// Collective over comm: rank 0 runs check_in_child(path, structure only); on a
+// problem every rank throws Error("checkpoint PATH: ...", exit 1). Call it
+// before load() or read_metadata() of a file nobody has checked.
+void require_sound(const std::string& path, MPI_Comm comm);
+
 // Collective over comm. The newest checkpoint in dir (by step, among the
-// step-*.h5 files; temporaries are ignored) that opens and verifies. Each
-// newer one that does not is appended to `skipped` as "PATH: reason".
-// nullopt if there is none (or dir does not exist). Same answer on every rank.
+// step-*.h5 files, whatever `latest` says; temporaries are ignored) that
+// verifies. Each newer one that does not is appended to `skipped` as
+// "PATH: reason". nullopt if there is none (or dir does not exist). Same
+// answer on every rank.
 std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
                                        MPI_Comm comm);
 
 // ----------------------------------------------------------- one process
+// These parse the file in this process: give them only a file that passed
+// check_in_child, or accept that a damaged file may crash or hang it.
 
 // Reads the root attributes. Throws UsageError if the file is not an amsp
-// checkpoint of a version this build reads.
+// checkpoint of a version this build reads, or its manifest is damaged or
+// disagrees with them.
 Metadata read_metadata(const std::string& path);
+
+// read_metadata plus everything about the file but its data (format.h,
+// check_structure): complete against its own model config, every dataset
+// where the manifest says. UsageError naming the first problem.
+Metadata check_structure(const std::string& path);
+
+// ----------------------------------------------------------- in a child process
+
+// Runs `amsp ckpt verify --in-process [--structure-only] PATH` in a child
+// process with a deadline (60 s, plus 20 s per GB when `data`; the
+// environment variable AMSP_CKPT_CHECK_TIMEOUT overrides it) and returns ""
+// if it passed, else one line: the child's own error, or that it crashed or
+// did not answer, which only a damaged file (or a stuck file system) makes it
+// do. The executable is this one, or AMSP_EXECUTABLE when set (test programs).
+std::string check_in_child(const std::string& path, bool data);
 
 struct DatasetInfo {
   std::string name;               // "model/layers.0.self_attn.q_proj.weight"

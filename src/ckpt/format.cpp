@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "ckpt/checksum.h"
 #include "ckpt/selection.h"
 #include "core/error.h"
+#include <nlohmann/json.hpp>
 
 namespace amsp::ckpt {
 
@@ -89,7 +91,7 @@ bool read_u64_attr(hid_t obj, const char* name, uint64_t* out) {
   return H5Aread(attr, H5T_NATIVE_UINT64, out) >= 0;
 }
 
-bool write_metadata(hid_t file, const Metadata& m) {
+bool write_metadata(hid_t file, const Metadata& m, const std::string& manifest_json) {
   const std::string sampler =
       cat("{\"kind\": \"counter-based\", \"seed\": ", m.seed, ", \"step\": ", m.step,
           ", \"tokens\": ", m.tokens, "}");
@@ -101,7 +103,9 @@ bool write_metadata(hid_t file, const Metadata& m) {
          write_string_attr(file, "options", m.options_json) &&
          write_string_attr(file, "plan", m.plan) && write_string_attr(file, "topology", m.topology) &&
          write_i64_attr(file, "world_size", m.world_size) &&
-         write_string_attr(file, "checksum_algorithm", kChecksumAlgorithm);
+         write_string_attr(file, "checksum_algorithm", kChecksumAlgorithm) &&
+         write_string_attr(file, "manifest", manifest_json) &&
+         write_u64_attr(file, "manifest_checksum", text_checksum(manifest_json));
 }
 
 Handle open_read(const std::string& path) {
@@ -119,12 +123,10 @@ Handle open_read(const std::string& path) {
   return file;
 }
 
-Metadata read_metadata(hid_t file, const std::string& path) {
-  h5::QuietErrors quiet;
-  std::string format;
-  if (!h5::read_string_attr(file, "format", &format) || format != kFormat)
-    fail_usage("checkpoint ", path, ": no format attribute \"", kFormat,
-               "\": is this a checkpoint written by amsp?");
+namespace {
+
+// The loose root attributes, as version 1 wrote them and version 2 still does.
+Metadata read_loose_attributes(hid_t file, const std::string& path) {
   Metadata m;
   const auto need_int = [&](const char* name, int64_t* out) {
     if (!h5::read_int_attr(file, name, out))
@@ -135,8 +137,8 @@ Metadata read_metadata(hid_t file, const std::string& path) {
       fail_usage("checkpoint ", path, ": missing or non-string attribute ", name);
   };
   need_int("format_version", &m.format_version);
-  if (m.format_version != kFormatVersion)
-    fail_usage("checkpoint ", path, ": format version ", m.format_version, "; this amsp reads version ",
+  if (m.format_version != 1 && m.format_version != kFormatVersion)
+    fail_usage("checkpoint ", path, ": format version ", m.format_version, "; this amsp reads versions 1 to ",
                kFormatVersion);
   need_int("step", &m.step);
   need_int("tokens", &m.tokens);
@@ -149,6 +151,67 @@ Metadata read_metadata(hid_t file, const std::string& path) {
   need_int("world_size", &m.world_size);
   return m;
 }
+
+bool same_json(const std::string& a, const std::string& b) {
+  try {
+    return nlohmann::json::parse(a) == nlohmann::json::parse(b);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A loose attribute that disagrees with the manifest: the file was changed after it was written.
+void check_agrees(const Metadata& loose, const Metadata& m, const std::string& path) {
+  auto differ = [&](const char* name, const std::string& a, const std::string& b) {
+    fail_usage("checkpoint ", path, ": attribute ", name, " is ", a, " but the manifest says ", b,
+               ": the file was changed or damaged after it was written");
+  };
+  if (loose.format_version != m.format_version)
+    differ("format_version", std::to_string(loose.format_version), std::to_string(m.format_version));
+  if (loose.step != m.step) differ("step", std::to_string(loose.step), std::to_string(m.step));
+  if (loose.tokens != m.tokens) differ("tokens", std::to_string(loose.tokens), std::to_string(m.tokens));
+  if (loose.seed != m.seed) differ("seed", std::to_string(loose.seed), std::to_string(m.seed));
+  if (loose.world_size != m.world_size)
+    differ("world_size", std::to_string(loose.world_size), std::to_string(m.world_size));
+  if (loose.plan != m.plan) differ("plan", loose.plan, m.plan);
+  if (loose.topology != m.topology) differ("topology", loose.topology, m.topology);
+  if (!same_json(loose.model_json, m.model_json)) differ("model_config", "(text)", "another config");
+  if (!same_json(loose.options_json, m.options_json)) differ("options", "(text)", "other options");
+}
+
+}  // namespace
+
+Manifest read_manifest(hid_t file, const std::string& path) {
+  h5::QuietErrors quiet;
+  std::string format;
+  if (!h5::read_string_attr(file, "format", &format) || format != kFormat)
+    fail_usage("checkpoint ", path, ": no format attribute \"", kFormat,
+               "\": is this a checkpoint written by amsp?");
+  const Metadata loose = read_loose_attributes(file, path);
+  Manifest m;
+  if (loose.format_version == 1) {
+    m.meta = loose;
+    for (const auto& e : list_datasets(file, path)) m.datasets.push_back({e.name, e.shape, e.checksum});
+    return m;
+  }
+  std::string text;
+  uint64_t stored = 0;
+  if (!h5::read_string_attr(file, "manifest", &text))
+    fail_usage("checkpoint ", path, ": no manifest attribute (version ", loose.format_version, " has one)");
+  if (!read_u64_attr(file, "manifest_checksum", &stored))
+    fail_usage("checkpoint ", path, ": no manifest_checksum attribute");
+  if (text_checksum(text) != stored)
+    fail_usage("checkpoint ", path, ": the manifest fails its checksum (stored ", hex(stored), ", computed ",
+               hex(text_checksum(text)), "): the file is damaged");
+  m = manifest_from_json(text, path);
+  check_agrees(loose, m.meta, path);
+  // JSON-equal (checked): keep the writer's own text.
+  m.meta.model_json = loose.model_json;
+  m.meta.options_json = loose.options_json;
+  return m;
+}
+
+Metadata read_metadata(hid_t file, const std::string& path) { return read_manifest(file, path).meta; }
 
 namespace {
 
@@ -204,6 +267,69 @@ std::vector<Entry> list_datasets(hid_t file, const std::string& path) {
   if (!root.valid()) fail("checkpoint ", path, ": HDF5 cannot open the root group");
   walk(root, "", path, &out);
   return out;
+}
+
+namespace {
+
+std::string dims_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// The dataset's bytes are one contiguous run inside the file.
+void check_storage(hid_t file, const Entry& e, const std::string& path) {
+  Handle d(H5Dopen2(file, ("/" + e.name).c_str(), H5P_DEFAULT), H5Dclose);
+  Handle dcpl(d.valid() ? H5Dget_create_plist(d) : H5I_INVALID_HID, H5Pclose);
+  if (!d.valid() || !dcpl.valid()) fail_usage("checkpoint ", path, ": HDF5 cannot open dataset ", e.name);
+  if (H5Pget_layout(dcpl) != H5D_CONTIGUOUS)
+    fail_usage("checkpoint ", path, ": dataset ", e.name, " is not stored contiguously");
+  hsize_t file_size = 0;
+  const haddr_t offset = H5Dget_offset(d);
+  const hsize_t bytes = H5Dget_storage_size(d);
+  if (H5Fget_filesize(file, &file_size) < 0 || offset == HADDR_UNDEF ||
+      bytes != static_cast<hsize_t>(e.numel()) * 4 || offset + bytes > file_size)
+    fail_usage("checkpoint ", path, ": dataset ", e.name, " has its data outside the file (truncated or damaged)");
+}
+
+}  // namespace
+
+void check_structure(hid_t file, const std::string& path, const Manifest& manifest) {
+  h5::QuietErrors quiet;
+  const model::LlamaConfig config = model::config_from_json(manifest.meta.model_json, "checkpoint " + path);
+  const std::vector<ManifestDataset> expected = expected_datasets(config);
+  for (size_t i = 0; i < std::max(expected.size(), manifest.datasets.size()); ++i) {
+    if (i >= manifest.datasets.size())
+      fail_usage("checkpoint ", path, ": incomplete: no dataset ", expected[i].name, " (the model of its config has ",
+                 expected.size(), ", the checkpoint lists ", manifest.datasets.size(), ")");
+    const ManifestDataset& d = manifest.datasets[i];
+    if (i >= expected.size() || d.name != expected[i].name)
+      fail_usage("checkpoint ", path, ": lists dataset ", d.name, " where the model of its config has ",
+                 i < expected.size() ? expected[i].name : "nothing more");
+    if (d.shape != expected[i].shape)
+      fail_usage("checkpoint ", path, ": dataset ", d.name, " has shape ", dims_text(d.shape),
+                 "; the model of its config implies ", dims_text(expected[i].shape));
+  }
+  const std::vector<Entry> entries = list_datasets(file, path);
+  std::map<std::string, const ManifestDataset*> listed;
+  for (const auto& d : manifest.datasets) listed[d.name] = &d;
+  for (const auto& e : entries)
+    if (!listed.count(e.name)) fail_usage("checkpoint ", path, ": dataset ", e.name, " is not in the manifest");
+  std::map<std::string, const Entry*> present;
+  for (const auto& e : entries) present[e.name] = &e;
+  for (const auto& d : manifest.datasets) {
+    const auto it = present.find(d.name);
+    if (it == present.end()) fail_usage("checkpoint ", path, ": no dataset ", d.name, " (the manifest lists it)");
+    const Entry& e = *it->second;
+    if (!e.float32) fail_usage("checkpoint ", path, ": dataset ", e.name, " is not float32");
+    if (e.shape != d.shape)
+      fail_usage("checkpoint ", path, ": dataset ", e.name, " has shape ", dims_text(e.shape), "; the manifest says ",
+                 dims_text(d.shape));
+    if (!e.has_checksum || e.checksum != d.checksum)
+      fail_usage("checkpoint ", path, ": dataset ", e.name, " has checksum attribute ",
+                 e.has_checksum ? hex(e.checksum) : "(none)", "; the manifest says ", hex(d.checksum));
+    check_storage(file, e, path);
+  }
 }
 
 bool select_run(hid_t space, const std::vector<int64_t>& shape, int64_t begin, int64_t end) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/manifest.h"
 #include "core/h5.h"
 
 namespace amsp::ckpt::detail {
@@ -27,14 +28,31 @@ bool write_i64_attr(hid_t obj, const char* name, int64_t value);
 bool write_u64_attr(hid_t obj, const char* name, uint64_t value);
 bool read_u64_attr(hid_t obj, const char* name, uint64_t* out);
 
-// All root attributes; false on failure.
-bool write_metadata(hid_t file, const Metadata& meta);
+// All root attributes, the manifest (ckpt/manifest.h) and its checksum among
+// them; false on failure.
+bool write_metadata(hid_t file, const Metadata& meta, const std::string& manifest_json);
 
 // Opens a checkpoint for reading, one process (no MPI-IO). Throws UsageError
 // naming the path if it is missing, not HDF5, damaged, or not a checkpoint.
 h5::Handle open_read(const std::string& path);
 // Reads and checks the root attributes (UsageError naming what is missing).
+// Version 2: the values come from the manifest, whose checksum must match and
+// with which every loose attribute must agree. Version 1 (no manifest): the
+// loose attributes as they are.
 Metadata read_metadata(hid_t file, const std::string& path);
+
+// The manifest of a version-2 file (checked as read_metadata does), or for a
+// version-1 file one made from its loose attributes and its datasets' own
+// checksum attributes.
+Manifest read_manifest(hid_t file, const std::string& path);
+
+// Everything about the file but its data: the datasets in the file are exactly
+// the manifest's, which are exactly what its model config implies (names,
+// shapes), each float32, contiguous, inside the file, with a checksum
+// attribute equal to the manifest's. UsageError naming the first problem.
+// Opening every object exercises HDF5's parsing of all metadata, so after this
+// passes in a child process, reading the file in the job cannot crash or hang.
+void check_structure(hid_t file, const std::string& path, const Manifest& manifest);
 
 struct Entry {
   std::string name;             // path inside the file, no leading '/'

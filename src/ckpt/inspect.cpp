@@ -11,9 +11,17 @@ Metadata read_metadata(const std::string& path) {
   return detail::read_metadata(file, path);
 }
 
+Metadata check_structure(const std::string& path) {
+  h5::Handle file = detail::open_read(path);
+  const Manifest m = detail::read_manifest(file, path);
+  detail::check_structure(file, path, m);
+  return m.meta;
+}
+
 std::vector<DatasetInfo> inspect(const std::string& path, bool compute_checksums) {
   h5::Handle file = detail::open_read(path);
-  (void)detail::read_metadata(file, path);
+  const Manifest manifest = detail::read_manifest(file, path);
+  detail::check_structure(file, path, manifest);
   std::vector<DatasetInfo> out;
   h5::QuietErrors quiet;
   for (const auto& e : detail::list_datasets(file, path)) {
@@ -22,8 +30,7 @@ std::vector<DatasetInfo> inspect(const std::string& path, bool compute_checksums
     d.shape = e.shape;
     d.dtype = e.float32 ? "float32" : "other";
     d.bytes = e.numel() * 4;
-    d.stored_checksum = e.checksum;
-    if (!e.has_checksum) fail("checkpoint ", path, ": dataset ", e.name, " has no checksum attribute");
+    d.stored_checksum = e.checksum;  // equal to the manifest's: check_structure
     if (compute_checksums) {
       if (!e.float32) fail("checkpoint ", path, ": dataset ", e.name, " is not float32");
       if (e.shape.empty() || e.shape.size() > 2)

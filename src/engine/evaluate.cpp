@@ -40,6 +40,7 @@ double evaluate_loss(ShardedEngine& engine, const data::TokenDataset& data, data
 double run_eval(const EvalOptions& o) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const topology::Topology topo = topology::discover(MPI_COMM_WORLD);
+  ckpt::require_sound(o.checkpoint, MPI_COMM_WORLD);
   const ckpt::Metadata meta = ckpt::read_metadata(o.checkpoint);
   model::LlamaConfig config = model::config_from_json(meta.model_json, "--checkpoint " + o.checkpoint);
   config.name = o.checkpoint;

@@ -322,6 +322,7 @@ TrainResult train(const TrainOptions& options) {
     if (!path.empty()) {
       ckpt::Metadata meta;
       collectively([&] {
+        if (o.resume != "auto") ckpt::require_sound(path, MPI_COMM_WORLD);  // auto: find_latest checked it
         meta = ckpt::load(path, o.model, engine.units(), engine.shards(), engine.state_views(),
                           MPI_COMM_WORLD);
         if (meta.step >= o.steps)

@@ -260,10 +260,10 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     skipped.clear();
     latest = ckpt::find_latest(dir, &skipped, MPI_COMM_WORLD);
-    // `latest` names step 2 (tried first), then step 3 (truncated) by step.
-    check(latest && *latest == good && skipped.size() == 2 && contains(skipped[1], cut),
-          cat("find_latest skips a truncated file: ", skipped.size() == 2 ? skipped[1] : ""));
-    if (g_rank == 0 && skipped.size() == 2) std::printf("skipped: %s\n", skipped[1].c_str());
+    // Newest first, whatever `latest` says: step 3 (truncated), step 2 (damaged), then good.
+    check(latest && *latest == good && skipped.size() == 2 && contains(skipped[0], cut),
+          cat("find_latest skips a truncated file: ", skipped.size() == 2 ? skipped[0] : ""));
+    if (g_rank == 0 && skipped.size() == 2) std::printf("skipped: %s\n", skipped[0].c_str());
 
     // Another model: refused naming the field.
     {

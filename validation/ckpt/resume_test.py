@@ -25,9 +25,10 @@ mpi mode (mpiexec on this machine):
      of the tensor's scale (the tolerances of validation/engine/equivalence_test.py).
   4  kill -9 at every point of a save: 2 ranks zero3, --checkpoint-every 1, seven runs,
      each killed at another point (save.begin, save.data, save.closed, save.renamed,
-     save.latest_tmp, save.latest, train.step); after each kill `latest` names the
-     complete step file that point implies, `amsp ckpt verify` passes it, and the next
-     --resume auto resumes from exactly that file, ignoring any .tmp left by the killed
+     save.latest_tmp, save.latest, train.step); after each kill `latest` names a
+     complete step file that `amsp ckpt verify` passes (the one that point implies),
+     the newest step file is complete too, and the next --resume auto resumes from
+     exactly the newest, whatever `latest` says, ignoring any .tmp left by the killed
      write. Every step record of all six runs (one appended
      metrics file) equals the uninterrupted run's bit for bit, and so do the final
      parameters. Plus the 4-rank kill of check 1 checked the same way.
@@ -523,8 +524,10 @@ class Tests:
 
     # ---------------------------------------------------------------- check 4
     # Each run of check 4 dies at one of these points (src/core/fault.h), past the
-    # checkpoint the previous run resumed from; with --checkpoint-every 1, the file
-    # `latest` must then name: the previous step's file, or for save.latest this one's.
+    # checkpoint the previous run resumed from. With --checkpoint-every 1 the newest
+    # complete file is then step N's once it was renamed into place (save.renamed and
+    # later), else step N-1's; `latest` names step N's only after save.latest. The
+    # next --resume auto must take the newest complete file, whatever `latest` says.
     KILLS = (("save.begin", 3), ("save.data", 7), ("save.closed", 11), ("save.renamed", 15),
              ("save.latest_tmp", 19), ("save.latest", 23), ("train.step", 28))
 
@@ -564,10 +567,16 @@ class Tests:
                 problems.append(f"run ended by itself (exit {rc}): AMSP_FAULT={fault} never fired")
             tmps = tmp_files(ckdir)
             ok, step, what = self.after_kill(ckdir)
-            want = at if point == "save.latest" else at - 1
-            if not ok or step != want:
-                problems.append(f"{what}; expected latest step-{want:08d}.h5")
-            expect = f"step-{step:08d}.h5" if step else None
+            want_latest = at if point == "save.latest" else at - 1
+            if not ok or step != want_latest:
+                problems.append(f"{what}; expected latest step-{want_latest:08d}.h5")
+            newest = at if point in ("save.renamed", "save.latest_tmp", "save.latest") else at - 1
+            files = step_files(ckdir)
+            if not files or files[-1] != f"step-{newest:08d}.h5":
+                problems.append(f"newest step file {files[-1] if files else None}, expected step-{newest:08d}.h5")
+            elif not self.verify(os.path.join(ckdir, files[-1]))[0]:
+                problems.append(f"{files[-1]} does not verify")
+            expect = f"step-{newest:08d}.h5"
             self.report(not problems,
                         f"4  kill -9 #{i + 1} of 2 ranks at {fault} "
                         f"({'a write was under way: ' + ' '.join(tmps) if tmps else 'no .tmp left'}): {what}"
