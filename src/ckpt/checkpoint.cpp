@@ -239,11 +239,7 @@ std::string save(const std::string& dir, const Metadata& meta_in,
     fs::create_directories(dir, ec);
     if (!fs::is_directory(dir, ec))
       fail_usage("--checkpoint-dir ", dir, ": cannot create the directory");
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.size() > 8 && n[0] == '.' && n.rfind("step-", 1) == 1 && n.ends_with(".h5.tmp"))
-        fs::remove(e.path(), ec);
-    }
+    (void)clean_temporaries(dir);
   }), comm);
 
   // Checksums first: every writer sums its pieces, one reduction for all.
@@ -484,6 +480,18 @@ std::string verify(const std::string& path, MPI_Comm comm) {
     }
   if (more) bad += cat(" and ", more, " more");
   return bad;
+}
+
+std::vector<std::string> clean_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool step_tmp = n.size() > 8 && n[0] == '.' && n.rfind("step-", 1) == 1 && n.ends_with(".h5.tmp");
+    if ((step_tmp || n == "latest.tmp") && fs::remove(e.path(), ec)) removed.push_back(n);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
 }
 
 void require_sound(const std::string& path, MPI_Comm comm) {

@@ -110,6 +110,11 @@ void require_sound(const std::string& path, MPI_Comm comm);
 std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
                                        MPI_Comm comm);
 
+// One process (rank 0, holding the directory): removes what an interrupted save
+// left in dir (.step-*.h5.tmp, latest.tmp) and returns their names. Safe only
+// while no other job writes there (the directory lock).
+std::vector<std::string> clean_temporaries(const std::string& dir);
+
 // ----------------------------------------------------------- one process
 // These parse the file in this process: give them only a file that passed
 // check_in_child, or accept that a damaged file may crash or hang it.

@@ -309,6 +309,13 @@ TrainResult train(const TrainOptions& options) {
   std::string resumed_from;
   if (o.resume != "none") {
     std::string path = o.resume;
+    if (root && !o.checkpoint_dir.empty()) {
+      std::string removed;
+      for (const auto& n : ckpt::clean_temporaries(o.checkpoint_dir)) removed += " " + n;
+      if (!removed.empty())
+        std::printf("resume: removed what an interrupted save left in %s:%s\n", o.checkpoint_dir.c_str(),
+                    removed.c_str());
+    }
     if (o.resume == "auto") {
       std::vector<std::string> skipped;
       std::optional<std::string> found;

@@ -541,6 +541,7 @@ class Tests:
         ckdir = self.path("ck-kill")
         shutil.rmtree(ckdir, ignore_errors=True)
         expect = None   # the file the next run must resume from
+        left = []       # temporaries the previous kill left, which the next run must remove and name
         spans = []      # (first, last) step of each run, from its records
         def count():
             p = self.path(f"{tag}.jsonl")
@@ -563,6 +564,10 @@ class Tests:
                     problems.append(f"resumed from {m.group(1) if m else 'nothing'}, not {expect}")
             if expect and mine and mine[0] != int(expect[5:13]) + 1:
                 problems.append(f"its first step record is {mine[0]}, not {int(expect[5:13]) + 1}")
+            removed = re.search(r"^resume: removed what an interrupted save left in \S+:(.*)$", out, re.M)
+            if sorted((removed.group(1) if removed else "").split()) != sorted(left):
+                problems.append(f"the resume said it removed {removed.group(1).split() if removed else 'nothing'}, "
+                                f"not {left}")
             if rc == 0:
                 problems.append(f"run ended by itself (exit {rc}): AMSP_FAULT={fault} never fired")
             tmps = tmp_files(ckdir)
@@ -577,6 +582,7 @@ class Tests:
             elif not self.verify(os.path.join(ckdir, files[-1]))[0]:
                 problems.append(f"{files[-1]} does not verify")
             expect = f"step-{newest:08d}.h5"
+            left = tmps
             self.report(not problems,
                         f"4  kill -9 #{i + 1} of 2 ranks at {fault} "
                         f"({'a write was under way: ' + ' '.join(tmps) if tmps else 'no .tmp left'}): {what}"
