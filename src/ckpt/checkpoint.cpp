@@ -350,7 +350,10 @@ void check_model(const std::string& path, const std::string& stored_json,
   } catch (const std::exception&) {
     fail_usage("checkpoint ", path, ": the model_config attribute is not JSON");
   }
-  for (const auto& f : model::config_field_names()) {
+  // The fields that decide the tensors' shapes and the heads; the others
+  // (rope_theta, rms_norm_eps, max_position_embeddings) are the resume's to judge.
+  for (const char* f : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "vocab_size"}) {
     if (!here.contains(f)) continue;
     if (!stored.contains(f))
       fail_usage("checkpoint ", path, ": model field ", f, " is missing in the checkpoint (", here[f].dump(),

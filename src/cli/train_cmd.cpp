@@ -90,6 +90,9 @@ int run_train(int argc, char** argv) {
            "steps between checkpoints; 0: only at the end and when stopped by SIGUSR1/SIGTERM")
       ("resume", po::value<std::string>(&o.resume)->default_value("none")->value_name("auto|FILE|none"),
            "continue from the newest verified checkpoint in --checkpoint-dir (auto), a file, or not")
+      ("force-resume", po::bool_switch(&o.force_resume),
+           "resume even when the dataset's tokens or a model field other than the shapes "
+           "(rope_theta, rms_norm_eps, max_position_embeddings) differ from the checkpoint's run")
       ("checkpoint-io", po::value<std::string>(&checkpoint_io)->default_value("independent")->value_name("MODE"),
            "how ranks write their shards: independent (default) or collective (MPI-IO two-phase "
            "buffering, for parallel file systems; doc/checkpoints.md)")

@@ -28,6 +28,7 @@
 #include "engine/metrics.h"
 #include "engine/peak.h"
 #include "engine/plan_groups.h"
+#include "engine/resume_changes.h"
 #include "engine/run_info.h"
 #include "engine/sharded_engine.h"
 #include "engine/trace.h"
@@ -205,8 +206,13 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
   std::fflush(stdout);
 }
 
-std::string options_json(const TrainOptions& o) {
+// The options that decide the trajectory, as stored in checkpoints and the run
+// record: rows_per_step is the global batch in sequences (batch x grad-accum x
+// ranks), data_fingerprint the dataset's identity (resume_changes.h).
+std::string options_json(const TrainOptions& o, int64_t rows_per_step, const std::string& data_fingerprint) {
   nlohmann::json j = {{"data", o.data_path},          {"steps", o.steps},
+                      {"rows_per_step", rows_per_step},
+                      {"data_fingerprint", nlohmann::json::parse(data_fingerprint)},
                       {"seed", o.seed},                {"batch_size", o.batch_size},
                       {"seq_len", o.seq_len},          {"grad_accum", o.grad_accum},
                       {"lr", o.schedule.lr},           {"min_lr", o.schedule.min_lr},
@@ -296,6 +302,7 @@ TrainResult train(const TrainOptions& options) {
   if (root) print_config(o, *data, peak_flops, threads, topo, *pg, engine.model_state_bytes());
 
   const int64_t world = topo.world_size, pos = pg->position, B = o.batch_size, T = o.seq_len;
+  const std::string run_options = options_json(o, world * B * o.grad_accum, data_fingerprint(*data));
   const double flops_per_token = model::Llama::flops_per_token(o.model, T);
 
   auto evaluate = [&](int64_t* windows_used) {
@@ -328,10 +335,16 @@ TrainResult train(const TrainOptions& options) {
     }
     if (!path.empty()) {
       ckpt::Metadata meta;
+      ResumeChanges changes;
       collectively([&] {
         if (o.resume != "auto") ckpt::require_sound(path, MPI_COMM_WORLD);  // auto: find_latest checked it
         meta = ckpt::load(path, o.model, engine.units(), engine.shards(), engine.state_views(),
                           MPI_COMM_WORLD);
+        changes = compare_for_resume(meta.options_json, meta.model_json, run_options,
+                                     model::config_to_json(o.model));
+        if (!changes.refusals.empty() && !o.force_resume)
+          fail_usage("--resume ", path, ": ", changes.refusals.front(),
+                     "; pass --force-resume to resume anyway");
         if (meta.step >= o.steps)
           fail_usage("--resume ", path, ": the checkpoint is at step ", meta.step,
                      ", not before --steps ", o.steps, "; nothing left to train");
@@ -343,10 +356,8 @@ TrainResult train(const TrainOptions& options) {
         std::printf("resume: %s (step %lld, written by %s on %lld ranks)\n", path.c_str(),
                     static_cast<long long>(meta.step), meta.plan.c_str(),
                     static_cast<long long>(meta.world_size));
-        if (meta.seed != o.seed)
-          std::printf("resume: note: the checkpoint's run used --seed %llu, this one %llu: the "
-                      "data order differs from the original run\n",
-                      static_cast<unsigned long long>(meta.seed), static_cast<unsigned long long>(o.seed));
+        for (const auto& r : changes.refusals) std::printf("resume: forced (--force-resume): %s\n", r.c_str());
+        for (const auto& n : changes.notes) std::printf("resume: changed: %s\n", n.c_str());
       }
     }
   }
@@ -373,7 +384,7 @@ TrainResult train(const TrainOptions& options) {
               {"model_name", o.model.name},
               {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
               {"parameters", o.model.num_parameters()},
-              {"options", nlohmann::ordered_json::parse(options_json(o))},
+              {"options", nlohmann::ordered_json::parse(run_options)},
               {"tokens_per_step", tokens_per_step},
               {"threads_per_rank", threads},
               {"peak_flops_per_rank", peak_flops},
@@ -404,7 +415,7 @@ TrainResult train(const TrainOptions& options) {
     meta.tokens = tokens_before + (step - first_step + 1) * tokens_per_step;
     meta.seed = o.seed;
     meta.model_json = model::config_to_json(o.model);
-    meta.options_json = options_json(o);
+    meta.options_json = run_options;
     meta.plan = plan::to_string(pg->mesh.plan());
     meta.topology = topo.describe();
     meta.world_size = world;

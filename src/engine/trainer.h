@@ -44,6 +44,7 @@ struct TrainOptions {
   std::string checkpoint_dir;  // where checkpoints go (doc/checkpoints.md); empty: none
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a stop signal
   std::string resume = "none";   // "none", "auto" (newest verified in checkpoint_dir) or a file
+  bool force_resume = false;     // resume even onto another dataset or other model fields
   int keep_last = 0;           // checkpoints kept; 0: all
   ckpt::Transfer checkpoint_io = ckpt::Transfer::kIndependent;  // how shards reach the file
 };

@@ -39,6 +39,9 @@ mpi mode (mpiexec on this machine):
      ranks with exit code 2 and one error line naming num_hidden_layers (--resume FILE
      and --resume auto).
   7  --keep-last 2 leaves exactly the two newest checkpoints (and again after a resume).
+  8  resume with changed options: --steps and --lr are listed with what they do; another
+     dataset or rope_theta refused (exit 2, one line naming --force-resume); with
+     --force-resume the other dataset is taken, saying so.
 
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
 starts on its own ports, 17317 and 17401-17404, and always stops):
@@ -688,6 +691,43 @@ class Tests:
                             f"{len(lines)} stderr line(s): {lines[0][:200] if lines else '(none)'}",
                         [' '.join(job.cmd), job.stderr()])
 
+    # ---------------------------------------------------------------- check 8
+    def changed_options(self):
+        ckdir = self.path("ck-changed")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        job, rc = self.run("c1", 1, "ddp", 1, 1, steps=4, ckdir=ckdir, params=False)
+        if rc != 0:
+            raise Failure(f"changed-options test: the first run exited {rc}: {job.stderr()[-1000:]}")
+        other = self.path("other.h5")
+        subprocess.run([self.args.amsp, "data", "prepare", "--input", os.path.join(REPO, "COPYING"),
+                        os.path.join(REPO, "README.md"), "--output", other], check=True,
+                       stdout=subprocess.DEVNULL, timeout=60)
+        cases = [  # (what, extra options, data, expected exit, text every expected line holds)
+            ("--steps 8 --lr 0.002", ["--lr", "0.002"], None, 0,
+             ["resume: changed: --steps 8 (was 4): the cosine schedule now ends at step 8 instead of 4",
+              "resume: changed: --lr 0.002 (was 0.001)"]),
+            ("--model.rope_theta 500000", ["--model.rope_theta", "500000"], None, 2,
+             ["model field rope_theta", "--force-resume"]),
+            ("another dataset", [], other, 2, ["holds other tokens than the checkpoint's run trained on",
+                                               "--force-resume"]),
+            ("another dataset, --force-resume", ["--force-resume"], other, 0,
+             ["resume: forced (--force-resume): --data"]),
+        ]
+        for what, extra, data, want_rc, texts in cases:
+            args = list(extra) + (["--data", data] if data else [])
+            job, rc = self.run("c2", 1, "ddp", 1, 1, steps=8, ckdir=ckdir, resume="auto", params=False,
+                               extra=args)
+            out = job.stdout() + "\n" + job.stderr()
+            errors = [l for l in job.err if l.startswith("amsp: error:")]
+            missing = [t for t in texts if t not in out]
+            ok = rc == want_rc and not missing and (want_rc == 0 or len(errors) == 1)
+            self.report(ok, f"8  resume with {what}: exit {rc} (expected {want_rc})"
+                            + (f"; missing {missing}" if missing else "")
+                            + (f": {errors[0][:160]}" if errors else ""), [' '.join(job.cmd), out[-1500:]])
+            if rc == 0:  # the run went on: write the step-4 checkpoint again for the next case
+                shutil.rmtree(ckdir, ignore_errors=True)
+                self.run("c1", 1, "ddp", 1, 1, steps=4, ckdir=ckdir, params=False)
+
     # ---------------------------------------------------------------- check 7
     def keep_last(self):
         ckdir = self.path("ck-keep")
@@ -768,7 +808,8 @@ def main():
                                ("reshard_4_to_1", tests.reshard_4_to_1),
                                ("reshard_8_to_4", tests.reshard_8_to_4), ("kills", tests.kills),
                                ("flipped_byte", tests.flipped_byte), ("other_model", tests.other_model),
-                               ("keep_last", tests.keep_last)], args.only)
+                               ("keep_last", tests.keep_last), ("changed_options", tests.changed_options)],
+                       args.only)
         else:
             started = True
             rc, out, err, secs = eq.run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
