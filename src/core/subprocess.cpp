@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,30 +75,36 @@ ChildResult run_child(const std::vector<std::string>& argv, double timeout_s) {
     if (!launcher_variable(*e)) env.push_back(*e);
   env.push_back(nullptr);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, out_fd, 2);
-  posix_spawnattr_init(&attr);
-  // Its own process group, default signal dispositions and an empty mask:
-  // the child does not inherit the trainer's stop handlers.
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, args[0], &actions, &attr, args.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
+  // fork + exec rather than posix_spawn, for what must happen in between: the
+  // child dies with this process (PR_SET_PDEATHSIG), so that killing a job or
+  // a test never leaves a checker spinning on a damaged file; it gets its own
+  // process group (killed whole at the deadline) and default signal handling
+  // (it does not inherit the trainer's stop handlers). Only async-signal-safe
+  // calls run between fork and exec.
+  const pid_t parent = ::getpid();
+  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
     ::close(out_fd);
-    fail("cannot run ", argv[0], ": ", std::strerror(rc));
+    fail("cannot run ", argv[0], ": fork failed: ", std::strerror(errno));
   }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (null_fd >= 0) ::dup2(null_fd, 0);
+    ::dup2(out_fd, 1);
+    ::dup2(out_fd, 2);
+    ::execve(args[0], args.data(), env.data());
+    ::_exit(127);
+  }
+  if (null_fd >= 0) ::close(null_fd);
 
   ChildResult r;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);

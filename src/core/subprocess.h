@@ -23,8 +23,9 @@ struct ChildResult {
 // with the environment of this process minus the variables of MPI launchers
 // and Slurm job steps (PMI_*, PMIX_*, HYDRA_*, MPIR_*, OMPI_*, I_MPI_*,
 // SLURM_STEP*, SLURM_PROCID, ...), so that a child of an MPI rank is never
-// mistaken for another rank. Waits up to timeout_s seconds, then kills the
-// child's process group. Throws Error if the child cannot be started.
+// mistaken for another rank. The child is killed if this process dies. Waits
+// up to timeout_s seconds, then kills the child's process group. Throws Error
+// if the child cannot be started (exit 127 if argv[0] cannot be executed).
 ChildResult run_child(const std::vector<std::string>& argv, double timeout_s);
 
 // This executable's path (/proc/self/exe), to run one of its own subcommands.

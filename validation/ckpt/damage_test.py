@@ -44,7 +44,7 @@ import sys
 import time
 
 STEPS, RESUME_TO, SEQ = 10, 12, 32
-VERIFY_DEADLINE, TRAIN_DEADLINE = 60, 120
+VERIFY_DEADLINE, TRAIN_DEADLINE, CHECK_DEADLINE = 60, 120, 10
 
 
 def train_cmd(args, ckdir, metrics, steps, resume):
@@ -56,7 +56,8 @@ def train_cmd(args, ckdir, metrics, steps, resume):
 
 def run(cmd, deadline, fault=None):
     """(returncode or None on a hang, stdout, stderr)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # The checking process's deadline (ckpt::check_in_child), well inside this script's.
+    env = dict(os.environ, OMP_NUM_THREADS="1", AMSP_CKPT_CHECK_TIMEOUT=str(CHECK_DEADLINE))
     if fault:
         env["AMSP_FAULT"] = fault
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -148,7 +149,7 @@ def trial(args, base, ref, offset, pattern, index, targeted=None):
     want = {s: ref[s] for s in range(expect_from + 1, RESUME_TO + 1)}
     if got != want:
         return "wrong", f"{where}: losses {got} differ from the uninterrupted run's {want}"
-    return ("harmless" if vrc == 0 else "rejected"), f"{where}: {errors[0][:160] if errors else 'ok'}"
+    return ("harmless" if vrc == 0 else "rejected"), f"{where}: {errors[0][:300] if errors else 'ok'}"
 
 
 def main():
@@ -195,6 +196,7 @@ def main():
     print(f"damaging step-00000010.h5 ({size} bytes): {len(offsets)} trials, random seed {seed}", flush=True)
 
     counts = {k: 0 for k in ("rejected", "harmless", "hang", "crash", "wrong")}
+    caught = {"did not finish": 0, "killed by": 0}  # HDF5 hangs and crashes the checking process took
     bad = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(trial, args, base, ref, 0, 0, len(offsets) + k, t) for k, t in enumerate(TARGETED)]
@@ -202,6 +204,8 @@ def main():
                     for i, off in enumerate(offsets)]
         for i, f in enumerate(futures):
             kind, text = f.result()
+            for k in caught:
+                caught[k] += kind == "rejected" and k in text
             if i < len(TARGETED) and kind != "rejected":
                 kind, text = "wrong", f"{text}: expected a rejection ({kind})"
             if i < len(TARGETED):
@@ -212,7 +216,8 @@ def main():
                 print(f"FAIL {kind}: {text}", flush=True)
     print(f"trials {len(futures)}: rejected {counts['rejected']}, harmless {counts['harmless']}, "
           f"hangs {counts['hang']}, crashes {counts['crash']}, wrong {counts['wrong']} "
-          f"({time.time() - t0:.0f} s)")
+          f"({time.time() - t0:.0f} s); among the rejected, HDF5 hung {caught['did not finish']} and crashed "
+          f"{caught['killed by']} times in the checking process")
     print(f"{len(futures) - len(bad)} passed, {len(bad)} failed")
     return 1 if bad else 0
 
