@@ -485,6 +485,11 @@ std::string verify(const std::string& path, MPI_Comm comm) {
   return bad;
 }
 
+int64_t newest_step(const std::string& dir) {
+  const auto found = list_checkpoints(dir);
+  return found.empty() ? -1 : found.front().first;
+}
+
 std::vector<std::string> clean_temporaries(const std::string& dir) {
   std::vector<std::string> removed;
   std::error_code ec;

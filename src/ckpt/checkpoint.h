@@ -110,6 +110,9 @@ void require_sound(const std::string& path, MPI_Comm comm);
 std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
                                        MPI_Comm comm);
 
+// One process: the highest step of the step-*.h5 files in dir (-1 if none).
+int64_t newest_step(const std::string& dir);
+
 // One process (rank 0, holding the directory): removes what an interrupted save
 // left in dir (.step-*.h5.tmp, latest.tmp) and returns their names. Safe only
 // while no other job writes there (the directory lock).

@@ -361,6 +361,19 @@ TrainResult train(const TrainOptions& options) {
       }
     }
   }
+  // A directory whose checkpoints go past where this run starts holds another
+  // trajectory: writing beside it would let a later --resume auto pick the
+  // other run's newer file. (With auto, newer files are ones that failed to
+  // verify; this run's saves replace them.)
+  if (!o.checkpoint_dir.empty() && o.resume != "auto")
+    collectively([&] {
+      const int64_t newest = root ? ckpt::newest_step(o.checkpoint_dir) : -1;
+      if (newest >= first_step)
+        fail_usage("--checkpoint-dir ", o.checkpoint_dir, " holds checkpoints up to step ", newest,
+                   " but this run starts at step ", first_step,
+                   first_step == 1 ? " from scratch" : cat(" from ", resumed_from),
+                   "; expected --resume auto to continue them, or another directory");
+    });
   std::unique_ptr<MetricsSink> sink =
       root ? std::make_unique<MetricsSink>(o.metrics_path, /*append=*/first_step > 1) : nullptr;
 

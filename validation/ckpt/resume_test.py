@@ -41,7 +41,8 @@ mpi mode (mpiexec on this machine):
   7  --keep-last 2 leaves exactly the two newest checkpoints (and again after a resume).
   8  resume with changed options: --steps and --lr are listed with what they do; another
      dataset or rope_theta refused (exit 2, one line naming --force-resume); with
-     --force-resume the other dataset is taken, saying so.
+     --force-resume the other dataset is taken, saying so. A run from scratch or from an
+     older file into a directory holding newer checkpoints is refused (exit 2).
 
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
 starts on its own ports, 17317 and 17401-17404, and always stops):
@@ -728,6 +729,20 @@ class Tests:
             if rc == 0:  # the run went on: write the step-4 checkpoint again for the next case
                 shutil.rmtree(ckdir, ignore_errors=True)
                 self.run("c1", 1, "ddp", 1, 1, steps=4, ckdir=ckdir, params=False)
+        # A fresh run, or one resumed from an older file, into a directory holding newer
+        # checkpoints of another trajectory: refused, nothing written.
+        for what, resume in (("from scratch", None), ("from an older file", "OLDER")):
+            if resume:
+                shutil.rmtree(ckdir, ignore_errors=True)
+                self.run("c1", 1, "ddp", 1, 1, steps=4, ckdir=ckdir, every=2, params=False)
+                resume = os.path.join(ckdir, "step-00000002.h5")
+            before = sorted(os.listdir(ckdir))
+            job, rc = self.run("c3", 1, "ddp", 1, 1, steps=8, ckdir=ckdir, resume=resume, params=False)
+            errors = [l for l in job.err if l.startswith("amsp: error:")]
+            ok = (rc == 2 and len(errors) == 1 and "holds checkpoints up to step 4" in errors[0]
+                  and sorted(os.listdir(ckdir)) == before)
+            self.report(ok, f"8  a run {what} into a directory with newer checkpoints: exit {rc}: "
+                            f"{errors[0][:200] if errors else '(no error line)'}", [job.stderr()])
 
     # ---------------------------------------------------------------- check 7
     def keep_last(self):
