@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/lock.h"
 #include "comm/check.h"
 #include "comm/timed.h"
 #include "core/error.h"
@@ -40,6 +41,11 @@ namespace amsp::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long a checkpoint-directory lock stays valid without renewal: longer than
+// any step or checkpoint write, so that only a dead job's lock expires. On the
+// same host a dead holder is recognised at once (its pid is gone).
+constexpr int64_t kLockLeaseSeconds = 900;
 
 // Set by SIGUSR1 / SIGTERM (Slurm's warning before a time limit or preemption):
 // finish the step, checkpoint, exit with kExitPreempted.
@@ -310,6 +316,18 @@ TrainResult train(const TrainOptions& options) {
                          o.comm_timeout_s, windows_used);
   };
 
+  // The checkpoint directory is this job's alone (ckpt/lock.h): rank 0 holds
+  // its lock until train returns, renewing the lease every step.
+  std::unique_ptr<ckpt::DirLock> dir_lock;
+  if (!o.checkpoint_dir.empty())
+    collectively([&] {
+      if (!root) return;
+      std::string taken;
+      dir_lock = std::make_unique<ckpt::DirLock>(o.checkpoint_dir, ckpt::LockHolder::self(), kLockLeaseSeconds,
+                                                 &taken);
+      if (!taken.empty()) std::printf("%s\n", taken.c_str());
+    });
+
   // Resume: the newest verified checkpoint (auto) or a given one, on any plan
   // and world size. The sampler needs nothing but (seed, step).
   int64_t first_step = 1, tokens_before = 0;
@@ -450,6 +468,13 @@ TrainResult train(const TrainOptions& options) {
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step <= o.steps; ++step) {
     fault::point("train.step", step, topo.rank);
+    if (dir_lock) {
+      try {
+        dir_lock->renew();
+      } catch (const Error& e) {
+        comm::abort_job(e.what());
+      }
+    }
     engine.reset_comm_stats();
     if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
     const auto t0 = Clock::now();

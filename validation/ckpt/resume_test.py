@@ -43,6 +43,8 @@ mpi mode (mpiexec on this machine):
      dataset or rope_theta refused (exit 2, one line naming --force-resume); with
      --force-resume the other dataset is taken, saying so. A run from scratch or from an
      older file into a directory holding newer checkpoints is refused (exit 2).
+  9  a second job on a --checkpoint-dir in use is refused naming the holder's pid; after
+     kill -9 of the holder the next job takes the lock over, says so, and releases it.
 
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
 starts on its own ports, 17317 and 17401-17404, and always stops):
@@ -744,6 +746,29 @@ class Tests:
             self.report(ok, f"8  a run {what} into a directory with newer checkpoints: exit {rc}: "
                             f"{errors[0][:200] if errors else '(no error line)'}", [job.stderr()])
 
+    # ---------------------------------------------------------------- check 9
+    def directory_lock(self):
+        ckdir = self.path("ck-lock")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        holder = self.start("l1", 1, "ddp", 1, 1, steps=1000000, ckdir=ckdir, params=False)
+        deadline = time.time() + RUN_TIMEOUT
+        while not os.path.exists(os.path.join(ckdir, "lock")) and holder.p.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        pids = rank_pids(holder.tag)
+        job, rc = self.run("l2", 2, "zero3", 1, 1, steps=4, ckdir=ckdir, resume="auto", params=False)
+        errors = [l for l in job.err if l.startswith("amsp: error:")]
+        ok = (rc == 2 and len(errors) == 1 and "is in use by pid" in errors[0]
+              and any(f"pid {p} " in errors[0] for p in pids) and not os.path.exists(self.path("l2.jsonl")))
+        self.report(ok, f"9  a second job on a locked --checkpoint-dir: exit {rc}: "
+                        f"{errors[0][:200] if errors else '(no error line)'}", [job.stderr()])
+        holder.kill9()
+        holder.finish()
+        job, rc = self.run("l3", 2, "zero3", 1, 1, steps=4, ckdir=ckdir, resume="auto", params=False)
+        took = [l for l in job.out if "took over the lock of pid" in l and "which is gone" in l]
+        ok = rc == 0 and len(took) == 1 and not os.path.exists(os.path.join(ckdir, "lock"))
+        self.report(ok, f"9  after kill -9 of the holder the next job takes the lock over and releases it: "
+                        f"exit {rc}: {took[0] if took else '(no takeover line)'}", [job.stdout()[-800:], job.stderr()])
+
     # ---------------------------------------------------------------- check 7
     def keep_last(self):
         ckdir = self.path("ck-keep")
@@ -824,7 +849,8 @@ def main():
                                ("reshard_4_to_1", tests.reshard_4_to_1),
                                ("reshard_8_to_4", tests.reshard_8_to_4), ("kills", tests.kills),
                                ("flipped_byte", tests.flipped_byte), ("other_model", tests.other_model),
-                               ("keep_last", tests.keep_last), ("changed_options", tests.changed_options)],
+                               ("keep_last", tests.keep_last), ("changed_options", tests.changed_options),
+                               ("directory_lock", tests.directory_lock)],
                        args.only)
         else:
             started = True
