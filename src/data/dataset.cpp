@@ -1,6 +1,7 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -215,6 +216,55 @@ std::vector<int32_t> read_tokens(const OpenDataset& d, const char* name, bool re
 
 // ------------------------------------------------------------------ prepare
 
+namespace {
+
+// Offset of the first byte that makes `text` not UTF-8 (or a NUL, which no text
+// file holds), or -1. Overlong forms, surrogates and code points past U+10FFFF
+// are invalid, as in RFC 3629.
+int64_t first_non_text_byte(const std::string& text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const int64_t n = static_cast<int64_t>(text.size());
+  for (int64_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c == 0) return i;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else return i;
+    if (i + len > n) return i;
+    for (int k = 1; k < len; ++k) {
+      const unsigned b = p[i + k];
+      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return i;
+    }
+    i += len;
+  }
+  return -1;
+}
+
+void check_text(const std::string& input, const std::string& text) {
+  if (text.empty()) fail_usage("--input ", input, ": the file is empty; expected UTF-8 text");
+  const int64_t bad = first_non_text_byte(text);
+  if (bad < 0) return;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[static_cast<size_t>(bad)]));
+  if (text[static_cast<size_t>(bad)] == '\0')
+    fail_usage("--input ", input, ": a NUL byte at offset ", bad, ": a binary file, expected UTF-8 text");
+  fail_usage("--input ", input, ": byte ", byte, " at offset ", bad, " is not UTF-8; expected UTF-8 text "
+             "(convert it first, e.g. iconv -f latin1 -t utf-8)");
+}
+
+}  // namespace
+
 PrepareReport prepare_dataset(const PrepareOptions& options) {
   const double f = options.valid_fraction;
   if (!(f >= 0.0 && f <= 0.5))
@@ -238,6 +288,7 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
   std::string text;
   for (const std::string& input : options.inputs) {
     if (!read_whole_file(input, &text)) fail_usage("--input ", input, ": cannot read the file");
+    check_text(input, text);
     report.documents += 1;
     report.bytes_in += static_cast<int64_t>(text.size());
     if (bytes) {
@@ -254,8 +305,8 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
   }
   for (int32_t id : all)
     if (id < 0 || id >= report.vocab_size)
-      fail("--tokenizer ", options.tokenizer, ": produced id ", id, " outside its vocabulary of ",
-           report.vocab_size);
+      fail_usage("--tokenizer ", options.tokenizer, ": produced id ", id, " outside its vocabulary of ",
+                 report.vocab_size, "; expected a tokenizer whose ids fit its own vocabulary");
 
   // Held-out split: block b goes to valid when floor((b+1) f) > floor(b f), so
   // valid blocks are spread evenly (every 1/f-th block) and make up a share f.

@@ -600,3 +600,66 @@ TEST(DatasetTest, SentencePieceDataset) {
 
 }  // namespace
 }  // namespace amsp::data
+
+namespace amsp::data {
+namespace {
+
+// The one-line UsageError prepare_dataset gives for this input, "" if it accepts it.
+std::string prepare_error(const testing::TempDir& dir, const std::string& content, bool* wrote) {
+  const std::string in = dir.file("in.txt"), out = dir.file("out.h5");
+  testing::write_text(in, content);
+  std::filesystem::remove(out);
+  std::string error;
+  try {
+    PrepareOptions o;
+    o.inputs = {in};
+    o.output = out;
+    prepare_dataset(o);
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  *wrote = std::filesystem::exists(out);
+  return error;
+}
+
+TEST(PrepareInputTest, EmptyBinaryAndNonUtf8InputsAreRefusedWritingNothing) {
+  testing::TempDir dir;
+  bool wrote = true;
+  EXPECT_NE(prepare_error(dir, "", &wrote).find("the file is empty"), std::string::npos);
+  EXPECT_FALSE(wrote);
+  EXPECT_NE(prepare_error(dir, std::string("abc\0def", 7), &wrote).find("a NUL byte at offset 3"), std::string::npos);
+  EXPECT_FALSE(wrote);
+  EXPECT_NE(prepare_error(dir, "caf\xe9 au lait", &wrote).find("byte 0xE9 at offset 3 is not UTF-8"),
+            std::string::npos);
+  EXPECT_FALSE(wrote);
+  // Overlong '/', a UTF-16 surrogate, a code point past U+10FFFF, a truncated sequence.
+  EXPECT_NE(prepare_error(dir, "ok \xc0\xaf", &wrote).find("offset 3"), std::string::npos);
+  EXPECT_NE(prepare_error(dir, "ok \xed\xa0\x80", &wrote).find("offset 3"), std::string::npos);
+  EXPECT_NE(prepare_error(dir, "ok \xf4\x90\x80\x80", &wrote).find("offset 3"), std::string::npos);
+  EXPECT_NE(prepare_error(dir, "ok \xe2\x82", &wrote).find("offset 3"), std::string::npos);
+  EXPECT_FALSE(wrote);
+}
+
+TEST(PrepareInputTest, Utf8TextWithBomAndCrlfIsAccepted) {
+  testing::TempDir dir;
+  bool wrote = false;
+  EXPECT_EQ(prepare_error(dir, "\xef\xbb\xbf" "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\r\nline\r\n", &wrote), "");
+  EXPECT_TRUE(wrote);
+}
+
+TEST(PrepareInputTest, AFailureLeavesAnExistingOutputUntouched) {
+  testing::TempDir dir;
+  const std::string out = dir.file("out.h5");
+  testing::write_text(out, "keep me");
+  testing::write_text(dir.file("bad.txt"), std::string("\0\1\2", 3));
+  PrepareOptions o;
+  o.inputs = {dir.file("bad.txt")};
+  o.output = out;
+  EXPECT_THROW(prepare_dataset(o), UsageError);
+  std::ifstream in(out);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "keep me");
+}
+
+}  // namespace
+}  // namespace amsp::data
