@@ -125,6 +125,22 @@ Handle open_read(const std::string& path) {
 
 namespace {
 
+// A name read from a possibly damaged file, fit for a one-line message:
+// bytes outside printable ASCII as \xHH.
+std::string printable(const std::string& name) {
+  std::string out;
+  for (unsigned char c : name) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 // The loose root attributes, as version 1 wrote them and version 2 still does.
 Metadata read_loose_attributes(hid_t file, const std::string& path) {
   Metadata m;
@@ -163,7 +179,7 @@ bool same_json(const std::string& a, const std::string& b) {
 // A loose attribute that disagrees with the manifest: the file was changed after it was written.
 void check_agrees(const Metadata& loose, const Metadata& m, const std::string& path) {
   auto differ = [&](const char* name, const std::string& a, const std::string& b) {
-    fail_usage("checkpoint ", path, ": attribute ", name, " is ", a, " but the manifest says ", b,
+    fail_usage("checkpoint ", path, ": attribute ", name, " is ", printable(a), " but the manifest says ", printable(b),
                ": the file was changed or damaged after it was written");
   };
   if (loose.format_version != m.format_version)
@@ -223,33 +239,33 @@ void walk(hid_t g, const std::string& prefix, const std::string& path, std::vect
                            (flags & H5P_CRT_ORDER_INDEXED);
   const H5_index_t index = by_creation ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
   H5G_info_t info;
-  if (H5Gget_info(g, &info) < 0) fail("checkpoint ", path, ": HDF5 cannot list group /", prefix);
+  if (H5Gget_info(g, &info) < 0) fail("checkpoint ", path, ": HDF5 cannot list group /", printable(prefix));
   for (hsize_t i = 0; i < info.nlinks; ++i) {
     const ssize_t len = H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    if (len < 0) fail("checkpoint ", path, ": HDF5 cannot list group /", prefix);
+    if (len < 0) fail("checkpoint ", path, ": HDF5 cannot list group /", printable(prefix));
     std::string name(static_cast<size_t>(len) + 1, '\0');
     H5Lget_name_by_idx(g, ".", index, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
     name.resize(static_cast<size_t>(len));
     const std::string full = prefix.empty() ? name : prefix + "/" + name;
     H5O_info_t oinfo;
     if (H5Oget_info_by_name(g, name.c_str(), &oinfo, H5P_DEFAULT) < 0)
-      fail("checkpoint ", path, ": HDF5 cannot read object /", full);
+      fail("checkpoint ", path, ": HDF5 cannot read object /", printable(full));
     if (oinfo.type == H5O_TYPE_GROUP) {
       Handle child(H5Gopen2(g, name.c_str(), H5P_DEFAULT), H5Gclose);
-      if (!child.valid()) fail("checkpoint ", path, ": HDF5 cannot open group /", full);
+      if (!child.valid()) fail("checkpoint ", path, ": HDF5 cannot open group /", printable(full));
       walk(child, full, path, out);
     } else if (oinfo.type == H5O_TYPE_DATASET) {
       Handle d(H5Dopen2(g, name.c_str(), H5P_DEFAULT), H5Dclose);
-      if (!d.valid()) fail("checkpoint ", path, ": HDF5 cannot open dataset /", full);
+      if (!d.valid()) fail("checkpoint ", path, ": HDF5 cannot open dataset /", printable(full));
       Handle space(H5Dget_space(d), H5Sclose);
       Handle type(H5Dget_type(d), H5Tclose);
-      if (!space.valid() || !type.valid()) fail("checkpoint ", path, ": HDF5 cannot inspect /", full);
+      if (!space.valid() || !type.valid()) fail("checkpoint ", path, ": HDF5 cannot inspect /", printable(full));
       Entry e;
       e.name = full;
       const int nd = H5Sget_simple_extent_ndims(space);
       std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
       if (nd < 0 || H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0)
-        fail("checkpoint ", path, ": HDF5 cannot size /", full);
+        fail("checkpoint ", path, ": HDF5 cannot size /", printable(full));
       for (hsize_t v : dims) e.shape.push_back(static_cast<int64_t>(v));
       e.float32 = H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
       e.has_checksum = read_u64_attr(d, "checksum", &e.checksum);
@@ -314,7 +330,8 @@ void check_structure(hid_t file, const std::string& path, const Manifest& manife
   std::map<std::string, const ManifestDataset*> listed;
   for (const auto& d : manifest.datasets) listed[d.name] = &d;
   for (const auto& e : entries)
-    if (!listed.count(e.name)) fail_usage("checkpoint ", path, ": dataset ", e.name, " is not in the manifest");
+    if (!listed.count(e.name))
+      fail_usage("checkpoint ", path, ": dataset ", printable(e.name), " is not in the manifest");
   std::map<std::string, const Entry*> present;
   for (const auto& e : entries) present[e.name] = &e;
   for (const auto& d : manifest.datasets) {

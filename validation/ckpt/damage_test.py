@@ -60,7 +60,8 @@ def run(cmd, deadline, fault=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", AMSP_CKPT_CHECK_TIMEOUT=str(CHECK_DEADLINE))
     if fault:
         env["AMSP_FAULT"] = fault
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # errors="replace": a message quoting a damaged name must not break the test itself.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                          start_new_session=True, env=env)
     try:
         out, err = p.communicate(timeout=deadline)
@@ -140,6 +141,8 @@ def trial(args, base, ref, offset, pattern, index, targeted=None):
     errors = [l for l in verr.splitlines() if l.strip()]
     if vrc != 0 and (len(errors) != 1 or not errors[0].startswith("amsp: error: checkpoint ")):
         return "wrong", f"{where}: verify exit {vrc} without one error line: {errors[:3]}"
+    if vrc != 0 and any(ord(c) < 32 or c == "\ufffd" for c in errors[0]):
+        return "wrong", f"{where}: verify's error line holds raw bytes of the damaged file: {errors[0]!r}"
     m = re.search(r"^resume: (\S+) \(step (\d+),", tout, re.M)
     resumed = int(m.group(2)) if m else None
     expect_from = 10 if vrc == 0 else 5
@@ -163,6 +166,7 @@ def main():
     ap.add_argument("--patterns", default="01,80,ff", help="XOR masks, cycled over the offsets")
     ap.add_argument("--seed", type=int, default=None, help="for the random offsets (default: time)")
     ap.add_argument("--jobs", type=int, default=1, help="trials run at once")
+    ap.add_argument("--progress", type=int, default=0, help="print the counts every N trials")
     args = ap.parse_args()
     args.amsp, args.data = os.path.abspath(args.amsp), os.path.abspath(args.data)
     shutil.rmtree(args.work, ignore_errors=True)
@@ -214,6 +218,11 @@ def main():
             if kind not in ("rejected", "harmless"):
                 bad.append(text)
                 print(f"FAIL {kind}: {text}", flush=True)
+            if args.progress and (i + 1) % args.progress == 0:
+                print(f"     after {i + 1} trials: rejected {counts['rejected']}, harmless {counts['harmless']}, "
+                      f"hangs {counts['hang']}, crashes {counts['crash']}, wrong {counts['wrong']}; HDF5 hung "
+                      f"{caught['did not finish']}, crashed {caught['killed by']} in the checker "
+                      f"({time.time() - t0:.0f} s)", flush=True)
     print(f"trials {len(futures)}: rejected {counts['rejected']}, harmless {counts['harmless']}, "
           f"hangs {counts['hang']}, crashes {counts['crash']}, wrong {counts['wrong']} "
           f"({time.time() - t0:.0f} s); among the rejected, HDF5 hung {caught['did not finish']} and crashed "
