@@ -9,6 +9,8 @@
 namespace amsp::comm {
 
 Group::Group(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  // Named for MPI tools (debuggers, the PMPI byte counter of the engine tests).
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_set_name(comm_, name_.c_str());
   set_errors_return(comm_);
   AMSP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   AMSP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));

@@ -28,3 +28,14 @@ add_test(NAME engine_equivalence_slurm
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} slurm ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm RUN_SERIAL TRUE TIMEOUT 600 SKIP_RETURN_CODE 77)
+
+# What the engine hands to MPI, counted by MPI's profiling interface (a preloaded
+# library, validation/engine/mpi_count.c) rather than by amsp's own accounting,
+# against the planner's prediction and hand-written formulas (doc/engine-tests.md).
+add_library(amsp_mpi_count SHARED ${CMAKE_CURRENT_SOURCE_DIR}/engine/mpi_count.c)
+target_link_libraries(amsp_mpi_count PRIVATE MPI::MPI_C)
+add_test(NAME engine_bytes_on_the_wire
+  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/wire_test.py --amsp $<TARGET_FILE:amsp>
+          --preload $<TARGET_FILE:amsp_mpi_count> --mpiexec ${MPIEXEC_EXECUTABLE} --data ${AMSP_CORPUS}
+          --work ${AMSP_TEST_WORK}/wire)
+set_tests_properties(engine_bytes_on_the_wire PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Bytes the engine hands to MPI, counted by MPI's profiling interface, against the
+planner's prediction and against hand-written formulas.
+
+The engine's own byte counters and the planner both come from comm::traffic_bytes, so
+comparing them cannot catch a wrong formula. Here a preloaded library
+(validation/engine/mpi_count.c) counts every collective call amsp makes, per
+communicator (amsp names its groups P, G, OS, replica, gather, world) and operation:
+calls, elements and bytes as given to MPI. One optimizer step is isolated without
+trusting amsp: the same configuration runs 2 and 3 steps and the counts are subtracted
+(start-up, evaluation and the final gathers cancel). Rank 0's counts are turned into
+per-rank bytes by the bandwidth-optimal model written out below, and compared for
+every plan of the engine's equivalence tests on 4 and 8 ranks with `amsp plan --json`:
+calls, elements and bytes per (group, operation) must be equal. For ddp, zero3 and
+p=2x1,g=2x1,os=4x1 on 4 ranks the counts must also equal closed-form formulas written
+from the plan's definition and the tiny preset's unit sizes.
+
+usage: wire_test.py --amsp PATH --preload libamsp_mpi_count.so --mpiexec PATH
+                    --data CORPUS.h5 --work DIR [--only TEXT]
+Prints one line per case and ends with "N passed, M failed"; exit 1 on any failure.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import equivalence_test as eq  # noqa: E402  (the cases and clean_env)
+
+SEQ = 32
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+
+
+def ring_bytes(op, n, elements, blocks, elem_bytes):
+    """Per-rank bytes sent by a bandwidth-optimal ring or pipelined chain (the model
+    nccl-tests' bus bandwidth uses): all-gather and reduce-scatter move (n-1) blocks of
+    the per-rank count; all-reduce is a reduce-scatter then an all-gather of padded
+    blocks, 2(n-1) ceil(count/n)."""
+    if n <= 1:
+        return 0
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) * elements * elem_bytes
+    if op == "all_reduce":
+        return 2 * (n - 1) * blocks * elem_bytes
+    raise ValueError(op)
+
+
+def counted(args, ranks, plan, batch, accum, steps, tag):
+    out = os.path.join(args.work, f"{tag}-s{steps}")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    env = eq.clean_env({"LD_PRELOAD": args.preload, "AMSP_MPI_COUNT_DIR": out})
+    cmd = [args.mpiexec, "-n", str(ranks), args.amsp, "train", "--model", "tiny", "--data", args.data,
+           "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch), "--grad-accum", str(accum),
+           "--shard", plan, "--eval-every", "0", "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1"]
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-800:]}")
+    with open(os.path.join(out, "rank-0.json")) as f:
+        return json.load(f)
+
+
+def one_step(args, ranks, plan, batch, accum, tag):
+    """{(comm, op): (size, calls, elements, bytes, blocks)} of one step on rank 0."""
+    a = counted(args, ranks, plan, batch, accum, 2, tag)
+    b = counted(args, ranks, plan, batch, accum, 3, tag)
+    out = {}
+    for comm in set(a) | set(b):
+        for op in OPS:
+            x, y = a.get(comm, {}).get(op), b.get(comm, {}).get(op)
+            if not y:
+                continue
+            x = x or {"calls": 0, "elements": 0, "bytes": 0, "blocks": 0}
+            d = tuple(y[k] - x[k] for k in ("calls", "elements", "bytes", "blocks"))
+            if any(d):
+                out[(comm, op)] = (b[comm]["size"],) + d
+    return out
+
+
+def planned(args, ranks, plan, batch, accum):
+    cmd = [args.amsp, "plan", "--model", "tiny", "--nodes", "1", "--gpus-per-node", str(ranks),
+           "--precision", "fp32", "--seq-len", str(SEQ), "--micro-batch", str(batch),
+           "--global-batch", str(SEQ * batch * accum * ranks), "--gpu-memory", "16GiB",
+           "--bandwidth", os.path.join(REPO, "inputs", "bandwidth", "localcluster-2x4.json"),
+           "--shard", plan, "--json"]
+    p = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout)["plan"]
+    out = {}
+    for c in p["collectives"]:
+        if c["bytes_sent"] or c["calls_per_step"]:
+            k = (c["group"], c["op"])
+            calls, elements, sent, eb = out.get(k, (0, 0, 0, c["elem_bytes"]))
+            out[k] = (calls + c["calls_per_step"], elements + c["elements_per_step"], sent + c["bytes_sent"], eb)
+    return out
+
+
+# --- closed forms: the tiny preset on 4 ranks, one micro-batch of one sequence --------
+def tiny_units():
+    """numel of embed, the 5 decoder layers and the head (inputs/models/tiny.json)."""
+    c = json.load(open(os.path.join(REPO, "inputs", "models", "tiny.json")))
+    h, i, v, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
+    layer = 2 * h + 2 * h * h + 2 * kv * h + 3 * h * i
+    return [v * h] + [layer] * L + [h + v * h]
+
+
+def closed_form(plan):
+    """Per step on 4 ranks with M = 1: {(group, op): (calls, elements)} from the plan's
+    definition: every unit is padded to a multiple of s_os, gathered over P before each use
+    (forward, then backward except the head, which keeps its copy), its gradient
+    reduce-scattered over P (then G), over OS, all-reduced over the replicas, the
+    updated OS-shards all-gathered over the gather group; the gradient norm is one double
+    all-reduced over the world."""
+    units = tiny_units()
+    U, n = len(units), 4
+    norm = {("world", "all_reduce"): (1, 1)}
+    if plan == "ddp":   # p = g = os = 1: one all-reduce of each unit over the 4 replicas
+        return {("replica", "all_reduce"): (U, sum(units)), **norm}
+    if plan == "zero3":  # p = g = os = 4: gathers and reduce-scatters of quarter units over P
+        pad = [math.ceil(u / n) * n for u in units]
+        return {("P", "all_gather"): (2 * U - 1, sum(pad) // n + sum(pad[:-1]) // n),
+                ("P", "reduce_scatter"): (U, sum(pad) // n), **norm}
+    if plan == "p=2x1,g=2x1,os=4x1":  # halves over P; quarters over OS and gather (2 ranks each)
+        pad = [math.ceil(u / n) * n for u in units]
+        return {("P", "all_gather"): (2 * U - 1, sum(pad) // 2 + sum(pad[:-1]) // 2),
+                ("P", "reduce_scatter"): (U, sum(pad) // 2),
+                ("OS", "reduce_scatter"): (U, sum(pad) // 4),
+                ("gather", "all_gather"): (U, sum(pad) // 4), **norm}
+    return None
+
+
+def check_case(args, per_node, plan, accum, batch):
+    ranks = per_node
+    tag = f"w{ranks}-{plan.replace(':', '').replace(',', '_').replace('=', '')}-m{accum}-b{batch}"
+    got = one_step(args, ranks, plan, batch, accum, tag)
+    want = planned(args, ranks, plan, batch, accum)
+    problems = []
+    total_got = total_want = 0
+    groups = {k: v for k, v in got.items() if k[0] != "MPI_COMM_WORLD"}
+    for key in sorted(set(groups) | set(want)):
+        g, w = groups.get(key), want.get(key)
+        if g is None or w is None:
+            problems.append(f"{key[0]} {key[1]}: counted {g}, planned {w}")
+            continue
+        size, calls, elements, sent, blocks = g
+        eb = sent // elements if elements else w[3]
+        ring = ring_bytes(key[1], size, elements, blocks, eb)
+        total_got += ring
+        total_want += w[2]
+        if (calls, elements, ring) != w[:3]:
+            problems.append(f"{key[0]} {key[1]}: counted {calls} calls, {elements} elements, {ring} bytes; "
+                            f"planned {w[0]}, {w[1]}, {w[2]}")
+    if ranks == 4 and accum == 1 and batch == 1:
+        cf = closed_form(plan)
+        if cf is not None:
+            mine = {k: v[1:3] for k, v in groups.items()}
+            if mine != cf:
+                problems.append(f"closed form {cf} != counted {mine}")
+    book = got.get(("MPI_COMM_WORLD", "all_reduce"))
+    text = (f"{ranks} ranks {plan:20s} M={accum} B={batch}: {total_got:>10} bytes per rank per step counted on "
+            f"the wire, {total_want:>10} planned" + (" (closed form too)" if ranks == 4 and accum == 1 and batch == 1
+                                                      and closed_form(plan) else "")
+            + (f"; bookkeeping on MPI_COMM_WORLD: {book[1]} all-reduces of {book[3]} bytes" if book else ""))
+    return not problems, text, problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--preload", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--only", action="append", default=[])
+    args = ap.parse_args()
+    args.amsp, args.preload = os.path.abspath(args.amsp), os.path.abspath(args.preload)
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    passed = failed = 0
+    for per_node, nodes, plan, accum, batch in eq.MPI_CASES:
+        label = f"{per_node} {plan} M={accum} B={batch}"
+        if args.only and not any(o in label for o in args.only):
+            continue
+        try:
+            ok, text, problems = check_case(args, per_node, plan, accum, batch)
+        except (RuntimeError, OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            ok, text, problems = False, label, [str(e)]
+        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+        for p in problems:
+            print(f"     | {p}")
+        passed += ok
+        failed += not ok
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
