@@ -252,6 +252,100 @@ void write_data_order(std::ofstream& out, const data::TokenDataset& data, uint64
   if (!out) fail("--data-order: write failed at step ", step);
 }
 
+// --- the checkpoint directory and resuming ---------------------------------
+
+// The checkpoint directory is this job's alone (ckpt/lock.h): rank 0 holds its
+// lock until train returns, renewing the lease every step. Null on other ranks
+// and without --checkpoint-dir.
+std::unique_ptr<ckpt::DirLock> lock_checkpoint_dir(const TrainOptions& o, bool root) {
+  std::unique_ptr<ckpt::DirLock> lock;
+  if (o.checkpoint_dir.empty()) return lock;
+  collectively([&] {
+    if (!root) return;
+    std::string taken;
+    lock = std::make_unique<ckpt::DirLock>(o.checkpoint_dir, ckpt::LockHolder::self(), kLockLeaseSeconds, &taken);
+    if (!taken.empty()) std::printf("%s\n", taken.c_str());
+  });
+  return lock;
+}
+
+// Where training starts: step 1, or after a checkpoint's step.
+struct ResumePoint {
+  int64_t first_step = 1;
+  int64_t tokens_before = 0;
+  std::string from;  // the checkpoint resumed from, or empty
+};
+
+// Rank 0 removes what an interrupted save left, and says so.
+void clean_checkpoint_dir(const TrainOptions& o, bool root) {
+  if (!root || o.checkpoint_dir.empty()) return;
+  std::string removed;
+  for (const auto& n : ckpt::clean_temporaries(o.checkpoint_dir)) removed += " " + n;
+  if (!removed.empty())
+    std::printf("resume: removed what an interrupted save left in %s:%s\n", o.checkpoint_dir.c_str(),
+                removed.c_str());
+}
+
+// The checkpoint --resume names: the newest that verifies (auto) or the file
+// given; empty when auto finds none.
+std::string resume_path(const TrainOptions& o, bool root) {
+  if (o.resume != "auto") return o.resume;
+  std::vector<std::string> skipped;
+  std::optional<std::string> found;
+  collectively([&] { found = ckpt::find_latest(o.checkpoint_dir, &skipped, MPI_COMM_WORLD); });
+  if (root)
+    for (const auto& s : skipped) std::printf("resume: skipping %s\n", s.c_str());
+  if (root && !found)
+    std::printf("resume: no checkpoint in %s; starting from scratch\n", o.checkpoint_dir.c_str());
+  return found.value_or("");
+}
+
+// Loads the checkpoint into the engine on any plan and world size (the sampler
+// needs nothing but (seed, step)), after checking that the options still make
+// sense for it; prints what changed.
+ResumePoint resume(const TrainOptions& o, ShardedEngine& engine, const std::string& run_options, bool root) {
+  ResumePoint start;
+  if (o.resume == "none") return start;
+  clean_checkpoint_dir(o, root);
+  const std::string path = resume_path(o, root);
+  if (path.empty()) return start;
+  ckpt::Metadata meta;
+  ResumeChanges changes;
+  collectively([&] {
+    if (o.resume != "auto") ckpt::require_sound(path, MPI_COMM_WORLD);  // auto: find_latest checked it
+    meta = ckpt::load(path, o.model, engine.units(), engine.shards(), engine.state_views(), MPI_COMM_WORLD);
+    changes = compare_for_resume(meta.options_json, meta.model_json, run_options, model::config_to_json(o.model));
+    if (!changes.refusals.empty() && !o.force_resume)
+      fail_usage("--resume ", path, ": ", changes.refusals.front(), "; pass --force-resume to resume anyway");
+    if (meta.step >= o.steps)
+      fail_usage("--resume ", path, ": the checkpoint is at step ", meta.step, ", not before --steps ", o.steps,
+                 "; nothing left to train");
+  });
+  if (root) {
+    std::printf("resume: %s (step %lld, written by %s on %lld ranks)\n", path.c_str(),
+                static_cast<long long>(meta.step), meta.plan.c_str(), static_cast<long long>(meta.world_size));
+    for (const auto& r : changes.refusals) std::printf("resume: forced (--force-resume): %s\n", r.c_str());
+    for (const auto& n : changes.notes) std::printf("resume: changed: %s\n", n.c_str());
+  }
+  return {meta.step + 1, meta.tokens, path};
+}
+
+// A directory whose checkpoints go past where this run starts holds another
+// trajectory: writing beside it would let a later --resume auto pick the other
+// run's newer file. (With auto, newer files are ones that failed to verify;
+// this run's saves replace them.)
+void refuse_other_trajectory(const TrainOptions& o, const ResumePoint& start, bool root) {
+  if (o.checkpoint_dir.empty() || o.resume == "auto") return;
+  collectively([&] {
+    const int64_t newest = root ? ckpt::newest_step(o.checkpoint_dir) : -1;
+    if (newest >= start.first_step)
+      fail_usage("--checkpoint-dir ", o.checkpoint_dir, " holds checkpoints up to step ", newest,
+                 " but this run starts at step ", start.first_step,
+                 start.first_step == 1 ? " from scratch" : cat(" from ", start.from),
+                 "; expected --resume auto to continue them, or another directory");
+  });
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& options) {
@@ -316,82 +410,11 @@ TrainResult train(const TrainOptions& options) {
                          o.comm_timeout_s, windows_used);
   };
 
-  // The checkpoint directory is this job's alone (ckpt/lock.h): rank 0 holds
-  // its lock until train returns, renewing the lease every step.
-  std::unique_ptr<ckpt::DirLock> dir_lock;
-  if (!o.checkpoint_dir.empty())
-    collectively([&] {
-      if (!root) return;
-      std::string taken;
-      dir_lock = std::make_unique<ckpt::DirLock>(o.checkpoint_dir, ckpt::LockHolder::self(), kLockLeaseSeconds,
-                                                 &taken);
-      if (!taken.empty()) std::printf("%s\n", taken.c_str());
-    });
-
-  // Resume: the newest verified checkpoint (auto) or a given one, on any plan
-  // and world size. The sampler needs nothing but (seed, step).
-  int64_t first_step = 1, tokens_before = 0;
-  std::string resumed_from;
-  if (o.resume != "none") {
-    std::string path = o.resume;
-    if (root && !o.checkpoint_dir.empty()) {
-      std::string removed;
-      for (const auto& n : ckpt::clean_temporaries(o.checkpoint_dir)) removed += " " + n;
-      if (!removed.empty())
-        std::printf("resume: removed what an interrupted save left in %s:%s\n", o.checkpoint_dir.c_str(),
-                    removed.c_str());
-    }
-    if (o.resume == "auto") {
-      std::vector<std::string> skipped;
-      std::optional<std::string> found;
-      collectively([&] { found = ckpt::find_latest(o.checkpoint_dir, &skipped, MPI_COMM_WORLD); });
-      if (root)
-        for (const auto& s : skipped) std::printf("resume: skipping %s\n", s.c_str());
-      path = found.value_or("");
-      if (root && path.empty())
-        std::printf("resume: no checkpoint in %s; starting from scratch\n", o.checkpoint_dir.c_str());
-    }
-    if (!path.empty()) {
-      ckpt::Metadata meta;
-      ResumeChanges changes;
-      collectively([&] {
-        if (o.resume != "auto") ckpt::require_sound(path, MPI_COMM_WORLD);  // auto: find_latest checked it
-        meta = ckpt::load(path, o.model, engine.units(), engine.shards(), engine.state_views(),
-                          MPI_COMM_WORLD);
-        changes = compare_for_resume(meta.options_json, meta.model_json, run_options,
-                                     model::config_to_json(o.model));
-        if (!changes.refusals.empty() && !o.force_resume)
-          fail_usage("--resume ", path, ": ", changes.refusals.front(),
-                     "; pass --force-resume to resume anyway");
-        if (meta.step >= o.steps)
-          fail_usage("--resume ", path, ": the checkpoint is at step ", meta.step,
-                     ", not before --steps ", o.steps, "; nothing left to train");
-      });
-      first_step = meta.step + 1;
-      tokens_before = meta.tokens;
-      resumed_from = path;
-      if (root) {
-        std::printf("resume: %s (step %lld, written by %s on %lld ranks)\n", path.c_str(),
-                    static_cast<long long>(meta.step), meta.plan.c_str(),
-                    static_cast<long long>(meta.world_size));
-        for (const auto& r : changes.refusals) std::printf("resume: forced (--force-resume): %s\n", r.c_str());
-        for (const auto& n : changes.notes) std::printf("resume: changed: %s\n", n.c_str());
-      }
-    }
-  }
-  // A directory whose checkpoints go past where this run starts holds another
-  // trajectory: writing beside it would let a later --resume auto pick the
-  // other run's newer file. (With auto, newer files are ones that failed to
-  // verify; this run's saves replace them.)
-  if (!o.checkpoint_dir.empty() && o.resume != "auto")
-    collectively([&] {
-      const int64_t newest = root ? ckpt::newest_step(o.checkpoint_dir) : -1;
-      if (newest >= first_step)
-        fail_usage("--checkpoint-dir ", o.checkpoint_dir, " holds checkpoints up to step ", newest,
-                   " but this run starts at step ", first_step,
-                   first_step == 1 ? " from scratch" : cat(" from ", resumed_from),
-                   "; expected --resume auto to continue them, or another directory");
-    });
+  std::unique_ptr<ckpt::DirLock> dir_lock = lock_checkpoint_dir(o, root);
+  const ResumePoint start = resume(o, engine, run_options, root);
+  refuse_other_trajectory(o, start, root);
+  const int64_t first_step = start.first_step, tokens_before = start.tokens_before;
+  const std::string& resumed_from = start.from;
   std::unique_ptr<MetricsSink> sink =
       root ? std::make_unique<MetricsSink>(o.metrics_path, /*append=*/first_step > 1) : nullptr;
 
