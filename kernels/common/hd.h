@@ -1,5 +1,6 @@
 // AMSP_HD marks per-element math that both the CPU kernels and the CUDA kernels
-// call, so the CPU test suite exercises the exact arithmetic the GPU runs.
+// call: one source for both, which the CPU tests exercise. (The CUDA kernels
+// compile against it; no GPU run has checked them yet.)
 #pragma once
 
 #if defined(__CUDACC__)

@@ -1,5 +1,7 @@
-// Per-element math shared by the CPU kernels and the CUDA kernels (AMSP_HD), so
-// that the CPU test suite checks the exact arithmetic a GPU backend runs.
+// Per-element math written once for the CPU kernels and the CUDA kernels
+// (AMSP_HD: host and device). The CPU tests exercise these functions; the CUDA
+// kernels in kernels/cuda compile against them but are not yet run by the
+// trainer, and nothing on a GPU has been checked against them.
 // Everything is fp32 and free of library calls that would not vectorise: the
 // CPU loops calling these compile to SIMD code.
 #pragma once

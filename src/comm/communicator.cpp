@@ -21,13 +21,15 @@ void Handle::wait() {
 
 bool Handle::test() { return !comm_ || !seq_ || comm_->done(seq_); }
 
-Communicator::Communicator() {
-  if (const char* t = std::getenv("AMSP_COMM_TIMEOUT")) {
-    const auto v = parse_double(t);
-    if (!v || *v < 0) fail_usage("AMSP_COMM_TIMEOUT=", t, ": expected seconds >= 0 (0: no timeout)");
-    timeout_s_ = *v;
-  }
+double default_comm_timeout_s() {
+  const char* t = std::getenv("AMSP_COMM_TIMEOUT");
+  if (!t || !*t) return 600;
+  const auto v = parse_double(t);
+  if (!v || *v < 0) fail_usage("AMSP_COMM_TIMEOUT=", t, ": expected seconds >= 0 (0: no timeout)");
+  return *v;
 }
+
+Communicator::Communicator() = default;
 
 Handle Communicator::all_gather(const float* send, int64_t count_per_rank, float* recv) {
   return submit({Op::kAllGather, send, recv, count_per_rank, 0});

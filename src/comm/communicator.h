@@ -36,6 +36,11 @@
 
 namespace amsp::comm {
 
+// The default time a collective may take before the job is aborted: the
+// environment variable AMSP_COMM_TIMEOUT (seconds, 0: wait forever), else 600.
+// UsageError naming the variable if it is not a number >= 0.
+double default_comm_timeout_s();
+
 class Communicator;
 
 // One issued operation. A default-constructed Handle is complete.
@@ -127,7 +132,7 @@ class Communicator {
   mutable std::mutex stats_mu_;
   Stats stats_;
   TraceFn trace_;
-  double timeout_s_ = 600;
+  double timeout_s_ = default_comm_timeout_s();
   uint64_t last_seq_ = 0;
   Op last_op_ = Op::kAllReduce;
 };

@@ -1,7 +1,6 @@
 #include "comm/timed.h"
 
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 
 #include "comm/check.h"
@@ -11,10 +10,7 @@
 namespace amsp::comm {
 
 void allreduce_sum(double* values, int n, MPI_Comm comm, const char* what, double timeout_s) {
-  if (timeout_s <= 0) {
-    const char* env = std::getenv("AMSP_COMM_TIMEOUT");
-    timeout_s = env && *env ? std::atof(env) : 600.0;
-  }
+  if (timeout_s <= 0) timeout_s = default_comm_timeout_s();
   MPI_Request req;
   AMSP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, comm, &req));
   const double deadline = now_seconds() + timeout_s;

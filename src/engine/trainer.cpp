@@ -47,6 +47,13 @@ using Clock = std::chrono::steady_clock;
 // same host a dead holder is recognised at once (its pid is gone).
 constexpr int64_t kLockLeaseSeconds = 900;
 
+// The share of the measured sgemm peak that --shard auto assumes a step's
+// matmuls reach. A round figure, not a measurement: it only sets how much
+// compute there is to hide communication behind, the same for every plan, so
+// it moves the ranking only where overlap decides it. Measuring the kernels'
+// throughput on the spot is the planner's next step.
+constexpr double kAssumedMatmulEfficiency = 0.6;
+
 // Set by SIGUSR1 / SIGTERM (Slurm's warning before a time limit or preemption):
 // finish the step, checkpoint, exit with kExitPreempted.
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -155,7 +162,7 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
                                 : o.bandwidth_path;
   in.bandwidth = plan::load_bandwidth_table(table, "--bandwidth");
   in.compute.peak_flops_per_s = peak_flops;
-  in.compute.flops_per_s = peak_flops * 0.6;
+  in.compute.flops_per_s = peak_flops * kAssumedMatmulEfficiency;
   // search ranks the plans that fit first, best first; choose_plan is only
   // called for its error when none fits.
   const std::vector<plan::Evaluation> ranked = plan::search(in);
