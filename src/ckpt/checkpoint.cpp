@@ -7,7 +7,7 @@
 // is immutable once renamed into place, so each rank opens it on its own and
 // reads just its hyperslabs; no rank can then hang in a collective another
 // rank left because the file was damaged. Ranks agree on every outcome
-// (agree() below) before anything else happens.
+// (comm/agree.h) before anything else happens.
 
 #include "ckpt/checkpoint.h"
 
@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +25,7 @@
 #include "ckpt/format.h"
 #include "ckpt/manifest.h"
 #include "ckpt/selection.h"
+#include "comm/agree.h"
 #include "comm/check.h"
 #include "core/error.h"
 #include "core/fault.h"
@@ -40,51 +40,12 @@ namespace {
 
 // ------------------------------------------------------------ agreement
 
-// One rank's outcome of a phase: 0, or the exit code of the error it threw.
-struct Status {
-  int code = 0;
-  std::string message;
-};
+using comm::attempt;
+using comm::bcast_string;
+using Status = comm::Outcome;
 
-template <typename F>
-Status attempt(F&& f) {
-  try {
-    f();
-    return {};
-  } catch (const Error& e) {
-    return {e.exit_code(), e.what()};
-  } catch (const std::exception& e) {
-    return {kExitFailure, e.what()};
-  }
-}
-
-void bcast_string(std::string* s, int root, MPI_Comm comm) {
-  int64_t n = static_cast<int64_t>(s->size());
-  AMSP_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm));
-  s->resize(static_cast<size_t>(n));
-  if (n > 0) AMSP_MPI_CHECK(MPI_Bcast(s->data(), static_cast<int>(n), MPI_CHAR, root, comm));
-}
-
-// The error of the lowest rank that has one (or success), on every rank.
-Status agree(const Status& mine, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  int first = mine.code ? rank : INT_MAX;
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == INT_MAX) return {};
-  Status s = mine;
-  AMSP_MPI_CHECK(MPI_Bcast(&s.code, 1, MPI_INT, first, comm));
-  bcast_string(&s.message, first, comm);
-  return s;
-}
-
-void rethrow(const Status& s) {
-  if (!s.code) return;
-  if (s.code == kExitUsage) throw UsageError(s.message);
-  throw Error(s.message, s.code);
-}
-
-void agree_or_throw(const Status& mine, MPI_Comm comm) { rethrow(agree(mine, comm)); }
+// Every rank ends a phase alike: the lowest failing rank's error, or success.
+void agree_or_throw(const Status& mine, MPI_Comm c) { comm::rethrow(comm::agree(mine, c)); }
 
 // ------------------------------------------------------------ files
 
@@ -464,7 +425,7 @@ std::string verify(const std::string& path, MPI_Comm comm) {
       sums.push_back(s);
     }
   });
-  st = agree(st, comm);
+  st = comm::agree(st, comm);
   if (st.code) {
     const std::string prefix = "checkpoint " + path + ": ";
     return st.message.rfind(prefix, 0) == 0 ? st.message.substr(prefix.size()) : st.message;

@@ -19,6 +19,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/lock.h"
+#include "comm/agree.h"
 #include "comm/check.h"
 #include "comm/timed.h"
 #include "core/error.h"
@@ -81,34 +82,8 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Runs fn on every rank. If it throws an amsp::Error on any rank, every rank
-// throws the error of the lowest failing rank (message and exit code), so a
-// bad input ends the job the same way everywhere instead of leaving some
-// ranks waiting in a collective.
-void collectively(const std::function<void()>& fn) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::string message;
-  int code = 0;
-  try {
-    fn();
-  } catch (const Error& e) {
-    message = e.what();
-    code = e.exit_code();
-  }
-  int mine = code != 0 ? rank : size, first = size;
-  AMSP_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-  if (first == size) return;
-  int len = static_cast<int>(message.size());
-  AMSP_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, MPI_COMM_WORLD));
-  AMSP_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, first, MPI_COMM_WORLD));
-  message.resize(static_cast<size_t>(len));
-  AMSP_MPI_CHECK(MPI_Bcast(message.data(), len, MPI_CHAR, first, MPI_COMM_WORLD));
-  if (first != 0) message = cat("rank ", first, ": ", message);
-  if (code == kExitUsage) throw UsageError(message);
-  throw Error(message, code);
-}
+// Setup phases: the first failure on any rank ends every rank alike (comm/agree.h).
+void collectively(const std::function<void()>& fn) { comm::collectively(MPI_COMM_WORLD, fn); }
 
 void check_options(const TrainOptions& o, const data::TokenDataset& data) {
   o.model.validate();

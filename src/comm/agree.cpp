@@ -1,0 +1,41 @@
+#include "comm/agree.h"
+
+#include <climits>
+
+#include "comm/check.h"
+
+namespace amsp::comm {
+
+void bcast_string(std::string* s, int root, MPI_Comm comm) {
+  int64_t n = static_cast<int64_t>(s->size());
+  AMSP_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, comm));
+  s->resize(static_cast<size_t>(n));
+  if (n > 0) AMSP_MPI_CHECK(MPI_Bcast(s->data(), static_cast<int>(n), MPI_CHAR, root, comm));
+}
+
+Outcome agree(const Outcome& mine, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int first = mine.code ? rank : INT_MAX;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == INT_MAX) return {};
+  Outcome o = mine;
+  AMSP_MPI_CHECK(MPI_Bcast(&o.code, 1, MPI_INT, first, comm));
+  bcast_string(&o.message, first, comm);
+  o.rank = first;
+  return o;
+}
+
+void rethrow(const Outcome& o) {
+  if (!o.code) return;
+  if (o.code == kExitUsage) throw UsageError(o.message);
+  throw Error(o.message, o.code);
+}
+
+void collectively(MPI_Comm comm, const std::function<void()>& fn) {
+  Outcome o = agree(attempt(fn), comm);
+  if (o.code && o.rank != 0) o.message = cat("rank ", o.rank, ": ", o.message);
+  rethrow(o);
+}
+
+}  // namespace amsp::comm
