@@ -35,6 +35,7 @@ namespace amsp::ckpt {
 namespace fs = std::filesystem;
 using h5::Handle;
 using detail::dataset_path;
+using detail::State;
 
 namespace {
 
@@ -158,15 +159,17 @@ struct Source {
   const float* data = nullptr;
 };
 
-Source source_of(int kind, const model::TensorSpec& t, const engine::UnitShards& sh,
+Source source_of(State state, const model::TensorSpec& t, const engine::UnitShards& sh,
                  const engine::ShardedEngine::StateView& v, bool writer) {
   Source s;
   if (!writer) return s;
   s.piece = intersect(t, sh.os.begin, sh.os.end());
   if (!s.piece) return s;
-  if (kind == 0) s.data = v.params + (sh.os.begin - sh.p.begin) + s.piece->buffer_offset;
-  if (kind == 1) s.data = v.exp_avg + s.piece->buffer_offset;
-  if (kind == 2) s.data = v.exp_avg_sq + s.piece->buffer_offset;
+  switch (state) {
+    case State::kParams: s.data = v.params + (sh.os.begin - sh.p.begin) + s.piece->buffer_offset; break;
+    case State::kExpAvg: s.data = v.exp_avg + s.piece->buffer_offset; break;
+    case State::kExpAvgSq: s.data = v.exp_avg_sq + s.piece->buffer_offset; break;
+  }
   return s;
 }
 
@@ -205,20 +208,20 @@ std::string save(const std::string& dir, const Metadata& meta_in,
 
   // Checksums first: every writer sums its pieces, one reduction for all.
   std::vector<uint64_t> sums;
-  for (int kind = 0; kind < 3; ++kind)
+  for (State state : detail::kAllStates)
     for (size_t u = 0; u < units.size(); ++u)
       for (const auto& t : units[u].tensors) {
-        const Source s = source_of(kind, t, shards[u], views[u], writer);
+        const Source s = source_of(state, t, shards[u], views[u], writer);
         sums.push_back(s.piece ? checksum(s.data, s.piece->size(), s.piece->begin) : 0);
       }
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
                                MPI_UINT64_T, MPI_SUM, comm));
   Manifest manifest;
   manifest.meta = meta;
-  for (int kind = 0; kind < 3; ++kind)
+  for (State state : detail::kAllStates)
     for (const auto& u : units)
       for (const auto& t : u.tensors)
-        manifest.datasets.push_back({dataset_path(kind, t.name), t.shape, sums[manifest.datasets.size()]});
+        manifest.datasets.push_back({dataset_path(state, t.name), t.shape, sums[manifest.datasets.size()]});
   const std::string manifest_json = manifest_to_json(manifest);
 
   {
@@ -248,11 +251,11 @@ std::string save(const std::string& dir, const Metadata& meta_in,
       Handle gs = make_group(w, go, "exp_avg_sq");
       const float dummy = 0;
       size_t index = 0;
-      for (int kind = 0; kind < 3; ++kind) {
-        const hid_t parent = kind == 0 ? gm.get() : kind == 1 ? ga.get() : gs.get();
+      for (State state : detail::kAllStates) {
+        const hid_t parent = state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get();
         for (size_t u = 0; u < units.size(); ++u)
           for (const auto& t : units[u].tensors) {
-            const std::string dpath = dataset_path(kind, t.name);
+            const std::string dpath = dataset_path(state, t.name);
             std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
             Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
             w.check(fspace.valid(), cat("make the dataspace of ", dpath));
@@ -262,7 +265,7 @@ std::string save(const std::string& dir, const Metadata& meta_in,
             w.check(dset.valid(), cat("create dataset ", dpath));
             w.check(detail::write_u64_attr(dset, "checksum", sums[index++]),
                     cat("write the checksum of ", dpath));
-            const Source s = source_of(kind, t, shards[u], views[u], writer);
+            const Source s = source_of(state, t, shards[u], views[u], writer);
             const int64_t n = s.piece ? s.piece->size() : 0;
             Handle mspace = detail::memory_space(n);
             w.check(mspace.valid() && detail::select_run(fspace, t.shape, s.piece ? s.piece->begin : 0,
@@ -364,15 +367,16 @@ Metadata load(const std::string& path, const model::LlamaConfig& expected,
     std::map<std::string, uint64_t> listed;
     for (const auto& d : manifest.datasets) listed[d.name] = d.checksum;
     h5::QuietErrors quiet;
-    for (int kind = 0; kind < 3; ++kind)
+    for (State state : detail::kAllStates)
       for (size_t u = 0; u < nu; ++u) {
         const engine::UnitShards& sh = shards[u];
-        const engine::Range range = kind == 0 ? sh.p : sh.os;
-        float* base = kind == 0 ? views[u].params : kind == 1 ? views[u].exp_avg : views[u].exp_avg_sq;
+        const bool params = state == State::kParams;  // P range; the moments are in the OS range
+        const engine::Range range = params ? sh.p : sh.os;
+        float* base = params ? views[u].params : state == State::kExpAvg ? views[u].exp_avg : views[u].exp_avg_sq;
         for (int64_t x = std::max(range.begin, sh.numel); x < range.end(); ++x) base[x - range.begin] = 0;
-        const bool count = counts(u, kind == 0 ? 0 : 1);
+        const bool count = counts(u, params ? 0 : 1);
         for (const auto& t : units[u].tensors) {
-          const std::string dpath = dataset_path(kind, t.name);
+          const std::string dpath = dataset_path(state, t.name);
           names.push_back(dpath);
           Handle d(H5Dopen2(file, ("/" + dpath).c_str(), H5P_DEFAULT), H5Dclose);
           if (!d.valid()) fail_usage("checkpoint ", path, ": cannot open dataset ", dpath);

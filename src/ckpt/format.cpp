@@ -37,8 +37,17 @@ namespace detail {
 
 using h5::Handle;
 
-std::string dataset_path(int kind, const std::string& hf) {
-  return std::string(kKindGroups[kind]) + "/" + dataset_name(hf);
+const char* state_group(State state) {
+  switch (state) {
+    case State::kParams: return "model";
+    case State::kExpAvg: return "optimizer/exp_avg";
+    case State::kExpAvgSq: return "optimizer/exp_avg_sq";
+  }
+  return "?";
+}
+
+std::string dataset_path(State state, const std::string& hf) {
+  return std::string(state_group(state)) + "/" + dataset_name(hf);
 }
 
 std::string hex(uint64_t v) {

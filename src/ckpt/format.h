@@ -15,11 +15,15 @@
 
 namespace amsp::ckpt::detail {
 
-// The three kinds of state stored per tensor, in file order, and their group.
-inline constexpr const char* kKindGroups[] = {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"};
+// The three kinds of state stored per tensor, in file order.
+enum class State { kParams, kExpAvg, kExpAvgSq };
+inline constexpr State kAllStates[] = {State::kParams, State::kExpAvg, State::kExpAvgSq};
+
+// Its group in the file: "model", "optimizer/exp_avg", "optimizer/exp_avg_sq".
+const char* state_group(State state);
 
 // "model/layers.0.mlp.up_proj.weight", "optimizer/exp_avg/lm_head.weight"
-std::string dataset_path(int kind, const std::string& hf);
+std::string dataset_path(State state, const std::string& hf);
 
 // Attribute writers; false on failure. In a parallel file every rank calls
 // them with the same values (attributes are metadata, written collectively).

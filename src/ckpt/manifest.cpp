@@ -125,9 +125,9 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
 std::vector<ManifestDataset> expected_datasets(const model::LlamaConfig& config) {
   std::vector<ManifestDataset> out;
   const auto units = model::build_layout(config);
-  for (int kind = 0; kind < 3; ++kind)
+  for (detail::State state : detail::kAllStates)
     for (const auto& u : units)
-      for (const auto& t : u.tensors) out.push_back({detail::dataset_path(kind, t.name), t.shape, 0});
+      for (const auto& t : u.tensors) out.push_back({detail::dataset_path(state, t.name), t.shape, 0});
   return out;
 }
 
