@@ -66,15 +66,42 @@ std::string write_candidate(const std::string& dir, const LockHolder& h) {
   return tmp;
 }
 
-// The process exists and is not a zombie (a killed process whose parent has not
-// reaped it yet still answers kill(pid, 0)).
-bool process_alive(int64_t pid) {
-  if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) return false;
+// When process pid started, in unix seconds (from /proc: its start in clock
+// ticks after boot, and the boot time); -1 if unknown.
+int64_t process_start(int64_t pid) {
   std::ifstream stat(cat("/proc/", pid, "/stat"));
   std::string line;
-  if (!std::getline(stat, line)) return true;  // cannot tell: assume alive
+  if (!std::getline(stat, line)) return -1;
   const size_t close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(line.substr(close + 2));
+  std::string f;
+  for (int i = 3; i <= 22 && fields >> f; ++i)
+    if (i == 22) {
+      std::ifstream boot("/proc/stat");
+      std::string key;
+      int64_t btime = -1;
+      while (boot >> key)
+        if (key == "btime" && boot >> btime) break;
+      const long hz = ::sysconf(_SC_CLK_TCK);
+      return btime < 0 || hz <= 0 ? -1 : btime + std::stoll(f) / hz;
+    }
+  return -1;
+}
+
+// The holder's process still runs: pid exists, is not a zombie (a killed
+// process whose parent has not reaped it yet still answers kill(pid, 0)), and
+// did not start after the lock was taken (then the pid was reused).
+bool holder_alive(const LockHolder& h) {
+  if (h.pid <= 0 || (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH)) return false;
+  std::ifstream stat(cat("/proc/", h.pid, "/stat"));
+  std::string line;
+  if (std::getline(stat, line)) {
+    const size_t close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z') return false;
+  }
+  const int64_t started = process_start(h.pid);
+  return started < 0 || started <= h.started + 1;
 }
 
 bool same_holder(const LockHolder& a, const LockHolder& b) {
@@ -85,9 +112,9 @@ bool same_holder(const LockHolder& a, const LockHolder& b) {
 std::string takeover_reason(const LockHolder& old, const LockHolder& me) {
   if (!me.slurm_job.empty() && old.slurm_job == me.slurm_job)
     return cat("took back the lock of an earlier attempt of Slurm job ", me.slurm_job, " (", old.describe(), ")");
-  if (old.host == me.host && !process_alive(old.pid))
+  if (old.host == me.host && !holder_alive(old))
     return cat("took over the lock of ", old.describe(), ", which is gone");
-  if (old.host != me.host && old.lease_until < now())
+  if (old.lease_until < now())
     return cat("took over the lock of ", old.describe(), ", whose lease expired ", now() - old.lease_until, " s ago");
   return "";
 }

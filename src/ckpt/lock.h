@@ -5,8 +5,9 @@
 // a lease end. Rank 0 of a job takes it at start, renews the lease as training
 // goes, and removes it at the end. A lock found in place is taken over when
 //   - it is this Slurm job's own (a requeued attempt: same job id),
-//   - its holder ran on this host and that pid is gone,
-//   - its holder ran on another host and its lease has expired;
+//   - its holder ran on this host and that process is gone (the pid exited,
+//     is a zombie, or now belongs to a process started after the lock),
+//   - its lease has expired (a holder renews it every step);
 // otherwise the job is refused, naming the holder. Creation and takeover are
 // atomic (link() of a complete file; rename() of the old lock aside, which only
 // one contender can do), so two jobs racing for one directory never both win.

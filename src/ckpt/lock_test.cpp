@@ -86,6 +86,18 @@ TEST(DirLockTest, DeadHolderOnThisHostIsTakenOver) {
       << msg;
 }
 
+TEST(DirLockTest, AReusedPidIsNotTheHolder) {
+  // The lock names this test's pid, but with a start long before this process
+  // began: the pid was reused, the holder is gone.
+  const std::string dir = fresh_dir("reused");
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/lock") << R"({"host":"n1","pid":)" << ::getpid()
+                                 << R"(,"slurm_job":"","started":1,"lease_until":99999999999})"; }
+  std::string msg;
+  DirLock l(dir, holder("n1", 4242), 60, &msg);
+  EXPECT_NE(msg.find("which is gone"), std::string::npos) << msg;
+}
+
 TEST(DirLockTest, OtherHostNeedsAnExpiredLease) {
   const std::string dir = fresh_dir("lease");
   fs::create_directories(dir);
