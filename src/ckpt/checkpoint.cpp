@@ -159,8 +159,8 @@ struct Source {
   const float* data = nullptr;
 };
 
-Source source_of(State state, const model::TensorSpec& t, const engine::UnitShards& sh,
-                 const engine::ShardedEngine::StateView& v, bool writer) {
+Source source_of(State state, const model::TensorSpec& t, const plan::UnitShards& sh,
+                 const StateView& v, bool writer) {
   Source s;
   if (!writer) return s;
   s.piece = intersect(t, sh.os.begin, sh.os.end());
@@ -184,8 +184,8 @@ void check_shapes(const std::vector<model::UnitSpec>& units) {
 
 std::string save(const std::string& dir, const Metadata& meta_in,
                  const std::vector<model::UnitSpec>& units,
-                 const std::vector<engine::UnitShards>& shards,
-                 const std::vector<engine::ShardedEngine::StateView>& views, bool writer,
+                 const std::vector<plan::UnitShards>& shards,
+                 const std::vector<StateView>& views, bool writer,
                  int keep_last, MPI_Comm comm, Transfer transfer) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -335,8 +335,8 @@ void check_model(const std::string& path, const std::string& stored_json,
 
 Metadata load(const std::string& path, const model::LlamaConfig& expected,
               const std::vector<model::UnitSpec>& units,
-              const std::vector<engine::UnitShards>& shards,
-              const std::vector<engine::ShardedEngine::StateView>& views, MPI_Comm comm) {
+              const std::vector<plan::UnitShards>& shards,
+              const std::vector<StateView>& views, MPI_Comm comm) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
@@ -369,9 +369,9 @@ Metadata load(const std::string& path, const model::LlamaConfig& expected,
     h5::QuietErrors quiet;
     for (State state : detail::kAllStates)
       for (size_t u = 0; u < nu; ++u) {
-        const engine::UnitShards& sh = shards[u];
+        const plan::UnitShards& sh = shards[u];
         const bool params = state == State::kParams;  // P range; the moments are in the OS range
-        const engine::Range range = params ? sh.p : sh.os;
+        const plan::Range range = params ? sh.p : sh.os;
         float* base = params ? views[u].params : state == State::kExpAvg ? views[u].exp_avg : views[u].exp_avg_sq;
         for (int64_t x = std::max(range.begin, sh.numel); x < range.end(); ++x) base[x - range.begin] = 0;
         const bool count = counts(u, params ? 0 : 1);

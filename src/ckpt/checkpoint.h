@@ -22,8 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sharded_engine.h"
-#include "engine/shards.h"
+#include "plan/shards.h"
 #include "model/config.h"
 #include "model/layout.h"
 
@@ -46,6 +45,15 @@ struct Metadata {
   std::string plan;           // plan::to_string of the plan written from
   std::string topology;       // topology::Topology::describe()
   int64_t world_size = 0;
+};
+
+// Where one unit's model states live in a rank's memory, as fp32 in the padded
+// unit's coordinates: params holds the P range (a save reads only its OS
+// part), exp_avg and exp_avg_sq the OS range. The engine hands these out.
+struct StateView {
+  float* params;
+  float* exp_avg;
+  float* exp_avg_sq;
 };
 
 // "step-00000042.h5"
@@ -73,8 +81,8 @@ Transfer parse_transfer(const std::string& text, const std::string& option);
 // every rank. Returns the final path.
 std::string save(const std::string& dir, const Metadata& meta,
                  const std::vector<model::UnitSpec>& units,
-                 const std::vector<engine::UnitShards>& shards,
-                 const std::vector<engine::ShardedEngine::StateView>& views, bool writer,
+                 const std::vector<plan::UnitShards>& shards,
+                 const std::vector<StateView>& views, bool writer,
                  int keep_last, MPI_Comm comm, Transfer transfer = Transfer::kIndependent);
 
 // Collective over comm. Reads the metadata, refuses a checkpoint of another
@@ -87,8 +95,8 @@ std::string save(const std::string& dir, const Metadata& meta,
 // Every rank returns or throws the same.
 Metadata load(const std::string& path, const model::LlamaConfig& expected,
               const std::vector<model::UnitSpec>& units,
-              const std::vector<engine::UnitShards>& shards,
-              const std::vector<engine::ShardedEngine::StateView>& views, MPI_Comm comm);
+              const std::vector<plan::UnitShards>& shards,
+              const std::vector<StateView>& views, MPI_Comm comm);
 
 // Collective over comm. Rank 0 checks the file's structure in a child process
 // (check_in_child), so that a damaged file cannot crash or hang the job; then

@@ -61,20 +61,4 @@ Group dup_group(MPI_Comm parent, std::string name) {
   return Group(comm, std::move(name));
 }
 
-Group make_plan_group(MPI_Comm world, const plan::Mesh& mesh, plan::GroupKind kind,
-                      const std::vector<int>& ranks_in_order) {
-  int me = 0;
-  AMSP_MPI_CHECK(MPI_Comm_rank(world, &me));
-  const auto it = std::find(ranks_in_order.begin(), ranks_in_order.end(), me);
-  if (it == ranks_in_order.end() ||
-      static_cast<int64_t>(ranks_in_order.size()) != mesh.shape().world())
-    abort_job(cat("group ", plan::group_name(kind), ": the mesh has ", mesh.shape().world(),
-                  " positions but the rank order lists ", ranks_in_order.size(), " ranks"));
-  const int64_t pos = it - ranks_in_order.begin();
-  std::vector<int> members;
-  for (int64_t p : mesh.group_members(kind, pos))
-    members.push_back(ranks_in_order[static_cast<size_t>(p)]);
-  return make_group(world, members, plan::group_name(kind));
-}
-
 }  // namespace amsp::comm

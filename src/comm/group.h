@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "plan/mesh.h"
 
 namespace amsp::comm {
 
@@ -43,13 +42,5 @@ Group make_group(MPI_Comm parent, const std::vector<int>& members, std::string n
 
 // A private copy of parent (collective).
 Group dup_group(MPI_Comm parent, std::string name);
-
-// A shard plan's group of kind `kind` for this rank (collective over world).
-// ranks_in_order[pos] is the world rank at node-major position pos (what
-// topology::Topology::ranks_in_order() returns); group ranks are the mesh's
-// index_in_group, so a reduce-scatter hands each member the slice the plan
-// assigns it. Named after plan::group_name.
-Group make_plan_group(MPI_Comm world, const plan::Mesh& mesh, plan::GroupKind kind,
-                      const std::vector<int>& ranks_in_order);
 
 }  // namespace amsp::comm

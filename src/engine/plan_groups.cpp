@@ -1,8 +1,27 @@
 #include "engine/plan_groups.h"
 
+#include <algorithm>
+
+#include "comm/check.h"
 #include "core/error.h"
 
 namespace amsp::engine {
+
+comm::Group make_plan_group(MPI_Comm world, const plan::Mesh& mesh, plan::GroupKind kind,
+                      const std::vector<int>& ranks_in_order) {
+  int me = 0;
+  AMSP_MPI_CHECK(MPI_Comm_rank(world, &me));
+  const auto it = std::find(ranks_in_order.begin(), ranks_in_order.end(), me);
+  if (it == ranks_in_order.end() ||
+      static_cast<int64_t>(ranks_in_order.size()) != mesh.shape().world())
+    comm::abort_job(cat("group ", plan::group_name(kind), ": the mesh has ", mesh.shape().world(),
+                  " positions but the rank order lists ", ranks_in_order.size(), " ranks"));
+  const int64_t pos = it - ranks_in_order.begin();
+  std::vector<int> members;
+  for (int64_t p : mesh.group_members(kind, pos))
+    members.push_back(ranks_in_order[static_cast<size_t>(p)]);
+  return comm::make_group(world, members, plan::group_name(kind));
+}
 
 PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
                             const std::string& plan_text) {
@@ -14,7 +33,7 @@ PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
   const std::vector<int> ranks_in_order = topology.ranks_in_order();
   for (plan::GroupKind kind : plan::kAllGroups)
     pg.groups[static_cast<size_t>(kind)] =
-        comm::make_plan_group(world, pg.mesh, kind, ranks_in_order);
+        make_plan_group(world, pg.mesh, kind, ranks_in_order);
 
   // Where the groups sit. A group lies inside a block of consecutive whole
   // nodes in switch order: s1p nodes for P, s1g for G, s1os for OS and gather

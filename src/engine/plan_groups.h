@@ -24,6 +24,14 @@ struct PlanGroups {
   }
 };
 
+// A shard plan's group of kind `kind` for this rank (collective over world).
+// ranks_in_order[pos] is the world rank at node-major position pos (what
+// topology::Topology::ranks_in_order() returns); group ranks are the mesh's
+// index_in_group, so a reduce-scatter hands each member the slice the plan
+// assigns it. Named after plan::group_name.
+comm::Group make_plan_group(MPI_Comm world, const plan::Mesh& mesh, plan::GroupKind kind,
+                      const std::vector<int>& ranks_in_order);
+
 // Collective over world. Parses plan_text ("zero3", "p=2x1,g=2x1,os=8x1", ...)
 // for the topology's shape (equal tasks per node required; else UsageError on
 // every rank, naming the counts) and builds the groups. Groups of whole nodes

@@ -458,9 +458,9 @@ std::vector<std::vector<float>> ShardedEngine::full_parameters() {
   return out;
 }
 
-std::vector<ShardedEngine::StateView> ShardedEngine::state_views() {
+std::vector<ckpt::StateView> ShardedEngine::state_views() {
   Impl& im = *impl_;
-  std::vector<StateView> views;
+  std::vector<ckpt::StateView> views;
   for (size_t u = 0; u < shards_.size(); ++u) {
     im.param_update[u].wait();
     views.push_back({im.p_shard[u].data(), im.exp_avg[u].data(), im.exp_avg_sq[u].data()});

@@ -25,14 +25,18 @@
 #include <memory>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "engine/optimizer.h"
 #include "engine/plan_groups.h"
-#include "engine/shards.h"
+#include "plan/shards.h"
 #include "engine/trace.h"
 #include "model/llama.h"
 
 namespace amsp::engine {
+
+using plan::Range;
+using plan::UnitShards;
 
 struct EngineOptions {
   int prefetch = 2;          // gathered units in flight ahead of the one computing
@@ -81,18 +85,15 @@ class ShardedEngine {
   // shards()[u].os), in the padded unit's coordinates. Waits for parameter
   // all-gathers in flight first; writing through the views (a resume) is
   // allowed between steps.
-  struct StateView {
-    float* params;
-    float* exp_avg;
-    float* exp_avg_sq;
-  };
-  std::vector<StateView> state_views();
+  std::vector<ckpt::StateView> state_views();
   // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
   // holds every OS-shard once and is the one that writes checkpoints.
   int64_t replica_index() const;
 
   // Bytes of model states this rank allocated (P-, G- and OS-shards).
-  int64_t model_state_bytes() const { return model_state_bytes(shards_); }
+  int64_t model_state_bytes() const {
+    return plan::model_state_bytes(shards_, plan::state_bytes(plan::Precision::kFp32));
+  }
   // Per group (those with more than one rank), plus "world" for the norm.
   std::vector<comm::Stats> comm_stats() const;
   void reset_comm_stats();
@@ -104,9 +105,6 @@ class ShardedEngine {
   model::Llama model_;
   std::vector<UnitShards> shards_;
   std::unique_ptr<Impl> impl_;
-  static int64_t model_state_bytes(const std::vector<UnitShards>& s) {
-    return engine::model_state_bytes(s);
-  }
 };
 
 }  // namespace amsp::engine

@@ -16,6 +16,7 @@
 #include "comm/group.h"
 #include "comm/traffic.h"
 #include "core/error.h"
+#include "engine/plan_groups.h"
 #include "plan/mesh.h"
 #include "plan/shard_plan.h"
 
@@ -244,7 +245,7 @@ int main(int argc, char** argv) {
     }
     // make_plan_group builds the same groups.
     for (plan::GroupKind kind : plan::kAllGroups) {
-      auto c = comm::make_mpi_communicator(comm::make_plan_group(MPI_COMM_WORLD, mesh, kind, order));
+      auto c = comm::make_mpi_communicator(engine::make_plan_group(MPI_COMM_WORLD, mesh, kind, order));
       check(c->size() == mesh.group_size(kind) && c->rank() == mesh.index_in_group(kind, g_rank),
             cat("make_plan_group ", c->name()));
     }

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "plan/memory.h"
 #include "plan/mesh.h"
 
-namespace amsp::engine {
+namespace amsp::plan {
 
 struct Range {
   int64_t begin = 0, size = 0;  // elements of the padded unit
@@ -23,16 +24,14 @@ struct UnitShards {
   Range p, g, os;      // this rank's shards
 };
 
-// Φ for a unit of `numel` elements under the plan.
-int64_t padded_numel(int64_t numel, const plan::ShardPlan& plan);
-
 // The shards of every unit for the rank at node-major position `pos`.
 std::vector<UnitShards> unit_shards(const std::vector<model::UnitSpec>& units,
-                                    const plan::Mesh& mesh, int64_t pos);
+                                    const Mesh& mesh, int64_t pos);
 
-// Bytes of model states a rank allocates: P-shard (params) and G-shard
-// (gradient accumulator) at 4 bytes, OS-shard (Adam m and v) at 8 bytes, fp32.
-// The planner's memory model for fp32 must give exactly this.
-int64_t model_state_bytes(const std::vector<UnitShards>& shards);
+// Bytes of model states a rank holds at `bytes` per element of each state
+// (state_bytes(precision): P-shard parameters, G-shard gradient accumulator,
+// OS-shard optimizer states). The planner's memory model gives exactly this,
+// and the engine allocates exactly this.
+int64_t model_state_bytes(const std::vector<UnitShards>& shards, const StateBytes& bytes);
 
-}  // namespace amsp::engine
+}  // namespace amsp::plan

@@ -1,21 +1,16 @@
-#include "engine/shards.h"
+#include "plan/shards.h"
 
-namespace amsp::engine {
-
-int64_t padded_numel(int64_t numel, const plan::ShardPlan& plan) {
-  const int64_t s = plan.os.size();
-  return (numel + s - 1) / s * s;
-}
+namespace amsp::plan {
 
 std::vector<UnitShards> unit_shards(const std::vector<model::UnitSpec>& units,
-                                    const plan::Mesh& mesh, int64_t pos) {
-  const plan::ShardPlan& plan = mesh.plan();
+                                    const Mesh& mesh, int64_t pos) {
+  const ShardPlan& plan = mesh.plan();
   std::vector<UnitShards> out;
   out.reserve(units.size());
   for (const auto& unit : units) {
     UnitShards s;
     s.numel = unit.numel;
-    s.padded = padded_numel(unit.numel, plan);
+    s.padded = padded_numel(unit.numel, plan.os.size());
     s.p.size = s.padded / plan.p.size();
     s.p.begin = mesh.p_shard_index(pos) * s.p.size;
     s.g.size = s.padded / plan.g.size();
@@ -27,10 +22,10 @@ std::vector<UnitShards> unit_shards(const std::vector<model::UnitSpec>& units,
   return out;
 }
 
-int64_t model_state_bytes(const std::vector<UnitShards>& shards) {
+int64_t model_state_bytes(const std::vector<UnitShards>& shards, const StateBytes& b) {
   int64_t bytes = 0;
-  for (const auto& s : shards) bytes += 4 * s.p.size + 4 * s.g.size + 8 * s.os.size;
+  for (const auto& s : shards) bytes += b.p * s.p.size + b.g * s.g.size + b.os * s.os.size;
   return bytes;
 }
 
-}  // namespace amsp::engine
+}  // namespace amsp::plan
