@@ -20,6 +20,26 @@ AMSP_HD float bits_to_float(uint32_t u) {
   return f;
 }
 
+AMSP_HD uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// fp32 -> bf16 with round-to-nearest-even, as CUDA's __float2bfloat16_rn and
+// torch's .to(torch.bfloat16) do; a NaN stays a (quiet) NaN, infinities stay.
+AMSP_HD uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// bf16 -> fp32 is exact: the bf16 bits are the top half of the fp32.
+AMSP_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+// The fp32 value nearest to f that bf16 can hold.
+AMSP_HD float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
 // exp(x) in fp32, within 2 ulp of the correctly rounded value on the normal
 // range (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial, then
 // scaling by 2^n through the exponent bits). Returns 0 below -87.3 (where expf

@@ -16,7 +16,7 @@ const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" 
 const char* recompute_name(Recompute r) { return r == Recompute::kNone ? "none" : "full"; }
 
 StateBytes state_bytes(Precision precision) {
-  if (precision == Precision::kBf16) return {2, 2, 12};
+  if (precision == Precision::kBf16) return {2, 4, 12};
   return {4, 4, 8};
 }
 

@@ -33,8 +33,11 @@ struct Workload {
   int64_t tokens_per_micro_batch() const { return seq_len * micro_batch; }
 };
 
-// Bytes per element of each state: bf16 (2, 2, 12) = bf16 params and grads,
-// fp32 master + Adam m + v; fp32 (4, 4, 8) = fp32 params and grads, Adam m + v.
+// Bytes per element of each state. fp32 (4, 4, 8): fp32 parameters and
+// gradients, Adam m + v. bf16 (2, 4, 12): bf16 parameters, an fp32 gradient
+// accumulator (gradients travel as bf16 but accumulate across micro-batches in
+// fp32, as Megatron and DeepSpeed do by default: doc/engine.md, "Precision"),
+// fp32 master parameters + Adam m + v. The AMSP paper counts G at 2 bytes.
 struct StateBytes {
   int64_t p = 0, g = 0, os = 0;
 };

@@ -1,0 +1,186 @@
+// The compute backend: the one interface through which the model and the
+// sharding engine allocate memory, run kernels, order work and get their
+// communicators. doc/engine.md ("The compute backend") says why it looks like
+// this; in short, as in ggml, one small table of operations that each backend
+// implements whole, the CPU backend first and as the reference, and as in
+// llm.c, the per-element math written once (kernels/common/math.h) and shared
+// by every backend's kernels.
+//
+// Ordering. A backend has one compute stream: kernels run in the order they
+// are called. On the CPU backend a call returns when its work is done; a device
+// backend may return at once. Communication is ordered against compute by the
+// communicators the backend makes (make_communicator): an op reads its send
+// buffer as the compute stream leaves it at the moment the op is issued, and
+// after Handle::wait() compute called later sees what the op wrote. Events mark
+// a point of the compute stream for anything else that must wait for it.
+//
+// Precision. compute() is the dtype matrix products take their inputs in:
+// fp32, or bf16, in which case both inputs are rounded to bf16, products are
+// accumulated in fp32 and the result is rounded to bf16 (as a GPU's bf16
+// tensor-core GEMM with fp32 accumulation does), before beta * y is added in
+// fp32. Activations are fp32 on the CPU backend; parameters and gradients may
+// be fp32 or bf16 (the kernels below say which dtypes they take). Everything
+// else (norms, softmax, losses, optimizer) computes in fp32.
+//
+// Kernels follow kernels/cpu/ops.h: the same layouts ([rows, features]
+// row-major activations, [out, in] weights), the same semantics (*_backward
+// accumulates into parameter gradients; forward outputs are overwritten).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/buffer.h"
+#include "comm/communicator.h"
+#include "core/dtype.h"
+
+namespace amsp::backend {
+
+// A point on the compute stream.
+struct Event {
+  uint64_t id = 0;  // 0: already complete
+};
+
+struct MemoryStats {
+  int64_t in_use = 0;  // bytes currently allocated through alloc()
+  int64_t peak = 0;    // the most that were at any time
+};
+
+struct LossSum {
+  double sum = 0;     // cross-entropy summed over valid targets, in row order
+  int64_t count = 0;  // valid targets
+};
+
+// One AdamW update with decoupled weight decay, as torch.optim.AdamW does it
+// (kernels/common/math.h: adamw_update_element). The gradient is multiplied by
+// grad_scale first (clipping).
+struct AdamWStep {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  float bias_correction1 = 1, bias_correction2 = 1;  // 1 - beta^step
+  float grad_scale = 1;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  // One line for logs: "cpu (OpenBLAS Zen, 2 threads)".
+  virtual std::string describe() const = 0;
+  DType compute() const { return compute_; }
+
+  // ---- memory ------------------------------------------------------------
+  // count zeroed elements of dtype on this backend's device.
+  virtual Buffer alloc(DType dtype, int64_t count) = 0;
+  virtual MemoryStats memory() const = 0;
+  // Host <-> device, converting between fp32 (host) and the view's dtype.
+  virtual void to_host(const View& src, float* dst) = 0;
+  virtual void from_host(const float* src, const View& dst) = 0;
+  virtual void from_host(const int32_t* src, const View& dst) = 0;
+
+  // ---- ordering -----------------------------------------------------------
+  virtual Event record() = 0;                // marks the compute stream's current point
+  virtual void wait(const Event& event) = 0;  // the host waits until the stream passed it
+  virtual void synchronize() = 0;             // the host waits for all work issued so far
+
+  // ---- communication ------------------------------------------------------
+  // A communicator over `group` that is ordered against this backend's compute
+  // stream as described above (MPI for the CPU backend, NCCL for CUDA).
+  virtual std::unique_ptr<comm::Communicator> make_communicator(comm::Group group) = 0;
+
+  // ---- elementwise and reductions -----------------------------------------
+  virtual void fill_zero(const View& x) = 0;
+  // dst = src, converting dtype (round to nearest even into bf16). Equal counts.
+  virtual void copy(const View& src, const View& dst) = 0;
+  // dst += src, in fp32, rounded to dst's dtype. Equal counts.
+  virtual void add(const View& dst, const View& src) = 0;
+  // Sum of squares in double, in a fixed order whatever the thread count.
+  virtual double sum_squares(const View& x) = 0;
+
+  // ---- the model's kernels -------------------------------------------------
+  // out[r, :] = table[tokens[r], :]; dtable[tokens[r], :] += dout[r, :]
+  // (deterministic: no floating-point atomics). table, dtable: fp32 or bf16.
+  virtual void embedding_forward(const View& tokens, const View& table, const View& out,
+                                 int64_t rows, int64_t dim) = 0;
+  virtual void embedding_backward(const View& tokens, const View& dout, const View& dtable,
+                                  int64_t rows, int64_t dim) = 0;
+
+  // y[M, out] = x[M, in] W^T + beta * y;  dx[M, in] = dy W + beta * dx;
+  // dw[out, in] += dy^T x.  w, dw: fp32 or bf16; x, y, dy, dx: activations.
+  virtual void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
+                              int64_t out, float beta) = 0;
+  virtual void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
+                                     int64_t in, int64_t out, float beta) = 0;
+  virtual void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
+                                      int64_t in, int64_t out) = 0;
+
+  // RMSNorm (kernels/cpu/ops.h): forward keeps inv_rms [rows]; apply recomputes
+  // y from it; backward: dx += ..., dw += ... . w, dw: fp32 or bf16.
+  virtual void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
+                               int64_t rows, int64_t dim, float eps) = 0;
+  virtual void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y,
+                             int64_t rows, int64_t dim) = 0;
+  virtual void rmsnorm_backward(const View& dy, const View& x, const View& w,
+                                const View& inv_rms, const View& dx, const View& dw,
+                                int64_t rows, int64_t dim) = 0;
+
+  // RoPE tables [max_T, head_dim/2] and the in-place rotation (backward: by -angle).
+  virtual void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
+                          double theta) = 0;
+  virtual void rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                            int64_t heads, int64_t head_dim, int64_t row_stride) = 0;
+  virtual void rope_backward(const View& dx, const View& cos, const View& sin, int64_t B,
+                             int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) = 0;
+
+  // Causal grouped-query attention. `saved` is what forward keeps for backward:
+  // attention_saved_count(B, T, H) fp32 elements (the CPU backend keeps the
+  // softmax probabilities, a fused kernel only a log-sum-exp per row and head).
+  // dq, dk, dv are overwritten.
+  virtual int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const = 0;
+  virtual void attention_forward(const View& q, const View& k, const View& v, const View& saved,
+                                 const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                 int64_t D) = 0;
+  virtual void attention_backward(const View& q, const View& k, const View& v,
+                                  const View& saved, const View& out, const View& dout,
+                                  const View& dq, const View& dk, const View& dv, int64_t B,
+                                  int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+
+  // out = silu(gate) * up; backward writes dgate, dup (dup may alias dout).
+  virtual void swiglu_forward(const View& gate, const View& up, const View& out) = 0;
+  virtual void swiglu_backward(const View& gate, const View& up, const View& dout,
+                               const View& dgate, const View& dup) = 0;
+
+  // Cross-entropy of logits [rows, V] (target < 0: ignored; target >= V:
+  // Error). lse [rows] is kept for backward, which turns logits in place into
+  // scale * (softmax - onehot). The forward returns to the host.
+  virtual LossSum cross_entropy_forward(const View& logits, const View& targets, const View& lse,
+                                        int64_t rows, int64_t V) = 0;
+  virtual void cross_entropy_backward(const View& logits, const View& targets, const View& lse,
+                                      int64_t rows, int64_t V, float scale) = 0;
+
+  // ---- the optimizer ---------------------------------------------------------
+  // AdamW over equal-length views: master (fp32) parameters, moments m and v
+  // (fp32), grad (fp32 or bf16). If param_copy is not empty it receives the
+  // updated master in its own dtype (the bf16 parameters the model computes with).
+  virtual void adamw(const View& master, const View& m, const View& v, const View& grad,
+                     const View& param_copy, const AdamWStep& step) = 0;
+
+  // ---- throughput -----------------------------------------------------------
+  // The peak matrix-product FLOP/s that MFU is measured against: measured on
+  // the CPU backend (a large GEMM on this process's threads), a table by
+  // device name on a GPU.
+  virtual double peak_flops() = 0;
+
+ protected:
+  explicit Backend(DType compute) : compute_(compute) {}
+
+ private:
+  DType compute_;
+};
+
+// The CPU backend: kernels/cpu (OpenBLAS + OpenMP), MPI communicators.
+// compute: kF32 or kBF16.
+std::unique_ptr<Backend> make_cpu_backend(DType compute);
+
+}  // namespace amsp::backend
