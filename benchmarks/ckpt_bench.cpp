@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
     const model::LlamaConfig cfg = model::load_config(model_name);
     const auto topo = topology::discover(MPI_COMM_WORLD);
     auto groups = engine::make_plan_groups(MPI_COMM_WORLD, topo, shard);
-    engine::ShardedEngine eng(cfg, 1, 16, groups, 1, engine::EngineOptions{});
+    const auto be = backend::make_cpu_backend(DType::kF32);
+    engine::ShardedEngine eng(cfg, *be, 1, 16, groups, 1, engine::EngineOptions{});
     auto views = eng.state_views();
     for (size_t u = 0; u < views.size(); ++u)
       for (int64_t i = 0; i < eng.shards()[u].os.size; ++i) {

@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/rng.h"
 #include "engine/optimizer.h"
 #include "kernels/cpu/ops.h"
@@ -85,7 +86,8 @@ BENCHMARK(BM_RmsNorm)->Arg(768)->Unit(benchmark::kMicrosecond)->UseRealTime();
 void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
   const model::LlamaConfig config = model::load_config(preset);
   const int64_t T = 256;
-  model::Llama llama(config, batch, T);
+  const auto be = backend::make_cpu_backend(DType::kF32);
+  model::Llama llama(config, *be, batch, T);
   const auto& units = llama.units();
   std::vector<std::vector<float>> p, g, m, v;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -104,12 +106,16 @@ void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
   int64_t step = 0;
   for (auto _ : state) {
     llama.set_batch(tokens.data(), targets.data(), batch, T, 1.0f / (batch * T));
-    for (int u = 0; u < llama.num_units(); ++u) llama.forward(u, p[u].data());
-    for (int u = llama.num_units() - 1; u >= 0; --u) llama.backward(u, p[u].data(), g[u].data());
+    for (int u = 0; u < llama.num_units(); ++u) llama.forward(u, backend::host_view(p[u].data(), units[u].numel));
+    for (int u = llama.num_units() - 1; u >= 0; --u) llama.backward(u, backend::host_view(p[u].data(), units[u].numel), backend::host_view(g[u].data(), units[u].numel));
     ++step;
     for (size_t u = 0; u < units.size(); ++u)
-      engine::adamw_update_range(units[u], 0, units[u].numel, p[u].data(), g[u].data(), m[u].data(),
-                                 v[u].data(), adamw, 1e-4, step);
+      engine::adamw_update_range(*be, units[u],
+                                 {0, units[u].numel, backend::host_view(p[u].data(), units[u].numel),
+                                  backend::host_view(g[u].data(), units[u].numel),
+                                  backend::host_view(m[u].data(), units[u].numel),
+                                  backend::host_view(v[u].data(), units[u].numel), {}},
+                                 adamw, 1e-4, step, 1.0f);
   }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * T) * state.iterations(),
                                                   benchmark::Counter::kIsRate);

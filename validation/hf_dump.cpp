@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/config.h"
@@ -166,7 +167,8 @@ int run(const Options& o) {
   if (T > config.max_position_embeddings)
     fail_usage("--seq ", T, " exceeds max_position_embeddings = ", config.max_position_embeddings);
 
-  model::Llama llama(config, B, T);
+  const auto be = backend::make_cpu_backend(DType::kF32);
+  model::Llama llama(config, *be, B, T);
   const std::vector<model::UnitSpec>& units = llama.units();
   const int num_units = llama.num_units();
 
@@ -199,12 +201,13 @@ int run(const Options& o) {
   if (valid == 0) fail_usage("batch too small: no valid target left");
 
   llama.set_batch(tokens.data(), targets.data(), B, T, 1.0f / static_cast<float>(valid));
-  for (int u = 0; u < num_units; ++u) llama.forward(u, params[u].data());
-  const std::vector<float> logits(llama.logits(), llama.logits() + N * V);
+  const auto host = [&](std::vector<float>& v) { return backend::host_view(v.data(), static_cast<int64_t>(v.size())); };
+  for (int u = 0; u < num_units; ++u) llama.forward(u, host(params[u]));
+  const std::vector<float> logits(llama.logits().f32(), llama.logits().f32() + N * V);
   const double loss_sum = llama.loss_sum();
   const int64_t loss_count = llama.loss_count();
   if (loss_count != valid) fail("model counted ", loss_count, " valid targets, expected ", valid);
-  for (int u = num_units - 1; u >= 0; --u) llama.backward(u, params[u].data(), grads[u].data());
+  for (int u = num_units - 1; u >= 0; --u) llama.backward(u, host(params[u]), host(grads[u]));
 
   // Write the dump.
   H5Id file(H5Fcreate(o.out.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose,

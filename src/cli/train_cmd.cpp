@@ -19,7 +19,7 @@ namespace amsp::cli {
 
 int run_train(int argc, char** argv) {
   engine::TrainOptions o;
-  std::string model_name;
+  std::string model_name, precision;
   double lr = 0, min_lr = -1;
   int64_t warmup = -1, seed = 0;
   std::string memory;
@@ -64,7 +64,11 @@ int run_train(int argc, char** argv) {
       ("metrics", po::value<std::string>(&o.metrics_path)->value_name("FILE"),
            "write one JSON line per step to FILE")
       ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0)->value_name("NUM"),
-           "peak TFLOP/s for MFU; 0 measures this machine's sgemm peak")
+           "peak TFLOP/s for MFU; 0 measures this machine's GEMM peak")
+      ("precision", po::value<std::string>(&precision)->default_value("fp32")->value_name("fp32|bf16"),
+           "fp32, or bf16 mixed precision: bf16 parameters and gradients on the wire, fp32 "
+           "gradient accumulation, master weights and Adam moments (the default on a GPU will "
+           "be bf16; on CPU it is fp32)")
       ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"),
            "OpenMP threads per rank; 0 keeps OMP_NUM_THREADS or the core count")
       ("shard", po::value<std::string>(&o.shard)->default_value("auto")->value_name("PLAN"),
@@ -132,6 +136,9 @@ int run_train(int argc, char** argv) {
   require(o.adamw.weight_decay >= 0, "weight-decay", o.adamw.weight_decay, "a number >= 0");
   require(o.threads >= 0, "threads", o.threads, "an integer >= 0");
   require(o.peak_tflops >= 0, "peak-tflops", o.peak_tflops, "a number >= 0");
+  const auto dtype = parse_dtype(precision);
+  require(dtype && *dtype != DType::kI32, "precision", precision, "fp32 or bf16");
+  o.precision = *dtype;
 
   o.seed = static_cast<uint64_t>(seed);
   if (!o.init_from.empty()) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "backend/backend.h"
 #include "ckpt/checkpoint.h"
 #include "comm/timed.h"
 #include "core/error.h"
@@ -54,7 +55,9 @@ double run_eval(const EvalOptions& o) {
     fail_usage("--seq-len ", o.seq_len, ": expected at most max_position_embeddings = ",
                config.max_position_embeddings);
   PlanGroups pg = make_plan_groups(MPI_COMM_WORLD, topo, o.shard);
-  ShardedEngine engine(config, o.batch_size, o.seq_len, pg, 0, EngineOptions{});
+  // The checkpoint's fp32 master weights, evaluated in fp32.
+  const auto be = backend::make_cpu_backend(DType::kF32);
+  ShardedEngine engine(config, *be, o.batch_size, o.seq_len, pg, 0, EngineOptions{});
   ckpt::load(o.checkpoint, config, engine.units(), engine.shards(), engine.state_views(), MPI_COMM_WORLD);
   int64_t windows = 0;
   const double loss = evaluate_loss(engine, data, o.split, o.windows, o.batch_size, o.seq_len,

@@ -25,6 +25,7 @@ struct StepMetrics {
   double mfu = 0;           // fraction of peak
   int64_t tokens = 0;       // tokens consumed so far
   int64_t model_state_bytes = 0;   // this rank's P-, G- and OS-shards
+  int64_t temporary_bytes = 0;     // its gathered units and reduction slots
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
   std::optional<double> val_loss;
 };

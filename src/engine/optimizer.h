@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "model/layout.h"
 
 namespace amsp::engine {
@@ -21,17 +22,17 @@ struct AdamWOptions {
 // Weight decay for one tensor under these options.
 double tensor_weight_decay(const model::TensorSpec& tensor, const AdamWOptions& options);
 
-// Updates elements [begin, end) of `unit`'s flat buffer. p, g, m, v point at
-// element `begin`. step is the 1-based optimizer step (for bias correction).
-void adamw_update_range(const model::UnitSpec& unit, int64_t begin, int64_t end, float* p,
-                        const float* g, float* m, float* v, const AdamWOptions& options,
-                        double lr, int64_t step);
+// The OS-shard of one unit, elements [begin, end) of its padded flat buffer:
+// master parameters (fp32), gradient (fp32), moments, and where the updated
+// parameters are copied in the model's dtype (empty: master is that copy).
+struct OsShard {
+  int64_t begin = 0, end = 0;
+  backend::View master, grad, exp_avg, exp_avg_sq, param_copy;
+};
 
-// Sum of squares of n floats, in double, in a fixed order whatever the thread
-// count, so gradient norms are bit-reproducible.
-double sum_squares(const float* x, int64_t n);
-
-// x *= s over n floats.
-void scale_inplace(float* x, int64_t n, float s);
+// One AdamW step on the shard; step is the 1-based optimizer step (bias
+// correction); grad_scale multiplies the gradient first (clipping).
+void adamw_update_range(backend::Backend& be, const model::UnitSpec& unit, const OsShard& shard,
+                        const AdamWOptions& options, double lr, int64_t step, float grad_scale);
 
 }  // namespace amsp::engine

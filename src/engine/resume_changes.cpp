@@ -68,6 +68,13 @@ ResumeChanges compare_for_resume(const std::string& saved_options, const std::st
   ResumeChanges r;
   schedule_notes(b, n, &r.notes);
   batch_notes(b, n, &r.notes);
+  // Checkpoints hold fp32 master weights and moments whatever the precision
+  // (files written before precision was recorded are fp32).
+  const std::string was_precision = b.value("precision", "fp32"), now_precision = n.value("precision", "fp32");
+  if (was_precision != now_precision)
+    r.notes.push_back(cat("--precision ", now_precision, " (was ", was_precision,
+                          "): training continues from the checkpoint's fp32 master weights and moments "
+                          "with ", now_precision, " parameters and gradients"));
   if (changed(b, n, "data_fingerprint"))
     r.refusals.push_back(cat("--data ", text(n["data"]), " holds other tokens than the checkpoint's run trained on (",
                              text(b["data"]), ", ", text(b["data_fingerprint"].value("train", json()).value("tokens", json())),

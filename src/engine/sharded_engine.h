@@ -17,6 +17,13 @@
 //
 // Work in flight is bounded: `prefetch` gathered units and `max_reductions`
 // outstanding gradient reductions, so memory stays what the planner predicts.
+//
+// Precision (doc/engine.md, "Precision"): with fp32 every state is fp32 and the
+// OS-shard's parameters are the P-shard's own. With bf16 the P-shard and the
+// gathered units are bf16, gradients are computed and communicated as bf16 and
+// accumulated in an fp32 G-shard, and the OS-shard keeps an fp32 master copy
+// beside Adam's moments; AdamW writes the bf16 copy that the parameter
+// all-gather spreads. Everything runs on the backend the engine is given.
 #pragma once
 
 #include <array>
@@ -39,6 +46,7 @@ using plan::Range;
 using plan::UnitShards;
 
 struct EngineOptions {
+  DType precision = DType::kF32;  // the parameters' dtype: kF32, or kBF16 (mixed precision)
   int prefetch = 2;          // gathered units in flight ahead of the one computing
   int max_reductions = 2;    // outstanding gradient reductions
   bool overlap = true;       // false: wait for every collective as soon as it is issued
@@ -59,10 +67,11 @@ using BatchFn = std::function<void(int64_t, int32_t*, int32_t*)>;
 
 class ShardedEngine {
  public:
-  // Allocates this rank's shards and initialises its parameters from `seed`
-  // (the same values a single process would have).
-  ShardedEngine(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
-                PlanGroups& groups, uint64_t seed, const EngineOptions& options);
+  // Allocates this rank's shards on `backend` (which must outlive the engine
+  // and compute in options.precision) and initialises its parameters from
+  // `seed` (the same values a single process would have).
+  ShardedEngine(const model::LlamaConfig& config, backend::Backend& backend, int64_t batch,
+                int64_t seq_len, PlanGroups& groups, uint64_t seed, const EngineOptions& options);
   ~ShardedEngine();
 
   const std::vector<model::UnitSpec>& units() const { return model_.units(); }
@@ -80,20 +89,22 @@ class ShardedEngine {
   // Every unit's true parameters, gathered (collective; meaningful on all ranks).
   std::vector<std::vector<float>> full_parameters();
 
-  // This rank's model states, for checkpoints, per unit: the P-shard
-  // parameters (range shards()[u].p) and the OS-shard Adam moments (range
-  // shards()[u].os), in the padded unit's coordinates. Waits for parameter
-  // all-gathers in flight first; writing through the views (a resume) is
-  // allowed between steps.
+  // This rank's model states as fp32 host memory, for checkpoints, per unit:
+  // the P-shard parameters (range shards()[u].p; the OS part is the master
+  // copy) and the OS-shard Adam moments (range shards()[u].os), in the padded
+  // unit's coordinates. Waits for parameter all-gathers in flight first.
+  // Writing through the views (a resume) is allowed between steps: the next
+  // step, evaluation or full_parameters() takes what they hold (in bf16, the
+  // master from the OS part and the bf16 parameters rounded from the P range).
   std::vector<ckpt::StateView> state_views();
   // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
   // holds every OS-shard once and is the one that writes checkpoints.
   int64_t replica_index() const;
 
-  // Bytes of model states this rank allocated (P-, G- and OS-shards).
-  int64_t model_state_bytes() const {
-    return plan::model_state_bytes(shards_, plan::state_bytes(plan::Precision::kFp32));
-  }
+  // Bytes of model states this rank allocated (P-, G- and OS-shards, counted
+  // from the buffers), and of its temporaries (gathered units, reduction slots).
+  int64_t model_state_bytes() const;
+  int64_t temporary_bytes() const;
   // Per group (those with more than one rank), plus "world" for the norm.
   std::vector<comm::Stats> comm_stats() const;
   void reset_comm_stats();
@@ -105,6 +116,7 @@ class ShardedEngine {
   model::Llama model_;
   std::vector<UnitShards> shards_;
   std::unique_ptr<Impl> impl_;
+  void init_parameters(uint64_t seed);
 };
 
 }  // namespace amsp::engine

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/lock.h"
 #include "comm/agree.h"
@@ -28,7 +29,6 @@
 #include "engine/evaluate.h"
 #include "engine/hf_init.h"
 #include "engine/metrics.h"
-#include "engine/peak.h"
 #include "engine/plan_groups.h"
 #include "engine/resume_changes.h"
 #include "engine/run_info.h"
@@ -127,7 +127,7 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
   in.workload.model = o.model;
   in.workload.seq_len = o.seq_len;
   in.workload.micro_batch = o.batch_size;
-  in.workload.precision = plan::Precision::kFp32;
+  in.workload.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
   in.memory_per_rank = o.memory_per_rank > 0 ? o.memory_per_rank
@@ -155,7 +155,7 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
 
 void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
                   int threads, const topology::Topology& topo, const PlanGroups& pg,
-                  int64_t state_bytes) {
+                  const ShardedEngine& engine, const std::string& backend) {
   const auto& m = o.model;
   auto row = [](const char* key, const std::string& value) {
     std::printf("| %-26s | %-48s |\n", key, value.c_str());
@@ -173,7 +173,9 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
   row("rms_norm_eps / rope_theta", cat(m.rms_norm_eps, " / ", m.rope_theta));
   row("ranks", cat(topo.world_size, " on ", topo.num_nodes, " node(s), ", topo.local_size, " per node"));
   row("shard plan", plan::to_string(pg.mesh.plan()));
-  row("model states per rank", cat(state_bytes / 1e6, " MB"));
+  row("backend, precision", cat(backend, ", ", dtype_name(o.precision)));
+  row("model states per rank", cat(engine.model_state_bytes() / 1e6, " MB (+ ",
+                                   engine.temporary_bytes() / 1e6, " MB in flight)"));
   row("data", data.path());
   row("train / validation tokens", cat(data.tokens(data::Split::kTrain).size(), " / ",
                                        data.tokens(data::Split::kValid).size()));
@@ -189,7 +191,7 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
   row("seed", std::to_string(o.seed));
   row("threads per rank", std::to_string(threads));
   row("peak per rank for MFU",
-      cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : " (sgemm, measured)"));
+      cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : " (GEMM, measured)"));
   std::printf("%s\n", rule.c_str());
   std::fflush(stdout);
 }
@@ -208,7 +210,8 @@ std::string options_json(const TrainOptions& o, int64_t rows_per_step, const std
                       {"weight_decay", o.adamw.weight_decay},
                       {"beta1", o.adamw.beta1},        {"beta2", o.adamw.beta2},
                       {"adam_eps", o.adamw.eps},       {"grad_clip", o.grad_clip},
-                      {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings}};
+                      {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings},
+                      {"precision", dtype_name(o.precision)}};
   if (!o.init_from.empty()) j["init_from"] = o.init_from;
   return j.dump();
 }
@@ -328,18 +331,66 @@ void refuse_other_trajectory(const TrainOptions& o, const ResumePoint& start, bo
   });
 }
 
-}  // namespace
+// One training run on this rank: what it is set up with, then its steps.
+// train() below reads as the run's schedule; each phase is a method here.
+class Run {
+ public:
+  explicit Run(const TrainOptions& options);
+  void start();                          // lock, resume, run record, first evaluation
+  void train_steps();                    // until --steps or a stop signal
+  TrainResult finish();                  // final parameters, trace, record
 
-TrainResult train(const TrainOptions& options) {
-  TrainOptions o = options;
+ private:
+  TrainOptions o;
+  int threads = 0;
+  topology::Topology topo;
+  std::unique_ptr<data::TokenDataset> data;
+  bool root = false;
+  std::unique_ptr<backend::Backend> be;
+  double peak_flops = 0;
+  std::string plan_text, reason;
+  std::unique_ptr<PlanGroups> pg;
+  std::unique_ptr<Trace> trace;
+  int64_t trace_first = 0, trace_last = 0;
+  std::unique_ptr<ShardedEngine> engine;
+  int64_t world = 1, pos = 0, tokens_per_step = 0;
+  std::string run_options;
+  double flops_per_token = 0;
+  std::unique_ptr<ckpt::DirLock> dir_lock;
+  ResumePoint start_point;
+  std::unique_ptr<MetricsSink> sink;
+  nlohmann::ordered_json info;
+  std::ofstream data_order;
+  int64_t windows = 0;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  TrainResult result;
+  Clock::time_point run_start;
+
+  void set_up_ranks();
+  void set_up_plan();
+  void set_up_engine();
+  double evaluate();
+  void write_run_record_start();
+  StepMetrics train_step(int64_t step);
+  void report(StepMetrics& m, bool eval_now);
+  bool stop_requested(int64_t step);
+  void save_checkpoint(int64_t step);
+  void write_run_record_end(double seconds);
+};
+
+Run::Run(const TrainOptions& options) : o(options) {
   install_stop_handlers();
   o.schedule.total_steps = o.steps;
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  const int threads = omp_get_max_threads();
+  threads = omp_get_max_threads();
+  set_up_ranks();
+  set_up_plan();
+  set_up_engine();
+}
 
-  // Setup: every check runs on every rank; the first failure ends all of them alike.
-  topology::Topology topo;
-  std::unique_ptr<data::TokenDataset> data;
+// Topology, data and the backend; every check runs on every rank, and the
+// first failure ends all of them alike.
+void Run::set_up_ranks() {
   collectively([&] {
     fault::check_environment();
     topo = topology::discover(MPI_COMM_WORLD);
@@ -348,130 +399,114 @@ TrainResult train(const TrainOptions& options) {
     data = std::make_unique<data::TokenDataset>(o.data_path);
     check_options(o, *data);
   });
-  const bool root = topo.rank == 0;
+  root = topo.rank == 0;
+  be = backend::make_cpu_backend(o.precision);
   // The peak is measured on rank 0 alone (others wait), as a rank has it on a
   // dedicated device; ranks sharing a CPU make MFU look lower than it is.
-  double peak_flops = o.peak_tflops * 1e12;
+  peak_flops = o.peak_tflops * 1e12;
   if (peak_flops <= 0) {
-    if (root) peak_flops = measure_sgemm_peak_flops();
+    if (root) peak_flops = be->peak_flops();
     AMSP_MPI_CHECK(MPI_Bcast(&peak_flops, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
   }
-  std::string plan_text, reason;
-  std::unique_ptr<PlanGroups> pg;
+}
+
+void Run::set_up_plan() {
   collectively([&] {
     std::tie(plan_text, reason) = choose_plan(o, topo, peak_flops);
     pg = std::make_unique<PlanGroups>(make_plan_groups(MPI_COMM_WORLD, topo, plan_text));
   });
-  if (root) {
-    std::printf("plan: %s on %d rank(s) (%s)\n", plan::to_string(pg->mesh.plan()).c_str(),
-                topo.world_size, reason.c_str());
-    std::printf("groups: %s\n", pg->placement.c_str());
-    std::fflush(stdout);
-  }
+  if (!root) return;
+  std::printf("plan: %s on %d rank(s) (%s)\n", plan::to_string(pg->mesh.plan()).c_str(),
+              topo.world_size, reason.c_str());
+  std::printf("groups: %s\n", pg->placement.c_str());
+  std::fflush(stdout);
+}
 
-  std::unique_ptr<Trace> trace = o.trace_path.empty() ? nullptr : std::make_unique<Trace>(MPI_COMM_WORLD);
+void Run::set_up_engine() {
+  if (!o.trace_path.empty()) trace = std::make_unique<Trace>(MPI_COMM_WORLD);
   // Steps 2 .. 1 + trace_steps (the first warms up), or step 1 of a one-step run.
-  const int64_t trace_first = std::min<int64_t>(2, o.steps), trace_last = trace_first + o.trace_steps - 1;
-
+  trace_first = std::min<int64_t>(2, o.steps);
+  trace_last = trace_first + o.trace_steps - 1;
   EngineOptions eo;
+  eo.precision = o.precision;
   eo.adamw = o.adamw;
   eo.grad_clip = o.grad_clip;
   eo.overlap = o.overlap;
   eo.comm_timeout_s = o.comm_timeout_s;
   eo.trace = trace.get();
-  ShardedEngine engine(o.model, o.batch_size, o.seq_len, *pg, o.seed, eo);
-  if (!o.init_from.empty()) collectively([&] { load_hf_weights(hf::ModelDir(o.init_from), engine); });
-  if (root) print_config(o, *data, peak_flops, threads, topo, *pg, engine.model_state_bytes());
+  engine = std::make_unique<ShardedEngine>(o.model, *be, o.batch_size, o.seq_len, *pg, o.seed, eo);
+  if (!o.init_from.empty()) collectively([&] { load_hf_weights(hf::ModelDir(o.init_from), *engine); });
+  if (root) print_config(o, *data, peak_flops, threads, topo, *pg, *engine, be->describe());
+  world = topo.world_size;
+  pos = pg->position;
+  tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * world;
+  run_options = options_json(o, world * o.batch_size * o.grad_accum, data_fingerprint(*data));
+  flops_per_token = model::Llama::flops_per_token(o.model, o.seq_len);
+}
 
-  const int64_t world = topo.world_size, pos = pg->position, B = o.batch_size, T = o.seq_len;
-  const std::string run_options = options_json(o, world * B * o.grad_accum, data_fingerprint(*data));
-  const double flops_per_token = model::Llama::flops_per_token(o.model, T);
+double Run::evaluate() {
+  return evaluate_loss(*engine, *data, data::Split::kValid, o.eval_windows, o.batch_size, o.seq_len,
+                       world, pos, o.comm_timeout_s, &windows);
+}
 
-  auto evaluate = [&](int64_t* windows_used) {
-    return evaluate_loss(engine, *data, data::Split::kValid, o.eval_windows, B, T, world, pos,
-                         o.comm_timeout_s, windows_used);
-  };
-
-  std::unique_ptr<ckpt::DirLock> dir_lock = lock_checkpoint_dir(o, root);
-  const ResumePoint start = resume(o, engine, run_options, root);
-  refuse_other_trajectory(o, start, root);
-  const int64_t first_step = start.first_step, tokens_before = start.tokens_before;
-  const std::string& resumed_from = start.from;
-  std::unique_ptr<MetricsSink> sink =
-      root ? std::make_unique<MetricsSink>(o.metrics_path, /*append=*/first_step > 1) : nullptr;
-
-  const int64_t tokens_per_step = B * T * o.grad_accum * world;
-  // What this run is, for job scripts and scaling studies; the result is added at the end.
-  nlohmann::ordered_json info;
-  if (!o.run_info_path.empty()) {
-    collectively([&] {
-      if (!root) return;
-      info = {{"amsp_version", AMSP_VERSION},
-              {"started_at", utc_now()},
-              {"slurm", slurm_job_json(topology::process_environment())},
-              {"world_size", topo.world_size},
-              {"num_nodes", topo.num_nodes},
-              {"ranks_per_node",
-               topo.equal_tasks_per_node() ? nlohmann::ordered_json(topo.local_size) : nlohmann::ordered_json()},
-              {"topology", topology_json(topo)},
-              {"plan", plan::to_string(pg->mesh.plan())},
-              {"plan_reason", reason},
-              {"groups", pg->placement},
-              {"model_name", o.model.name},
-              {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
-              {"parameters", o.model.num_parameters()},
-              {"options", nlohmann::ordered_json::parse(run_options)},
-              {"tokens_per_step", tokens_per_step},
-              {"threads_per_rank", threads},
-              {"peak_flops_per_rank", peak_flops},
-              {"model_state_bytes", engine.model_state_bytes()},
-              {"resumed_from",
-               resumed_from.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(resumed_from)},
-              {"first_step", first_step},
-              {"init_from", o.init_from.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(o.init_from)},
-              {"data_order", o.data_order_path.empty() ? nlohmann::ordered_json()
-                                                       : nlohmann::ordered_json(o.data_order_path)},
-              {"result", nullptr}};
-      write_run_info(o.run_info_path, info);
-    });
-  }
-
-  int64_t windows = 0;
-  double val_loss = std::numeric_limits<double>::quiet_NaN();
-  if (first_step == 1) {
-    val_loss = evaluate(&windows);
-    if (root) sink->eval(0, val_loss, windows);
-  }
-
-  TrainResult result;
-  auto save_checkpoint = [&](int64_t step) {
-    const auto t0 = Clock::now();
-    ckpt::Metadata meta;
-    meta.step = step;
-    meta.tokens = tokens_before + (step - first_step + 1) * tokens_per_step;
-    meta.seed = o.seed;
-    meta.model_json = model::config_to_json(o.model);
-    meta.options_json = run_options;
-    meta.plan = plan::to_string(pg->mesh.plan());
-    meta.topology = topo.describe();
-    meta.world_size = world;
-    const std::string path = ckpt::save(o.checkpoint_dir, meta, engine.units(), engine.shards(),
-                                        engine.state_views(), engine.replica_index() == 0,
-                                        o.keep_last, MPI_COMM_WORLD, o.checkpoint_io);
-    if (root) {
-      std::printf("checkpoint: %s (step %lld, %.2f s)\n", path.c_str(), static_cast<long long>(step),
-                  seconds_since(t0));
-      std::fflush(stdout);
-    }
-  };
-  std::ofstream data_order;
+void Run::start() {
+  dir_lock = lock_checkpoint_dir(o, root);
+  start_point = resume(o, *engine, run_options, root);
+  refuse_other_trajectory(o, start_point, root);
+  if (root) sink = std::make_unique<MetricsSink>(o.metrics_path, /*append=*/start_point.first_step > 1);
+  write_run_record_start();
   if (root && !o.data_order_path.empty()) {
-    data_order.open(o.data_order_path, first_step > 1 ? std::ios::app : std::ios::trunc);
+    data_order.open(o.data_order_path, start_point.first_step > 1 ? std::ios::app : std::ios::trunc);
     if (!data_order) comm::abort_job(cat("--data-order ", o.data_order_path, ": cannot create the file"));
   }
-  const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
-  const auto run_start = Clock::now();
-  for (int64_t step = first_step; step <= o.steps; ++step) {
+  if (start_point.first_step == 1) {
+    val_loss = evaluate();
+    if (root) sink->eval(0, val_loss, windows);
+  }
+  run_start = Clock::now();
+}
+
+// What this run is, for job scripts and scaling studies; the result is added at the end.
+void Run::write_run_record_start() {
+  if (o.run_info_path.empty()) return;
+  collectively([&] {
+    if (!root) return;
+    const auto null_or = [](const std::string& s) {
+      return s.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s);
+    };
+    info = {{"amsp_version", AMSP_VERSION},
+            {"started_at", utc_now()},
+            {"slurm", slurm_job_json(topology::process_environment())},
+            {"world_size", topo.world_size},
+            {"num_nodes", topo.num_nodes},
+            {"ranks_per_node",
+             topo.equal_tasks_per_node() ? nlohmann::ordered_json(topo.local_size) : nlohmann::ordered_json()},
+            {"topology", topology_json(topo)},
+            {"plan", plan::to_string(pg->mesh.plan())},
+            {"plan_reason", reason},
+            {"groups", pg->placement},
+            {"backend", be->describe()},
+            {"precision", dtype_name(o.precision)},
+            {"model_name", o.model.name},
+            {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
+            {"parameters", o.model.num_parameters()},
+            {"options", nlohmann::ordered_json::parse(run_options)},
+            {"tokens_per_step", tokens_per_step},
+            {"threads_per_rank", threads},
+            {"peak_flops_per_rank", peak_flops},
+            {"model_state_bytes", engine->model_state_bytes()},
+            {"temporary_bytes", engine->temporary_bytes()},
+            {"resumed_from", null_or(start_point.from)},
+            {"first_step", start_point.first_step},
+            {"init_from", null_or(o.init_from)},
+            {"data_order", null_or(o.data_order_path)},
+            {"result", nullptr}};
+    write_run_info(o.run_info_path, info);
+  });
+}
+
+void Run::train_steps() {
+  for (int64_t step = start_point.first_step; step <= o.steps; ++step) {
     fault::point("train.step", step, topo.rank);
     if (dir_lock) {
       try {
@@ -480,52 +515,11 @@ TrainResult train(const TrainOptions& options) {
         comm::abort_job(e.what());
       }
     }
-    engine.reset_comm_stats();
-    if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
-    const auto t0 = Clock::now();
-    const double lr = learning_rate(o.schedule, step - 1);
-    const StepResult r = engine.step(step, o.grad_accum, grad_scale, lr,
-                                     [&](int64_t micro, int32_t* tokens, int32_t* targets) {
-                                       data::sample_train_batch(*data, o.seed, step, (micro * world + pos) * B,
-                                                                B, T, tokens, targets);
-                                     });
-    double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
-    comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
-
-    StepMetrics m;
-    m.step = step;
-    m.total_steps = o.steps;
-    m.loss = sums[0] / std::max(1.0, sums[1]);
-    m.lr = lr;
-    m.grad_norm = r.grad_norm;
-    m.step_ms = seconds_since(t0) * 1e3;
-    m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
-    m.mfu = flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world));
-    m.tokens = tokens_before + (step - first_step + 1) * tokens_per_step;
-    m.model_state_bytes = engine.model_state_bytes();
-    m.comm = engine.comm_stats();
-    if (!std::isfinite(m.loss))
-      comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
+    StepMetrics m = train_step(step);
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
-    if (trace) trace->set_recording(false);
-    if (eval_now) {
-      val_loss = evaluate(&windows);
-      m.val_loss = val_loss;
-    }
-    if (root) {
-      sink->step(m);
-      if (eval_now) sink->eval(step, val_loss, windows);
-      if (data_order.is_open()) write_data_order(data_order, *data, o.seed, step, tokens_per_step / T, T);
-    }
-    if (!o.param_trace_path.empty()) {
-      const auto params = engine.full_parameters();
-      if (root) write_params(o.param_trace_path, params, /*append=*/step > 1, "--param-trace");
-    }
+    report(m, eval_now);
     result.last_step = step;
-    // Stop together: a signal may reach the ranks at different moments.
-    double stop = g_stop_signal;
-    comm::allreduce_sum(&stop, 1, MPI_COMM_WORLD, "stop flag", o.comm_timeout_s);
-    const bool stopping = stop > 0 && step < o.steps;
+    const bool stopping = stop_requested(step);
     if (!o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping))
       save_checkpoint(step);
@@ -539,9 +533,91 @@ TrainResult train(const TrainOptions& options) {
       break;
     }
   }
+}
+
+// One optimizer step on every rank, and its figures.
+StepMetrics Run::train_step(int64_t step) {
+  engine->reset_comm_stats();
+  if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
+  const auto t0 = Clock::now();
+  const double lr = learning_rate(o.schedule, step - 1);
+  const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
+  const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr,
+                                    [&](int64_t micro, int32_t* tokens, int32_t* targets) {
+                                      data::sample_train_batch(*data, o.seed, step, (micro * world + pos) * o.batch_size,
+                                                               o.batch_size, o.seq_len, tokens, targets);
+                                    });
+  double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
+  comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
+  if (trace) trace->set_recording(false);
+
+  StepMetrics m;
+  m.step = step;
+  m.total_steps = o.steps;
+  m.loss = sums[0] / std::max(1.0, sums[1]);
+  m.lr = lr;
+  m.grad_norm = r.grad_norm;
+  m.step_ms = seconds_since(t0) * 1e3;
+  m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
+  m.mfu = flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world));
+  m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
+  m.model_state_bytes = engine->model_state_bytes();
+  m.temporary_bytes = engine->temporary_bytes();
+  m.comm = engine->comm_stats();
+  if (!std::isfinite(m.loss))
+    comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
+  return m;
+}
+
+void Run::report(StepMetrics& m, bool eval_now) {
+  if (eval_now) {
+    val_loss = evaluate();
+    m.val_loss = val_loss;
+  }
+  if (root) {
+    sink->step(m);
+    if (eval_now) sink->eval(m.step, val_loss, windows);
+    if (data_order.is_open())
+      write_data_order(data_order, *data, o.seed, m.step, tokens_per_step / o.seq_len, o.seq_len);
+  }
+  if (!o.param_trace_path.empty()) {
+    const auto params = engine->full_parameters();
+    if (root) write_params(o.param_trace_path, params, /*append=*/m.step > 1, "--param-trace");
+  }
+}
+
+// Stop together: a signal may reach the ranks at different moments.
+bool Run::stop_requested(int64_t step) {
+  double stop = g_stop_signal;
+  comm::allreduce_sum(&stop, 1, MPI_COMM_WORLD, "stop flag", o.comm_timeout_s);
+  return stop > 0 && step < o.steps;
+}
+
+void Run::save_checkpoint(int64_t step) {
+  const auto t0 = Clock::now();
+  ckpt::Metadata meta;
+  meta.step = step;
+  meta.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
+  meta.seed = o.seed;
+  meta.model_json = model::config_to_json(o.model);
+  meta.options_json = run_options;
+  meta.plan = plan::to_string(pg->mesh.plan());
+  meta.topology = topo.describe();
+  meta.world_size = world;
+  const std::string path = ckpt::save(o.checkpoint_dir, meta, engine->units(), engine->shards(),
+                                      engine->state_views(), engine->replica_index() == 0,
+                                      o.keep_last, MPI_COMM_WORLD, o.checkpoint_io);
+  if (root) {
+    std::printf("checkpoint: %s (step %lld, %.2f s)\n", path.c_str(), static_cast<long long>(step),
+                seconds_since(t0));
+    std::fflush(stdout);
+  }
+}
+
+TrainResult Run::finish() {
   result.val_loss = val_loss;
   if (!o.final_params_path.empty()) {
-    const auto params = engine.full_parameters();
+    const auto params = engine->full_parameters();
     if (root) write_params(o.final_params_path, params, /*append=*/false, "--final-params");
   }
   if (trace) {
@@ -552,22 +628,34 @@ TrainResult train(const TrainOptions& options) {
   }
   const double seconds = seconds_since(run_start);
   if (root) sink->finish(seconds, result.last_step);
-  if (!o.run_info_path.empty()) {
-    int64_t rss = peak_rss_bytes();
-    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
-    collectively([&] {
-      if (!root) return;
-      info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
-                        {"exit_code", result.preempted ? kExitPreempted : kExitOk},
-                        {"last_step", result.last_step},
-                        {"seconds", seconds},
-                        {"val_loss", std::isfinite(val_loss) ? nlohmann::ordered_json(val_loss) : nlohmann::ordered_json()},
-                        {"peak_rss_bytes", rss},
-                        {"finished_at", utc_now()}};
-      write_run_info(o.run_info_path, info);
-    });
-  }
+  write_run_record_end(seconds);
   return result;
+}
+
+void Run::write_run_record_end(double seconds) {
+  if (o.run_info_path.empty()) return;
+  int64_t rss = peak_rss_bytes();
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  collectively([&] {
+    if (!root) return;
+    info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
+                      {"exit_code", result.preempted ? kExitPreempted : kExitOk},
+                      {"last_step", result.last_step},
+                      {"seconds", seconds},
+                      {"val_loss", std::isfinite(val_loss) ? nlohmann::ordered_json(val_loss) : nlohmann::ordered_json()},
+                      {"peak_rss_bytes", rss},
+                      {"finished_at", utc_now()}};
+    write_run_info(o.run_info_path, info);
+  });
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options) {
+  Run run(options);  // topology, data, backend, plan, groups, engine
+  run.start();       // lock, resume, run record, first evaluation
+  run.train_steps();
+  return run.finish();
 }
 
 }  // namespace amsp::engine

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
+#include "core/dtype.h"
 #include "engine/optimizer.h"
 #include "engine/schedule.h"
 #include "model/config.h"
@@ -15,6 +16,7 @@ namespace amsp::engine {
 
 struct TrainOptions {
   model::LlamaConfig model;
+  DType precision = DType::kF32;  // parameters' dtype: fp32, or bf16 mixed precision (doc/engine.md)
   std::string data_path;
   int64_t steps = 300;
   uint64_t seed = 1337;

@@ -1,40 +1,26 @@
-// LLaMA forward and backward on the CPU, unit by unit. The math lives in
-// kernels/cpu (see ops.h); this file owns the activation buffers and wires the
-// kernels together as transformers' LlamaForCausalLM does.
+// LLaMA forward and backward, unit by unit, on a compute backend. This file
+// owns the activation buffers and wires the backend's kernels together as
+// transformers' LlamaForCausalLM does; the math lives in the backend.
 #include "model/llama.h"
-
-#include <cstring>
-#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "kernels/cpu/ops.h"
 
 namespace amsp::model {
 
-namespace k = amsp::kernels;
+using backend::Buffer;
+using backend::View;
 
 namespace {
 
-// Parallel copy: the residual stream is copied twice per layer.
-void copy(float* dst, const float* src, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-}
-
-void zero(float* dst, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = 0.0f;
-}
-
 // Saved activations of one decoder layer (its input is Impl::resid[l]).
 struct LayerActs {
-  std::vector<float> q, k, v;  // after RoPE: [N, hidden], [N, kv_dim] x2
-  std::vector<float> probs;    // [B, heads, T, T]
-  std::vector<float> attn;     // attention output before o_proj [N, hidden]
-  std::vector<float> h;        // x + o_proj(attn) [N, hidden]
-  std::vector<float> gate, up; // [N, intermediate]
-  std::vector<float> inv1, inv2;  // RMSNorm 1/rms per row [N]
+  Buffer q, k, v;      // after RoPE: [N, hidden], [N, kv_dim] x2
+  Buffer saved;        // what attention keeps for backward (the backend says how much)
+  Buffer attn;         // attention output before o_proj [N, hidden]
+  Buffer h;            // x + o_proj(attn) [N, hidden]
+  Buffer gate, up;     // [N, intermediate]
+  Buffer inv1, inv2;   // RMSNorm 1/rms per row [N]
 };
 
 // Offsets of a decoder unit's tensors, in layout order.
@@ -43,42 +29,79 @@ enum DecoderTensor { kInNorm, kQ, kK, kV, kO, kPostNorm, kGate, kUp, kDown };
 }  // namespace
 
 struct Llama::Impl {
+  backend::Backend& be;
   LlamaConfig cfg;
   std::vector<UnitSpec> units;
   int64_t max_batch, max_seq_len;
   int64_t hidden, kv_dim, inter, vocab, heads, kv_heads, head_dim, layers;
   float eps;
 
-  const int32_t* tokens = nullptr;
-  const int32_t* targets = nullptr;
+  Buffer tokens, targets;  // int32 [max N]
+  bool has_targets = false, has_batch = false;
   int64_t B = 0, T = 0, N = 0;
   float grad_scale = 1.0f;
 
-  std::vector<float> rope_cos, rope_sin;     // [max_seq_len, head_dim/2]
-  std::vector<std::vector<float>> resid;     // L+1 residual streams [N, hidden]
+  Buffer rope_cos, rope_sin;   // [max_seq_len, head_dim/2]
+  std::vector<Buffer> resid;   // L+1 residual streams [N, hidden]
   std::vector<LayerActs> acts;
-  std::vector<float> head_inv, logits, lse;  // head: [N], [N, vocab], [N]
+  Buffer head_inv, logits, lse;  // head: [N], [N, vocab], [N]
   // Scratch, shared by all layers.
-  std::vector<float> n, dn, dres, dattn, dq, dk, dv, act, dact;
+  Buffer n, dn, dres, dattn, dq, dk, dv, act, dact;
 
   double loss_sum = 0.0;
   int64_t loss_count = 0;
 
-  const float* tensor(const float* params, int unit, int index) const {
-    return params + units[unit].tensors[index].offset;
-  }
-  float* tensor(float* grads, int unit, int index) const {
-    return grads + units[unit].tensors[index].offset;
+  explicit Impl(backend::Backend& b) : be(b) {}
+
+  Buffer f32(int64_t count) { return be.alloc(DType::kF32, count); }
+  // The first N rows of an activation buffer [rows, width].
+  View rows(const Buffer& b, int64_t width) const { return b.at(0, N * width); }
+  View tensor(const View& flat, int unit, int index) const {
+    const TensorSpec& t = units[unit].tensors[index];
+    return flat.at(t.offset, t.numel);
   }
 
-  void forward_decoder(int u, const float* p);
-  void backward_decoder(int u, const float* p, float* g);
-  void forward_head(int u, const float* p);
-  void backward_head(int u, const float* p, float* g);
+  void allocate();
+  void forward_decoder(int u, const View& p);
+  void backward_decoder(int u, const View& p, const View& g);
+  void forward_head(int u, const View& p);
+  void backward_head(int u, const View& p, const View& g);
 };
 
-Llama::Llama(const LlamaConfig& config, int64_t max_batch, int64_t max_seq_len)
-    : impl_(new Impl) {
+void Llama::Impl::allocate() {
+  const int64_t Nmax = max_batch * max_seq_len;
+  tokens = be.alloc(DType::kI32, Nmax);
+  targets = be.alloc(DType::kI32, Nmax);
+  rope_cos = f32(max_seq_len * head_dim / 2);
+  rope_sin = f32(max_seq_len * head_dim / 2);
+  be.rope_table(rope_cos.view(), rope_sin.view(), max_seq_len, head_dim, cfg.rope_theta);
+  for (int64_t l = 0; l <= layers; ++l) resid.push_back(f32(Nmax * hidden));
+  acts.resize(static_cast<size_t>(layers));
+  for (auto& a : acts) {
+    a.q = f32(Nmax * hidden);
+    a.k = f32(Nmax * kv_dim);
+    a.v = f32(Nmax * kv_dim);
+    a.saved = f32(be.attention_saved_count(max_batch, max_seq_len, heads));
+    a.attn = f32(Nmax * hidden);
+    a.h = f32(Nmax * hidden);
+    a.gate = f32(Nmax * inter);
+    a.up = f32(Nmax * inter);
+    a.inv1 = f32(Nmax);
+    a.inv2 = f32(Nmax);
+  }
+  head_inv = f32(Nmax);
+  logits = f32(Nmax * vocab);
+  lse = f32(Nmax);
+  for (Buffer* b : {&n, &dn, &dres, &dattn, &dq}) *b = f32(Nmax * hidden);
+  dk = f32(Nmax * kv_dim);
+  dv = f32(Nmax * kv_dim);
+  act = f32(Nmax * inter);
+  dact = f32(Nmax * inter);
+}
+
+Llama::Llama(const LlamaConfig& config, backend::Backend& backend, int64_t max_batch,
+             int64_t max_seq_len)
+    : impl_(new Impl(backend)) {
   Impl& m = *impl_;
   config.validate();
   if (max_batch <= 0 || max_seq_len <= 0)
@@ -97,35 +120,7 @@ Llama::Llama(const LlamaConfig& config, int64_t max_batch, int64_t max_seq_len)
   m.head_dim = config.head_dim();
   m.layers = config.num_hidden_layers;
   m.eps = static_cast<float>(config.rms_norm_eps);
-
-  const int64_t N = max_batch * max_seq_len;
-  m.rope_cos.resize(max_seq_len * m.head_dim / 2);
-  m.rope_sin.resize(max_seq_len * m.head_dim / 2);
-  k::rope_table(m.rope_cos.data(), m.rope_sin.data(), max_seq_len, m.head_dim, config.rope_theta);
-
-  m.resid.resize(m.layers + 1);
-  for (auto& r : m.resid) r.resize(N * m.hidden);
-  m.acts.resize(m.layers);
-  for (auto& a : m.acts) {
-    a.q.resize(N * m.hidden);
-    a.k.resize(N * m.kv_dim);
-    a.v.resize(N * m.kv_dim);
-    a.probs.resize(max_batch * m.heads * max_seq_len * max_seq_len);
-    a.attn.resize(N * m.hidden);
-    a.h.resize(N * m.hidden);
-    a.gate.resize(N * m.inter);
-    a.up.resize(N * m.inter);
-    a.inv1.resize(N);
-    a.inv2.resize(N);
-  }
-  m.head_inv.resize(N);
-  m.logits.resize(N * m.vocab);
-  m.lse.resize(N);
-  for (auto* s : {&m.n, &m.dn, &m.dres, &m.dattn, &m.dq}) s->resize(N * m.hidden);
-  m.dk.resize(N * m.kv_dim);
-  m.dv.resize(N * m.kv_dim);
-  m.act.resize(N * m.inter);
-  m.dact.resize(N * m.inter);
+  m.allocate();
 }
 
 Llama::~Llama() { delete impl_; }
@@ -140,23 +135,26 @@ void Llama::set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, 
   if (B <= 0 || T <= 0 || B > m.max_batch || T > m.max_seq_len)
     fail("model: micro-batch ", B, " x ", T, " does not fit the allocated ", m.max_batch, " x ",
          m.max_seq_len);
-  m.tokens = tokens;
-  m.targets = targets;
   m.B = B;
   m.T = T;
   m.N = B * T;
+  m.be.from_host(tokens, m.tokens.at(0, m.N));
+  m.has_targets = targets != nullptr;
+  if (m.has_targets) m.be.from_host(targets, m.targets.at(0, m.N));
+  m.has_batch = true;
   m.grad_scale = grad_scale;
   m.loss_sum = 0.0;
   m.loss_count = 0;
 }
 
-void Llama::forward(int unit, const float* params) {
+void Llama::forward(int unit, const View& params) {
   Impl& m = *impl_;
-  if (m.tokens == nullptr) fail("model: forward before set_batch");
+  if (!m.has_batch) fail("model: forward before set_batch");
   if (unit < 0 || unit >= num_units()) fail("model: no unit ", unit);
   switch (m.units[unit].kind) {
     case UnitKind::kEmbedding:
-      k::embedding_forward(m.tokens, params, m.resid[0].data(), m.N, m.hidden);
+      m.be.embedding_forward(m.tokens.at(0, m.N), params.at(0, m.units[unit].numel),
+                             m.rows(m.resid[0], m.hidden), m.N, m.hidden);
       break;
     case UnitKind::kDecoder:
       m.forward_decoder(unit, params);
@@ -167,13 +165,14 @@ void Llama::forward(int unit, const float* params) {
   }
 }
 
-void Llama::backward(int unit, const float* params, float* grads) {
+void Llama::backward(int unit, const View& params, const View& grads) {
   Impl& m = *impl_;
-  if (m.tokens == nullptr) fail("model: backward before set_batch");
+  if (!m.has_batch) fail("model: backward before set_batch");
   if (unit < 0 || unit >= num_units()) fail("model: no unit ", unit);
   switch (m.units[unit].kind) {
     case UnitKind::kEmbedding:
-      k::embedding_backward(m.tokens, m.dres.data(), grads, m.N, m.hidden);
+      m.be.embedding_backward(m.tokens.at(0, m.N), m.rows(m.dres, m.hidden),
+                              grads.at(0, m.units[unit].numel), m.N, m.hidden);
       break;
     case UnitKind::kDecoder:
       m.backward_decoder(unit, params, grads);
@@ -184,97 +183,107 @@ void Llama::backward(int unit, const float* params, float* grads) {
   }
 }
 
-void Llama::Impl::forward_decoder(int u, const float* p) {
+void Llama::Impl::forward_decoder(int u, const View& p) {
   const int l = units[u].layer;
   LayerActs& a = acts[l];
-  const float* x = resid[l].data();
-  float* out = resid[l + 1].data();
+  const View x = rows(resid[l], hidden), out = rows(resid[l + 1], hidden);
+  const View nn = rows(n, hidden), q = rows(a.q, hidden), k = rows(a.k, kv_dim),
+             v = rows(a.v, kv_dim), attn = rows(a.attn, hidden), h = rows(a.h, hidden),
+             gate = rows(a.gate, inter), up = rows(a.up, inter), ac = rows(act, inter);
+  const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
 
   // Attention block: h = x + o_proj(attn(rope(q), rope(k), v)) of input_layernorm(x).
-  k::rmsnorm_forward(x, tensor(p, u, kInNorm), n.data(), a.inv1.data(), N, hidden, eps);
-  k::linear_forward(n.data(), tensor(p, u, kQ), a.q.data(), N, hidden, hidden);
-  k::linear_forward(n.data(), tensor(p, u, kK), a.k.data(), N, hidden, kv_dim);
-  k::linear_forward(n.data(), tensor(p, u, kV), a.v.data(), N, hidden, kv_dim);
-  k::rope_forward(a.q.data(), rope_cos.data(), rope_sin.data(), B, T, heads, head_dim, hidden);
-  k::rope_forward(a.k.data(), rope_cos.data(), rope_sin.data(), B, T, kv_heads, head_dim, kv_dim);
-  k::attention_forward(a.q.data(), a.k.data(), a.v.data(), a.probs.data(), a.attn.data(), B, T,
-                       heads, kv_heads, head_dim);
-  copy(a.h.data(), x, N * hidden);
-  k::linear_forward(a.attn.data(), tensor(p, u, kO), a.h.data(), N, hidden, hidden, 1.0f);
+  be.rmsnorm_forward(x, tensor(p, u, kInNorm), nn, inv1, N, hidden, eps);
+  be.linear_forward(nn, tensor(p, u, kQ), q, N, hidden, hidden, 0.0f);
+  be.linear_forward(nn, tensor(p, u, kK), k, N, hidden, kv_dim, 0.0f);
+  be.linear_forward(nn, tensor(p, u, kV), v, N, hidden, kv_dim, 0.0f);
+  be.rope_forward(q, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, hidden);
+  be.rope_forward(k, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, kv_dim);
+  be.attention_forward(q, k, v, a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
+  be.copy(x, h);
+  be.linear_forward(attn, tensor(p, u, kO), h, N, hidden, hidden, 1.0f);
 
   // MLP block: out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h).
-  k::rmsnorm_forward(a.h.data(), tensor(p, u, kPostNorm), n.data(), a.inv2.data(), N, hidden, eps);
-  k::linear_forward(n.data(), tensor(p, u, kGate), a.gate.data(), N, hidden, inter);
-  k::linear_forward(n.data(), tensor(p, u, kUp), a.up.data(), N, hidden, inter);
-  k::swiglu_forward(a.gate.data(), a.up.data(), act.data(), N * inter);
-  copy(out, a.h.data(), N * hidden);
-  k::linear_forward(act.data(), tensor(p, u, kDown), out, N, inter, hidden, 1.0f);
+  be.rmsnorm_forward(h, tensor(p, u, kPostNorm), nn, inv2, N, hidden, eps);
+  be.linear_forward(nn, tensor(p, u, kGate), gate, N, hidden, inter, 0.0f);
+  be.linear_forward(nn, tensor(p, u, kUp), up, N, hidden, inter, 0.0f);
+  be.swiglu_forward(gate, up, ac);
+  be.copy(h, out);
+  be.linear_forward(ac, tensor(p, u, kDown), out, N, inter, hidden, 1.0f);
 }
 
-void Llama::Impl::backward_decoder(int u, const float* p, float* g) {
+void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   const int l = units[u].layer;
   LayerActs& a = acts[l];
-  const float* x = resid[l].data();
+  const View x = rows(resid[l], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
+             dr = rows(dres, hidden), h = rows(a.h, hidden), gate = rows(a.gate, inter),
+             up = rows(a.up, inter), ac = rows(act, inter), dac = rows(dact, inter),
+             attn = rows(a.attn, hidden), da = rows(dattn, hidden), q = rows(a.q, hidden),
+             k = rows(a.k, kv_dim), v = rows(a.v, kv_dim), dqq = rows(dq, hidden),
+             dkk = rows(dk, kv_dim), dvv = rows(dv, kv_dim);
+  const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
   // dres holds d(out) on entry and d(x) on exit.
 
   // MLP block.
-  k::swiglu_forward(a.gate.data(), a.up.data(), act.data(), N * inter);
-  k::linear_backward_weight(dres.data(), act.data(), tensor(g, u, kDown), N, inter, hidden);
-  k::linear_backward_input(dres.data(), tensor(p, u, kDown), dact.data(), N, inter, hidden);
+  be.swiglu_forward(gate, up, ac);
+  be.linear_backward_weight(dr, ac, tensor(g, u, kDown), N, inter, hidden);
+  be.linear_backward_input(dr, tensor(p, u, kDown), dac, N, inter, hidden, 0.0f);
   // d(gate) into act (no longer needed), d(up) over d(act) in place.
-  k::swiglu_backward(a.gate.data(), a.up.data(), dact.data(), act.data(), dact.data(), N * inter);
-  k::rmsnorm_apply(a.h.data(), tensor(p, u, kPostNorm), a.inv2.data(), n.data(), N, hidden);
-  k::linear_backward_weight(act.data(), n.data(), tensor(g, u, kGate), N, hidden, inter);
-  k::linear_backward_weight(dact.data(), n.data(), tensor(g, u, kUp), N, hidden, inter);
-  k::linear_backward_input(act.data(), tensor(p, u, kGate), dn.data(), N, hidden, inter);
-  k::linear_backward_input(dact.data(), tensor(p, u, kUp), dn.data(), N, hidden, inter, 1.0f);
-  k::rmsnorm_backward(dn.data(), a.h.data(), tensor(p, u, kPostNorm), a.inv2.data(), dres.data(),
-                      tensor(g, u, kPostNorm), N, hidden);
+  be.swiglu_backward(gate, up, dac, ac, dac);
+  be.rmsnorm_apply(h, tensor(p, u, kPostNorm), inv2, nn, N, hidden);
+  be.linear_backward_weight(ac, nn, tensor(g, u, kGate), N, hidden, inter);
+  be.linear_backward_weight(dac, nn, tensor(g, u, kUp), N, hidden, inter);
+  be.linear_backward_input(ac, tensor(p, u, kGate), dnn, N, hidden, inter, 0.0f);
+  be.linear_backward_input(dac, tensor(p, u, kUp), dnn, N, hidden, inter, 1.0f);
+  be.rmsnorm_backward(dnn, h, tensor(p, u, kPostNorm), inv2, dr, tensor(g, u, kPostNorm), N,
+                      hidden);
 
   // Attention block; dres is now d(h).
-  k::linear_backward_weight(dres.data(), a.attn.data(), tensor(g, u, kO), N, hidden, hidden);
-  k::linear_backward_input(dres.data(), tensor(p, u, kO), dattn.data(), N, hidden, hidden);
-  k::attention_backward(a.q.data(), a.k.data(), a.v.data(), a.probs.data(), dattn.data(),
-                        dq.data(), dk.data(), dv.data(), B, T, heads, kv_heads, head_dim);
-  k::rope_backward(dq.data(), rope_cos.data(), rope_sin.data(), B, T, heads, head_dim, hidden);
-  k::rope_backward(dk.data(), rope_cos.data(), rope_sin.data(), B, T, kv_heads, head_dim, kv_dim);
-  k::rmsnorm_apply(x, tensor(p, u, kInNorm), a.inv1.data(), n.data(), N, hidden);
-  k::linear_backward_weight(dq.data(), n.data(), tensor(g, u, kQ), N, hidden, hidden);
-  k::linear_backward_weight(dk.data(), n.data(), tensor(g, u, kK), N, hidden, kv_dim);
-  k::linear_backward_weight(dv.data(), n.data(), tensor(g, u, kV), N, hidden, kv_dim);
-  k::linear_backward_input(dq.data(), tensor(p, u, kQ), dn.data(), N, hidden, hidden);
-  k::linear_backward_input(dk.data(), tensor(p, u, kK), dn.data(), N, hidden, kv_dim, 1.0f);
-  k::linear_backward_input(dv.data(), tensor(p, u, kV), dn.data(), N, hidden, kv_dim, 1.0f);
-  k::rmsnorm_backward(dn.data(), x, tensor(p, u, kInNorm), a.inv1.data(), dres.data(),
-                      tensor(g, u, kInNorm), N, hidden);
+  be.linear_backward_weight(dr, attn, tensor(g, u, kO), N, hidden, hidden);
+  be.linear_backward_input(dr, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);
+  be.attention_backward(q, k, v, a.saved.view(), attn, da, dqq, dkk, dvv, B, T, heads, kv_heads,
+                        head_dim);
+  be.rope_backward(dqq, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, hidden);
+  be.rope_backward(dkk, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, kv_dim);
+  be.rmsnorm_apply(x, tensor(p, u, kInNorm), inv1, nn, N, hidden);
+  be.linear_backward_weight(dqq, nn, tensor(g, u, kQ), N, hidden, hidden);
+  be.linear_backward_weight(dkk, nn, tensor(g, u, kK), N, hidden, kv_dim);
+  be.linear_backward_weight(dvv, nn, tensor(g, u, kV), N, hidden, kv_dim);
+  be.linear_backward_input(dqq, tensor(p, u, kQ), dnn, N, hidden, hidden, 0.0f);
+  be.linear_backward_input(dkk, tensor(p, u, kK), dnn, N, hidden, kv_dim, 1.0f);
+  be.linear_backward_input(dvv, tensor(p, u, kV), dnn, N, hidden, kv_dim, 1.0f);
+  be.rmsnorm_backward(dnn, x, tensor(p, u, kInNorm), inv1, dr, tensor(g, u, kInNorm), N, hidden);
 }
 
-void Llama::Impl::forward_head(int u, const float* p) {
-  const float* x = resid[layers].data();
-  k::rmsnorm_forward(x, tensor(p, u, 0), n.data(), head_inv.data(), N, hidden, eps);
-  k::linear_forward(n.data(), tensor(p, u, 1), logits.data(), N, hidden, vocab);
+void Llama::Impl::forward_head(int u, const View& p) {
+  const View x = rows(resid[layers], hidden), nn = rows(n, hidden), lg = rows(logits, vocab);
+  be.rmsnorm_forward(x, tensor(p, u, 0), nn, head_inv.at(0, N), N, hidden, eps);
+  be.linear_forward(nn, tensor(p, u, 1), lg, N, hidden, vocab, 0.0f);
   // Without targets (inference), logits only.
   loss_sum = 0.0;
   loss_count = 0;
-  if (targets != nullptr)
-    loss_sum = k::cross_entropy_forward(logits.data(), targets, lse.data(), N, vocab, &loss_count);
+  if (has_targets) {
+    const backend::LossSum l = be.cross_entropy_forward(lg, targets.at(0, N), lse.at(0, N), N, vocab);
+    loss_sum = l.sum;
+    loss_count = l.count;
+  }
 }
 
-void Llama::Impl::backward_head(int u, const float* p, float* g) {
-  if (targets == nullptr) fail("model: backward of a batch without targets");
-  const float* x = resid[layers].data();
-  k::cross_entropy_backward(logits.data(), targets, lse.data(), N, vocab, grad_scale);
-  k::rmsnorm_apply(x, tensor(p, u, 0), head_inv.data(), n.data(), N, hidden);
-  k::linear_backward_weight(logits.data(), n.data(), tensor(g, u, 1), N, hidden, vocab);
-  k::linear_backward_input(logits.data(), tensor(p, u, 1), dn.data(), N, hidden, vocab);
-  zero(dres.data(), N * hidden);
-  k::rmsnorm_backward(dn.data(), x, tensor(p, u, 0), head_inv.data(), dres.data(), tensor(g, u, 0),
-                      N, hidden);
+void Llama::Impl::backward_head(int u, const View& p, const View& g) {
+  if (!has_targets) fail("model: backward of a batch without targets");
+  const View x = rows(resid[layers], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
+             dr = rows(dres, hidden), lg = rows(logits, vocab);
+  be.cross_entropy_backward(lg, targets.at(0, N), lse.at(0, N), N, vocab, grad_scale);
+  be.rmsnorm_apply(x, tensor(p, u, 0), head_inv.at(0, N), nn, N, hidden);
+  be.linear_backward_weight(lg, nn, tensor(g, u, 1), N, hidden, vocab);
+  be.linear_backward_input(lg, tensor(p, u, 1), dnn, N, hidden, vocab, 0.0f);
+  be.fill_zero(dr);
+  be.rmsnorm_backward(dnn, x, tensor(p, u, 0), head_inv.at(0, N), dr, tensor(g, u, 0), N, hidden);
 }
 
 double Llama::loss_sum() const { return impl_->loss_sum; }
 int64_t Llama::loss_count() const { return impl_->loss_count; }
-const float* Llama::logits() const { return impl_->logits.data(); }
+backend::View Llama::logits() const { return impl_->rows(impl_->logits, impl_->vocab); }
 
 // FLOPs per token of one forward + backward, T = sequence length:
 //

@@ -1,9 +1,11 @@
-// LLaMA forward and backward on the CPU, fp32, one unit at a time.
+// LLaMA forward and backward, one unit at a time, on a compute backend
+// (backend/backend.h): the model allocates through it and runs only its kernels.
 //
 // The caller owns parameters and gradients (one flat buffer per unit, see
-// layout.h) and hands them in per call, because under sharding they come from
-// an all-gather into a temporary buffer. The model owns the activations of one
-// micro-batch, kept from forward for backward.
+// layout.h, fp32 or bf16 on the backend's device) and hands them in per call,
+// because under sharding they come from an all-gather into a temporary buffer.
+// The model owns the activations of one micro-batch, kept from forward for
+// backward.
 //
 // A micro-batch step is:
 //   set_batch(tokens, targets, B, T, grad_scale);
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/layout.h"
 
@@ -24,9 +27,10 @@ namespace amsp::model {
 
 class Llama {
  public:
-  // Allocates activations for micro-batches of up to max_batch sequences of up
-  // to max_seq_len tokens.
-  Llama(const LlamaConfig& config, int64_t max_batch, int64_t max_seq_len);
+  // Allocates activations on `backend` (which must outlive the model) for
+  // micro-batches of up to max_batch sequences of up to max_seq_len tokens.
+  Llama(const LlamaConfig& config, backend::Backend& backend, int64_t max_batch,
+        int64_t max_seq_len);
   ~Llama();
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
@@ -35,22 +39,25 @@ class Llama {
   const std::vector<UnitSpec>& units() const;
   int num_units() const;
 
-  // tokens and targets are [B*T] row-major (sequence-major); a target < 0 is
-  // ignored by the loss. Pointers must stay valid until the last backward.
-  // Token ids outside [0, vocab_size) are the caller's to reject.
+  // tokens and targets are host arrays [B*T] row-major (sequence-major),
+  // copied to the device; targets may be null (inference); a target < 0 is
+  // ignored by the loss. Token ids outside [0, vocab_size) are the caller's to
+  // reject.
   void set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                  float grad_scale);
 
-  void forward(int unit, const float* params);
-  void backward(int unit, const float* params, float* grads);
+  // params: the unit's flat buffer; grads: its gradient buffer, which backward
+  // accumulates into. Either dtype the backend takes (fp32 or bf16).
+  void forward(int unit, const backend::View& params);
+  void backward(int unit, const backend::View& params, const backend::View& grads);
 
   // After the head's forward: sum of per-token cross-entropy over valid
   // targets, and how many targets were valid.
   double loss_sum() const;
   int64_t loss_count() const;
-  // After the head's forward: logits [B*T, vocab_size]. Backward overwrites them
-  // with d(loss)/d(logits), so read them before.
-  const float* logits() const;
+  // After the head's forward: logits [B*T, vocab_size] on the device (fp32).
+  // Backward overwrites them with d(loss)/d(logits), so read them before.
+  backend::View logits() const;
 
   // Model FLOPs of one forward+backward over B*T tokens (matmuls, and attention
   // scores with the causal half), the numerator of MFU. See doc/metrics.md.

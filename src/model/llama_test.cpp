@@ -9,10 +9,24 @@
 #include <set>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/rng.h"
 
 namespace amsp::model {
 namespace {
+
+// The fp32 CPU backend every test model runs on (one for the whole test binary).
+backend::Backend* cpu() {
+  static const auto be = backend::make_cpu_backend(DType::kF32);
+  return be.get();
+}
+
+backend::View hv(std::vector<float>& v) {
+  return backend::host_view(v.data(), static_cast<int64_t>(v.size()));
+}
+backend::View hv(const std::vector<float>& v) {
+  return backend::host_view(v.data(), static_cast<int64_t>(v.size()));
+}
 
 LlamaConfig micro_config() {
   LlamaConfig c;
@@ -58,14 +72,14 @@ Buffers zeros_like(const Buffers& b) {
 double run_forward(Llama& m, const Buffers& p, const std::vector<int32_t>& tok,
                    const std::vector<int32_t>& tgt, int64_t B, int64_t T, float scale = 1.0f) {
   m.set_batch(tok.data(), tgt.data(), B, T, scale);
-  for (int u = 0; u < m.num_units(); ++u) m.forward(u, p[u].data());
+  for (int u = 0; u < m.num_units(); ++u) m.forward(u, hv(p[u]));
   return m.loss_sum();
 }
 
 void run_step(Llama& m, const Buffers& p, Buffers& g, const std::vector<int32_t>& tok,
               const std::vector<int32_t>& tgt, int64_t B, int64_t T, float scale = 1.0f) {
   run_forward(m, p, tok, tgt, B, T, scale);
-  for (int u = m.num_units() - 1; u >= 0; --u) m.backward(u, p[u].data(), g[u].data());
+  for (int u = m.num_units() - 1; u >= 0; --u) m.backward(u, hv(p[u]), hv(g[u]));
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t stream) {
@@ -131,7 +145,7 @@ TEST(Layout, MatchesConfigAndHuggingFaceNames) {
 TEST(Llama, GradientsMatchFiniteDifferences) {
   const LlamaConfig c = micro_config();
   const int64_t B = 2, T = 5;
-  Llama model(c, B, T);
+  Llama model(c, *cpu(), B, T);
   Buffers p = make_params(model, 11);
   Buffers g = zeros_like(p);
   const auto tok = random_tokens(B * T, c.vocab_size, 1);
@@ -182,7 +196,7 @@ TEST(Llama, GradientsMatchFiniteDifferences) {
 TEST(Llama, GradientsAccumulateAndScale) {
   const LlamaConfig c = micro_config();
   const int64_t B = 2, T = 5;
-  Llama model(c, B, T);
+  Llama model(c, *cpu(), B, T);
   const Buffers p = make_params(model, 5, 1.0f);
   const auto tok1 = random_tokens(B * T, c.vocab_size, 10), tgt1 = random_tokens(B * T, c.vocab_size, 11);
   const auto tok2 = random_tokens(B * T, c.vocab_size, 12), tgt2 = random_tokens(B * T, c.vocab_size, 13);
@@ -203,7 +217,7 @@ TEST(Llama, GradientsAccumulateAndScale) {
 TEST(Llama, IgnoredTargetsContributeNothing) {
   const LlamaConfig c = micro_config();
   const int64_t B = 2, T = 5;
-  Llama model(c, B, T);
+  Llama model(c, *cpu(), B, T);
   const Buffers p = make_params(model, 6, 1.0f);
   const auto tok = random_tokens(B * T, c.vocab_size, 20);
   auto tgt = random_tokens(B * T, c.vocab_size, 21);
@@ -225,7 +239,7 @@ TEST(Llama, IgnoredTargetsContributeNothing) {
   double ref = 0;
   for (int64_t r = 0; r < B * T; ++r) {
     if (tgt[r] < 0) continue;
-    const float* z = model.logits() + r * c.vocab_size;
+    const float* z = model.logits().f32() + r * c.vocab_size;
     double s = 0;
     for (int64_t j = 0; j < c.vocab_size; ++j) s += std::exp(static_cast<double>(z[j]));
     ref += std::log(s) - z[tgt[r]];
@@ -243,17 +257,17 @@ TEST(Llama, IgnoredTargetsContributeNothing) {
 TEST(Llama, ForwardWithoutTargetsGivesTheSameLogits) {
   const LlamaConfig c = micro_config();
   const int64_t B = 2, T = 5;
-  Llama model(c, B, T);
+  Llama model(c, *cpu(), B, T);
   const Buffers p = make_params(model, 12, 1.0f);
   const auto tok = random_tokens(B * T, c.vocab_size, 50), tgt = random_tokens(B * T, c.vocab_size, 51);
   run_forward(model, p, tok, tgt, B, T);
-  const std::vector<float> with(model.logits(), model.logits() + B * T * c.vocab_size);
+  const std::vector<float> with(model.logits().f32(), model.logits().f32() + B * T * c.vocab_size);
   model.set_batch(tok.data(), nullptr, B, T, 1.0f);
-  for (int u = 0; u < model.num_units(); ++u) model.forward(u, p[u].data());
-  EXPECT_EQ(std::vector<float>(model.logits(), model.logits() + B * T * c.vocab_size), with);
+  for (int u = 0; u < model.num_units(); ++u) model.forward(u, hv(p[u]));
+  EXPECT_EQ(std::vector<float>(model.logits().f32(), model.logits().f32() + B * T * c.vocab_size), with);
   EXPECT_EQ(model.loss_count(), 0);
   Buffers g = zeros_like(p);
-  EXPECT_ANY_THROW(model.backward(model.num_units() - 1, p.back().data(), g.back().data()));
+  EXPECT_ANY_THROW(model.backward(model.num_units() - 1, hv(p.back()), hv(g.back())));
 }
 
 TEST(Llama, BitIdenticalAcrossRuns) {
@@ -267,12 +281,12 @@ TEST(Llama, BitIdenticalAcrossRuns) {
   const int64_t B = 3, T = 80;
   const auto tok = random_tokens(B * T, c.vocab_size, 30), tgt = random_tokens(B * T, c.vocab_size, 31);
   auto once = [&](Buffers& g, std::vector<float>& logits) {
-    Llama model(c, B, T);
+    Llama model(c, *cpu(), B, T);
     const Buffers p = make_params(model, 8, 1.0f);
     g = zeros_like(p);
     const double loss = run_forward(model, p, tok, tgt, B, T, 1.0f / (B * T));
-    logits.assign(model.logits(), model.logits() + B * T * c.vocab_size);
-    for (int u = model.num_units() - 1; u >= 0; --u) model.backward(u, p[u].data(), g[u].data());
+    logits.assign(model.logits().f32(), model.logits().f32() + B * T * c.vocab_size);
+    for (int u = model.num_units() - 1; u >= 0; --u) model.backward(u, hv(p[u]), hv(g[u]));
     return loss;
   };
   Buffers g1, g2;
@@ -289,7 +303,7 @@ TEST(Llama, ShorterBatchThanAllocated) {
   // model allocated exactly for it.
   const LlamaConfig c = micro_config();
   const auto tok = random_tokens(2 * 4, c.vocab_size, 40), tgt = random_tokens(2 * 4, c.vocab_size, 41);
-  Llama big(c, 3, 7), exact(c, 2, 4);
+  Llama big(c, *cpu(), 3, 7), exact(c, *cpu(), 2, 4);
   const Buffers p = make_params(big, 9, 1.0f);
   Buffers gb = zeros_like(p), ge = zeros_like(p);
   run_step(big, p, gb, tok, tgt, 2, 4);

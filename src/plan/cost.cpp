@@ -34,6 +34,9 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
                                          const MeshShape& shape, int64_t micro_batches) {
   const Mesh mesh(plan, shape);
   const StateBytes b = state_bytes(w.precision);
+  // Gradients travel in the parameters' dtype (bf16 in mixed precision), even
+  // though the G-shard accumulates them in fp32.
+  const int64_t wire = b.p;
   const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
   int64_t nodes[5];
   for (GroupKind k : kAllGroups) nodes[static_cast<int>(k)] = mesh.group_nodes(k);
@@ -69,13 +72,13 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
     if (sp > 1 && u != U - 1)
       issue(Phase::kBackwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, b.p, M);
     if (sp > 1)
-      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kP, phi[u] / sp, b.g, M);
+      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kP, phi[u] / sp, wire, M);
     if (sg > sp)
-      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kG, phi[u] / sg, b.g, M);
+      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kG, phi[u] / sg, wire, M);
     if (sos > sg)
-      issue(Phase::kLastReduce, u, Op::kReduceScatter, GroupKind::kOS, phi[u] / sos, b.g, 1);
+      issue(Phase::kLastReduce, u, Op::kReduceScatter, GroupKind::kOS, phi[u] / sos, wire, 1);
     if (d / sos > 1)
-      issue(Phase::kLastReduce, u, Op::kAllReduce, GroupKind::kReplica, phi[u] / sos, b.g, 1);
+      issue(Phase::kLastReduce, u, Op::kAllReduce, GroupKind::kReplica, phi[u] / sos, wire, 1);
   }
   if (d > 1) {
     // The squared norm, summed in fp64 over one replica: every rank takes part

@@ -41,7 +41,8 @@ int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T)
   const int64_t resid = (L + 1) * N * h;                 // layer inputs + final output
   const int64_t head = N + N * V + N;                    // 1/rms, logits, log-sum-exp
   const int64_t scratch = 5 * N * h + 2 * N * kv + 2 * N * I;  // n, dn, dres, dattn, dq; dk, dv; act, dact
-  return rope + resid + L * per_layer + head + scratch;
+  const int64_t ids = 2 * N;                             // token ids and targets (int32, 4 bytes)
+  return ids + rope + resid + L * per_layer + head + scratch;
 }
 
 int64_t gpu_layer_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {

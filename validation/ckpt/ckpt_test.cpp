@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -70,8 +71,10 @@ model::LlamaConfig test_config() {
 
 struct Run {
   Run(const model::LlamaConfig& c, const topology::Topology& topo, const std::string& plan, uint64_t seed)
-      : groups(engine::make_plan_groups(MPI_COMM_WORLD, topo, plan)),
-        engine(std::make_unique<engine::ShardedEngine>(c, 1, 8, groups, seed, engine::EngineOptions{})) {}
+      : be(backend::make_cpu_backend(DType::kF32)),
+        groups(engine::make_plan_groups(MPI_COMM_WORLD, topo, plan)),
+        engine(std::make_unique<engine::ShardedEngine>(c, *be, 1, 8, groups, seed, engine::EngineOptions{})) {}
+  std::unique_ptr<backend::Backend> be;
   engine::PlanGroups groups;
   std::unique_ptr<engine::ShardedEngine> engine;
 };

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The engine sends exactly what the planner predicts, and allocates exactly the
-model-state bytes of its memory model.
+model-state and temporary bytes of its memory model, in fp32 and in bf16.
 
-For each plan, `amsp train` runs on N ranks under mpiexec with --metrics; the bytes
-each group and op sent in a step (rank 0's count) must equal, to the byte, the sum of
-the collectives `amsp plan --shard PLAN --json` lists for the same model, mesh and
-batch; model_state_bytes must equal the planner's params + grads + optimizer.
+For each plan and precision, `amsp train` runs on N ranks under mpiexec with
+--metrics; the bytes each group and op sent in a step (rank 0's count) must equal, to
+the byte, the sum of the collectives `amsp plan --shard PLAN --json` lists for the same
+model, mesh, batch and precision; model_state_bytes (counted from the buffers the
+engine allocated) must equal the planner's params + grads + optimizer, and
+temporary_bytes its gathered + buckets.
 
 usage: bytes_test.py AMSP MPIEXEC DATA WORKDIR
 """
@@ -21,10 +23,10 @@ PLANS = ["ddp", "zero1", "zero2", "zero3", "mics:2", "p=1,g=2x1,os=4x1", "p=2x1,
          "p=1,g=1,os=2x1"]
 
 
-def predicted(amsp, plan):
+def predicted(amsp, plan, precision):
     out = subprocess.run(
         [amsp, "plan", "--model", "tiny", "--nodes", "1", "--gpus-per-node", str(RANKS),
-         "--precision", "fp32", "--seq-len", str(SEQ), "--micro-batch", str(BATCH),
+         "--precision", precision, "--seq-len", str(SEQ), "--micro-batch", str(BATCH),
          "--global-batch", str(SEQ * BATCH * ACCUM * RANKS), "--gpu-memory", "16GiB",
          "--bandwidth", os.path.join(os.path.dirname(__file__), "..", "..", "inputs", "bandwidth",
                                      "localcluster-2x4.json"),
@@ -35,33 +37,34 @@ def predicted(amsp, plan):
         if c["bytes_sent"] or c["bytes_received"]:
             sent[(c["group"], c["op"])] += c["bytes_sent"]
     m = p["memory"]
-    return dict(sent), m["params"] + m["grads"] + m["optimizer"]
+    return dict(sent), (m["params"] + m["grads"] + m["optimizer"], m["gathered"] + m["buckets"])
 
 
-def measured(amsp, mpiexec, data, work, plan):
+def measured(amsp, mpiexec, data, work, plan, precision):
     metrics = os.path.join(work, "bytes.jsonl")
     subprocess.run([mpiexec, "-n", str(RANKS), amsp, "train", "--model", "tiny", "--data", data,
                     "--steps", "2", "--seq-len", str(SEQ), "--batch-size", str(BATCH),
-                    "--grad-accum", str(ACCUM), "--shard", plan, "--eval-every", "0",
+                    "--grad-accum", str(ACCUM), "--shard", plan, "--precision", precision, "--eval-every", "0",
                     "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1",
                     "--metrics", metrics], check=True, stdout=subprocess.DEVNULL, timeout=120)
     rows = [json.loads(line) for line in open(metrics)]
     last = rows[-1]  # a whole step: every collective it issued, nothing else
     sent = {(g, op): s["bytes_sent"] for g, ops in last["comm"].items() for op, s in ops.items()
             if s["bytes_sent"]}
-    return sent, last["model_state_bytes"]
+    return sent, (last["model_state_bytes"], last["temporary_bytes"])
 
 
 def main():
     amsp, mpiexec, data, work = sys.argv[1:5]
     os.makedirs(work, exist_ok=True)
     passed = failed = 0
-    for plan in PLANS:
-        want, want_mem = predicted(amsp, plan)
-        got, got_mem = measured(amsp, mpiexec, data, work, plan)
+    for precision, plan in [(p, plan) for p in ("fp32", "bf16") for plan in PLANS]:
+        want, want_mem = predicted(amsp, plan, precision)
+        got, got_mem = measured(amsp, mpiexec, data, work, plan, precision)
         ok = want == got and want_mem == got_mem
-        print(f"{'ok  ' if ok else 'FAIL'} {plan:20s} bytes {sum(got.values()):>10} "
-              f"(predicted {sum(want.values()):>10}), model states {got_mem} (predicted {want_mem})")
+        print(f"{'ok  ' if ok else 'FAIL'} {precision} {plan:20s} bytes {sum(got.values()):>10} "
+              f"(predicted {sum(want.values()):>10}), model states {got_mem[0]} (predicted {want_mem[0]}), "
+              f"temporaries {got_mem[1]} (predicted {want_mem[1]})")
         if not ok:
             for key in sorted(set(want) | set(got)):
                 if want.get(key) != got.get(key):
