@@ -26,7 +26,7 @@ std::vector<std::string> split_list(const std::string& text) {
 int run_comm_bench(int argc, char** argv) {
   comm::BenchOptions o;
   std::string ops = "all_gather,reduce_scatter,all_reduce,broadcast", groups = "node,cross,world";
-  std::string min_bytes = "1K", max_bytes = "256M";
+  std::string min_bytes = "1K", max_bytes = "256M", dtype = "fp32";
   po::options_description desc("Options");
   desc.add_options()
       ("ops", po::value<std::string>(&ops)->default_value(ops)->value_name("LIST"),
@@ -37,6 +37,8 @@ int run_comm_bench(int argc, char** argv) {
            "smallest message (nccl-tests' size: the whole gathered/reduced buffer), e.g. 1K")
       ("max-bytes", po::value<std::string>(&max_bytes)->default_value(max_bytes)->value_name("SIZE"),
            "largest message, e.g. 256M or 1G")
+      ("dtype", po::value<std::string>(&dtype)->default_value(dtype)->value_name("TYPE"),
+           "element type of the messages: fp32 or bf16 (bf16 sums accumulate in fp32)")
       ("step-factor", po::value<int64_t>(&o.step_factor)->default_value(2)->value_name("INT"),
            "multiply the size by this between rows")
       ("iters", po::value<int>(&o.iters)->default_value(20)->value_name("INT"),
@@ -74,6 +76,10 @@ int run_comm_bench(int argc, char** argv) {
     else if (name == "world") o.shapes.push_back(comm::Shape::kWorld);
     else fail_usage("--groups ", name, ": expected node, cross or world");
   }
+  const auto type = parse_dtype(dtype);
+  if (!type || (*type != DType::kF32 && *type != DType::kBF16))
+    fail_usage("--dtype ", dtype, ": expected fp32 or bf16");
+  o.dtype = *type;
   require(!o.ops.empty(), "ops", ops, "at least one collective");
   require(!o.shapes.empty(), "groups", groups, "at least one group shape");
   o.min_bytes = comm::parse_bytes(min_bytes, "min-bytes");

@@ -15,7 +15,7 @@ void bcast_string(std::string* s, int root, MPI_Comm comm) {
 
 Outcome agree(const Outcome& mine, MPI_Comm comm) {
   int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   int first = mine.code ? rank : INT_MAX;
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
   if (first == INT_MAX) return {};

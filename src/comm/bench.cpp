@@ -21,6 +21,7 @@
 #include "comm/group.h"
 #include "core/error.h"
 #include "core/parse.h"
+#include "kernels/common/math.h"
 #include "topology/topology.h"
 
 namespace amsp::comm {
@@ -63,6 +64,15 @@ std::string format_bytes(int64_t b) {
     ++u;
   }
   return cat(static_cast<int64_t>(v), units[u]);
+}
+
+const char* nccl_type_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "float";
+    case DType::kBF16: return "bfloat16";
+    case DType::kI32: return "int32";
+  }
+  return "?";
 }
 
 std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes, int64_t factor) {
@@ -109,51 +119,85 @@ Layout discover_layout(int ranks_per_node) {
   return l;
 }
 
-// Deterministic, exactly summable data: small integers, so every reference
-// below is exact in fp32.
+// Deterministic, exactly summable data: small integers (at most 13 + ranks),
+// exact in fp32 and, up to 256, in bf16.
 float value(int rank, int64_t i) { return static_cast<float>((rank + 1) + (i % 13)); }
 
+// A message buffer of one element type, read and written as floats.
+class Buffer {
+ public:
+  Buffer(DType t, int64_t n, float fill) : type_(t) {
+    words_.resize(static_cast<size_t>((n * dtype_bytes(t) + 3) / 4));
+    for (int64_t i = 0; i < n; ++i) set(i, fill);
+  }
+  void* data() { return words_.data(); }
+  float get(int64_t i) const {
+    const char* p = reinterpret_cast<const char*>(words_.data()) + i * dtype_bytes(type_);
+    if (type_ == DType::kBF16) {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return kernels::bf16_to_float(h);
+    }
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  void set(int64_t i, float v) {
+    char* p = reinterpret_cast<char*>(words_.data()) + i * dtype_bytes(type_);
+    if (type_ == DType::kBF16) {
+      const uint16_t h = kernels::float_to_bf16(v);
+      std::memcpy(p, &h, 2);
+    } else {
+      std::memcpy(p, &v, 4);
+    }
+  }
+
+ private:
+  DType type_;
+  std::vector<uint32_t> words_;  // 4-byte words: aligned for either type
+};
+
+// The sum a reduction must produce: fp32 over ranks 0..n-1 in order, rounded
+// once to the element type (exact here: the data are small integers).
+float reference_sum(DType t, int n, int64_t i) {
+  float s = 0;
+  for (int r = 0; r < n; ++r) s += value(r, i);
+  return t == DType::kBF16 ? kernels::round_bf16(s) : s;
+}
+
 // The untimed correctness pass: returns this rank's wrong elements.
-int64_t check_op(Communicator& c, Op op, int64_t count) {
+int64_t check_op(Communicator& c, Op op, int64_t count, DType t) {
   const int n = c.size(), me = c.rank();
   int64_t wrong = 0;
   switch (op) {
     case Op::kAllGather: {
-      std::vector<float> send(count), recv(count * n, -1.0f);
-      for (int64_t i = 0; i < count; ++i) send[i] = value(me, i);
-      c.all_gather(send.data(), count, recv.data()).wait();
+      Buffer send(t, count, 0.0f), recv(t, count * n, -1.0f);
+      for (int64_t i = 0; i < count; ++i) send.set(i, value(me, i));
+      c.all_gather(send.data(), count, recv.data(), t).wait();
       for (int r = 0; r < n; ++r)
-        for (int64_t i = 0; i < count; ++i) wrong += recv[r * count + i] != value(r, i);
+        for (int64_t i = 0; i < count; ++i) wrong += recv.get(r * count + i) != value(r, i);
       break;
     }
     case Op::kReduceScatter: {
-      std::vector<float> send(count * n), recv(count, -1.0f);
-      for (int64_t i = 0; i < count * n; ++i) send[i] = value(me, i);
-      c.reduce_scatter(send.data(), count, recv.data()).wait();
-      for (int64_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int r = 0; r < n; ++r) want += value(r, me * count + i);
-        wrong += recv[i] != want;
-      }
+      Buffer send(t, count * n, 0.0f), recv(t, count, -1.0f);
+      for (int64_t i = 0; i < count * n; ++i) send.set(i, value(me, i));
+      c.reduce_scatter(send.data(), count, recv.data(), t).wait();
+      for (int64_t i = 0; i < count; ++i) wrong += recv.get(i) != reference_sum(t, n, me * count + i);
       break;
     }
     case Op::kAllReduce: {
-      std::vector<float> buf(count);
-      for (int64_t i = 0; i < count; ++i) buf[i] = value(me, i);
-      c.all_reduce(buf.data(), count).wait();
-      for (int64_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int r = 0; r < n; ++r) want += value(r, i);
-        wrong += buf[i] != want;
-      }
+      Buffer buf(t, count, 0.0f);
+      for (int64_t i = 0; i < count; ++i) buf.set(i, value(me, i));
+      c.all_reduce(buf.data(), count, t).wait();
+      for (int64_t i = 0; i < count; ++i) wrong += buf.get(i) != reference_sum(t, n, i);
       break;
     }
     case Op::kBroadcast: {
-      std::vector<float> buf(count, -1.0f);
+      Buffer buf(t, count, -1.0f);
       if (me == 0)
-        for (int64_t i = 0; i < count; ++i) buf[i] = value(0, i);
-      c.broadcast(buf.data(), count, 0).wait();
-      for (int64_t i = 0; i < count; ++i) wrong += buf[i] != value(0, i);
+        for (int64_t i = 0; i < count; ++i) buf.set(i, value(0, i));
+      c.broadcast(buf.data(), count, 0, t).wait();
+      for (int64_t i = 0; i < count; ++i) wrong += buf.get(i) != value(0, i);
       break;
     }
   }
@@ -161,14 +205,13 @@ int64_t check_op(Communicator& c, Op op, int64_t count) {
 }
 
 // Issues `k` ops back to back (like nccl-tests on a stream) and waits for the last.
-void run_ops(Communicator& c, Op op, int64_t count, int k, std::vector<float>& a,
-             std::vector<float>& b) {
+void run_ops(Communicator& c, Op op, int64_t count, DType t, int k, Buffer& a, Buffer& b) {
   for (int i = 0; i < k; ++i) {
     switch (op) {
-      case Op::kAllGather: c.all_gather(a.data(), count, b.data()); break;
-      case Op::kReduceScatter: c.reduce_scatter(a.data(), count, b.data()); break;
-      case Op::kAllReduce: c.all_reduce(a.data(), count); break;
-      case Op::kBroadcast: c.broadcast(a.data(), count, 0); break;
+      case Op::kAllGather: c.all_gather(a.data(), count, b.data(), t); break;
+      case Op::kReduceScatter: c.reduce_scatter(a.data(), count, b.data(), t); break;
+      case Op::kAllReduce: c.all_reduce(a.data(), count, t); break;
+      case Op::kBroadcast: c.broadcast(a.data(), count, 0, t); break;
     }
   }
   c.synchronize();
@@ -208,6 +251,10 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
 
   BandwidthTable table;
   table.cluster = opt.cluster.empty() ? default_cluster() : opt.cluster;
+  const DType dtype = opt.dtype;
+  const int64_t eb = dtype_bytes(dtype);
+  // The table's dtype keeps its historical spelling for fp32.
+  table.dtype = dtype == DType::kF32 ? "float32" : nccl_type_name(dtype);
   nlohmann::json results = nlohmann::json::array();
   int64_t total_wrong = 0;
   std::string backend;
@@ -215,7 +262,8 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
   if (root) {
     out << "# amsp comm-bench: " << layout.describe << "\n"
         << "# warmup " << opt.warmup << ", iters " << opt.iters << " (fewer above "
-        << opt.max_seconds_per_size << " s per size), float32, check " << (opt.check ? "on" : "off")
+        << opt.max_seconds_per_size << " s per size), " << table.dtype << ", check "
+        << (opt.check ? "on" : "off")
         << ", progress " << progress_name(session_progress()) << "\n";
   }
   std::vector<std::pair<int64_t, int64_t>> shapes_done;
@@ -263,33 +311,33 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
       for (int64_t bytes : sizes) {
         // Elements per call: per rank for all-gather and reduce-scatter.
         const bool blocked = op == Op::kAllGather || op == Op::kReduceScatter;
-        const int64_t count = blocked ? bytes / (4 * n) : bytes / 4;
+        const int64_t count = blocked ? bytes / (eb * n) : bytes / eb;
         if (count == 0) continue;
-        const int64_t size = bench_size_bytes(op, count, n);
+        const int64_t size = bench_size_bytes(op, count, n, eb);
         const int64_t total_count = blocked ? count * n : count;
 
-        int64_t wrong = opt.check ? check_op(*c, op, count) : 0;
+        int64_t wrong = opt.check ? check_op(*c, op, count, dtype) : 0;
         AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
         total_wrong += wrong;
 
-        std::vector<float> a(static_cast<size_t>(op == Op::kReduceScatter ? count * n : count), 0.0f);
-        std::vector<float> b(static_cast<size_t>(op == Op::kAllGather ? count * n : count), 0.0f);
+        Buffer a(dtype, op == Op::kReduceScatter ? count * n : count, 0.0f);
+        Buffer b(dtype, op == Op::kAllGather ? count * n : count, 0.0f);
         AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         // One warm-up op prices the size; the rest of the warm-up and the
         // timed iterations then fit the time budget.
         double t0 = now_seconds();
-        run_ops(*c, op, count, 1, a, b);
+        run_ops(*c, op, count, dtype, 1, a, b);
         const double t_warm = max_world(now_seconds() - t0);
         int warmup = opt.warmup - 1;
         if (opt.max_seconds_per_size > 0 && t_warm * warmup > opt.max_seconds_per_size / 2)
           warmup = static_cast<int>(opt.max_seconds_per_size / 2 / t_warm);
-        if (warmup > 0) run_ops(*c, op, count, warmup, a, b);
+        if (warmup > 0) run_ops(*c, op, count, dtype, warmup, a, b);
         int iters = opt.iters;
         if (opt.max_seconds_per_size > 0 && t_warm * iters > opt.max_seconds_per_size)
           iters = std::max(1, static_cast<int>(opt.max_seconds_per_size / t_warm));
         AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         t0 = now_seconds();
-        run_ops(*c, op, count, iters, a, b);
+        run_ops(*c, op, count, dtype, iters, a, b);
         const double t = max_world((now_seconds() - t0) / iters);
 
         const double algbw = static_cast<double>(size) / t / 1e9;
@@ -298,7 +346,8 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
         if (root) {
           char line[256];
           std::snprintf(line, sizeof line, "  %12lld %12lld %8s %6s %6s %12.1f %8.3f %8.3f %8lld\n",
-                        static_cast<long long>(size), static_cast<long long>(total_count), "float",
+                        static_cast<long long>(size), static_cast<long long>(total_count),
+                        nccl_type_name(dtype),
                         reduces ? "sum" : "none", op == Op::kBroadcast ? "0" : "-", t * 1e6, algbw,
                         busbw, static_cast<long long>(wrong));
           out << line << std::flush;
@@ -306,7 +355,8 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
         table.entries.push_back({op, p0, p1, size, t * 1e6, algbw, busbw});
         results.push_back({{"op", op_name(op)}, {"group", shape_name(shape)}, {"ranks", n},
                            {"ranks_per_node", p0}, {"nodes", p1}, {"size", size},
-                           {"count", total_count}, {"type", "float"},
+                           {"count", total_count}, {"type", nccl_type_name(dtype)},
+                           {"dtype", dtype_name(dtype)},
                            {"redop", reduces ? "sum" : "none"},
                            {"root", op == Op::kBroadcast ? 0 : -1}, {"time_us", t * 1e6},
                            {"algbw_GBps", algbw}, {"busbw_GBps", busbw}, {"wrong", wrong},
@@ -322,7 +372,8 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
                           {"ranks_per_node", layout.ranks_per_node}, {"nodes", layout.nodes},
                           {"layout", layout.describe}, {"backend", backend},
                           {"progress", progress_name(session_progress())},
-                          {"cluster", table.cluster}, {"wrong", total_wrong},
+                          {"cluster", table.cluster}, {"dtype", dtype_name(dtype)},
+                          {"wrong", total_wrong},
                           {"results", results}};
       std::ofstream f = open_output(opt.json_path);
       f << j.dump(1) << "\n";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/traffic.h"
+#include "core/dtype.h"
 
 namespace amsp::comm {
 
@@ -24,6 +25,7 @@ struct BenchOptions {
   int64_t min_bytes = 1 << 10;
   int64_t max_bytes = int64_t{256} << 20;
   int64_t step_factor = 2;      // sizes min, min*f, min*f^2, ... <= max
+  DType dtype = DType::kF32;    // element type of the messages: fp32 or bf16
   int iters = 20;
   int warmup = 5;
   double max_seconds_per_size = 1.0;  // fewer iterations for large sizes (0: always iters)
@@ -41,6 +43,10 @@ std::string format_bytes(int64_t bytes);
 
 // The sizes a run measures: min, min*f, ..., up to max (inclusive), and max itself.
 std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes, int64_t factor);
+
+// nccl-tests' name of an element type, as in its type column and in the
+// bandwidth table: "float", "bfloat16", "int32".
+const char* nccl_type_name(DType t);
 
 // Runs the benchmark over MPI_COMM_WORLD (collective; needs an MpiSession).
 // Rank 0 prints the tables to `out` and writes the files. Returns the number of

@@ -12,6 +12,9 @@
 
 namespace amsp::comm {
 
+// where() and abort_job() are the error path itself: their MPI calls are not
+// checked (a failure there could only recurse into abort_job).
+
 std::string where() {
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
@@ -44,11 +47,15 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
   char msg[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
   MPI_Error_string(rc, msg, &len);
+  call_failed(call, file, line, std::string(msg, len));
+}
+
+void call_failed(const char* call, const char* file, int line, const std::string& error) {
   // Name the function, not its arguments.
   std::string name = call;
   if (const auto paren = name.find('('); paren != std::string::npos) name.resize(paren);
   const char* base = std::strstr(file, "src/");
-  abort_job(cat(name, " failed at ", base ? base : file, ":", line, ": ", std::string(msg, len)));
+  abort_job(cat(name, " failed at ", base ? base : file, ":", line, ": ", error));
 }
 
 void set_errors_return(MPI_Comm comm) {

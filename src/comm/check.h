@@ -21,6 +21,11 @@ std::string where();
 // unless rc is MPI_SUCCESS. Use through AMSP_MPI_CHECK.
 void mpi_check(int rc, const char* call, const char* file, int line);
 
+// The common end of every check (MPI here; CUDA and NCCL in comm/nccl):
+// "<function> failed at <file>:<line>: <library's error string>", then abort_job.
+[[noreturn]] void call_failed(const char* call, const char* file, int line,
+                              const std::string& error);
+
 // Communicators the comm layer creates return errors instead of aborting inside
 // MPI, so that AMSP_MPI_CHECK can say where it happened.
 void set_errors_return(MPI_Comm comm);

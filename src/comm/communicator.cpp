@@ -16,7 +16,7 @@ double now_seconds() {
 }
 
 void Handle::wait() {
-  if (comm_ && seq_) comm_->wait_for(seq_, op_);
+  if (comm_ && seq_) comm_->wait_for(seq_, op_, dtype_);
 }
 
 bool Handle::test() { return !comm_ || !seq_ || comm_->done(seq_); }
@@ -31,57 +31,71 @@ double default_comm_timeout_s() {
 
 Communicator::Communicator() = default;
 
-Handle Communicator::all_gather(const float* send, int64_t count_per_rank, float* recv) {
-  return submit({Op::kAllGather, send, recv, count_per_rank, 0});
+Handle Communicator::all_gather(const void* send, int64_t count_per_rank, void* recv,
+                                DType dtype) {
+  return submit({Op::kAllGather, send, recv, count_per_rank, 0, dtype});
 }
-Handle Communicator::reduce_scatter(const float* send, int64_t count_per_rank, float* recv) {
-  return submit({Op::kReduceScatter, send, recv, count_per_rank, 0});
+Handle Communicator::reduce_scatter(const void* send, int64_t count_per_rank, void* recv,
+                                    DType dtype) {
+  return submit({Op::kReduceScatter, send, recv, count_per_rank, 0, dtype});
 }
-Handle Communicator::all_reduce(float* buf, int64_t count) {
-  return submit({Op::kAllReduce, buf, buf, count, 0});
+Handle Communicator::all_reduce(void* buf, int64_t count, DType dtype) {
+  return submit({Op::kAllReduce, buf, buf, count, 0, dtype});
 }
-Handle Communicator::broadcast(float* buf, int64_t count, int root) {
-  return submit({Op::kBroadcast, buf, buf, count, root});
+Handle Communicator::broadcast(void* buf, int64_t count, int root, DType dtype) {
+  return submit({Op::kBroadcast, buf, buf, count, root, dtype});
 }
 
 Handle Communicator::submit(const OpArgs& a) {
+  // Refused before anything is issued or counted; every rank of the group
+  // makes the same call, so every rank throws.
+  const bool reduces = a.op == Op::kReduceScatter || a.op == Op::kAllReduce;
+  if (reduces && a.dtype != DType::kF32 && a.dtype != DType::kBF16)
+    fail(op_name(a.op), " on group ", name(), ": cannot sum ", dtype_name(a.dtype),
+         " elements; reductions take fp32 or bf16 (", dtype_name(a.dtype),
+         " is for all_gather and broadcast)");
   if (a.count < 0 || a.count > INT_MAX)
     abort_job(cat(op_name(a.op), " on group ", name(), ": count ", a.count,
                   " outside [0, INT_MAX]"));
   if (a.op == Op::kBroadcast && (a.root < 0 || a.root >= size()))
     abort_job(cat("broadcast on group ", name(), ": root ", a.root, " outside the group of ",
                   size()));
-  const Traffic t = traffic_bytes(a.op, a.count, size(), rank(), a.root);
+  const Traffic t = traffic_bytes(a.op, a.count, size(), rank(), a.root, dtype_bytes(a.dtype));
   {
     std::lock_guard lock(stats_mu_);
     OpStats& s = stats_[a.op];
-    ++s.calls;
-    s.bytes_sent += t.sent;
-    s.bytes_received += t.received;
+    for (Counters* c : {static_cast<Counters*>(&s), &s[a.dtype]}) {
+      ++c->calls;
+      c->bytes_sent += t.sent;
+      c->bytes_received += t.received;
+    }
   }
   const uint64_t seq = issue(a);
   last_seq_ = seq;
   last_op_ = a.op;
-  return Handle(this, seq, a.op);
+  last_dtype_ = a.dtype;
+  return Handle(this, seq, a.op, a.dtype);
 }
 
 void Communicator::synchronize() {
-  if (last_seq_) wait_for(last_seq_, last_op_);
+  if (last_seq_) wait_for(last_seq_, last_op_, last_dtype_);
 }
 
-void Communicator::wait_for(uint64_t seq, Op op) {
+void Communicator::wait_for(uint64_t seq, Op op, DType dtype) {
   if (done(seq)) return;
   const double t0 = now_seconds();
   block_until(seq, timeout_s_ > 0 ? t0 + timeout_s_ : 0.0);
   const double t1 = now_seconds();
   std::lock_guard lock(stats_mu_);
   stats_[op].exposed_s += t1 - t0;
+  stats_[op][dtype].exposed_s += t1 - t0;
   if (trace_) trace_(op, t0, t1, true);
 }
 
-void Communicator::record_completion(Op op, double in_flight_s) {
+void Communicator::record_completion(Op op, DType dtype, double in_flight_s) {
   std::lock_guard lock(stats_mu_);
   stats_[op].in_flight_s += in_flight_s;
+  stats_[op][dtype].in_flight_s += in_flight_s;
   if (trace_) {
     const double now = now_seconds();
     trace_(op, now - in_flight_s, now, false);
@@ -101,7 +115,8 @@ void Communicator::reset_stats() {
 }
 
 void Communicator::timed_out(uint64_t seq, const OpArgs& a) const {
-  abort_job(cat("timeout: ", op_name(a.op), " (op #", seq, ", count ", a.count, ") on group ",
+  abort_job(cat("timeout: ", op_name(a.op), " (op #", seq, ", count ", a.count,
+                a.dtype == DType::kF32 ? "" : cat(" ", dtype_name(a.dtype)), ") on group ",
                 name(), " (", size(), " ranks, backend ", backend(),
                 ") did not complete within ", timeout_s_,
                 " s; another rank of the group is probably stuck or dead "

@@ -5,8 +5,10 @@
 // every earlier op on the communicator is done. Different communicators run
 // concurrently.
 //
-// Buffers are contiguous fp32 (host memory for the MPI backend, device memory
-// for the NCCL one) and must stay untouched until the op completes.
+// Buffers are contiguous arrays of one element type (core/dtype.h: fp32 by
+// default, bf16, int32), in host memory for the MPI backend and device memory
+// for the NCCL one, and must stay untouched until the op completes. Counts are
+// in elements of that type.
 //
 //   all_gather(send, c, recv)      recv[i*c .. (i+1)*c) = send of group rank i;
 //                                  send may be recv + rank*c (in place)
@@ -16,7 +18,13 @@
 //   broadcast(buf, n, root)        buf = root's buf
 //
 // Every rank of the group must issue the same ops in the same order with the
-// same counts. Zero counts are fine. all-gather and reduce-scatter take equal
+// same counts and dtypes. Zero counts are fine.
+//
+// Sums of bf16 accumulate in fp32 and round to bf16 once. On the MPI backend
+// the result is, for every element, round_bf16 of the fp32 sum over group ranks
+// 0, 1, ..., n-1 in that order: the same on every rank and whatever algorithm
+// MPI picks (doc/communication.md, "Element types"). int32 is for moving data
+// (all-gather, broadcast); reducing it throws amsp::Error. all-gather and reduce-scatter take equal
 // blocks: callers pad (comm/traffic.h: padded_count, real_part_of_block).
 //
 // The operations themselves are not thread-safe against each other on one
@@ -33,6 +41,7 @@
 #include "comm/group.h"
 #include "comm/stats.h"
 #include "comm/traffic.h"
+#include "core/dtype.h"
 
 namespace amsp::comm {
 
@@ -57,19 +66,22 @@ class Handle {
 
  private:
   friend class Communicator;
-  Handle(Communicator* comm, uint64_t seq, Op op) : comm_(comm), seq_(seq), op_(op) {}
+  Handle(Communicator* comm, uint64_t seq, Op op, DType dtype)
+      : comm_(comm), seq_(seq), op_(op), dtype_(dtype) {}
   Communicator* comm_ = nullptr;  // must outlive the handle
   uint64_t seq_ = 0;
   Op op_ = Op::kAllReduce;
+  DType dtype_ = DType::kF32;
 };
 
 // What an op was asked to do; backends see it in issue().
 struct OpArgs {
   Op op = Op::kAllReduce;
-  const float* send = nullptr;
-  float* recv = nullptr;  // also the buffer of all-reduce and broadcast
-  int64_t count = 0;      // per rank for all-gather / reduce-scatter, else the buffer
+  const void* send = nullptr;
+  void* recv = nullptr;  // also the buffer of all-reduce and broadcast
+  int64_t count = 0;     // elements: per rank for all-gather / reduce-scatter, else the buffer
   int root = 0;
+  DType dtype = DType::kF32;
 };
 
 // The interface both backends implement. Accounting (comm/stats.h) and the
@@ -78,10 +90,14 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
 
-  Handle all_gather(const float* send, int64_t count_per_rank, float* recv);
-  Handle reduce_scatter(const float* send, int64_t count_per_rank, float* recv);
-  Handle all_reduce(float* buf, int64_t count);
-  Handle broadcast(float* buf, int64_t count, int root);
+  // `dtype` says what the buffers hold (fp32 when omitted, so float callers
+  // read as before); bf16 buffers are uint16_t bit patterns (kernels/common/math.h).
+  Handle all_gather(const void* send, int64_t count_per_rank, void* recv,
+                    DType dtype = DType::kF32);
+  Handle reduce_scatter(const void* send, int64_t count_per_rank, void* recv,
+                        DType dtype = DType::kF32);
+  Handle all_reduce(void* buf, int64_t count, DType dtype = DType::kF32);
+  Handle broadcast(void* buf, int64_t count, int root, DType dtype = DType::kF32);
 
   // Waits for everything issued so far (exposed time goes to the last op).
   void synchronize();
@@ -120,14 +136,14 @@ class Communicator {
   virtual void block_until(uint64_t seq, double deadline) = 0;
 
   // For backends: an op completed after `in_flight_s` seconds.
-  void record_completion(Op op, double in_flight_s);
+  void record_completion(Op op, DType dtype, double in_flight_s);
   // For backends: aborts the job, naming the group, the op and how long it waited.
   [[noreturn]] void timed_out(uint64_t seq, const OpArgs& args) const;
 
  private:
   friend class Handle;
   Handle submit(const OpArgs& args);
-  void wait_for(uint64_t seq, Op op);
+  void wait_for(uint64_t seq, Op op, DType dtype);
 
   mutable std::mutex stats_mu_;
   Stats stats_;
@@ -135,6 +151,7 @@ class Communicator {
   double timeout_s_ = default_comm_timeout_s();
   uint64_t last_seq_ = 0;
   Op last_op_ = Op::kAllReduce;
+  DType last_dtype_ = DType::kF32;
 };
 
 // Seconds on a monotonic clock.

@@ -10,7 +10,7 @@ namespace amsp::comm {
 
 Group::Group(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
   // Named for MPI tools (debuggers, the PMPI byte counter of the engine tests).
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_set_name(comm_, name_.c_str());
+  if (comm_ != MPI_COMM_NULL) AMSP_MPI_CHECK(MPI_Comm_set_name(comm_, name_.c_str()));
   set_errors_return(comm_);
   AMSP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   AMSP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -18,8 +18,8 @@ Group::Group(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(nam
 
 Group::~Group() {
   int fin = 0;
-  MPI_Finalized(&fin);
-  if (comm_ != MPI_COMM_NULL && !fin) MPI_Comm_free(&comm_);
+  AMSP_MPI_CHECK(MPI_Finalized(&fin));
+  if (comm_ != MPI_COMM_NULL && !fin) AMSP_MPI_CHECK(MPI_Comm_free(&comm_));
 }
 
 Group::Group(Group&& o) noexcept

@@ -2,12 +2,23 @@
 // MPI's non-blocking collectives, and progressed either by a communication
 // thread shared by all communicators of the process or by the caller.
 // Measurements and reasoning: doc/communication.md.
+//
+// fp32 ops are one MPI collective each. A bf16 sum is done here rather than by
+// MPI (which has no bf16 type, and whose algorithms would round at every hop
+// in an order of their choosing): an op may therefore take several stages, an
+// MPI collective each followed by local work, all run by the poller:
+//   bf16 reduce-scatter  alltoall of the blocks; sum in fp32 in rank order, round
+//   bf16 all-reduce      the same on ceil(count/n)-element blocks of a padded
+//                        copy, then an in-place all-gather of the blocks
+// Each rank's bytes are those of a ring (comm/traffic.h).
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <thread>
@@ -17,6 +28,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/parse.h"
+#include "kernels/common/math.h"
 
 namespace amsp::comm {
 namespace {
@@ -124,13 +136,15 @@ class MpiCommunicator final : public Communicator {
         queue_.pop_front();
       }
       if (req_ == MPI_REQUEST_NULL) {
-        start(current_->args);
+        start(*current_);
         progressed = true;
       }
       int flag = 0;
       AMSP_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
       if (!flag) return {progressed, true};
-      record_completion(current_->args.op, now_seconds() - current_->t_issue);
+      progressed = true;
+      if (finish_stage(*current_)) continue;  // the op's next MPI call starts at once
+      record_completion(current_->args.op, current_->args.dtype, now_seconds() - current_->t_issue);
       {
         std::lock_guard lock(mu_);
         done_seq_.store(current_->seq, std::memory_order_release);
@@ -190,6 +204,7 @@ class MpiCommunicator final : public Communicator {
     uint64_t seq = 0;
     OpArgs args;
     double t_issue = 0;
+    int stage = 0;  // MPI calls of the op completed so far
   };
 
   OpArgs stuck_args(uint64_t seq) {
@@ -199,27 +214,111 @@ class MpiCommunicator final : public Communicator {
     return current_ ? current_->args : OpArgs{};
   }
 
-  void start(const OpArgs& a) {
+  static MPI_Datatype mpi_type(DType t) {
+    switch (t) {
+      case DType::kF32: return MPI_FLOAT;
+      case DType::kBF16: return MPI_UINT16_T;  // moved as bits; sums are ours
+      case DType::kI32: return MPI_INT32_T;
+    }
+    return MPI_DATATYPE_NULL;
+  }
+
+  static bool sums_bf16(const OpArgs& a) {
+    return a.dtype == DType::kBF16 && (a.op == Op::kReduceScatter || a.op == Op::kAllReduce);
+  }
+
+  // Starts the MPI call of p's current stage into req_.
+  void start(const Pending& p) {
+    const OpArgs& a = p.args;
     const MPI_Comm comm = group_.comm();
     const int n = static_cast<int>(a.count);
+    const MPI_Datatype type = mpi_type(a.dtype);
+    if (sums_bf16(a)) {
+      start_bf16_sum(p);
+      return;
+    }
     switch (a.op) {
       case Op::kAllGather: {
-        const bool in_place = a.send == a.recv + a.count * rank();
-        AMSP_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : a.send, n, MPI_FLOAT, a.recv, n,
-                                      MPI_FLOAT, comm, &req_));
+        const bool in_place = static_cast<const char*>(a.send) ==
+                              static_cast<const char*>(a.recv) + a.count * rank() * dtype_bytes(a.dtype);
+        AMSP_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : a.send, n, type, a.recv, n, type,
+                                      comm, &req_));
         break;
       }
       case Op::kReduceScatter:
-        AMSP_MPI_CHECK(
-            MPI_Ireduce_scatter_block(a.send, a.recv, n, MPI_FLOAT, MPI_SUM, comm, &req_));
+        AMSP_MPI_CHECK(MPI_Ireduce_scatter_block(a.send, a.recv, n, type, MPI_SUM, comm, &req_));
         break;
       case Op::kAllReduce:
-        AMSP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, a.recv, n, MPI_FLOAT, MPI_SUM, comm, &req_));
+        AMSP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, a.recv, n, type, MPI_SUM, comm, &req_));
         break;
       case Op::kBroadcast:
-        AMSP_MPI_CHECK(MPI_Ibcast(a.recv, n, MPI_FLOAT, a.root, comm, &req_));
+        AMSP_MPI_CHECK(MPI_Ibcast(a.recv, n, type, a.root, comm, &req_));
         break;
     }
+  }
+
+  // bf16 sums. Stage 0: every rank sends block r of its input to rank r
+  // (alltoall), so each rank holds the n contributions to its own block, as
+  // bf16: (n-1) blocks out and in, the bytes of a ring reduce-scatter. Stage 1
+  // (all-reduce only): all-gather the summed blocks in place.
+  void start_bf16_sum(const Pending& p) {
+    const OpArgs& a = p.args;
+    const int64_t n = size();
+    const int64_t block = a.op == Op::kReduceScatter ? a.count : block_count(a.count, n);
+    if (p.stage == 0) {
+      const uint16_t* send = static_cast<const uint16_t*>(a.send);
+      if (a.op == Op::kAllReduce && block * n != a.count) {
+        // Pad a copy to n equal blocks; the summed blocks are gathered in it.
+        padded_.assign(static_cast<size_t>(block * n), 0);
+        std::copy_n(send, a.count, padded_.begin());
+        send = padded_.data();
+      }
+      blocks_.resize(static_cast<size_t>(block * n));
+      AMSP_MPI_CHECK(MPI_Ialltoall(send, static_cast<int>(block), MPI_UINT16_T, blocks_.data(),
+                                   static_cast<int>(block), MPI_UINT16_T, group_.comm(), &req_));
+      return;
+    }
+    AMSP_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, static_cast<int>(block), MPI_UINT16_T,
+                                  gather_target(a), static_cast<int>(block), MPI_UINT16_T,
+                                  group_.comm(), &req_));
+  }
+
+  // Where a bf16 all-reduce gathers its blocks: the caller's buffer when the
+  // count splits evenly, else the padded copy.
+  uint16_t* gather_target(const OpArgs& a) {
+    return a.count % size() == 0 ? static_cast<uint16_t*>(a.recv) : padded_.data();
+  }
+
+  // Local work after the MPI call of p's current stage completed. Returns true
+  // when the op has another stage (then req_ is free to start it).
+  bool finish_stage(Pending& p) {
+    const OpArgs& a = p.args;
+    if (!sums_bf16(a)) return false;
+    const int64_t n = size();
+    if (p.stage == 0) {
+      const int64_t block = a.op == Op::kReduceScatter ? a.count : block_count(a.count, n);
+      uint16_t* out = a.op == Op::kReduceScatter ? static_cast<uint16_t*>(a.recv)
+                                                 : gather_target(a) + rank() * block;
+      sum_blocks_bf16(blocks_.data(), n, block, out);
+      if (a.op == Op::kReduceScatter) return false;
+      p.stage = 1;
+      return true;
+    }
+    if (a.count % n != 0)
+      std::copy_n(padded_.begin(), a.count, static_cast<uint16_t*>(a.recv));
+    return false;
+  }
+
+  // out[i] = bf16 of (blocks[0][i] + blocks[1][i] + ... + blocks[n-1][i])
+  // summed in fp32 in that order: one rounding, the same on every rank.
+  void sum_blocks_bf16(const uint16_t* blocks, int64_t n, int64_t block, uint16_t* out) {
+    acc_.resize(static_cast<size_t>(block));
+    for (int64_t i = 0; i < block; ++i) acc_[i] = kernels::bf16_to_float(blocks[i]);
+    for (int64_t r = 1; r < n; ++r) {
+      const uint16_t* b = blocks + r * block;
+      for (int64_t i = 0; i < block; ++i) acc_[i] += kernels::bf16_to_float(b[i]);
+    }
+    for (int64_t i = 0; i < block; ++i) out[i] = kernels::float_to_bf16(acc_[i]);
   }
 
   Group group_;
@@ -232,9 +331,12 @@ class MpiCommunicator final : public Communicator {
   std::deque<Pending> queue_;  // issued, not started
   std::atomic<uint64_t> done_seq_{0};
 
-  // The poller's: the op in flight.
+  // The poller's: the op in flight, and the scratch of bf16 sums.
   std::optional<Pending> current_;
   MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<uint16_t> blocks_;  // the n contributions to this rank's block
+  std::vector<uint16_t> padded_;  // an all-reduce's buffer padded to n blocks
+  std::vector<float> acc_;        // the fp32 sums
 };
 
 void Engine::add(MpiCommunicator* c) {
@@ -310,7 +412,7 @@ MpiSession::MpiSession(int* argc, char*** argv) : progress_(progress_from_env())
   // MPICH reads its control variables in MPI_Init.
   if (progress_ == Progress::kMpiAsync) setenv("MPICH_ASYNC_PROGRESS", "1", 1);
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  AMSP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   if (provided < MPI_THREAD_MULTIPLE)
     abort_job(cat("the MPI library provides thread level ", provided,
                   "; amsp's communication layer needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
@@ -318,6 +420,6 @@ MpiSession::MpiSession(int* argc, char*** argv) : progress_(progress_from_env())
   g_session_progress = progress_;
 }
 
-MpiSession::~MpiSession() { MPI_Finalize(); }
+MpiSession::~MpiSession() { AMSP_MPI_CHECK(MPI_Finalize()); }
 
 }  // namespace amsp::comm

@@ -8,24 +8,37 @@
 #include "comm/check.h"
 #include "core/error.h"
 
-// The CUDA and NCCL members of the check family (comm/check.h): name the call,
-// file:line, rank, host and the library's error string, then abort the job.
-#define AMSP_CUDA_CHECK(call)                                                           \
-  do {                                                                                  \
-    const cudaError_t amsp_rc_ = (call);                                                \
-    if (amsp_rc_ != cudaSuccess)                                                        \
-      ::amsp::comm::abort_job(::amsp::cat(#call, " failed at ", __FILE__, ":", __LINE__, \
-                                          ": ", cudaGetErrorString(amsp_rc_)));         \
-  } while (0)
-#define AMSP_NCCL_CHECK(call)                                                           \
-  do {                                                                                  \
-    const ncclResult_t amsp_rc_ = (call);                                               \
-    if (amsp_rc_ != ncclSuccess && amsp_rc_ != ncclInProgress)                          \
-      ::amsp::comm::abort_job(::amsp::cat(#call, " failed at ", __FILE__, ":", __LINE__, \
-                                          ": ", ncclGetErrorString(amsp_rc_)));         \
-  } while (0)
+// The CUDA and NCCL members of the check family (comm/check.h): one line naming
+// the function, file:line, rank, host and the library's error string, then the
+// job ends. Every CUDA and NCCL call of this file goes through them, except the
+// ncclCommAbort calls on the way to abort_job (the error being reported is the
+// one that matters).
+#define AMSP_CUDA_CHECK(call) ::amsp::comm::cuda_check((call), #call, __FILE__, __LINE__)
+#define AMSP_NCCL_CHECK(call) ::amsp::comm::nccl_check((call), #call, __FILE__, __LINE__)
 
 namespace amsp::comm {
+namespace {
+
+void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc != cudaSuccess) call_failed(call, file, line, cudaGetErrorString(rc));
+}
+
+// ncclInProgress is how a non-blocking communicator says "issued".
+void nccl_check(ncclResult_t rc, const char* call, const char* file, int line) {
+  if (rc != ncclSuccess && rc != ncclInProgress)
+    call_failed(call, file, line, ncclGetErrorString(rc));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kI32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+}  // namespace
 
 NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
     : group_(std::move(group)), compute_(compute) {
@@ -40,10 +53,10 @@ NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
 NcclCommunicator::~NcclCommunicator() {
   synchronize();
   retire();
-  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-  if (ready_) cudaEventDestroy(ready_);
-  if (comm_) ncclCommDestroy(comm_);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (cudaEvent_t e : free_events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
+  if (ready_) AMSP_CUDA_CHECK(cudaEventDestroy(ready_));
+  if (comm_) AMSP_NCCL_CHECK(ncclCommDestroy(comm_));
+  if (stream_) AMSP_CUDA_CHECK(cudaStreamDestroy(stream_));
 }
 
 cudaEvent_t NcclCommunicator::take_event() {
@@ -64,18 +77,21 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   InFlight f{next_seq_++, a, take_event(), take_event()};
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
   const size_t n = static_cast<size_t>(a.count);
+  // bf16 sums are NCCL's own (its reduction order and rounding, not the MPI
+  // backend's rank-order fp32 sum).
+  const ncclDataType_t type = nccl_type(a.dtype);
   switch (a.op) {
     case Op::kAllGather:  // in place when send == recv + rank * count, as NCCL defines
-      AMSP_NCCL_CHECK(ncclAllGather(a.send, a.recv, n, ncclFloat, comm_, stream_));
+      AMSP_NCCL_CHECK(ncclAllGather(a.send, a.recv, n, type, comm_, stream_));
       break;
     case Op::kReduceScatter:
-      AMSP_NCCL_CHECK(ncclReduceScatter(a.send, a.recv, n, ncclFloat, ncclSum, comm_, stream_));
+      AMSP_NCCL_CHECK(ncclReduceScatter(a.send, a.recv, n, type, ncclSum, comm_, stream_));
       break;
     case Op::kAllReduce:
-      AMSP_NCCL_CHECK(ncclAllReduce(a.recv, a.recv, n, ncclFloat, ncclSum, comm_, stream_));
+      AMSP_NCCL_CHECK(ncclAllReduce(a.recv, a.recv, n, type, ncclSum, comm_, stream_));
       break;
     case Op::kBroadcast:
-      AMSP_NCCL_CHECK(ncclBroadcast(a.recv, a.recv, n, ncclFloat, a.root, comm_, stream_));
+      AMSP_NCCL_CHECK(ncclBroadcast(a.recv, a.recv, n, type, a.root, comm_, stream_));
       break;
   }
   AMSP_CUDA_CHECK(cudaEventRecord(f.end, stream_));
@@ -93,7 +109,7 @@ void NcclCommunicator::retire() {
     // compute it waited for) to its end.
     float ms = 0;
     AMSP_CUDA_CHECK(cudaEventElapsedTime(&ms, f.start, f.end));
-    record_completion(f.args.op, ms * 1e-3);
+    record_completion(f.args.op, f.args.dtype, ms * 1e-3);
     free_events_.push_back(f.start);
     free_events_.push_back(f.end);
     done_seq_ = f.seq;

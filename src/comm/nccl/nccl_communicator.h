@@ -1,5 +1,6 @@
 // The NCCL backend of the communicator interface (comm/communicator.h), built
-// only with -DAMSP_CUDA=ON. Buffers are device memory. Each communicator has
+// only with -DAMSP_CUDA=ON. Buffers are device memory, of the op's dtype
+// (ncclFloat32, ncclBfloat16, ncclInt32). Each communicator has
 // its own CUDA stream: an op first waits (on the GPU) for everything issued so
 // far on the compute stream, so it sees the gradients compute just wrote, and
 // the stream keeps ops in issue order. Handle::wait blocks the host until the
