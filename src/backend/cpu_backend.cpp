@@ -1,0 +1,415 @@
+// The CPU backend's memory, host transfers, ordering, communicators and
+// peak, the elementwise operations, and the kernels that take activations
+// only. The kernels whose parameters or gradients may be bf16 are in
+// cpu_backend_params.cpp. cpu_backend.h states the semantics.
+#include "backend/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu_checks.h"
+#include "kernels/cpu/ops.h"
+
+namespace amsp::backend {
+
+using namespace cpu;
+
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+// Bytes rounded up to a multiple of kAlign (std::aligned_alloc wants that), at least kAlign.
+int64_t padded(int64_t bytes) { return std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign); }
+
+void* aligned_or_fail(int64_t bytes, const char* what) {
+  void* p = std::aligned_alloc(kAlign, static_cast<size_t>(padded(bytes)));
+  if (p == nullptr) fail("cpu backend: cannot allocate ", bytes, " bytes for ", what);
+  return p;
+}
+
+}  // namespace
+
+struct CpuBackend::Counters {
+  std::atomic<int64_t> in_use{0};
+  std::atomic<int64_t> peak{0};
+};
+
+CpuBackend::CpuBackend(DType compute) : Backend(compute), counters_(std::make_shared<Counters>()) {
+  if (compute != DType::kF32 && compute != DType::kBF16)
+    fail("cpu backend: compute dtype ", dtype_name(compute), " is not fp32 or bf16");
+}
+
+CpuBackend::~CpuBackend() {
+  for (Block& b : scratch_) std::free(b.data);
+}
+
+std::string CpuBackend::describe() const {
+  const int threads = omp_get_max_threads();
+  return cat("cpu (OpenBLAS ", kernels::blas_core_name(), ", ", threads,
+             threads == 1 ? " thread)" : " threads)");
+}
+
+// ---- memory ----------------------------------------------------------------------
+
+Buffer CpuBackend::alloc(DType dtype, int64_t count) {
+  if (count < 0) fail("alloc: count ", count, " is negative");
+  if (count == 0) return Buffer(View{nullptr, dtype, 0, Device::kCpu}, {});
+  const int64_t bytes = product("alloc", {count, dtype_bytes(dtype)});
+  void* p = aligned_or_fail(bytes, cat(count, " ", dtype_name(dtype), " elements").c_str());
+  std::memset(p, 0, static_cast<size_t>(bytes));
+  const int64_t now = counters_->in_use.fetch_add(bytes) + bytes;
+  int64_t peak = counters_->peak.load();
+  while (now > peak && !counters_->peak.compare_exchange_weak(peak, now)) {
+  }
+  std::shared_ptr<Counters> counters = counters_;
+  return Buffer(View{p, dtype, count, Device::kCpu}, [counters](void* data, int64_t n) {
+    std::free(data);
+    counters->in_use.fetch_sub(n);
+  });
+}
+
+MemoryStats CpuBackend::memory() const {
+  return MemoryStats{counters_->in_use.load(), counters_->peak.load()};
+}
+
+void* CpuBackend::scratch(Slot slot, int64_t bytes) {
+  Block& b = scratch_[slot];
+  if (b.bytes < bytes) {
+    std::free(b.data);
+    b = Block{};
+    b.data = aligned_or_fail(bytes, "the conversion workspace");
+    b.bytes = padded(bytes);
+  }
+  return b.data;
+}
+
+int64_t CpuBackend::workspace_bytes() const {
+  int64_t total = 0;
+  for (const Block& b : scratch_) total += b.bytes;
+  return total;
+}
+
+void CpuBackend::to_host(const View& src, float* dst) {
+  expect_float("to_host", "src", src);
+  if (src.count == 0) return;
+  if (src.dtype == DType::kF32)
+    std::memcpy(dst, src.data, static_cast<size_t>(src.bytes()));
+  else
+    widen(src.bf16(), dst, src.count);
+}
+
+void CpuBackend::from_host(const float* src, const View& dst) {
+  expect_float("from_host", "dst", dst);
+  if (dst.count == 0) return;
+  if (dst.dtype == DType::kF32)
+    std::memcpy(dst.data, src, static_cast<size_t>(dst.bytes()));
+  else
+    round_to_bf16(src, dst.bf16(), dst.count);
+}
+
+void CpuBackend::from_host(const int32_t* src, const View& dst) {
+  expect("from_host", "dst", dst, DType::kI32);
+  if (dst.count > 0) std::memcpy(dst.data, src, static_cast<size_t>(dst.bytes()));
+}
+
+// ---- ordering: every call has finished its work when it returns ---------------------
+
+Event CpuBackend::record() { return Event{++last_event_}; }
+
+void CpuBackend::wait(const Event& event) {
+  if (event.id > last_event_)
+    fail("wait: event ", event.id, " was not recorded by this backend (last: ", last_event_, ")");
+}
+
+void CpuBackend::synchronize() {}
+
+std::unique_ptr<comm::Communicator> CpuBackend::make_communicator(comm::Group group) {
+  return comm::make_mpi_communicator(std::move(group));
+}
+
+double CpuBackend::peak_flops() {
+  const int n = 1536, repeats = 4;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  double best = 0.0;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s);  // r = 0 warms up
+  }
+  return best;
+}
+
+// ---- elementwise and reductions ----------------------------------------------------
+
+void CpuBackend::fill_zero(const View& x) {
+  check_device("fill_zero", "x", x);
+  if (x.count > 0) std::memset(x.data, 0, static_cast<size_t>(x.bytes()));
+}
+
+void CpuBackend::copy(const View& src, const View& dst) {
+  check_device("copy", "src", src);
+  check_device("copy", "dst", dst);
+  if (src.count != dst.count) fail("copy: src holds ", src.count, " elements, dst ", dst.count);
+  if (src.dtype == dst.dtype) {
+    if (src.count > 0) std::memmove(dst.data, src.data, static_cast<size_t>(src.bytes()));
+    return;
+  }
+  expect_float("copy", "src", src);
+  expect_float("copy", "dst", dst);
+  if (src.dtype == DType::kF32)
+    round_to_bf16(src.f32(), dst.bf16(), src.count);
+  else
+    widen(src.bf16(), dst.f32(), src.count);
+}
+
+void CpuBackend::add(const View& dst, const View& src) {
+  expect_float("add", "dst", dst);
+  expect_float("add", "src", src);
+  if (src.count != dst.count) fail("add: dst holds ", dst.count, " elements, src ", src.count);
+  const int64_t n = dst.count;
+  if (dst.dtype == DType::kF32 && src.dtype == DType::kF32) {
+    kernels::add_inplace(dst.f32(), src.f32(), n);
+  } else if (dst.dtype == DType::kF32) {
+    float* d = dst.f32();
+    const uint16_t* s = src.bf16();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += kernels::bf16_to_float(s[i]);
+  } else if (src.dtype == DType::kF32) {
+    accumulate_gradient(dst, src.f32(), n);
+  } else {
+    uint16_t* d = dst.bf16();
+    const uint16_t* s = src.bf16();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = kernels::float_to_bf16(kernels::bf16_to_float(d[i]) + kernels::bf16_to_float(s[i]));
+  }
+}
+
+namespace {
+
+// Squares summed in double over fixed chunks, then the chunks in order: the
+// order engine/optimizer.cpp's sum_squares has always used.
+template <typename Load>
+double chunked_sum_squares(int64_t n, Load load) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    double s = 0.0;
+    for (int64_t i = lo; i < hi; ++i) {
+      const double x = load(i);
+      s += x * x;
+    }
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+}  // namespace
+
+double CpuBackend::sum_squares(const View& x) {
+  expect_float("sum_squares", "x", x);
+  if (x.dtype == DType::kF32) {
+    const float* p = x.f32();
+    return chunked_sum_squares(x.count, [p](int64_t i) { return static_cast<double>(p[i]); });
+  }
+  const uint16_t* p = x.bf16();
+  return chunked_sum_squares(
+      x.count, [p](int64_t i) { return static_cast<double>(kernels::bf16_to_float(p[i])); });
+}
+
+// ---- RoPE ---------------------------------------------------------------------------
+
+namespace {
+
+void check_head_dim(const char* kernel, int64_t head_dim) {
+  if (head_dim % 2 != 0) fail(kernel, ": head_dim ", head_dim, " is odd");
+}
+
+void check_rope(const char* kernel, const View& x, const View& cos, const View& sin, int64_t B,
+                int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) {
+  check_sizes(
+      kernel,
+      {{"B", B}, {"T", T}, {"heads", heads}, {"head_dim", head_dim}, {"row_stride", row_stride}});
+  check_head_dim(kernel, head_dim);
+  expect(kernel, "x", x, DType::kF32);
+  expect(kernel, "cos", cos, DType::kF32);
+  expect(kernel, "sin", sin, DType::kF32);
+  const int64_t width = product(kernel, {heads, head_dim}), rows = product(kernel, {B, T});
+  if (width > row_stride)
+    fail(kernel, ": ", heads, " heads of ", head_dim, " do not fit in rows of ", row_stride);
+  need(kernel, "cos", cos, product(kernel, {T, head_dim / 2}));
+  need(kernel, "sin", sin, product(kernel, {T, head_dim / 2}));
+  if (rows > 0) need(kernel, "x", x, product(kernel, {rows - 1, row_stride}) + width);
+}
+
+}  // namespace
+
+void CpuBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
+                            double theta) {
+  const char* k = "rope_table";
+  check_sizes(k, {{"max_T", max_T}, {"head_dim", head_dim}});
+  check_head_dim(k, head_dim);
+  expect(k, "cos", cos, DType::kF32);
+  expect(k, "sin", sin, DType::kF32);
+  need(k, "cos", cos, product(k, {max_T, head_dim / 2}));
+  need(k, "sin", sin, product(k, {max_T, head_dim / 2}));
+  kernels::rope_table(cos.f32(), sin.f32(), max_T, head_dim, theta);
+}
+
+void CpuBackend::rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                              int64_t heads, int64_t head_dim, int64_t row_stride) {
+  check_rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
+  kernels::rope_forward(x.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
+}
+
+void CpuBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B,
+                               int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) {
+  check_rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
+  kernels::rope_backward(dx.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
+}
+
+// ---- attention ------------------------------------------------------------------------
+
+int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const {
+  return product("attention_saved_count", {B, H, T, T});
+}
+
+namespace {
+
+void check_attention_shape(const char* kernel, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D) {
+  check_sizes(kernel, {{"B", B}, {"T", T}});
+  if (H <= 0 || KV <= 0 || D <= 0)
+    fail(kernel, ": H = ", H, ", KV = ", KV, " and D = ", D, " must be positive");
+  if (H % KV != 0) fail(kernel, ": ", H, " query heads do not share ", KV, " kv heads evenly");
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
+                                   const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                   int64_t D) {
+  const char* kn = "attention_forward";
+  check_attention_shape(kn, B, T, H, KV, D);
+  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}});
+  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
+  need(kn, "q", q, nq);
+  need(kn, "k", k, nkv);
+  need(kn, "v", v, nkv);
+  need(kn, "saved", saved, attention_saved_count(B, T, H));
+  need(kn, "out", out, nq);
+  kernels::attention_forward(q.f32(), k.f32(), v.f32(), saved.f32(), out.f32(), B, T, H, KV, D);
+}
+
+void CpuBackend::attention_backward(const View& q, const View& k, const View& v, const View& saved,
+                                    const View& /*out: not needed*/, const View& dout,
+                                    const View& dq, const View& dk, const View& dv, int64_t B,
+                                    int64_t T, int64_t H, int64_t KV, int64_t D) {
+  const char* kn = "attention_backward";
+  check_attention_shape(kn, B, T, H, KV, D);
+  expect_all(kn, DType::kF32,
+             {{"q", q},
+              {"k", k},
+              {"v", v},
+              {"saved", saved},
+              {"dout", dout},
+              {"dq", dq},
+              {"dk", dk},
+              {"dv", dv}});
+  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
+  need(kn, "q", q, nq);
+  need(kn, "k", k, nkv);
+  need(kn, "v", v, nkv);
+  need(kn, "saved", saved, attention_saved_count(B, T, H));
+  need(kn, "dout", dout, nq);
+  need(kn, "dq", dq, nq);
+  need(kn, "dk", dk, nkv);
+  need(kn, "dv", dv, nkv);
+  kernels::attention_backward(q.f32(), k.f32(), v.f32(), saved.f32(), dout.f32(), dq.f32(),
+                              dk.f32(), dv.f32(), B, T, H, KV, D);
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------
+
+void CpuBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
+  const char* k = "swiglu_forward";
+  expect(k, "gate", gate, DType::kF32);
+  expect(k, "up", up, DType::kF32);
+  expect(k, "out", out, DType::kF32);
+  if (up.count != gate.count || out.count != gate.count)
+    fail(k, ": gate, up and out hold ", gate.count, ", ", up.count, " and ", out.count,
+         " elements; they must be equal");
+  kernels::swiglu_forward(gate.f32(), up.f32(), out.f32(), gate.count);
+}
+
+void CpuBackend::swiglu_backward(const View& gate, const View& up, const View& dout,
+                                 const View& dgate, const View& dup) {
+  const char* k = "swiglu_backward";
+  const std::initializer_list<Arg> args = {
+      {"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}};
+  expect_all(k, DType::kF32, args);
+  for (const Arg& a : args)
+    if (a.view.count != gate.count)
+      fail(k, ": ", a.name, " holds ", a.view.count, " elements, gate ", gate.count,
+           "; they must be equal");
+  kernels::swiglu_backward(gate.f32(), up.f32(), dout.f32(), dgate.f32(), dup.f32(), gate.count);
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------
+
+namespace {
+
+void check_cross_entropy(const char* k, const View& logits, const View& targets, const View& lse,
+                         int64_t rows, int64_t V) {
+  check_sizes(k, {{"rows", rows}});
+  if (V <= 0) fail(k, ": vocabulary size ", V, " must be positive");
+  expect(k, "logits", logits, DType::kF32);
+  expect(k, "targets", targets, DType::kI32);
+  expect(k, "lse", lse, DType::kF32);
+  need(k, "logits", logits, product(k, {rows, V}));
+  need(k, "targets", targets, rows);
+  need(k, "lse", lse, rows);
+}
+
+}  // namespace
+
+LossSum CpuBackend::cross_entropy_forward(const View& logits, const View& targets, const View& lse,
+                                          int64_t rows, int64_t V) {
+  check_cross_entropy("cross_entropy_forward", logits, targets, lse, rows, V);
+  LossSum loss;
+  loss.sum =
+      kernels::cross_entropy_forward(logits.f32(), targets.i32(), lse.f32(), rows, V, &loss.count);
+  return loss;
+}
+
+void CpuBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse,
+                                        int64_t rows, int64_t V, float scale) {
+  check_cross_entropy("cross_entropy_backward", logits, targets, lse, rows, V);
+  // The forward rejected targets >= V; a backward called without it must too.
+  const int32_t* t = targets.i32();
+  for (int64_t r = 0; r < rows; ++r)
+    if (t[r] >= V)
+      fail("cross_entropy_backward: target ", t[r], " at row ", r, " is outside the vocabulary of ",
+           V);
+  kernels::cross_entropy_backward(logits.f32(), t, lse.f32(), rows, V, scale);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(DType compute) {
+  return std::make_unique<CpuBackend>(compute);
+}
+
+}  // namespace amsp::backend

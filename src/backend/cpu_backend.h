@@ -1,0 +1,186 @@
+// The CPU backend: the reference implementation of backend/backend.h, on
+// kernels/cpu (OpenBLAS sgemm + OpenMP) and MPI communicators.
+//
+// fp32. With compute() == kF32 and fp32 parameters and gradients every kernel
+// is a direct call of the kernels/cpu function with the views' pointers, so its
+// results are bit-identical to calling that function (the PyTorch comparisons
+// of the test suite rest on it). sum_squares sums squares in double over fixed
+// chunks of 16384 elements and then the chunks in order, as the engine's
+// optimizer always has; adamw is adamw_update_element per element, with the
+// gradient first multiplied by grad_scale in fp32 when grad_scale != 1 (the
+// same arithmetic as scaling the gradient in place and then updating).
+//
+// bf16. bf16 is a storage format here: every value is widened to fp32 (exactly)
+// before arithmetic, and rounded to nearest even when stored.
+//   - Weights, norm weights and the embedding table may be bf16: they are
+//     widened into a workspace the backend owns and the fp32 kernel runs on the
+//     copy (embedding_forward widens the rows it gathers straight into `out`,
+//     the same values without a copy of the table).
+//   - compute() == kBF16 changes the three linear kernels only. Both inputs are
+//     rounded to bf16 (fp32 weights and all activations; bf16 weights already
+//     are), sgemm accumulates the exact bf16 x bf16 products in fp32, the
+//     product is rounded to bf16, and beta * y is added in fp32:
+//         y  = round(round(x) round(W)^T)   + beta * y
+//         dx = round(round(dy) round(W))    + beta * dx
+//         dw = dw + round(round(dy)^T round(x))    (stored in dw's dtype)
+//     With beta == 0, y (dx) is not read, as with BLAS. Attention, norms,
+//     softmax, losses and the optimizer compute in fp32 whatever compute() is.
+//   - Gradients of parameters may be bf16 (dw of linear_backward_weight and
+//     rmsnorm_backward, dtable of embedding_backward). The call's whole
+//     contribution is computed in fp32, then each element is stored once as
+//     round(dw + contribution): one rounding per element per call, never one
+//     per summand. embedding_backward into a bf16 table groups rows by token
+//     (a counting sort, stable in row order), sums each token's rows in fp32 in
+//     row order and adds the sum to the table row, in parallel over tokens.
+//   - copy() converts with round to nearest even (bf16 <-> fp32; int32 only to
+//     int32); add() computes dst + src in fp32 and rounds to dst's dtype.
+//   - adamw: master, m and v fp32; grad fp32 or bf16; param_copy empty, fp32 or
+//     bf16, written from the updated master.
+//   - to_host widens, from_host rounds.
+//
+// Attention keeps the softmax probabilities: attention_saved_count is
+// B * H * T * T, and attention_backward does not read `out`.
+//
+// Checks. Every kernel checks the dtype and device of each view it is given and
+// that each view holds the elements the kernel will touch, and fails with one
+// line naming the kernel and the view (amsp::Error); token ids are checked
+// against the table. A too-small view is an Error, never a stray write.
+//
+// Determinism. OpenMP loops use static schedules and there are no floating
+// atomics: the same inputs give bit-identical outputs with the same thread
+// count (and, for everything but sgemm, whatever the thread count).
+//
+// Ordering. Every call returns when its work is done, so record() only numbers
+// points of the stream, and wait() and synchronize() have nothing to wait for.
+//
+// Memory. alloc() returns zeroed, 64-byte-aligned host memory; memory() counts
+// the bytes of live buffers (a buffer may outlive the backend). The conversion
+// workspace is not allocated through alloc() and is not counted there
+// (workspace_bytes()); it grows to the largest request and is then reused: at
+// most the rounded copies of a linear kernel's inputs plus its product.
+//
+// A CpuBackend is one compute stream: call it from one thread at a time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace amsp::backend {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(DType compute);  // kF32 or kBF16, else Error
+  ~CpuBackend() override;
+
+  Device device() const override { return Device::kCpu; }
+  std::string describe() const override;
+
+  Buffer alloc(DType dtype, int64_t count) override;
+  MemoryStats memory() const override;
+  void to_host(const View& src, float* dst) override;
+  void from_host(const float* src, const View& dst) override;
+  void from_host(const int32_t* src, const View& dst) override;
+
+  Event record() override;
+  void wait(const Event& event) override;
+  void synchronize() override;
+
+  std::unique_ptr<comm::Communicator> make_communicator(comm::Group group) override;
+
+  void fill_zero(const View& x) override;
+  void copy(const View& src, const View& dst) override;
+  void add(const View& dst, const View& src) override;
+  double sum_squares(const View& x) override;
+
+  void embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
+                         int64_t dim) override;
+  void embedding_backward(const View& tokens, const View& dout, const View& dtable, int64_t rows,
+                          int64_t dim) override;
+
+  void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
+                      int64_t out, float beta) override;
+  void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
+                             int64_t out, float beta) override;
+  void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
+                              int64_t out) override;
+
+  void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
+                       int64_t rows, int64_t dim, float eps) override;
+  void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y, int64_t rows,
+                     int64_t dim) override;
+  void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
+                        const View& dx, const View& dw, int64_t rows, int64_t dim) override;
+
+  void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
+                  double theta) override;
+  void rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                    int64_t heads, int64_t head_dim, int64_t row_stride) override;
+  void rope_backward(const View& dx, const View& cos, const View& sin, int64_t B, int64_t T,
+                     int64_t heads, int64_t head_dim, int64_t row_stride) override;
+
+  int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override;
+  void attention_forward(const View& q, const View& k, const View& v, const View& saved,
+                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) override;
+  void attention_backward(const View& q, const View& k, const View& v, const View& saved,
+                          const View& out, const View& dout, const View& dq, const View& dk,
+                          const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                          int64_t D) override;
+
+  void swiglu_forward(const View& gate, const View& up, const View& out) override;
+  void swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
+                       const View& dup) override;
+
+  LossSum cross_entropy_forward(const View& logits, const View& targets, const View& lse,
+                                int64_t rows, int64_t V) override;
+  void cross_entropy_backward(const View& logits, const View& targets, const View& lse,
+                              int64_t rows, int64_t V, float scale) override;
+
+  void adamw(const View& master, const View& m, const View& v, const View& grad,
+             const View& param_copy, const AdamWStep& step) override;
+
+  // Best FLOP/s of an n = 1536 sgemm over four timed runs after a warm-up, on
+  // this process's threads; measured at every call (about a quarter second).
+  double peak_flops() override;
+
+  // Bytes held by the conversion workspace (not part of memory()).
+  int64_t workspace_bytes() const;
+
+ private:
+  // Grow-only scratch, one block per slot; a slot's contents are undefined
+  // after it is requested again. Slots a kernel uses at the same time differ.
+  enum Slot { kSlotX, kSlotW, kSlotOut, kSlotIndex, kSlotIndex2, kSlotIndex3, kNumSlots };
+  void* scratch(Slot slot, int64_t bytes);
+  float* scratch_f32(Slot slot, int64_t n) {
+    return static_cast<float*>(scratch(slot, n * int64_t{sizeof(float)}));
+  }
+  int64_t* scratch_i64(Slot slot, int64_t n) {
+    return static_cast<int64_t*>(scratch(slot, n * int64_t{sizeof(int64_t)}));
+  }
+  // The values of a parameter view in fp32: its own memory if fp32, else a
+  // widened copy in `slot`.
+  const float* f32_values(const View& v, Slot slot);
+  // The values of a view rounded to bf16, in fp32: a rounded (fp32) or widened
+  // (bf16) copy in `slot`.
+  const float* bf16_values(const View& v, Slot slot);
+  // Stores dst = dst + contribution[i] (fp32 add) into an fp32 or bf16 view,
+  // rounding once per element.
+  void accumulate_gradient(const View& dst, const float* contribution, int64_t n);
+  void embedding_backward_bf16(const int32_t* tokens, const float* dout, uint16_t* dtable,
+                               int64_t rows, int64_t dim, int64_t vocab);
+
+  struct Counters;
+  std::shared_ptr<Counters> counters_;  // shared with the deleters of live buffers
+  struct Block {
+    void* data = nullptr;
+    int64_t bytes = 0;
+  };
+  std::array<Block, kNumSlots> scratch_{};
+  uint64_t last_event_ = 0;
+};
+
+}  // namespace amsp::backend

@@ -1,0 +1,371 @@
+// The CPU backend's kernels whose parameters or gradients may be bf16
+// (embedding, linear, RMSNorm, AdamW), and the bf16 matrix products.
+// cpu_backend.h states the semantics; fp32 views go straight to kernels/cpu.
+#include <omp.h>
+
+#include <cstring>
+#include <type_traits>
+
+#include "backend/cpu_backend.h"
+#include "backend/cpu_checks.h"
+#include "kernels/cpu/ops.h"
+
+namespace amsp::backend {
+
+using namespace cpu;
+namespace k = amsp::kernels;
+
+// ---- conversion helpers ------------------------------------------------------------
+
+const float* CpuBackend::f32_values(const View& v, Slot slot) {
+  if (v.dtype == DType::kF32) return v.f32();
+  float* dst = scratch_f32(slot, v.count);
+  widen(v.bf16(), dst, v.count);
+  return dst;
+}
+
+const float* CpuBackend::bf16_values(const View& v, Slot slot) {
+  float* dst = scratch_f32(slot, v.count);
+  if (v.dtype == DType::kBF16)
+    widen(v.bf16(), dst, v.count);
+  else
+    round_values(v.f32(), dst, v.count);
+  return dst;
+}
+
+void CpuBackend::accumulate_gradient(const View& dst, const float* c, int64_t n) {
+  if (dst.dtype == DType::kF32) {
+    float* d = dst.f32();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += c[i];
+  } else {
+    uint16_t* d = dst.bf16();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = k::float_to_bf16(k::bf16_to_float(d[i]) + c[i]);
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------
+
+namespace {
+
+// Checks an embedding call; returns the table's number of rows (the vocabulary).
+int64_t check_embedding(const char* kn, const View& tokens, const View& table,
+                        const char* table_name, const View& rows_view, const char* rows_name,
+                        int64_t rows, int64_t dim) {
+  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
+  expect(kn, "tokens", tokens, DType::kI32);
+  expect_float(kn, table_name, table);
+  expect(kn, rows_name, rows_view, DType::kF32);
+  need(kn, "tokens", tokens, rows);
+  need(kn, rows_name, rows_view, product(kn, {rows, dim}));
+  const int64_t vocab = dim == 0 ? 0 : table.count / dim;
+  const int32_t* t = tokens.i32();
+  for (int64_t r = 0; r < rows; ++r)
+    if (t[r] < 0 || (dim > 0 && t[r] >= vocab))
+      fail(kn, ": token ", t[r], " at row ", r, " is outside ", table_name, "'s ", vocab,
+           " rows of ", dim);
+  return vocab;
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(const View& tokens, const View& table, const View& out,
+                                   int64_t rows, int64_t dim) {
+  const char* kn = "embedding_forward";
+  check_embedding(kn, tokens, table, "table", out, "out", rows, dim);
+  if (table.dtype == DType::kF32) {
+    k::embedding_forward(tokens.i32(), table.f32(), out.f32(), rows, dim);
+    return;
+  }
+  // Widen the gathered rows straight into out: the values the fp32 kernel would
+  // copy from a widened table.
+  const int32_t* t = tokens.i32();
+  const uint16_t* tab = table.bf16();
+  float* o = out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* src = tab + static_cast<int64_t>(t[r]) * dim;
+    float* dst = o + r * dim;
+#pragma omp simd
+    for (int64_t j = 0; j < dim; ++j) dst[j] = k::bf16_to_float(src[j]);
+  }
+}
+
+void CpuBackend::embedding_backward(const View& tokens, const View& dout, const View& dtable,
+                                    int64_t rows, int64_t dim) {
+  const char* kn = "embedding_backward";
+  const int64_t vocab = check_embedding(kn, tokens, dtable, "dtable", dout, "dout", rows, dim);
+  if (dtable.dtype == DType::kF32)
+    k::embedding_backward(tokens.i32(), dout.f32(), dtable.f32(), rows, dim);
+  else
+    embedding_backward_bf16(tokens.i32(), dout.f32(), dtable.bf16(), rows, dim, vocab);
+}
+
+void CpuBackend::embedding_backward_bf16(const int32_t* tokens, const float* dout, uint16_t* dtable,
+                                         int64_t rows, int64_t dim, int64_t vocab) {
+  if (rows == 0 || dim == 0) return;
+  // Counting sort of the rows by token, stable: begin[t] .. begin[t + 1] are
+  // the positions in `order` of token t's rows, in row order.
+  int64_t* begin = scratch_i64(kSlotIndex, vocab + 1);
+  int64_t* order = scratch_i64(kSlotIndex2, rows);
+  std::memset(begin, 0, static_cast<size_t>(vocab + 1) * sizeof(int64_t));
+  for (int64_t r = 0; r < rows; ++r) ++begin[tokens[r] + 1];
+  int64_t distinct = 0;
+  for (int64_t t = 0; t < vocab; ++t) {
+    distinct += begin[t + 1] > 0;
+    begin[t + 1] += begin[t];
+  }
+  // Each token's next free position; then the distinct tokens in increasing order.
+  int64_t* next = scratch_i64(kSlotIndex3, vocab + distinct);
+  std::memcpy(next, begin, static_cast<size_t>(vocab) * sizeof(int64_t));
+  for (int64_t r = 0; r < rows; ++r) order[next[tokens[r]]++] = r;
+  int64_t* used = next + vocab;
+  for (int64_t t = 0, i = 0; t < vocab; ++t)
+    if (begin[t + 1] > begin[t]) used[i++] = t;
+
+  // One fp32 accumulator row per thread; each token's rows are summed in row
+  // order by one thread, so the result does not depend on the thread count.
+  float* acc_all = scratch_f32(kSlotOut, static_cast<int64_t>(omp_get_max_threads()) * dim);
+#pragma omp parallel
+  {
+    float* acc = acc_all + static_cast<int64_t>(omp_get_thread_num()) * dim;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < distinct; ++i) {
+      const int64_t t = used[i];
+      const float* first = dout + order[begin[t]] * dim;
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j) acc[j] = first[j];
+      for (int64_t p = begin[t] + 1; p < begin[t + 1]; ++p) {
+        const float* src = dout + order[p] * dim;
+#pragma omp simd
+        for (int64_t j = 0; j < dim; ++j) acc[j] += src[j];
+      }
+      uint16_t* dst = dtable + t * dim;
+#pragma omp simd
+      for (int64_t j = 0; j < dim; ++j)
+        dst[j] = k::float_to_bf16(k::bf16_to_float(dst[j]) + acc[j]);
+    }
+  }
+}
+
+// ---- linear --------------------------------------------------------------------------
+
+namespace {
+
+// y = round_bf16(p) + beta * y, in fp32; p may be y (then beta is 0).
+void finish_bf16_product(const float* p, float* y, int64_t n, float beta) {
+  if (beta == 0.0f) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = k::round_bf16(p[i]);
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = k::round_bf16(p[i]) + beta * y[i];
+  }
+}
+
+void check_linear(const char* kn, const View& a, const char* a_name, int64_t a_count, const View& w,
+                  const char* w_name, int64_t w_count, const View& y, const char* y_name,
+                  int64_t y_count) {
+  expect(kn, a_name, a, DType::kF32);
+  expect_float(kn, w_name, w);
+  need(kn, a_name, a, a_count);
+  need(kn, w_name, w, w_count);
+  need(kn, y_name, y, y_count);
+}
+
+}  // namespace
+
+void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
+                                int64_t out, float beta) {
+  const char* kn = "linear_forward";
+  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  expect(kn, "y", y, DType::kF32);
+  check_linear(kn, x, "x", product(kn, {M, in}), w, "w", product(kn, {out, in}), y, "y",
+               product(kn, {M, out}));
+  if (compute() == DType::kF32) {
+    k::linear_forward(x.f32(), f32_values(w.at(0, out * in), kSlotW), y.f32(), M, in, out, beta);
+    return;
+  }
+  if (M == 0 || out == 0) return;
+  const int64_t n = M * out;
+  float* p = beta == 0.0f ? y.f32() : scratch_f32(kSlotOut, n);
+  if (in == 0) {
+    std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    const float* xr = bf16_values(x.at(0, M * in), kSlotX);
+    const float* wr = bf16_values(w.at(0, out * in), kSlotW);
+    k::linear_forward(xr, wr, p, M, in, out, 0.0f);
+  }
+  finish_bf16_product(p, y.f32(), n, beta);
+}
+
+void CpuBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
+                                       int64_t in, int64_t out, float beta) {
+  const char* kn = "linear_backward_input";
+  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  expect(kn, "dx", dx, DType::kF32);
+  check_linear(kn, dy, "dy", product(kn, {M, out}), w, "w", product(kn, {out, in}), dx, "dx",
+               product(kn, {M, in}));
+  if (compute() == DType::kF32) {
+    k::linear_backward_input(dy.f32(), f32_values(w.at(0, out * in), kSlotW), dx.f32(), M, in, out,
+                             beta);
+    return;
+  }
+  if (M == 0 || in == 0) return;
+  const int64_t n = M * in;
+  float* p = beta == 0.0f ? dx.f32() : scratch_f32(kSlotOut, n);
+  if (out == 0) {
+    std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    const float* dyr = bf16_values(dy.at(0, M * out), kSlotX);
+    const float* wr = bf16_values(w.at(0, out * in), kSlotW);
+    k::linear_backward_input(dyr, wr, p, M, in, out, 0.0f);
+  }
+  finish_bf16_product(p, dx.f32(), n, beta);
+}
+
+void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
+                                        int64_t in, int64_t out) {
+  const char* kn = "linear_backward_weight";
+  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  expect(kn, "dy", dy, DType::kF32);
+  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "dw", dw);
+  need(kn, "dy", dy, product(kn, {M, out}));
+  need(kn, "x", x, product(kn, {M, in}));
+  need(kn, "dw", dw, product(kn, {out, in}));
+  if (compute() == DType::kF32 && dw.dtype == DType::kF32) {
+    k::linear_backward_weight(dy.f32(), x.f32(), dw.f32(), M, in, out);
+    return;
+  }
+  if (M == 0 || in == 0 || out == 0) return;
+  // The contribution dy^T x in fp32 (the kernel adds it into zeros), from
+  // bf16-rounded inputs and rounded to bf16 itself under bf16 compute.
+  const int64_t n = out * in;
+  float* c = scratch_f32(kSlotOut, n);
+  std::memset(c, 0, static_cast<size_t>(n) * sizeof(float));
+  if (compute() == DType::kF32) {
+    k::linear_backward_weight(dy.f32(), x.f32(), c, M, in, out);
+  } else {
+    const float* dyr = bf16_values(dy.at(0, M * out), kSlotX);
+    const float* xr = bf16_values(x.at(0, M * in), kSlotW);
+    k::linear_backward_weight(dyr, xr, c, M, in, out);
+    round_values(c, c, n);
+  }
+  accumulate_gradient(dw.at(0, n), c, n);
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------
+
+namespace {
+
+void check_rmsnorm(const char* kn, const View& x, const View& w, const View& y, const char* y_name,
+                   const View& inv_rms, int64_t rows, int64_t dim) {
+  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
+  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "w", w);
+  expect(kn, y_name, y, DType::kF32);
+  expect(kn, "inv_rms", inv_rms, DType::kF32);
+  const int64_t n = product(kn, {rows, dim});
+  need(kn, "x", x, n);
+  need(kn, "w", w, dim);
+  need(kn, y_name, y, n);
+  need(kn, "inv_rms", inv_rms, rows);
+}
+
+}  // namespace
+
+void CpuBackend::rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
+                                 int64_t rows, int64_t dim, float eps) {
+  check_rmsnorm("rmsnorm_forward", x, w, y, "y", inv_rms, rows, dim);
+  k::rmsnorm_forward(x.f32(), f32_values(w.at(0, dim), kSlotW), y.f32(), inv_rms.f32(), rows, dim,
+                     eps);
+}
+
+void CpuBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y,
+                               int64_t rows, int64_t dim) {
+  check_rmsnorm("rmsnorm_apply", x, w, y, "y", inv_rms, rows, dim);
+  k::rmsnorm_apply(x.f32(), f32_values(w.at(0, dim), kSlotW), inv_rms.f32(), y.f32(), rows, dim);
+}
+
+void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
+                                  const View& dx, const View& dw, int64_t rows, int64_t dim) {
+  const char* kn = "rmsnorm_backward";
+  check_rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
+  expect(kn, "dy", dy, DType::kF32);
+  expect_float(kn, "dw", dw);
+  need(kn, "dy", dy, rows * dim);
+  need(kn, "dw", dw, dim);
+  const float* wf = f32_values(w.at(0, dim), kSlotW);
+  if (dw.dtype == DType::kF32) {
+    k::rmsnorm_backward(dy.f32(), x.f32(), wf, inv_rms.f32(), dx.f32(), dw.f32(), rows, dim);
+    return;
+  }
+  float* c = scratch_f32(kSlotOut, dim);
+  std::memset(c, 0, static_cast<size_t>(dim) * sizeof(float));
+  k::rmsnorm_backward(dy.f32(), x.f32(), wf, inv_rms.f32(), dx.f32(), c, rows, dim);
+  accumulate_gradient(dw.at(0, dim), c, dim);
+}
+
+// ---- AdamW ----------------------------------------------------------------------------------
+
+namespace {
+
+inline float load(float g) { return g; }
+inline float load(uint16_t g) { return k::bf16_to_float(g); }
+inline void store(float& dst, float p) { dst = p; }
+inline void store(uint16_t& dst, float p) { dst = k::float_to_bf16(p); }
+
+// Copy = void: no parameter copy.
+// The step's fields are copied into locals, as engine/optimizer.cpp has them:
+// the loop then does not reload them (they could alias p, m, v for all the
+// compiler knows), and the per-element arithmetic compiles as the engine's does
+// (with -ffp-contract=fast the compiler may fuse multiply-adds, and how it does
+// depends on the code around adamw_update_element).
+template <typename Grad, typename Copy>
+void adamw_loop(float* p, float* m, float* v, const Grad* g, Copy* copy, int64_t n,
+                const AdamWStep& s) {
+  const float lr = s.lr, b1 = s.beta1, b2 = s.beta2, eps = s.eps, wd = s.weight_decay,
+              bc1 = s.bias_correction1, bc2 = s.bias_correction2, scale = s.grad_scale;
+  const bool scaled = scale != 1.0f;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = load(g[i]);
+    if (scaled) gi = gi * scale;
+    k::adamw_update_element(p[i], m[i], v[i], gi, lr, b1, b2, eps, wd, bc1, bc2);
+    if constexpr (!std::is_void_v<Copy>) store(copy[i], p[i]);
+  }
+}
+
+template <typename Grad>
+void adamw_with_grad(float* p, float* m, float* v, const Grad* g, const View& copy, int64_t n,
+                     const AdamWStep& s) {
+  if (copy.empty())
+    adamw_loop<Grad, void>(p, m, v, g, nullptr, n, s);
+  else if (copy.dtype == DType::kF32)
+    adamw_loop(p, m, v, g, copy.f32(), n, s);
+  else
+    adamw_loop(p, m, v, g, copy.bf16(), n, s);
+}
+
+}  // namespace
+
+void CpuBackend::adamw(const View& master, const View& m, const View& v, const View& grad,
+                       const View& param_copy, const AdamWStep& step) {
+  const char* kn = "adamw";
+  expect_all(kn, DType::kF32, {{"master", master}, {"m", m}, {"v", v}});
+  expect_float(kn, "grad", grad);
+  if (!param_copy.empty()) expect_float(kn, "param_copy", param_copy);
+  const int64_t n = master.count;
+  for (const Arg& a : {Arg{"m", m}, Arg{"v", v}, Arg{"grad", grad}})
+    if (a.view.count != n) fail(kn, ": ", a.name, " holds ", a.view.count, " elements, master ", n);
+  if (!param_copy.empty() && param_copy.count != n)
+    fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
+  if (grad.dtype == DType::kF32)
+    adamw_with_grad(master.f32(), m.f32(), v.f32(), grad.f32(), param_copy, n, step);
+  else
+    adamw_with_grad(master.f32(), m.f32(), v.f32(), grad.bf16(), param_copy, n, step);
+}
+
+}  // namespace amsp::backend
