@@ -57,6 +57,16 @@ LOSS_TOL = 1e-5
 NORM_TOL = 1e-4
 PARAM_MAX_TOL = 1e-3
 PARAM_L2_TOL = 1e-5
+# bf16 (doc/engine-tests.md, "bf16"): loss and step-1 norm, later norms, params max, params L2.
+# u = 2^-9 is bf16's unit roundoff. Each side rounds a gradient element at most twice more
+# than the other (the unit gradient, the reduction's result): the step-1 norm moves by at most
+# 2u = 2^-8. Parameters then differ by whole bf16 ulps here and there, and a loss by at most
+# what one ulp (2^-8) of every parameter would move it, to first order. AdamW normalises each
+# step's relative gradient difference of ~2u into an update difference of ~2u lr; 20 steps
+# of independent roundings give sqrt(20) 2u lr, about 3e-3 of a tensor's scale at these
+# learning rates; 1e-2 bounds aligned roundings. Later norms and single elements react to
+# one-ulp parameter differences with no bound we can derive: 0.25 only catches garbage.
+BF16_TOLS = (2.0 ** -8, 0.25, 0.25, 1e-2)
 STEPS, SEQ = 20, 32
 DEADLINE = 540        # seconds for the whole script, below the CTest TIMEOUT of 600
 RUN_TIMEOUT = 150     # seconds for one amsp run
@@ -80,6 +90,12 @@ MPI_CASES = (
                                  "p=2x1,g=2x1,os=8x1", "p=1,g=2x1,os=4x1")]
     # 8 ranks, one micro-batch
     + [(8, 1, p, 1, 1) for p in ("zero1", "zero3", "mics:4", "p=2x1,g=4x1,os=8x1")]
+)
+# bf16 on 4 ranks: every named plan and two mixed ones, one and two micro-batches.
+BF16_CASES = (
+    [(4, 1, p, 1, 1) for p in ("ddp", "zero1", "zero2", "zero3", "fsdp", "mics:2", "mics:4",
+                               "p=2x1,g=2x1,os=4x1", "p=1,g=2x1,os=4x1")]
+    + [(4, 1, p, 2, 1) for p in ("zero1", "zero3", "p=2x1,g=2x1,os=4x1")]
 )
 SLURM_CASES = (
     # 4 nodes x 2 ranks, two micro-batches: mics:4 = 2x2, mixed plans across nodes
@@ -228,6 +244,7 @@ class Runner:
 
     def train_args(self, batch, accum, shard, tag, steps=STEPS):
         return [self.args.amsp, "train", "--model", "tiny", "--data", self.args.data,
+                "--precision", self.args.precision,
                 "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch),
                 "--grad-accum", str(accum), "--shard", shard, "--eval-every", "0",
                 "--eval-windows", "8", "--peak-tflops", "1", "--threads", "1",
@@ -349,6 +366,8 @@ def main():
     ap.add_argument("--data", required=True, help="a corpus written by amsp data prepare")
     ap.add_argument("--work", required=True)
     ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="both sides train in this precision (bf16: the bf16 cases and tolerances)")
     ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
     ap.add_argument("--only", action="append", default=[],
                     help="run only the checks whose description contains TEXT, e.g. \"'zero3'\" (repeatable)")
@@ -356,7 +375,10 @@ def main():
     args.amsp = os.path.abspath(args.amsp)
     args.data = os.path.abspath(args.data)
     args.cluster_scripts = os.path.abspath(args.cluster_scripts)
-    args.work = os.path.abspath(os.path.join(args.work, args.mode))
+    args.work = os.path.abspath(os.path.join(args.work, args.mode + ("-bf16" if args.precision == "bf16" else "")))
+    if args.precision == "bf16":
+        global LOSS_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL
+        LOSS_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL = BF16_TOLS
 
     if args.mode == "slurm":
         missing = [t for t in ("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged")
@@ -381,7 +403,8 @@ def main():
     started = False
     try:
         if args.mode == "mpi":
-            passed, failed = run_all(Runner(args), MPI_CASES, 4, 1, args.only)
+            cases = BF16_CASES if args.precision == "bf16" else MPI_CASES
+            passed, failed = run_all(Runner(args), cases, 4, 1, args.only)
         else:
             # A run killed before its cleanup may have left daemons in this directory.
             subprocess.run(stop, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -22,6 +22,13 @@ add_test(NAME engine_equivalence_mpi
 set_tests_properties(engine_equivalence_mpi PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
 
+# bf16 mixed precision on 4 ranks against one rank in bf16, with tolerances argued
+# from bf16's 8-bit mantissa (about 75 s).
+add_test(NAME engine_equivalence_mpi_bf16
+  COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS} --precision bf16)
+set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
+
 # Its cluster uses ports 17017 and 17201-17204, its own; RUN_SERIAL because 8 ranks on
 # 4 virtual nodes already oversubscribe the machine.
 add_test(NAME engine_equivalence_slurm
