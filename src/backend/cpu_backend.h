@@ -48,7 +48,8 @@
 //
 // Determinism. OpenMP loops use static schedules and there are no floating
 // atomics: the same inputs give bit-identical outputs with the same thread
-// count (and, for everything but sgemm, whatever the thread count).
+// count. The bf16 embedding backward's result does not depend on the thread
+// count at all (each token's rows are summed by one thread, in row order).
 //
 // Ordering. Every call returns when its work is done, so record() only numbers
 // points of the stream, and wait() and synchronize() have nothing to wait for.

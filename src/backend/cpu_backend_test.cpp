@@ -1,0 +1,862 @@
+// The CPU backend: its fp32 kernels are the kernels/cpu functions bit for bit,
+// its bf16 conversions and bf16 kernels match references written here, its
+// checks turn bad views into Errors, and its memory counters follow alloc/free.
+#include "backend/cpu_backend.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "engine/optimizer.h"
+#include "kernels/common/math.h"
+#include "kernels/cpu/ops.h"
+#include "model/layout.h"
+
+namespace amsp::backend {
+namespace {
+
+namespace k = amsp::kernels;
+using Floats = std::vector<float>;
+using Halves = std::vector<uint16_t>;
+using Ints = std::vector<int32_t>;
+
+Floats randn(int64_t n, uint64_t stream, float scale = 1.0f) {
+  Floats v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(random_normal(11, stream, i));
+  return v;
+}
+
+Ints random_tokens(int64_t n, int64_t vocab, uint64_t stream) {
+  Ints t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(random_below(11, stream, i, vocab));
+  return t;
+}
+
+View fv(Floats& x) { return host_view(x.data(), static_cast<int64_t>(x.size())); }
+View iv(Ints& x) { return host_view(x.data(), static_cast<int64_t>(x.size())); }
+View hv(Halves& x) {
+  return View{x.data(), DType::kBF16, static_cast<int64_t>(x.size()), Device::kCpu};
+}
+
+Halves to_bf16(const Floats& x) {
+  Halves h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = k::float_to_bf16(x[i]);
+  return h;
+}
+Floats widened(const Halves& h) {
+  Floats x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = k::bf16_to_float(h[i]);
+  return x;
+}
+
+uint32_t bits(float f) { return k::float_to_bits(f); }
+float from_bits(uint32_t u) { return k::bits_to_float(u); }
+
+// Equal bit patterns, element by element; names the first difference.
+::testing::AssertionResult same_bits(const Floats& a, const Floats& b) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure() << "sizes " << a.size() << " and " << b.size();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (bits(a[i]) != bits(b[i]))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << a[i] << " vs " << b[i] << " (of " << a.size() << ")";
+  return ::testing::AssertionSuccess();
+}
+::testing::AssertionResult same_bits(const Halves& a, const Halves& b) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure() << "sizes " << a.size() << " and " << b.size();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i])
+      return ::testing::AssertionFailure() << "element " << i << ": " << std::hex << a[i] << " vs "
+                                           << b[i] << " (of " << a.size() << ")";
+  return ::testing::AssertionSuccess();
+}
+
+// The message of the amsp::Error that f throws; "" if it throws none.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR(statement, ...)                                                          \
+  do {                                                                                        \
+    const std::string msg_ = error_of([&] { statement; });                                    \
+    EXPECT_FALSE(msg_.empty()) << #statement " did not fail";                                 \
+    for (const char* part_ : {__VA_ARGS__})                                                   \
+      EXPECT_NE(msg_.find(part_), std::string::npos) << "'" << part_ << "' not in: " << msg_; \
+  } while (0)
+
+// ---- views ----------------------------------------------------------------------------
+
+TEST(BackendView, AtIsBoundsChecked) {
+  Floats x(10);
+  const View v = fv(x);
+  const View s = v.at(3, 7);
+  EXPECT_EQ(s.data, x.data() + 3);
+  EXPECT_EQ(s.count, 7);
+  EXPECT_EQ(v.at(10, 0).count, 0);
+  Halves h(6);
+  EXPECT_EQ(hv(h).at(2, 4).data, h.data() + 2);  // offsets count elements, not bytes
+  EXPECT_ERROR(v.at(4, 7), "7 elements", "offset 4", "10 elements");
+  EXPECT_ERROR(v.at(-1, 2), "offset -1");
+  EXPECT_ERROR(v.at(2, -1), "-1 elements");
+  EXPECT_ERROR(v.at(11, 0), "offset 11");
+  EXPECT_ERROR(v.at(1, std::numeric_limits<int64_t>::max()), "offset 1");  // no overflow
+}
+
+TEST(BackendView, TypedAccessChecksTheDtype) {
+  Floats x(4);
+  Ints t(4);
+  Halves h(4);
+  EXPECT_EQ(fv(x).f32(), x.data());
+  EXPECT_EQ(iv(t).i32(), t.data());
+  EXPECT_EQ(hv(h).bf16(), h.data());
+  EXPECT_ERROR(fv(x).bf16(), "bf16", "fp32");
+  EXPECT_ERROR(hv(h).f32(), "fp32", "bf16");
+  EXPECT_ERROR(fv(x).i32(), "int32", "fp32");
+  const Floats& cx = x;
+  const View c = host_view(cx.data(), 4);
+  EXPECT_EQ(c.dtype, DType::kF32);
+  EXPECT_EQ(c.bytes(), 16);
+}
+
+// ---- memory, ordering, description ---------------------------------------------------------
+
+TEST(CpuBackend, MemoryStatsFollowAllocAndFree) {
+  CpuBackend be(DType::kF32);
+  EXPECT_EQ(be.memory().in_use, 0);
+  Buffer a = be.alloc(DType::kF32, 100);
+  EXPECT_EQ(be.memory().in_use, 400);
+  EXPECT_EQ(be.memory().peak, 400);
+  {
+    Buffer b = be.alloc(DType::kBF16, 51);
+    EXPECT_EQ(be.memory().in_use, 502);
+    EXPECT_EQ(be.memory().peak, 502);
+    Buffer moved = std::move(b);  // moving does not count twice, nor free
+    EXPECT_EQ(be.memory().in_use, 502);
+  }
+  EXPECT_EQ(be.memory().in_use, 400);
+  EXPECT_EQ(be.memory().peak, 502);
+  a = be.alloc(DType::kI32, 10);  // the old buffer is freed by the assignment
+  EXPECT_EQ(be.memory().in_use, 40);
+  EXPECT_EQ(be.memory().peak, 502);
+  Buffer empty = be.alloc(DType::kF32, 0);
+  EXPECT_TRUE(empty.view().empty());
+  EXPECT_EQ(be.memory().in_use, 40);
+  EXPECT_ERROR(be.alloc(DType::kF32, -1), "alloc", "-1");
+}
+
+TEST(CpuBackend, AllocIsZeroedAndAligned) {
+  CpuBackend be(DType::kBF16);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
+    Buffer b = be.alloc(t, 1001);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+    EXPECT_EQ(b.dtype(), t);
+    EXPECT_EQ(b.count(), 1001);
+    EXPECT_EQ(b.view().device, Device::kCpu);
+    const auto* p = static_cast<const unsigned char*>(b.data());
+    for (int64_t i = 0; i < b.bytes(); ++i) ASSERT_EQ(p[i], 0) << "byte " << i;
+  }
+}
+
+TEST(CpuBackend, BufferMayOutliveTheBackend) {
+  Buffer b;
+  {
+    auto be = make_cpu_backend(DType::kF32);
+    b = be->alloc(DType::kF32, 8);
+  }
+  b.f32()[7] = 1.0f;  // still valid; freeing it later must not touch the backend
+}
+
+TEST(CpuBackend, DescribeEventsAndCompute) {
+  auto be = make_cpu_backend(DType::kBF16);
+  EXPECT_EQ(be->device(), Device::kCpu);
+  EXPECT_EQ(be->compute(), DType::kBF16);
+  const std::string d = be->describe();
+  EXPECT_EQ(d.rfind("cpu (OpenBLAS ", 0), 0u) << d;
+  EXPECT_NE(d.find(std::to_string(omp_get_max_threads()) + " thread"), std::string::npos) << d;
+  const Event e1 = be->record(), e2 = be->record();
+  EXPECT_LT(e1.id, e2.id);
+  be->wait(e1);
+  be->wait(Event{});
+  be->synchronize();
+  EXPECT_ERROR(be->wait(Event{e2.id + 1}), "wait", "not recorded");
+  EXPECT_ERROR(make_cpu_backend(DType::kI32), "int32");
+}
+
+TEST(CpuBackend, PeakFlopsIsMeasured) {
+  CpuBackend be(DType::kF32);
+  const double peak = be.peak_flops();
+  EXPECT_GT(peak, 1e8);  // any machine this runs on does 0.1 GFLOP/s
+  EXPECT_LT(peak, 1e14);
+}
+
+// ---- bf16 conversions --------------------------------------------------------------------
+
+struct Conversion {
+  uint32_t f32;
+  uint16_t bf16;
+  const char* what;
+};
+
+// Written out by hand: bf16 keeps the top 16 bits, rounding the low 16 to
+// nearest with ties to even.
+const Conversion kConversions[] = {
+    {0x3F800000, 0x3F80, "1"},
+    {0x3F808000, 0x3F80, "1 + 2^-8: tie, to even (down)"},
+    {0x3F818000, 0x3F82, "1 + 3 * 2^-8: tie, to even (up)"},
+    {0x3F808001, 0x3F81, "just above a tie: up"},
+    {0x3F807FFF, 0x3F80, "just below a tie: down"},
+    {0xBF818000, 0xBF82, "negative tie, to even"},
+    {0xBF808000, 0xBF80, "negative tie, to even (toward zero)"},
+    {0x80000000, 0x8000, "-0"},
+    {0x7F800000, 0x7F80, "inf"},
+    {0xFF800000, 0xFF80, "-inf"},
+    {0x7F7FFFFF, 0x7F80, "largest fp32 rounds up to inf"},
+    {0x7F7F7FFF, 0x7F7F, "largest value that stays finite"},
+    {0x00000001, 0x0000, "smallest denormal rounds to +0"},
+    {0x00008000, 0x0000, "denormal tie, to even (0)"},
+    {0x00018000, 0x0002, "denormal tie, to even (up)"},
+    {0x00010000, 0x0001, "bf16's smallest denormal, exact"},
+    {0x007FFFFF, 0x0080, "largest denormal rounds up to the smallest normal"},
+    {0x807F8000, 0x8080, "negative denormal tie, to even"},
+};
+
+TEST(CpuBackendBf16, ConversionsRoundToNearestEven) {
+  CpuBackend be(DType::kF32);
+  const size_t n = std::size(kConversions);
+  Floats src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = from_bits(kConversions[i].f32);
+  Halves via_copy(n), via_host(n);
+  be.copy(fv(src), hv(via_copy));
+  be.from_host(src.data(), hv(via_host));
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(via_copy[i], kConversions[i].bf16) << kConversions[i].what;
+    EXPECT_EQ(via_host[i], kConversions[i].bf16) << kConversions[i].what;
+  }
+  // Widening is exact: the bf16 bits become the top half.
+  Floats back(n), back_host(n);
+  be.copy(hv(via_copy), fv(back));
+  be.to_host(hv(via_copy), back_host.data());
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(bits(back[i]), static_cast<uint32_t>(kConversions[i].bf16) << 16)
+        << kConversions[i].what;
+    EXPECT_EQ(bits(back_host[i]), bits(back[i]));
+  }
+  EXPECT_EQ(back[15], std::ldexp(1.0f, -133));  // bf16's smallest denormal, 2^-133
+}
+
+TEST(CpuBackendBf16, NaNStaysNaN) {
+  CpuBackend be(DType::kF32);
+  // A quiet NaN, a signalling NaN whose payload lies in the low half only (plain
+  // truncation would make it inf) and a negative NaN.
+  Floats src = {from_bits(0x7FC00000), from_bits(0x7F800001), from_bits(0xFFC00001)};
+  Halves h(3);
+  be.copy(fv(src), hv(h));
+  for (uint16_t v : h) EXPECT_TRUE(std::isnan(k::bf16_to_float(v))) << std::hex << v;
+  EXPECT_EQ(h[0], 0x7FC0);
+  EXPECT_EQ(h[1], 0x7FC0);
+  EXPECT_EQ(h[2] & 0x8000, 0x8000);  // sign kept
+}
+
+TEST(CpuBackendBf16, CopyAndAddConvert) {
+  CpuBackend be(DType::kF32);
+  // add into bf16: dst + src in fp32, rounded once. 1 + 2^-9 rounds back to 1,
+  // 1 + 3 * 2^-9 to 1 + 2^-7.
+  Halves dst = {k::float_to_bf16(1.0f), k::float_to_bf16(1.0f), k::float_to_bf16(-2.0f)};
+  Floats src = {std::ldexp(1.0f, -9), 3 * std::ldexp(1.0f, -9), 0.75f};
+  be.add(hv(dst), fv(src));
+  EXPECT_EQ(k::bf16_to_float(dst[0]), 1.0f);
+  EXPECT_EQ(k::bf16_to_float(dst[1]), 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(k::bf16_to_float(dst[2]), -1.25f);
+  // fp32 dst, bf16 src: widened and added in fp32.
+  const Floats f0 = {0.1f, 0.2f, 0.3f};
+  Floats fdst = f0;
+  Halves hsrc = to_bf16({1.1f, 2.2f, 3.3f});
+  be.add(fv(fdst), hv(hsrc));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(bits(fdst[i]), bits(f0[i] + k::bf16_to_float(hsrc[i])));
+  // bf16 + bf16.
+  Halves a = to_bf16({1.0f, 3.0f}), b = to_bf16({std::ldexp(1.0f, -8), 1.0f / 3});
+  be.add(hv(a), hv(b));
+  EXPECT_EQ(a[0], k::float_to_bf16(1.0f + std::ldexp(1.0f, -8)));
+  EXPECT_EQ(a[1], k::float_to_bf16(3.0f + k::bf16_to_float(k::float_to_bf16(1.0f / 3))));
+  // fp32 + fp32 is kernels::add_inplace; same-dtype copy is exact.
+  Floats x = randn(1000, 1), y = randn(1000, 2), y2 = y;
+  be.add(fv(y), fv(x));
+  k::add_inplace(y2.data(), x.data(), 1000);
+  EXPECT_TRUE(same_bits(y, y2));
+  Floats z(1000);
+  be.copy(fv(y), fv(z));
+  EXPECT_TRUE(same_bits(y, z));
+  Ints ti = {1, 2, 3}, to(3);
+  be.copy(iv(ti), iv(to));
+  EXPECT_EQ(to, ti);
+  be.fill_zero(fv(z));
+  EXPECT_TRUE(same_bits(z, Floats(1000, 0.0f)));
+  // Mismatches.
+  EXPECT_ERROR(be.copy(fv(x), fv(z).at(0, 999)), "copy", "1000", "999");
+  EXPECT_ERROR(be.add(fv(x), fv(z).at(0, 10)), "add", "1000", "10");
+  EXPECT_ERROR(be.copy(iv(ti), fv(z).at(0, 3)), "copy", "int32");
+  EXPECT_ERROR(be.add(iv(ti), iv(to)), "add", "int32");
+  EXPECT_ERROR(be.to_host(iv(ti), z.data()), "to_host", "int32");
+  EXPECT_ERROR(be.from_host(ti.data(), fv(z)), "from_host", "fp32", "int32");
+  EXPECT_ERROR(be.from_host(z.data(), iv(to)), "from_host", "int32");
+  View device = fv(z);
+  device.device = Device::kCuda;
+  EXPECT_ERROR(be.fill_zero(device), "fill_zero", "cuda");
+}
+
+// ---- fp32: the backend is the kernels, bit for bit ---------------------------------------------
+
+TEST(CpuBackendF32, SumSquaresIsTheEnginesOrder) {
+  CpuBackend be(DType::kF32);
+  for (int64_t n : {0, 1, 16384, 16385, 100003}) {
+    Floats x = randn(n, 3);
+    const double got = be.sum_squares(fv(x)), want = engine::sum_squares(x.data(), n);
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << n << ": " << got << " vs " << want;
+  }
+  // bf16: the widened values in the same order.
+  Floats x = randn(40000, 4);
+  Halves h = to_bf16(x);
+  Floats w = widened(h);
+  const double got = be.sum_squares(hv(h)), want = engine::sum_squares(w.data(), 40000);
+  EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0);
+}
+
+TEST(CpuBackendF32, Linear) {
+  CpuBackend be(DType::kF32);
+  const int64_t M = 37, in = 96, out = 80;
+  Floats x = randn(M * in, 1), w = randn(out * in, 2, 0.1f), dy = randn(M * out, 3);
+  for (float beta : {0.0f, 1.0f, 0.5f}) {
+    Floats y = randn(M * out, 4), y2 = y;
+    be.linear_forward(fv(x), fv(w), fv(y), M, in, out, beta);
+    k::linear_forward(x.data(), w.data(), y2.data(), M, in, out, beta);
+    EXPECT_TRUE(same_bits(y, y2)) << "forward, beta " << beta;
+    Floats dx = randn(M * in, 5), dx2 = dx;
+    be.linear_backward_input(fv(dy), fv(w), fv(dx), M, in, out, beta);
+    k::linear_backward_input(dy.data(), w.data(), dx2.data(), M, in, out, beta);
+    EXPECT_TRUE(same_bits(dx, dx2)) << "backward input, beta " << beta;
+  }
+  Floats dw = randn(out * in, 6), dw2 = dw;
+  be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out);
+  k::linear_backward_weight(dy.data(), x.data(), dw2.data(), M, in, out);
+  EXPECT_TRUE(same_bits(dw, dw2));
+}
+
+TEST(CpuBackendF32, LinearWithBf16WeightsRunsOnTheWidenedWeights) {
+  CpuBackend be(DType::kF32);
+  const int64_t M = 9, in = 64, out = 48;
+  Floats x = randn(M * in, 1), dy = randn(M * out, 3);
+  Halves w = to_bf16(randn(out * in, 2, 0.1f));
+  const Floats wf = widened(w);
+  Floats y(M * out), y2(M * out), dx(M * in), dx2(M * in);
+  be.linear_forward(fv(x), hv(w), fv(y), M, in, out, 0.0f);
+  k::linear_forward(x.data(), wf.data(), y2.data(), M, in, out, 0.0f);
+  EXPECT_TRUE(same_bits(y, y2));
+  be.linear_backward_input(fv(dy), hv(w), fv(dx), M, in, out, 0.0f);
+  k::linear_backward_input(dy.data(), wf.data(), dx2.data(), M, in, out, 0.0f);
+  EXPECT_TRUE(same_bits(dx, dx2));
+  // A bf16 gradient: the fp32 contribution, then one rounding of dw + it.
+  Halves dw = to_bf16(randn(out * in, 6));
+  Floats c(out * in, 0.0f);
+  k::linear_backward_weight(dy.data(), x.data(), c.data(), M, in, out);
+  Halves want(out * in);
+  for (int64_t i = 0; i < out * in; ++i) want[i] = k::float_to_bf16(k::bf16_to_float(dw[i]) + c[i]);
+  be.linear_backward_weight(fv(dy), fv(x), hv(dw), M, in, out);
+  EXPECT_TRUE(same_bits(dw, want));
+}
+
+TEST(CpuBackendF32, RmsNorm) {
+  for (DType compute : {DType::kF32, DType::kBF16}) {  // norms are fp32 under either
+    CpuBackend be(compute);
+    const int64_t rows = 21, dim = 72;
+    Floats x = randn(rows * dim, 1), w = randn(dim, 2), dy = randn(rows * dim, 3);
+    Floats y(rows * dim), y2(rows * dim), inv(rows), inv2(rows);
+    be.rmsnorm_forward(fv(x), fv(w), fv(y), fv(inv), rows, dim, 1e-5f);
+    k::rmsnorm_forward(x.data(), w.data(), y2.data(), inv2.data(), rows, dim, 1e-5f);
+    EXPECT_TRUE(same_bits(y, y2));
+    EXPECT_TRUE(same_bits(inv, inv2));
+    Floats ya(rows * dim), ya2(rows * dim);
+    be.rmsnorm_apply(fv(x), fv(w), fv(inv), fv(ya), rows, dim);
+    k::rmsnorm_apply(x.data(), w.data(), inv.data(), ya2.data(), rows, dim);
+    EXPECT_TRUE(same_bits(ya, ya2));
+    Floats dx = randn(rows * dim, 4), dx2 = dx, dw = randn(dim, 5), dw2 = dw;
+    be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim);
+    k::rmsnorm_backward(dy.data(), x.data(), w.data(), inv.data(), dx2.data(), dw2.data(), rows,
+                        dim);
+    EXPECT_TRUE(same_bits(dx, dx2));
+    EXPECT_TRUE(same_bits(dw, dw2));
+  }
+}
+
+TEST(CpuBackendF32, RmsNormWithBf16WeightAndGradient) {
+  CpuBackend be(DType::kF32);
+  const int64_t rows = 13, dim = 40;
+  Floats x = randn(rows * dim, 1), dy = randn(rows * dim, 3);
+  Halves w = to_bf16(randn(dim, 2));
+  const Floats wf = widened(w);
+  Floats y(rows * dim), y2(rows * dim), inv(rows), inv2(rows);
+  be.rmsnorm_forward(fv(x), hv(w), fv(y), fv(inv), rows, dim, 1e-6f);
+  k::rmsnorm_forward(x.data(), wf.data(), y2.data(), inv2.data(), rows, dim, 1e-6f);
+  EXPECT_TRUE(same_bits(y, y2));
+  Floats ya(rows * dim);
+  be.rmsnorm_apply(fv(x), hv(w), fv(inv), fv(ya), rows, dim);
+  EXPECT_TRUE(same_bits(ya, y2));
+  Halves dw = to_bf16(randn(dim, 5));
+  Floats dx = randn(rows * dim, 4), dx2 = dx, c(dim, 0.0f);
+  k::rmsnorm_backward(dy.data(), x.data(), wf.data(), inv.data(), dx2.data(), c.data(), rows, dim);
+  Halves want(dim);
+  for (int64_t j = 0; j < dim; ++j) want[j] = k::float_to_bf16(k::bf16_to_float(dw[j]) + c[j]);
+  be.rmsnorm_backward(fv(dy), fv(x), hv(w), fv(inv), fv(dx), hv(dw), rows, dim);
+  EXPECT_TRUE(same_bits(dx, dx2));
+  EXPECT_TRUE(same_bits(dw, want));
+}
+
+TEST(CpuBackendF32, Rope) {
+  CpuBackend be(DType::kF32);
+  const int64_t B = 2, T = 7, heads = 3, D = 8, stride = 40, half = D / 2;
+  Floats cos(T * half), sin(T * half), cos2(T * half), sin2(T * half);
+  be.rope_table(fv(cos), fv(sin), T, D, 10000.0);
+  k::rope_table(cos2.data(), sin2.data(), T, D, 10000.0);
+  EXPECT_TRUE(same_bits(cos, cos2));
+  EXPECT_TRUE(same_bits(sin, sin2));
+  Floats x = randn(B * T * stride, 1), x2 = x;
+  be.rope_forward(fv(x), fv(cos), fv(sin), B, T, heads, D, stride);
+  k::rope_forward(x2.data(), cos.data(), sin.data(), B, T, heads, D, stride);
+  EXPECT_TRUE(same_bits(x, x2));
+  be.rope_backward(fv(x), fv(cos), fv(sin), B, T, heads, D, stride);
+  k::rope_backward(x2.data(), cos.data(), sin.data(), B, T, heads, D, stride);
+  EXPECT_TRUE(same_bits(x, x2));
+  // The last row needs only its heads, not a whole stride.
+  Floats tight((B * T - 1) * stride + heads * D);
+  be.rope_forward(fv(tight), fv(cos), fv(sin), B, T, heads, D, stride);
+  EXPECT_ERROR(
+      be.rope_forward(fv(tight).at(0, tight.size() - 1), fv(cos), fv(sin), B, T, heads, D, stride),
+      "rope_forward", "x holds");
+  EXPECT_ERROR(be.rope_table(fv(cos), fv(sin), T, 7, 10000.0), "rope_table", "odd");
+  EXPECT_ERROR(be.rope_forward(fv(x), fv(cos), fv(sin), B, T, 6, D, stride), "rope_forward",
+               "do not fit");
+  EXPECT_ERROR(be.rope_backward(fv(x), fv(cos).at(0, 4), fv(sin), B, T, heads, D, stride),
+               "rope_backward", "cos holds");
+}
+
+TEST(CpuBackendF32, Attention) {
+  CpuBackend be(DType::kBF16);                        // attention is fp32 whatever compute() is
+  const int64_t B = 2, T = 70, H = 4, KV = 2, D = 8;  // 70 crosses the kernel's 64-row block
+  const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
+  EXPECT_EQ(be.attention_saved_count(B, T, H), B * H * T * T);
+  Floats q = randn(nq, 1), kk = randn(nkv, 2), v = randn(nkv, 3), dout = randn(nq, 4);
+  Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(nq), o2(nq);
+  be.attention_forward(fv(q), fv(kk), fv(v), fv(p), fv(o), B, T, H, KV, D);
+  k::attention_forward(q.data(), kk.data(), v.data(), p2.data(), o2.data(), B, T, H, KV, D);
+  EXPECT_TRUE(same_bits(o, o2));
+  EXPECT_TRUE(same_bits(p, p2));
+  Floats dq(nq), dk(nkv), dv(nkv), dq2(nq), dk2(nkv), dv2(nkv);
+  View no_out;  // backward does not read the forward's output
+  be.attention_backward(fv(q), fv(kk), fv(v), fv(p), no_out, fv(dout), fv(dq), fv(dk), fv(dv), B, T,
+                        H, KV, D);
+  k::attention_backward(q.data(), kk.data(), v.data(), p.data(), dout.data(), dq2.data(),
+                        dk2.data(), dv2.data(), B, T, H, KV, D);
+  EXPECT_TRUE(same_bits(dq, dq2));
+  EXPECT_TRUE(same_bits(dk, dk2));
+  EXPECT_TRUE(same_bits(dv, dv2));
+  EXPECT_ERROR(
+      be.attention_forward(fv(q), fv(kk), fv(v), fv(p).at(0, p.size() - 1), fv(o), B, T, H, KV, D),
+      "attention_forward", "saved holds");
+  EXPECT_ERROR(be.attention_forward(fv(q), fv(kk), fv(v), fv(p), fv(o), B, T, H, 3, D),
+               "attention_forward", "kv heads");
+  EXPECT_ERROR(be.attention_backward(fv(q), fv(kk), fv(v), fv(p), no_out, fv(dout), fv(dq),
+                                     fv(dk).at(0, nkv - 1), fv(dv), B, T, H, KV, D),
+               "attention_backward", "dk holds");
+}
+
+TEST(CpuBackendF32, SwiGlu) {
+  CpuBackend be(DType::kF32);
+  const int64_t n = 5000;
+  Floats g = randn(n, 1, 3.0f), u = randn(n, 2), dout = randn(n, 3);
+  Floats o(n), o2(n);
+  be.swiglu_forward(fv(g), fv(u), fv(o));
+  k::swiglu_forward(g.data(), u.data(), o2.data(), n);
+  EXPECT_TRUE(same_bits(o, o2));
+  Floats dg(n), dg2(n), du = dout, du2 = dout;  // dup aliases dout, as the model does it
+  be.swiglu_backward(fv(g), fv(u), fv(du), fv(dg), fv(du));
+  k::swiglu_backward(g.data(), u.data(), du2.data(), dg2.data(), du2.data(), n);
+  EXPECT_TRUE(same_bits(dg, dg2));
+  EXPECT_TRUE(same_bits(du, du2));
+  EXPECT_ERROR(be.swiglu_forward(fv(g), fv(u), fv(o).at(0, n - 1)), "swiglu_forward",
+               "must be equal");
+  EXPECT_ERROR(be.swiglu_backward(fv(g), fv(u).at(0, 3), fv(du), fv(dg), fv(du)), "swiglu_backward",
+               "up holds 3");
+}
+
+TEST(CpuBackendF32, CrossEntropy) {
+  CpuBackend be(DType::kF32);
+  const int64_t rows = 12, V = 50;
+  Floats z = randn(rows * V, 1, 2.0f), z2 = z;
+  Ints t = random_tokens(rows, V, 2);
+  t[3] = -100;  // ignored
+  Floats lse(rows), lse2(rows);
+  const LossSum got = be.cross_entropy_forward(fv(z), iv(t), fv(lse), rows, V);
+  int64_t count = 0;
+  const double want = k::cross_entropy_forward(z2.data(), t.data(), lse2.data(), rows, V, &count);
+  EXPECT_EQ(std::memcmp(&got.sum, &want, sizeof want), 0);
+  EXPECT_EQ(got.count, count);
+  EXPECT_EQ(got.count, rows - 1);
+  EXPECT_TRUE(same_bits(lse, lse2));
+  be.cross_entropy_backward(fv(z), iv(t), fv(lse), rows, V, 0.25f);
+  k::cross_entropy_backward(z2.data(), t.data(), lse2.data(), rows, V, 0.25f);
+  EXPECT_TRUE(same_bits(z, z2));
+  t[5] = static_cast<int32_t>(V);
+  EXPECT_ERROR(be.cross_entropy_forward(fv(z), iv(t), fv(lse), rows, V), "target 50");
+  EXPECT_ERROR(be.cross_entropy_backward(fv(z), iv(t), fv(lse), rows, V, 1.0f),
+               "cross_entropy_backward", "target 50");
+  t[5] = 0;
+  EXPECT_ERROR(be.cross_entropy_forward(fv(z), fv(lse), fv(lse), rows, V), "cross_entropy_forward",
+               "targets is fp32");
+  EXPECT_ERROR(be.cross_entropy_forward(fv(z).at(0, rows * V - 1), iv(t), fv(lse), rows, V),
+               "cross_entropy_forward", "logits holds");
+}
+
+TEST(CpuBackendF32, Embedding) {
+  CpuBackend be(DType::kF32);
+  const int64_t rows = 300, dim = 24, vocab = 17;
+  Floats table = randn(vocab * dim, 1), dout = randn(rows * dim, 2);
+  Ints t = random_tokens(rows, vocab, 3);
+  Floats o(rows * dim), o2(rows * dim);
+  be.embedding_forward(iv(t), fv(table), fv(o), rows, dim);
+  k::embedding_forward(t.data(), table.data(), o2.data(), rows, dim);
+  EXPECT_TRUE(same_bits(o, o2));
+  Floats d = randn(vocab * dim, 4), d2 = d;
+  be.embedding_backward(iv(t), fv(dout), fv(d), rows, dim);
+  k::embedding_backward(t.data(), dout.data(), d2.data(), rows, dim);
+  EXPECT_TRUE(same_bits(d, d2));
+  // A bf16 table is widened.
+  Halves ht = to_bf16(table);
+  const Floats wt = widened(ht);
+  be.embedding_forward(iv(t), hv(ht), fv(o), rows, dim);
+  k::embedding_forward(t.data(), wt.data(), o2.data(), rows, dim);
+  EXPECT_TRUE(same_bits(o, o2));
+  // Tokens outside the table are Errors, not reads past it.
+  t[7] = static_cast<int32_t>(vocab);
+  EXPECT_ERROR(be.embedding_forward(iv(t), fv(table), fv(o), rows, dim), "embedding_forward",
+               "token 17 at row 7", "17 rows");
+  t[7] = -1;
+  EXPECT_ERROR(be.embedding_backward(iv(t), fv(dout), hv(ht), rows, dim), "embedding_backward",
+               "token -1");
+  t[7] = 0;
+  EXPECT_ERROR(be.embedding_forward(fv(o), fv(table), fv(o), rows, dim), "embedding_forward",
+               "tokens is fp32");
+  EXPECT_ERROR(be.embedding_forward(iv(t), iv(t), fv(o), rows, dim), "embedding_forward",
+               "table is int32");
+}
+
+// The optimizer step the engine runs today: the gradient scaled in place when
+// clipping, then engine::adamw_update_range over a one-tensor unit.
+void engine_adamw(Floats& p, Floats& m, Floats& v, Floats g, double lr, float grad_scale,
+                  int64_t step) {
+  const int64_t n = static_cast<int64_t>(p.size());
+  model::UnitSpec unit{model::UnitKind::kDecoder, 0, "layers.0", {}, n};
+  model::TensorSpec t;
+  t.name = "w";
+  t.numel = n;
+  unit.tensors.push_back(t);
+  engine::AdamWOptions options;  // beta 0.9, 0.95, eps 1e-8, weight decay 0.1
+  if (grad_scale != 1.0f) engine::scale_inplace(g.data(), n, grad_scale);
+  engine::adamw_update_range(unit, 0, n, p.data(), g.data(), m.data(), v.data(), options, lr, step);
+}
+
+// The same step for the backend; the bias corrections as the engine computes them.
+AdamWStep engine_step(double lr, float grad_scale, int64_t step) {
+  AdamWStep s;
+  s.lr = static_cast<float>(lr);
+  s.beta1 = 0.9f;
+  s.beta2 = 0.95f;
+  s.eps = 1e-8f;
+  s.weight_decay = 0.1f;
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, static_cast<double>(step)));
+  s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.95, static_cast<double>(step)));
+  s.grad_scale = grad_scale;
+  return s;
+}
+
+TEST(CpuBackendF32, AdamWIsTheEnginesUpdate) {
+  CpuBackend be(DType::kF32);
+  const int64_t n = 10007;
+  Floats p = randn(n, 1), m = randn(n, 2, 0.1f), v = randn(n, 3, 0.1f), g = randn(n, 4);
+  for (float& x : v) x = x * x;
+  for (float scale : {1.0f, 0.37f}) {
+    Floats p2 = p, m2 = m, v2 = v;
+    engine_adamw(p2, m2, v2, g, 3e-3, scale, 3);
+    for (DType copy_dtype : {DType::kF32, DType::kBF16, DType::kI32 /* none */}) {
+      Floats p1 = p, m1 = m, v1 = v, copy(n);
+      Halves hcopy(n);
+      const View cv = copy_dtype == DType::kF32    ? fv(copy)
+                      : copy_dtype == DType::kBF16 ? hv(hcopy)
+                                                   : View{};
+      be.adamw(fv(p1), fv(m1), fv(v1), fv(g), cv, engine_step(3e-3, scale, 3));
+      EXPECT_TRUE(same_bits(p1, p2)) << "scale " << scale << ", copy " << dtype_name(copy_dtype);
+      EXPECT_TRUE(same_bits(m1, m2));
+      EXPECT_TRUE(same_bits(v1, v2));
+      if (copy_dtype == DType::kF32) EXPECT_TRUE(same_bits(copy, p1));
+      if (copy_dtype == DType::kBF16) EXPECT_TRUE(same_bits(hcopy, to_bf16(p1)));
+    }
+  }
+  // kernels::adamw_update, whose bias corrections come from the fp32 betas.
+  AdamWStep s = engine_step(3e-3, 1.0f, 3);
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(0.9f), 3));
+  s.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(0.95f), 3));
+  Floats p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v;
+  be.adamw(fv(p1), fv(m1), fv(v1), fv(g), View{}, s);
+  k::adamw_update(p2.data(), m2.data(), v2.data(), g.data(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  EXPECT_TRUE(same_bits(p1, p2));
+  EXPECT_TRUE(same_bits(m1, m2));
+  EXPECT_TRUE(same_bits(v1, v2));
+}
+
+TEST(CpuBackendBf16, AdamWWithBf16GradAndCopy) {
+  CpuBackend be(DType::kBF16);
+  const int64_t n = 5003;
+  Floats p = randn(n, 1), m = randn(n, 2, 0.1f), v = randn(n, 3, 0.1f);
+  for (float& x : v) x = x * x;
+  Halves g = to_bf16(randn(n, 4));
+  const AdamWStep s = engine_step(1e-3, 0.5f, 7);
+  Floats p1 = p, m1 = m, v1 = v;
+  Halves copy(n, 0xFFFF);
+  be.adamw(fv(p1), fv(m1), fv(v1), hv(g), hv(copy), s);
+  // Reference: the engine's update on the widened gradient; the master rounded.
+  engine_adamw(p, m, v, widened(g), 1e-3, 0.5f, 7);
+  EXPECT_TRUE(same_bits(p1, p));
+  EXPECT_TRUE(same_bits(m1, m));
+  EXPECT_TRUE(same_bits(v1, v));
+  EXPECT_TRUE(same_bits(copy, to_bf16(p)));
+  EXPECT_ERROR(be.adamw(fv(p1), fv(m1), fv(v1), hv(g), hv(copy).at(0, n - 1), s), "adamw",
+               "param_copy holds");
+  EXPECT_ERROR(be.adamw(fv(p1), fv(m1).at(0, 5), fv(v1), hv(g), View{}, s), "adamw", "m holds 5");
+  EXPECT_ERROR(be.adamw(hv(g), fv(m1), fv(v1), hv(g), View{}, s), "adamw", "master is bf16");
+}
+
+// ---- bf16 matrix products --------------------------------------------------------------------
+
+// The reference of a bf16 matrix product written out: C[r, c] = round_bf16(sum
+// over k of a(r, k) * b(c, k)) with a and b already rounded to bf16; the sum is
+// exact (double: bf16 x bf16 products have 16 significant bits, and the sums
+// here stay far inside double's 53).
+template <typename A, typename B>
+Floats bf16_product(int64_t rows, int64_t cols, int64_t K, A a, B b) {
+  Floats c(rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < K; ++i) s += static_cast<double>(a(r, i)) * b(j, i);
+      c[r * cols + j] = k::round_bf16(static_cast<float>(s));
+    }
+  return c;
+}
+
+Floats rounded(const Floats& x) {
+  Floats r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = k::round_bf16(x[i]);
+  return r;
+}
+
+// Values whose bf16 roundings are multiples of 1/8 in [-15/8, 15/8]: fp32 values
+// near k/8, off by less than half a bf16 ulp, so the backend must round them
+// to get k/8. Products are multiples of 1/64 below 4 in magnitude; a sum of up
+// to 256 of them is a multiple of 1/64 below 1024, 16 significant bits: every
+// partial sum is exact in fp32, in any order, so sgemm's result is exact and
+// the bf16 product can be compared bit for bit with the reference.
+Floats near_eighths(int64_t n, uint64_t stream) {
+  Floats x(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float grid =
+        static_cast<float>(static_cast<int64_t>(random_below(11, stream, i, 31)) - 15) / 8;
+    const float wiggle = static_cast<float>(random_uniform(11, stream + 1000, i) * 2 - 1);
+    x[i] = grid * (1.0f + wiggle * std::ldexp(1.0f, -10));  // |relative error| < 2^-10 < half ulp
+  }
+  return x;
+}
+
+TEST(CpuBackendBf16, LinearExactAccumulationMatchesTheReference) {
+  CpuBackend be(DType::kBF16);
+  const int64_t M = 40, in = 96, out = 72;  // every K <= 256
+  Floats x = near_eighths(M * in, 1), w = near_eighths(out * in, 2), dy = near_eighths(M * out, 3);
+  const Floats xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+  ASSERT_FALSE(same_bits(x, xr));  // the inputs do need rounding
+  // beta * y is exact for these betas, so the reference does not depend on
+  // whether the compiler fuses the multiply-add.
+  for (float beta : {0.0f, 1.0f, -0.5f}) {
+    // y = round(round(x) round(W)^T) + beta y
+    const Floats y0 = randn(M * out, 4);
+    Floats y = y0;
+    Floats want = bf16_product(
+        M, out, in, [&](int64_t r, int64_t i) { return xr[r * in + i]; },
+        [&](int64_t c, int64_t i) { return wr[c * in + i]; });
+    if (beta != 0.0f)
+      for (int64_t i = 0; i < M * out; ++i) want[i] = want[i] + beta * y0[i];
+    be.linear_forward(fv(x), fv(w), fv(y), M, in, out, beta);
+    EXPECT_TRUE(same_bits(y, want)) << "forward, beta " << beta;
+    // dx = round(round(dy) round(W)) + beta dx
+    const Floats dx0 = randn(M * in, 5);
+    Floats dx = dx0;
+    Floats want_dx = bf16_product(
+        M, in, out, [&](int64_t r, int64_t o) { return dyr[r * out + o]; },
+        [&](int64_t i, int64_t o) { return wr[o * in + i]; });
+    if (beta != 0.0f)
+      for (int64_t i = 0; i < M * in; ++i) want_dx[i] = want_dx[i] + beta * dx0[i];
+    be.linear_backward_input(fv(dy), fv(w), fv(dx), M, in, out, beta);
+    EXPECT_TRUE(same_bits(dx, want_dx)) << "backward input, beta " << beta;
+  }
+  // dw += round(round(dy)^T round(x)), into fp32 and into bf16 gradients.
+  const Floats c = bf16_product(
+      out, in, M, [&](int64_t o, int64_t r) { return dyr[r * out + o]; },
+      [&](int64_t i, int64_t r) { return xr[r * in + i]; });
+  Floats dw = randn(out * in, 6), want_dw = dw;
+  for (int64_t i = 0; i < out * in; ++i) want_dw[i] += c[i];
+  be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out);
+  EXPECT_TRUE(same_bits(dw, want_dw));
+  Halves hdw = to_bf16(randn(out * in, 7)), want_h(out * in);
+  for (int64_t i = 0; i < out * in; ++i)
+    want_h[i] = k::float_to_bf16(k::bf16_to_float(hdw[i]) + c[i]);
+  be.linear_backward_weight(fv(dy), fv(x), hv(hdw), M, in, out);
+  EXPECT_TRUE(same_bits(hdw, want_h));
+  // bf16 weights are the same values as their fp32 originals rounded.
+  Halves hw = to_bf16(w);
+  Floats y1(M * out), y2(M * out);
+  be.linear_forward(fv(x), fv(w), fv(y1), M, in, out, 0.0f);
+  be.linear_forward(fv(x), hv(hw), fv(y2), M, in, out, 0.0f);
+  EXPECT_TRUE(same_bits(y1, y2));
+}
+
+// Random data: sgemm's fp32 sums are no longer exact. The reference sums in
+// double from the same rounded inputs. The only difference is the rounding
+// of sgemm's fp32 accumulation, at most K * 2^-24 * sum |a b| (K <= 160 here),
+// a few 1e-6 of sum |a b|, against bf16's relative spacing of 2^-8 (4e-3): the
+// two fp32 sums round to the same bf16 value unless the exact sum lies within
+// that sliver of a rounding boundary, and then differ by one bf16 ulp. So: no
+// element more than one ulp of its value away, and all but a few equal.
+TEST(CpuBackendBf16, LinearRandomMatchesTheReferenceWithinOneUlp) {
+  CpuBackend be(DType::kBF16);
+  const int64_t M = 33, in = 160, out = 48;
+  Floats x = randn(M * in, 1), w = randn(out * in, 2, 0.1f);
+  const Floats xr = rounded(x), wr = rounded(w);
+  Floats y(M * out);
+  be.linear_forward(fv(x), fv(w), fv(y), M, in, out, 0.0f);
+  const Floats want = bf16_product(
+      M, out, in, [&](int64_t r, int64_t i) { return xr[r * in + i]; },
+      [&](int64_t c, int64_t i) { return wr[c * in + i]; });
+  int64_t equal = 0;
+  for (int64_t i = 0; i < M * out; ++i) {
+    EXPECT_EQ(bits(y[i]) & 0xFFFF, 0u) << "not a bf16 value: " << y[i];
+    const float ulp = std::ldexp(1.0f, std::ilogb(want[i]) - 7);
+    EXPECT_LE(std::fabs(y[i] - want[i]), ulp) << i;
+    equal += bits(y[i]) == bits(want[i]);
+  }
+  EXPECT_GE(equal, M * out * 99 / 100);
+  // And it is not the fp32 product: the rounding happened.
+  Floats y32(M * out);
+  k::linear_forward(x.data(), w.data(), y32.data(), M, in, out, 0.0f);
+  EXPECT_FALSE(same_bits(y, y32));
+}
+
+TEST(CpuBackendBf16, LinearChecksViews) {
+  CpuBackend be(DType::kBF16);
+  const int64_t M = 4, in = 8, out = 6;
+  Floats x(M * in), w(out * in), y(M * out);
+  Ints t(out * in);
+  EXPECT_ERROR(be.linear_forward(fv(x), iv(t), fv(y), M, in, out, 0.0f), "linear_forward",
+               "w is int32");
+  EXPECT_ERROR(be.linear_forward(fv(x), fv(w), fv(y).at(0, M * out - 1), M, in, out, 0.0f),
+               "linear_forward", "y holds 23", "needs 24");
+  EXPECT_ERROR(be.linear_forward(fv(x), fv(w).at(0, 1), fv(y), M, in, out, 0.0f), "linear_forward",
+               "w holds 1");
+  EXPECT_ERROR(be.linear_backward_input(fv(y), fv(w), fv(x).at(0, 3), M, in, out, 0.0f),
+               "linear_backward_input", "dx holds 3");
+  EXPECT_ERROR(be.linear_backward_weight(fv(y), fv(x), iv(t), M, in, out), "linear_backward_weight",
+               "dw is int32");
+  EXPECT_ERROR(be.linear_backward_weight(fv(y), fv(x).at(0, 5), fv(w), M, in, out),
+               "linear_backward_weight", "x holds 5");
+  EXPECT_ERROR(be.linear_forward(fv(x), fv(w), fv(y), -1, in, out, 0.0f), "linear_forward",
+               "M = -1");
+  Halves hx(M * in);
+  EXPECT_ERROR(be.linear_forward(hv(hx), fv(w), fv(y), M, in, out, 0.0f), "linear_forward",
+               "x is bf16");
+}
+
+// ---- bf16 gradients round once per call ---------------------------------------------------------
+
+TEST(CpuBackendBf16, EmbeddingBackwardRoundsOncePerRow) {
+  CpuBackend be(DType::kBF16);
+  // Token 3 three times: each 2^-9 alone is below half of bf16's spacing at 1
+  // (2^-8), so adding and rounding them one by one would leave 1.0; their sum
+  // 3 * 2^-9 rounds to 1 + 2^-7.
+  const int64_t dim = 2, vocab = 5;
+  Ints t = {3, 1, 3, 3};
+  const float e = std::ldexp(1.0f, -9);
+  Floats dout = {e, -e, 0.5f, 0.25f, e, e, e, 3 * e};
+  Halves table(vocab * dim, k::float_to_bf16(1.0f));
+  be.embedding_backward(iv(t), fv(dout), hv(table), 4, dim);
+  EXPECT_EQ(k::bf16_to_float(table[3 * dim + 0]), 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(k::bf16_to_float(table[3 * dim + 1]), k::round_bf16(1.0f + 3 * e));  // -e + e + 3e
+  EXPECT_EQ(k::bf16_to_float(table[1 * dim + 0]), 1.5f);
+  EXPECT_EQ(k::bf16_to_float(table[1 * dim + 1]), 1.25f);
+  for (int64_t tok : {0, 2, 4})
+    for (int64_t j = 0; j < dim; ++j) EXPECT_EQ(k::bf16_to_float(table[tok * dim + j]), 1.0f);
+}
+
+TEST(CpuBackendBf16, EmbeddingBackwardMatchesTheReferenceOnAnyThreadCount) {
+  CpuBackend be(DType::kF32);
+  const int64_t rows = 1000, dim = 33, vocab = 50;
+  Floats dout = randn(rows * dim, 1);
+  Ints t = random_tokens(rows, vocab, 2);
+  const Halves table0 = to_bf16(randn(vocab * dim, 3));
+  // Reference: each token's rows summed in fp32 in row order, then one rounding.
+  Floats sum(vocab * dim, 0.0f);
+  std::vector<bool> seen(vocab, false);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = sum.data() + t[r] * dim;
+    for (int64_t j = 0; j < dim; ++j)
+      s[j] = seen[t[r]] ? s[j] + dout[r * dim + j] : dout[r * dim + j];
+    seen[t[r]] = true;
+  }
+  Halves want = table0;
+  for (int64_t i = 0; i < vocab * dim; ++i)
+    if (seen[i / dim]) want[i] = k::float_to_bf16(k::bf16_to_float(table0[i]) + sum[i]);
+  const int threads = omp_get_max_threads();
+  for (int n : {1, 2, 3}) {
+    omp_set_num_threads(n);
+    Halves table = table0;
+    be.embedding_backward(iv(t), fv(dout), hv(table), rows, dim);
+    EXPECT_TRUE(same_bits(table, want)) << n << " threads";
+  }
+  omp_set_num_threads(threads);
+}
+
+TEST(CpuBackendBf16, Bf16GradientsRoundOncePerCall) {
+  // rmsnorm_backward and linear_backward_weight into bf16: many rows each
+  // adding less than half an ulp still move the gradient.
+  CpuBackend be(DType::kF32);
+  const int64_t rows = 64, dim = 4;
+  Floats x(rows * dim, 1.0f), dy(rows * dim, std::ldexp(1.0f, -10)), inv(rows, 1.0f),
+      dx(rows * dim), w(dim, 1.0f);
+  Halves dw(dim, k::float_to_bf16(1.0f));
+  be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), hv(dw), rows, dim);
+  for (uint16_t h : dw) EXPECT_EQ(k::bf16_to_float(h), 1.0625f);  // 1 + 64 * 2^-10
+  Halves lw(dim * dim, k::float_to_bf16(1.0f));
+  be.linear_backward_weight(fv(dy), fv(x), hv(lw), rows, dim, dim);
+  for (uint16_t h : lw) EXPECT_EQ(k::bf16_to_float(h), 1.0625f);
+}
+
+}  // namespace
+}  // namespace amsp::backend
