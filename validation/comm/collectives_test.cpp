@@ -258,7 +258,8 @@ uint16_t bf16_reference_sum(const std::vector<std::vector<uint16_t>>& per_rank, 
   return bf16_nearest(s);
 }
 
-// Rank i of the group `c` in its data: group ranks are indices here.
+// Every op once in bf16 on `c` (group rank r contributes bf16_data_of(seed, r, ...)),
+// compared bit for bit with the reference.
 void check_ops_bf16(comm::Communicator& c, int64_t count, uint64_t seed) {
   const int n = c.size(), me = c.rank();
   const DType bf = DType::kBF16;
