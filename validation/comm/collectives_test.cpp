@@ -2,12 +2,21 @@
 // every collective against a straightforward reference on random data, sizes
 // that do not split evenly (padding) and zero-length ones, issue-order
 // completion, groups built from a shard plan's mesh, concurrent groups, and
-// the accounting against traffic_bytes. Prints "N passed, M failed".
+// the accounting against traffic_bytes; the same in bf16 against a reference
+// written here (the fp32 sum in rank order, rounded once), int32 moves, and
+// the accounting per dtype. Prints "N passed, M failed".
+//
+// With --wire DIR it only runs a fixed set of ops of every dtype, one group per
+// (dtype, op), and writes each rank's accounting to DIR/amsp-rank-<r>.json, for
+// validation/comm/wire_dtype_test.py to compare with what MPI was handed.
 
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -15,6 +24,7 @@
 #include "comm/communicator.h"
 #include "comm/group.h"
 #include "comm/traffic.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "engine/plan_groups.h"
 #include "plan/mesh.h"
@@ -203,12 +213,263 @@ void check_accounting(comm::Communicator& c) {
             sum[Op::kBroadcast].bytes_sent, " sent / ", sum[Op::kBroadcast].bytes_received, " received"));
 }
 
+// --- bf16 and int32 ------------------------------------------------------------
+// The test's own bf16: the bits are the top half of an fp32 (exact both ways
+// for the values below), and rounding to nearest, ties to even, is done by
+// comparing the distances to the two neighbours in double precision.
+float bf16_value(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t bf16_nearest(float x) {  // finite x below bf16's largest value
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint16_t down = static_cast<uint16_t>(u >> 16);  // toward zero
+  const uint16_t up = static_cast<uint16_t>(down + 1);   // away from zero
+  const double d_down = std::fabs(static_cast<double>(x) - bf16_value(down));
+  const double d_up = std::fabs(static_cast<double>(bf16_value(up)) - x);
+  if (d_down != d_up) return d_down < d_up ? down : up;
+  return (down & 1) == 0 ? down : up;
+}
+
+// Rank r's bf16 data for a case: signs and exponents over a wide range (2^-20
+// .. 2^20), so that sums need more than bf16's 8 bits, and fp32 sums of them
+// depend on the order of the additions.
+std::vector<uint16_t> bf16_data_of(uint64_t seed, int r, int64_t n) {
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  uint64_t s = seed * 2654435761u + static_cast<uint64_t>(r) * 40503u + 17;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const uint32_t sign = static_cast<uint32_t>(s >> 63);
+    const uint32_t exponent = 127 - 20 + static_cast<uint32_t>((s >> 40) % 41);
+    const uint32_t mantissa = static_cast<uint32_t>((s >> 20) & 0x7f);
+    x = static_cast<uint16_t>((sign << 15) | (exponent << 7) | mantissa);
+  }
+  return v;
+}
+
+// What a bf16 sum must give for element i: the fp32 sum over ranks 0..n-1 in
+// that order of each rank's element, rounded once.
+uint16_t bf16_reference_sum(const std::vector<std::vector<uint16_t>>& per_rank, int64_t i) {
+  float s = 0.0f;
+  for (const auto& d : per_rank) s += bf16_value(d[static_cast<size_t>(i)]);
+  return bf16_nearest(s);
+}
+
+// Every op once in bf16 on `c` (group rank r contributes bf16_data_of(seed, r, ...)),
+// compared bit for bit with the reference.
+void check_ops_bf16(comm::Communicator& c, int64_t count, uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  const DType bf = DType::kBF16;
+  const auto label = [&](Op op) {
+    return cat("bf16 ", comm::op_name(op), " on ", c.name(), " (", n, " ranks), count ", count);
+  };
+  {  // all-gather, out of place and in place: the bits move unchanged
+    const auto mine = bf16_data_of(seed, me, count);
+    std::vector<uint16_t> want;
+    for (int r = 0; r < n; ++r)
+      for (uint16_t x : bf16_data_of(seed, r, count)) want.push_back(x);
+    std::vector<uint16_t> recv(static_cast<size_t>(count * n), 0xffff);
+    c.all_gather(mine.data(), count, recv.data(), bf).wait();
+    check(recv == want, label(Op::kAllGather));
+    std::vector<uint16_t> inplace(static_cast<size_t>(count * n), 0xffff);
+    std::copy(mine.begin(), mine.end(), inplace.begin() + count * me);
+    c.all_gather(inplace.data() + count * me, count, inplace.data(), bf).wait();
+    check(inplace == want, label(Op::kAllGather) + " in place");
+  }
+  {  // reduce-scatter
+    std::vector<std::vector<uint16_t>> all;
+    for (int r = 0; r < n; ++r) all.push_back(bf16_data_of(seed + 1, r, count * n));
+    std::vector<uint16_t> recv(static_cast<size_t>(count), 0xffff);
+    c.reduce_scatter(all[me].data(), count, recv.data(), bf).wait();
+    std::vector<uint16_t> want(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) want[i] = bf16_reference_sum(all, count * me + i);
+    check(recv == want, label(Op::kReduceScatter));
+  }
+  {  // all-reduce: every rank holds the same bits, those of the reference
+    std::vector<std::vector<uint16_t>> all;
+    for (int r = 0; r < n; ++r) all.push_back(bf16_data_of(seed + 2, r, count));
+    auto buf = all[me];
+    c.all_reduce(buf.data(), count, bf).wait();
+    std::vector<uint16_t> want(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) want[i] = bf16_reference_sum(all, i);
+    check(buf == want, label(Op::kAllReduce));
+  }
+  for (int root : {0, n - 1}) {  // broadcast
+    const auto data = bf16_data_of(seed + 3, root, count);
+    auto buf = me == root ? data : std::vector<uint16_t>(static_cast<size_t>(count), 0xffff);
+    c.broadcast(buf.data(), count, root, bf).wait();
+    check(buf == data, cat(label(Op::kBroadcast), " root ", root));
+  }
+}
+
+// bf16 gradients of `real` elements: padded reduce-scatter, then the all-gather
+// of the reduced shards issued at once (issue order covers the multi-stage op).
+void check_padding_bf16(comm::Communicator& c, int64_t real, uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  const int64_t block = comm::block_count(real, n), padded = comm::padded_count(real, n);
+  std::vector<std::vector<uint16_t>> all;
+  for (int r = 0; r < n; ++r) {
+    auto d = bf16_data_of(seed, r, real);
+    d.resize(static_cast<size_t>(padded), 0);  // +0.0
+    all.push_back(d);
+  }
+  std::vector<uint16_t> shard(static_cast<size_t>(block), 0xffff);
+  std::vector<uint16_t> full(static_cast<size_t>(padded), 0xffff);
+  c.reduce_scatter(all[me].data(), block, shard.data(), DType::kBF16);
+  c.all_gather(shard.data(), block, full.data(), DType::kBF16).wait();
+  std::vector<uint16_t> want(static_cast<size_t>(padded));
+  for (int64_t i = 0; i < padded; ++i) want[i] = bf16_reference_sum(all, i);
+  check(full == want, cat("bf16 padded reduce-scatter + all-gather of ", real, " elements on ",
+                          c.name(), " (", n, " ranks)"));
+}
+
+// int32 moves exactly; summing it is refused before anything is issued.
+void check_int32(comm::Communicator& c, int64_t count) {
+  const int n = c.size(), me = c.rank();
+  const auto val = [](int r, int64_t i) {
+    return static_cast<int32_t>(2000000011 - 1000003 * r - static_cast<int32_t>(i));
+  };
+  std::vector<int32_t> mine(static_cast<size_t>(count)), recv(static_cast<size_t>(count * n), -1);
+  std::vector<int32_t> want;
+  for (int64_t i = 0; i < count; ++i) mine[i] = val(me, i);
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < count; ++i) want.push_back(val(r, i));
+  c.all_gather(mine.data(), count, recv.data(), DType::kI32).wait();
+  check(recv == want, cat("int32 all_gather on ", c.name(), ", count ", count));
+  std::vector<int32_t> buf = me == n - 1 ? mine : std::vector<int32_t>(static_cast<size_t>(count), 0);
+  c.broadcast(buf.data(), count, n - 1, DType::kI32).wait();
+  bool ok = true;
+  for (int64_t i = 0; i < count; ++i) ok &= buf[i] == val(n - 1, i);
+  check(ok, cat("int32 broadcast on ", c.name(), ", count ", count));
+
+  const comm::Stats before = c.stats();
+  std::string message;
+  try {
+    c.all_reduce(buf.data(), count, DType::kI32);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  check(message.find("all_reduce") != std::string::npos && message.find("int32") != std::string::npos &&
+            message.find(c.name()) != std::string::npos,
+        cat("an int32 all_reduce is refused with an error naming op, type and group: '", message, "'"));
+  check(c.stats()[Op::kAllReduce].calls == before[Op::kAllReduce].calls,
+        "a refused op is not counted");
+}
+
+// Bytes per dtype, against formulas written here: per element 4 bytes (fp32,
+// int32) or 2 (bf16); all-gather and reduce-scatter move (n-1) blocks of the
+// per-rank count, all-reduce 2(n-1) blocks of ceil(count/n), broadcast the
+// buffer once (the root sends, the others receive). The totals per op are the
+// sums over dtypes.
+void check_accounting_by_dtype(comm::Communicator& c) {
+  c.reset_stats();
+  const int64_t n = c.size(), me = c.rank(), root = 0;
+  const int64_t counts[] = {0, 1, 5, 1001};
+  // want[op][dtype] = {calls, sent, received}
+  int64_t want[4][3][3] = {};
+  for (int64_t k : counts) {
+    std::vector<uint32_t> a(static_cast<size_t>(k * n) + 1, 0), b(static_cast<size_t>(k * n) + 1, 0);
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
+      const int64_t e = t == DType::kBF16 ? 2 : 4;
+      const int ti = static_cast<int>(t);
+      const auto add = [&](Op op, int64_t sent, int64_t received) {
+        int64_t* w = want[static_cast<int>(op)][ti];
+        w[0] += 1;
+        w[1] += n > 1 ? sent : 0;
+        w[2] += n > 1 ? received : 0;
+      };
+      c.all_gather(a.data(), k, b.data(), t);
+      add(Op::kAllGather, (n - 1) * k * e, (n - 1) * k * e);
+      c.broadcast(a.data(), k, static_cast<int>(root), t);
+      add(Op::kBroadcast, me == root ? k * e : 0, me == root ? 0 : k * e);
+      if (t == DType::kI32) continue;
+      c.reduce_scatter(a.data(), k, b.data(), t);
+      add(Op::kReduceScatter, (n - 1) * k * e, (n - 1) * k * e);
+      c.all_reduce(a.data(), k, t);
+      add(Op::kAllReduce, 2 * (n - 1) * ((k + n - 1) / n) * e, 2 * (n - 1) * ((k + n - 1) / n) * e);
+    }
+    c.synchronize();  // before a and b go
+  }
+  const comm::Stats got = c.stats();
+  for (Op op : comm::kAllOps) {
+    int64_t calls = 0, sent = 0, received = 0;
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
+      const int64_t* w = want[static_cast<int>(op)][static_cast<int>(t)];
+      const comm::Counters& g = got[op][t];
+      check(g.calls == w[0] && g.bytes_sent == w[1] && g.bytes_received == w[2],
+            cat("stats of ", dtype_name(t), " ", comm::op_name(op), " on ", c.name(), ": ", g.calls,
+                " calls, ", g.bytes_sent, "/", g.bytes_received, " bytes; expected ", w[0], ", ", w[1],
+                "/", w[2]));
+      calls += w[0];
+      sent += w[1];
+      received += w[2];
+    }
+    check(got[op].calls == calls && got[op].bytes_sent == sent && got[op].bytes_received == received,
+          cat("stats of ", comm::op_name(op), " on ", c.name(), ": totals are the sums over dtypes"));
+  }
+  // Summed over the job (c spans MPI_COMM_WORLD): per dtype too.
+  const comm::Stats sum = comm::reduce_stats(got, MPI_COMM_WORLD);
+  check(sum[Op::kAllReduce][DType::kBF16].calls == 4 * n &&
+            sum[Op::kBroadcast][DType::kBF16].bytes_received ==
+                (n - 1) * sum[Op::kBroadcast][DType::kBF16].bytes_sent &&
+            sum[Op::kBroadcast][DType::kBF16].bytes_sent == (n > 1 ? (0 + 1 + 5 + 1001) * 2 : 0),
+        cat("bf16 stats summed over ", c.name()));
+  // The table has one row per (group, op, dtype) and a line of bytes by dtype.
+  const std::string table = comm::format_stats({got});
+  check(table.find("reduce_scatter  bf16") != std::string::npos &&
+            table.find("broadcast       int32") != std::string::npos &&
+            (n == 1 || table.find("sent by dtype: fp32 ") != std::string::npos),
+        "format_stats shows the dtypes:\n" + table);
+}
+
+// --wire DIR: every op of every dtype on a group of its own, then this rank's
+// accounting as JSON: {group: {"size": n, op: {dtype: [calls, sent, received]}}}.
+void write_wire_stats(const std::string& dir) {
+  std::string json = "{";
+  bool first = true;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
+    for (Op op : comm::kAllOps) {
+      const bool reduces = op == Op::kReduceScatter || op == Op::kAllReduce;
+      if (t == DType::kI32 && reduces) continue;
+      const std::string name = cat("wire.", dtype_name(t), ".", comm::op_name(op));
+      auto c = comm::make_mpi_communicator(comm::dup_group(MPI_COMM_WORLD, name));
+      const int n = c->size();
+      for (int64_t k : {0, 1, 7, 1001, 4099}) {
+        std::vector<uint32_t> a(static_cast<size_t>(k * n) + 1, 0), b(static_cast<size_t>(k * n) + 1, 0);
+        switch (op) {
+          case Op::kAllGather: c->all_gather(a.data(), k, b.data(), t); break;
+          case Op::kReduceScatter: c->reduce_scatter(a.data(), k, b.data(), t); break;
+          case Op::kAllReduce: c->all_reduce(a.data(), k, t); break;
+          case Op::kBroadcast: c->broadcast(a.data(), k, static_cast<int>(k % n), t); break;
+        }
+        c->synchronize();
+      }
+      const comm::Counters s = c->stats()[op][t];
+      json += cat(first ? "" : ",", "\n \"", name, "\": {\"size\": ", n, ", \"", comm::op_name(op),
+                  "\": {\"", dtype_name(t), "\": [", s.calls, ", ", s.bytes_sent, ", ",
+                  s.bytes_received, "]}}");
+      first = false;
+    }
+  }
+  json += "\n}\n";
+  std::ofstream(cat(dir, "/amsp-rank-", g_rank, ".json")) << json;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   comm::MpiSession session(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  if (argc == 3 && std::string(argv[1]) == "--wire") {
+    write_wire_stats(argv[2]);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0) std::printf("wrote %s/amsp-rank-*.json\n", argv[2]);
+    return 0;
+  }
   if (g_rank == 0)
     std::printf("comm collectives test: %d ranks, progress %s\n", g_world,
                 comm::progress_name(session.progress()));
@@ -219,6 +480,26 @@ int main(int argc, char** argv) {
     for (int64_t real : {1, 5, 1001, 65537}) check_padding(*world, real, seed += 10);
     check_issue_order(*world);
     check_accounting(*world);
+
+    // bf16 and int32 on the world, on pairs of ranks ({0,1}, {2,3}; with 3 ranks
+    // {0,1} and {2}) and on single ranks.
+    for (int64_t count : {0, 1, 7, 1001, 4099, 100003}) check_ops_bf16(*world, count, seed += 10);
+    for (int64_t real : {1, 5, 1001, 65537}) check_padding_bf16(*world, real, seed += 10);
+    {
+      const int first = g_rank - g_rank % 2;
+      std::vector<int> pair{first};
+      if (first + 1 < g_world) pair.push_back(first + 1);
+      auto two = comm::make_mpi_communicator(comm::make_group(MPI_COMM_WORLD, pair, "pair"));
+      auto one = comm::make_mpi_communicator(comm::make_group(MPI_COMM_WORLD, {g_rank}, "self"));
+      for (comm::Communicator* c : {two.get(), one.get()}) {
+        for (int64_t count : {0, 1, 7, 1001}) check_ops_bf16(*c, count, seed += 10);
+        check_padding_bf16(*c, 1001, seed += 10);
+        check_int32(*c, 33);
+      }
+      check_accounting_by_dtype(*world);
+    }
+    check_int32(*world, 0);
+    check_int32(*world, 1001);
 
     // The five groups of a plan on a fake mesh (2 ranks per node when the world
     // is even), as the engine will build them.

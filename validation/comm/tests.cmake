@@ -56,3 +56,15 @@ foreach(mode thread none)
     ENVIRONMENT "AMSP_COMM_TIMEOUT=1.5;AMSP_COMM_PROGRESS=${mode}"
     PASS_REGULAR_EXPRESSION "rank [02] of 3 on host .*: timeout: all_reduce \\(op #1, count 1000\\) on group P")
 endforeach()
+
+# What the communicators hand to MPI, counted through PMPI (the engine tests'
+# libamsp_mpi_count), per dtype: the MPI collectives each op uses and their bytes
+# under the ring model equal the accounting (bf16 sums go through an all-to-all).
+foreach(n 4 3)
+  add_test(NAME comm_wire_dtypes_${n}
+    COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/comm/wire_dtype_test.py
+            --test $<TARGET_FILE:amsp_comm_collectives_test> --preload $<TARGET_FILE:amsp_mpi_count>
+            --mpiexec ${MPIEXEC_EXECUTABLE} -n ${n} --work ${CMAKE_BINARY_DIR}/test-work/comm/wire-${n})
+  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300
+    PASS_REGULAR_EXPRESSION " 0 failed")
+endforeach()

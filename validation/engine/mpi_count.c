@@ -8,7 +8,9 @@
  *
  * keyed by the communicator's name (MPI_Comm_get_name; amsp names its groups),
  * "elements" summing each call's count argument (the per-rank block of an
- * all-gather or reduce-scatter, the buffer of an all-reduce or broadcast) and
+ * all-gather or reduce-scatter, the buffer of an all-reduce or broadcast, the
+ * block sent to each rank by an all-to-all: amsp's bf16 sums exchange their
+ * blocks with one, see doc/communication.md) and
  * "bytes" that times the datatype's size, "blocks" each count divided by the
  * communicator's size, rounded up (an all-reduce's padded block). This is the payload given to MPI, not
  * the point-to-point traffic of MPICH's algorithms, which PMPI cannot see; the
@@ -21,8 +23,9 @@
 #include <string.h>
 
 #define MAX_COMMS 64
-enum { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, NUM_OPS };
-static const char* const op_names[NUM_OPS] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+enum { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_ALL_TO_ALL, NUM_OPS };
+static const char* const op_names[NUM_OPS] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                              "all_to_all"};
 
 struct counts {
   char name[MPI_MAX_OBJECT_NAME];
@@ -59,14 +62,31 @@ static void count(MPI_Comm comm, int op, long long elements, MPI_Datatype type) 
   pthread_mutex_unlock(&lock);
 }
 
+/* With MPI_IN_PLACE the send count and type are ignored (MPI's rule): count the
+ * receive side's per-rank block instead. */
 int MPI_Allgather(const void* s, int sc, MPI_Datatype st, void* r, int rc, MPI_Datatype rt, MPI_Comm c) {
-  count(c, OP_ALL_GATHER, sc, st);
+  if (s == MPI_IN_PLACE) count(c, OP_ALL_GATHER, rc, rt);
+  else count(c, OP_ALL_GATHER, sc, st);
   return PMPI_Allgather(s, sc, st, r, rc, rt, c);
 }
 int MPI_Iallgather(const void* s, int sc, MPI_Datatype st, void* r, int rc, MPI_Datatype rt, MPI_Comm c,
                    MPI_Request* q) {
-  count(c, OP_ALL_GATHER, sc, st);
+  if (s == MPI_IN_PLACE) count(c, OP_ALL_GATHER, rc, rt);
+  else count(c, OP_ALL_GATHER, sc, st);
   return PMPI_Iallgather(s, sc, st, r, rc, rt, c, q);
+}
+/* The count is the block sent to each rank (the rank's own included, as MPI
+ * defines it); a ring-equivalent exchange moves (n-1) of them per rank. */
+int MPI_Alltoall(const void* s, int sc, MPI_Datatype st, void* r, int rc, MPI_Datatype rt, MPI_Comm c) {
+  if (s == MPI_IN_PLACE) count(c, OP_ALL_TO_ALL, rc, rt);
+  else count(c, OP_ALL_TO_ALL, sc, st);
+  return PMPI_Alltoall(s, sc, st, r, rc, rt, c);
+}
+int MPI_Ialltoall(const void* s, int sc, MPI_Datatype st, void* r, int rc, MPI_Datatype rt, MPI_Comm c,
+                  MPI_Request* q) {
+  if (s == MPI_IN_PLACE) count(c, OP_ALL_TO_ALL, rc, rt);
+  else count(c, OP_ALL_TO_ALL, sc, st);
+  return PMPI_Ialltoall(s, sc, st, r, rc, rt, c, q);
 }
 int MPI_Reduce_scatter_block(const void* s, void* r, int rc, MPI_Datatype t, MPI_Op o, MPI_Comm c) {
   count(c, OP_REDUCE_SCATTER, rc, t);
