@@ -574,27 +574,18 @@ TEST(CpuBackendF32, Embedding) {
                "table is int32");
 }
 
-// The optimizer step as the engine ran it before the backend existed, written
-// out here as the expectation: the gradient scaled in place when clipping, then
-// adamw_update_element over the elements, bias corrections from double betas.
+// The expectation: the gradient scaled in place when clipping, then the
+// reference kernel kernels::adamw_update (bias corrections from fp32 betas).
 void engine_adamw(Floats& p, Floats& m, Floats& v, Floats g, double lr, float grad_scale,
                   int64_t step) {
   const int64_t n = static_cast<int64_t>(p.size());
-  if (grad_scale != 1.0f) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= grad_scale;
-  }
-  const float bc1 = static_cast<float>(1.0 - std::pow(0.9, static_cast<double>(step)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(0.95, static_cast<double>(step)));
-  const float flr = static_cast<float>(lr), b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-  float *pp = p.data(), *mm = m.data(), *vv = v.data();
-  const float* gg = g.data();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    kernels::adamw_update_element(pp[i], mm[i], vv[i], gg[i], flr, b1, b2, eps, wd, bc1, bc2);
+  if (grad_scale != 1.0f)
+    for (float& x : g) x *= grad_scale;
+  k::adamw_update(p.data(), m.data(), v.data(), g.data(), n, static_cast<float>(lr), 0.9f, 0.95f,
+                  1e-8f, 0.1f, step);
 }
 
-// The same step for the backend; the bias corrections as the engine computes them.
+// The same step for the backend, with the reference kernel's bias corrections.
 AdamWStep engine_step(double lr, float grad_scale, int64_t step) {
   AdamWStep s;
   s.lr = static_cast<float>(lr);
@@ -602,8 +593,8 @@ AdamWStep engine_step(double lr, float grad_scale, int64_t step) {
   s.beta2 = 0.95f;
   s.eps = 1e-8f;
   s.weight_decay = 0.1f;
-  s.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, static_cast<double>(step)));
-  s.bias_correction2 = static_cast<float>(1.0 - std::pow(0.95, static_cast<double>(step)));
+  s.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(0.9f), step));
+  s.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(0.95f), step));
   s.grad_scale = grad_scale;
   return s;
 }
