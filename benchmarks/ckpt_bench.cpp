@@ -1,4 +1,4 @@
-// Checkpoint write and read throughput (issue 6, point 7), beside this
+// Checkpoint write and read throughput, beside this
 // machine's sequential write and read throughput of a plain file of the same
 // size, measured in the same run:
 //

@@ -1,6 +1,6 @@
 // The sharding engine: one optimizer step of data-parallel training in which
 // parameters, gradients and optimizer states are each sharded as a plan says
-// (design note amsp.md, section 3), with communication overlapping compute.
+// (doc/engine.md), with communication overlapping compute.
 //
 // Per micro-batch, per unit:
 //   forward   all-gather the unit over the P group (the next `prefetch` units

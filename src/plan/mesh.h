@@ -1,5 +1,5 @@
-// The mesh of a shard plan: each rank's coordinates and the five groups of the
-// design note (amsp.md, section 2), as lists of positions. A position is a
+// The mesh of a shard plan: each rank's coordinates and the five groups of a
+// plan (P, G, OS, replica, gather; doc/planner.md), as lists of positions. A position is a
 // rank's place in node-major order (nodes sorted by switch path, then local
 // rank), so consecutive positions share a node and the innermost groups stay
 // on the node's fastest links.

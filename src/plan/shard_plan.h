@@ -2,7 +2,7 @@
 //
 // Each state X (parameters P, gradients G, optimizer states OS) is sharded over
 // s_X = s0 x s1 ranks: s0 ranks inside a node times s1 whole nodes. The rules
-// (design note amsp.md, section 1):
+// (doc/planner.md, section 1):
 //   - s0 divides R (ranks per node), s1 divides N (nodes);
 //   - nesting: s0p | s0g | s0os and s1p | s1g | s1os, so OS is never sharded
 //     less than G, nor G less than P;

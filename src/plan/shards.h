@@ -1,5 +1,5 @@
-// Which part of each unit a rank holds under a shard plan (design note amsp.md,
-// section 2). A unit's flat buffer is padded to Φ, a multiple of s_os, so it
+// Which part of each unit a rank holds under a shard plan (doc/engine.md, "What a
+// rank holds"). A unit's flat buffer is padded to Φ, a multiple of s_os, so it
 // splits evenly at every level (s_p | s_g | s_os); the rank's shards nest:
 // its OS-shard lies inside its G-shard, which lies inside its P-shard.
 #pragma once

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checkpoint and resume through the real `amsp train` (issue 6, points 3 and 6).
+"""Checkpoint and resume through the real `amsp train`.
 
 Every run is the tiny preset, --seq-len 32, --eval-every 0 (validation at the start and
 the end only), --threads 1, --peak-tflops 1. A run is "interrupted" by SIGKILL (a crash)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""slurm/train.sbatch and slurm/scaling-study.sh on a real local Slurm cluster (issue 7).
+"""slurm/train.sbatch and slurm/scaling-study.sh on a real local Slurm cluster.
 
 Each mode starts its own cluster of 4 virtual nodes x 2 CPUs (slurm/local-cluster/start.sh,
 ports 17517 and 17601-17604) and always stops it. Jobs are submitted with sbatch exactly as a

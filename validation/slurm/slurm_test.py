@@ -232,7 +232,7 @@ def case_mpiexec(args):
 
 
 # Expected groups on 4 nodes x 2 ranks (rank r on node n{r//2+1}; n1, n2 under switch
-# s1, n3, n4 under s2), worked out by hand from the design note's coordinates (P
+# s1, n3, n4 under s2), worked out by hand from the mesh's coordinates (P
 # fastest, then G, OS, replica). Each entry: group -> function of the rank giving the
 # world ranks of its group in group order.
 def _self(r):
