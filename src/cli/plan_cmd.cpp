@@ -172,7 +172,8 @@ int run_plan(int argc, char** argv) {
       ("bandwidth", po::value<std::string>(&bandwidth_path)->value_name("FILE"),
            "a measured `amsp comm-bench` table instead of the cluster's modelled one")
       ("precision", po::value<std::string>(&precision)->default_value("bf16")->value_name("bf16|fp32"),
-           "bf16 mixed precision with Adam (2/2/12 bytes), or fp32 as on CPU (4/4/8)")
+           "bf16 mixed precision with Adam (2/4/12 bytes: fp32 gradient accumulator), or fp32 as on "
+           "CPU (4/4/8)")
       ("seq-len", po::value<int64_t>(&seq_len)->default_value(4096)->value_name("INT"),
            "tokens per sequence")
       ("micro-batch", po::value<int64_t>(&micro_batch)->default_value(1)->value_name("INT"),
