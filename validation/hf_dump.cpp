@@ -18,8 +18,6 @@
 // as 1 + 0.1 * normal so that the norms' scaling and its gradient are tested
 // with something other than ones. A dev tool: hand-parsed options, errors as
 // one line on stderr.
-#include <hdf5.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/h5.h"
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/layout.h"
@@ -105,23 +104,13 @@ Options parse_options(int argc, char** argv) {
 
 // --- HDF5 ---------------------------------------------------------------------
 
-// Owns one HDF5 identifier.
-class H5Id {
- public:
-  H5Id(hid_t id, herr_t (*close)(hid_t), const std::string& what) : id_(id), close_(close) {
-    if (id_ < 0) fail("HDF5: cannot ", what);
-  }
-  ~H5Id() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  operator hid_t() const { return id_; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
+// An HDF5 identifier, owned and closed by h5::Handle; one that could not be
+// made is an error naming what failed.
+h5::Handle checked(hid_t id, h5::Handle::Closer close, const std::string& what) {
+  h5::Handle handle(id, close);
+  if (!handle.valid()) fail("HDF5: cannot ", what);
+  return handle;
+}
 
 void check(herr_t status, const std::string& what) {
   if (status < 0) fail("HDF5: cannot ", what);
@@ -130,29 +119,31 @@ void check(herr_t status, const std::string& what) {
 void write_dataset(hid_t parent, const std::string& name, hid_t file_type, hid_t mem_type,
                    const std::vector<int64_t>& shape, const void* data) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
-  H5Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
-             "create dataspace for " + name);
-  H5Id set(H5Dcreate2(parent, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-           H5Dclose, "create dataset " + name);
+  const h5::Handle space =
+      checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
+              "create dataspace for " + name);
+  const h5::Handle set = checked(
+      H5Dcreate2(parent, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+      H5Dclose, "create dataset " + name);
   check(H5Dwrite(set, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "write dataset " + name);
 }
 
 void write_string_attr(hid_t obj, const char* name, const std::string& value) {
-  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose, "copy string type");
+  const h5::Handle type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "copy string type");
   check(H5Tset_size(type, H5T_VARIABLE), "set string size");
   check(H5Tset_cset(type, H5T_CSET_UTF8), "set string charset");
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose, "create scalar dataspace");
-  H5Id attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-            cat("create attribute ", name));
+  const h5::Handle space = checked(H5Screate(H5S_SCALAR), H5Sclose, "create scalar dataspace");
+  const h5::Handle attr = checked(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT),
+                                  H5Aclose, cat("create attribute ", name));
   const char* p = value.c_str();
   check(H5Awrite(attr, type, &p), cat("write attribute ", name));
 }
 
 template <typename T>
 void write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, T value) {
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose, "create scalar dataspace");
-  H5Id attr(H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-            cat("create attribute ", name));
+  const h5::Handle space = checked(H5Screate(H5S_SCALAR), H5Sclose, "create scalar dataspace");
+  const h5::Handle attr = checked(H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT),
+                                  H5Aclose, cat("create attribute ", name));
   check(H5Awrite(attr, mem_type, &value), cat("write attribute ", name));
 }
 
@@ -210,8 +201,8 @@ int run(const Options& o) {
   for (int u = num_units - 1; u >= 0; --u) llama.backward(u, host(params[u]), host(grads[u]));
 
   // Write the dump.
-  H5Id file(H5Fcreate(o.out.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose,
-            "create " + o.out);
+  const h5::Handle file = checked(H5Fcreate(o.out.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+                                  H5Fclose, "create " + o.out);
   write_string_attr(file, "config", model::config_to_json(config));
   write_scalar_attr(file, "loss", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, loss_sum / loss_count);
   write_scalar_attr(file, "loss_sum", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, loss_sum);
@@ -223,9 +214,11 @@ int run(const Options& o) {
   write_dataset(file, "targets", H5T_STD_I32LE, H5T_NATIVE_INT32, {B, T}, targets.data());
   write_dataset(file, "logits", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {B, T, V}, logits.data());
 
-  H5Id pgroup(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+  const h5::Handle pgroup =
+      checked(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
               "create group /params");
-  H5Id ggroup(H5Gcreate2(file, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+  const h5::Handle ggroup =
+      checked(H5Gcreate2(file, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
               "create group /grads");
   for (int u = 0; u < num_units; ++u) {
     for (const model::TensorSpec& t : units[u].tensors) {
@@ -243,7 +236,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported as one line below
+  const amsp::h5::QuietErrors quiet;  // errors are reported as one line below
   try {
     return run(parse_options(argc, argv));
   } catch (const amsp::Error& e) {

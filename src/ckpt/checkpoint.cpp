@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -180,6 +181,171 @@ void check_shapes(const std::vector<model::UnitSpec>& units) {
         fail("checkpoint: tensor ", t.name, " has ", t.shape.size(), " dimensions; expected 1 or 2");
 }
 
+// What one rank contributes to a save.
+struct SaveJob {
+  const std::vector<model::UnitSpec>& units;
+  const std::vector<plan::UnitShards>& shards;
+  const std::vector<StateView>& views;
+  bool writer;
+  Source source(State state, size_t u, const model::TensorSpec& t) const {
+    return source_of(state, t, shards[u], views[u], writer);
+  }
+};
+
+// Rank 0's metadata, on every rank.
+Metadata agreed_metadata(const Metadata& meta_in, MPI_Comm comm) {
+  std::string meta_json = meta_to_json(meta_in);
+  bcast_string(&meta_json, 0, comm);
+  return meta_from_json(meta_json);
+}
+
+// Rank 0 prepares the directory and clears temporaries of crashed saves.
+void prepare_directory(const std::string& dir, int rank, MPI_Comm comm) {
+  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir, ec))
+      fail_usage("--checkpoint-dir ", dir, ": cannot create the directory");
+    (void)clean_temporaries(dir);
+  }), comm);
+}
+
+// Checksums first: every writer sums its pieces, one reduction for all. In
+// dataset order: state, unit, tensor.
+std::vector<uint64_t> dataset_checksums(const SaveJob& job, MPI_Comm comm) {
+  std::vector<uint64_t> sums;
+  for (State state : detail::kAllStates)
+    for (size_t u = 0; u < job.units.size(); ++u)
+      for (const auto& t : job.units[u].tensors) {
+        const Source s = job.source(state, u, t);
+        sums.push_back(s.piece ? checksum(s.data, s.piece->size(), s.piece->begin) : 0);
+      }
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
+                               MPI_UINT64_T, MPI_SUM, comm));
+  return sums;
+}
+
+std::string manifest_json_for(const Metadata& meta, const std::vector<model::UnitSpec>& units,
+                              const std::vector<uint64_t>& sums) {
+  Manifest manifest;
+  manifest.meta = meta;
+  for (State state : detail::kAllStates)
+    for (const auto& u : units)
+      for (const auto& t : u.tensors)
+        manifest.datasets.push_back({dataset_path(state, t.name), t.shape, sums[manifest.datasets.size()]});
+  return manifest_to_json(manifest);
+}
+
+// The file, created over MPI-IO with collective metadata.
+Handle create_file(const Writer& w, const std::string& tmp_path, MPI_Comm comm) {
+  Handle fapl = h5::file_access();
+  w.check(fapl.valid() && H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) >= 0 &&
+              H5Pset_all_coll_metadata_ops(fapl, true) >= 0 &&
+              H5Pset_coll_metadata_write(fapl, true) >= 0,
+          "set up MPI-IO file access");
+  Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+  w.check(file.valid(), cat("create ", tmp_path));
+  return file;
+}
+
+// How datasets are laid out and written.
+struct WriteProps {
+  Handle dxpl, dcpl;
+  bool collective = false;
+};
+
+WriteProps write_props(const Writer& w, Transfer transfer) {
+  WriteProps p;
+  p.dxpl = Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  p.collective = transfer == Transfer::kCollective;
+  w.check(p.dxpl.valid() && H5Pset_dxpl_mpio(p.dxpl, p.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT) >= 0,
+          "set up the transfer property list");
+  p.dcpl = Handle(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  w.check(p.dcpl.valid() && H5Pset_layout(p.dcpl, H5D_CONTIGUOUS) >= 0 &&
+              H5Pset_alloc_time(p.dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+              H5Pset_fill_time(p.dcpl, H5D_FILL_TIME_NEVER) >= 0,
+          "make a dataset property list");
+  return p;
+}
+
+// One tensor's dataset: created by all, its checksum attached, this rank's
+// piece written (an empty selection under a collective transfer).
+void write_tensor(const Writer& w, hid_t parent, State state, const model::TensorSpec& t,
+                  const Source& s, uint64_t sum, const WriteProps& props) {
+  const std::string dpath = dataset_path(state, t.name);
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  w.check(fspace.valid(), cat("make the dataspace of ", dpath));
+  Handle dset(H5Dcreate2(parent, dataset_name(t.name).c_str(), H5T_IEEE_F32LE, fspace,
+                         H5P_DEFAULT, props.dcpl, H5P_DEFAULT),
+              H5Dclose);
+  w.check(dset.valid(), cat("create dataset ", dpath));
+  w.check(detail::write_u64_attr(dset, "checksum", sum), cat("write the checksum of ", dpath));
+  const int64_t n = s.piece ? s.piece->size() : 0;
+  Handle mspace = detail::memory_space(n);
+  w.check(mspace.valid() && detail::select_run(fspace, t.shape, s.piece ? s.piece->begin : 0,
+                                               s.piece ? s.piece->end : 0),
+          cat("select this rank's part of ", dpath));
+  const float dummy = 0;
+  if (props.collective || n > 0)
+    w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, props.dxpl, n ? s.data : &dummy) >= 0,
+            cat("write dataset ", dpath));
+  w.check(dset.close(), cat("close dataset ", dpath));
+}
+
+// /model and /optimizer/{exp_avg,exp_avg_sq}, every tensor of every unit.
+void write_datasets(const Writer& w, hid_t file, const SaveJob& job,
+                    const std::vector<uint64_t>& sums, const WriteProps& props) {
+  Handle gm = make_group(w, file, "model");
+  Handle go = make_group(w, file, "optimizer");
+  Handle ga = make_group(w, go, "exp_avg");
+  Handle gs = make_group(w, go, "exp_avg_sq");
+  size_t index = 0;
+  for (State state : detail::kAllStates) {
+    const hid_t parent = state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get();
+    for (size_t u = 0; u < job.units.size(); ++u)
+      for (const auto& t : job.units[u].tensors)
+        write_tensor(w, parent, state, t, job.source(state, u, t), sums[index++], props);
+  }
+}
+
+// Writes the temporary file; every rank has closed it on return.
+void write_file(const std::string& tmp_path, const std::string& final_path, const Metadata& meta,
+                const std::string& manifest_json, const SaveJob& job,
+                const std::vector<uint64_t>& sums, Transfer transfer, int rank, MPI_Comm comm) {
+  {
+    const Writer w{final_path};
+    h5::QuietErrors quiet;
+    Handle file = create_file(w, tmp_path, comm);
+    w.check(detail::write_metadata(file, meta, manifest_json), "write the root attributes");
+    const WriteProps props = write_props(w, transfer);
+    write_datasets(w, file, job, sums, props);
+    fault::point("save.data", meta.step, rank);
+    w.check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flush the file");
+    w.check(file.close(), "close the file");
+  }
+  AMSP_MPI_CHECK(MPI_Barrier(comm));
+  fault::point("save.closed", meta.step, rank);
+}
+
+// Every rank has closed the file: rank 0 makes it durable and visible, points
+// `latest` at it and prunes older checkpoints.
+void publish(const std::string& dir, const std::string& name, const std::string& tmp_path,
+             const std::string& final_path, int64_t step, int keep_last, int rank, MPI_Comm comm) {
+  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
+    fsync_path(tmp_path, false);
+    std::error_code ec;
+    fs::rename(tmp_path, final_path, ec);
+    if (ec) fail("checkpoint: cannot rename ", tmp_path, " to ", final_path, ": ", ec.message());
+    fsync_path(dir, true);
+    fault::point("save.renamed", step, 0);
+    write_latest(dir, name, step);
+    fsync_path(dir, true);
+    fault::point("save.latest", step, 0);
+    prune(dir, name, keep_last);
+  }), comm);
+}
+
 }  // namespace
 
 std::string save(const std::string& dir, const Metadata& meta_in,
@@ -190,114 +356,16 @@ std::string save(const std::string& dir, const Metadata& meta_in,
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   check_shapes(units);
-  std::string meta_json = meta_to_json(meta_in);
-  bcast_string(&meta_json, 0, comm);
-  const Metadata meta = meta_from_json(meta_json);
+  const Metadata meta = agreed_metadata(meta_in, comm);
   const std::string name = file_name(meta.step);
   const std::string final_path = dir + "/" + name, tmp_path = dir + "/." + name + ".tmp";
   fault::point("save.begin", meta.step, rank);
-
-  // Rank 0 prepares the directory and clears temporaries of crashed saves.
-  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (!fs::is_directory(dir, ec))
-      fail_usage("--checkpoint-dir ", dir, ": cannot create the directory");
-    (void)clean_temporaries(dir);
-  }), comm);
-
-  // Checksums first: every writer sums its pieces, one reduction for all.
-  std::vector<uint64_t> sums;
-  for (State state : detail::kAllStates)
-    for (size_t u = 0; u < units.size(); ++u)
-      for (const auto& t : units[u].tensors) {
-        const Source s = source_of(state, t, shards[u], views[u], writer);
-        sums.push_back(s.piece ? checksum(s.data, s.piece->size(), s.piece->begin) : 0);
-      }
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
-                               MPI_UINT64_T, MPI_SUM, comm));
-  Manifest manifest;
-  manifest.meta = meta;
-  for (State state : detail::kAllStates)
-    for (const auto& u : units)
-      for (const auto& t : u.tensors)
-        manifest.datasets.push_back({dataset_path(state, t.name), t.shape, sums[manifest.datasets.size()]});
-  const std::string manifest_json = manifest_to_json(manifest);
-
-  {
-    const Writer w{final_path};
-    h5::QuietErrors quiet;
-    Handle fapl = h5::file_access();
-    w.check(fapl.valid() && H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) >= 0 &&
-                H5Pset_all_coll_metadata_ops(fapl, true) >= 0 &&
-                H5Pset_coll_metadata_write(fapl, true) >= 0,
-            "set up MPI-IO file access");
-    Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
-    w.check(file.valid(), cat("create ", tmp_path));
-    w.check(detail::write_metadata(file, meta, manifest_json), "write the root attributes");
-    Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-    const bool collective = transfer == Transfer::kCollective;
-    w.check(dxpl.valid() && H5Pset_dxpl_mpio(dxpl, collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT) >= 0,
-            "set up the transfer property list");
-    Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    w.check(dcpl.valid() && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
-                H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
-                H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
-            "make a dataset property list");
-    {
-      Handle gm = make_group(w, file, "model");
-      Handle go = make_group(w, file, "optimizer");
-      Handle ga = make_group(w, go, "exp_avg");
-      Handle gs = make_group(w, go, "exp_avg_sq");
-      const float dummy = 0;
-      size_t index = 0;
-      for (State state : detail::kAllStates) {
-        const hid_t parent = state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get();
-        for (size_t u = 0; u < units.size(); ++u)
-          for (const auto& t : units[u].tensors) {
-            const std::string dpath = dataset_path(state, t.name);
-            std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-            Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-            w.check(fspace.valid(), cat("make the dataspace of ", dpath));
-            Handle dset(H5Dcreate2(parent, dataset_name(t.name).c_str(), H5T_IEEE_F32LE, fspace,
-                                   H5P_DEFAULT, dcpl, H5P_DEFAULT),
-                        H5Dclose);
-            w.check(dset.valid(), cat("create dataset ", dpath));
-            w.check(detail::write_u64_attr(dset, "checksum", sums[index++]),
-                    cat("write the checksum of ", dpath));
-            const Source s = source_of(state, t, shards[u], views[u], writer);
-            const int64_t n = s.piece ? s.piece->size() : 0;
-            Handle mspace = detail::memory_space(n);
-            w.check(mspace.valid() && detail::select_run(fspace, t.shape, s.piece ? s.piece->begin : 0,
-                                                         s.piece ? s.piece->end : 0),
-                    cat("select this rank's part of ", dpath));
-            if (collective || n > 0)
-              w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, n ? s.data : &dummy) >= 0,
-                      cat("write dataset ", dpath));
-            w.check(dset.close(), cat("close dataset ", dpath));
-          }
-      }
-    }
-    fault::point("save.data", meta.step, rank);
-    w.check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flush the file");
-    w.check(file.close(), "close the file");
-  }
-  AMSP_MPI_CHECK(MPI_Barrier(comm));
-  fault::point("save.closed", meta.step, rank);
-
-  // Every rank has closed the file: rank 0 makes it durable and visible.
-  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
-    fsync_path(tmp_path, false);
-    std::error_code ec;
-    fs::rename(tmp_path, final_path, ec);
-    if (ec) fail("checkpoint: cannot rename ", tmp_path, " to ", final_path, ": ", ec.message());
-    fsync_path(dir, true);
-    fault::point("save.renamed", meta.step, 0);
-    write_latest(dir, name, meta.step);
-    fsync_path(dir, true);
-    fault::point("save.latest", meta.step, 0);
-    prune(dir, name, keep_last);
-  }), comm);
+  prepare_directory(dir, rank, comm);
+  const SaveJob job{units, shards, views, writer};
+  const std::vector<uint64_t> sums = dataset_checksums(job, comm);
+  const std::string manifest_json = manifest_json_for(meta, units, sums);
+  write_file(tmp_path, final_path, meta, manifest_json, job, sums, transfer, rank, comm);
+  publish(dir, name, tmp_path, final_path, meta.step, keep_last, rank, comm);
   return final_path;
 }
 
@@ -331,75 +399,107 @@ void check_model(const std::string& path, const std::string& stored_json,
   }
 }
 
+// For each unit, whether this rank sums the checksum of its P range ([0]) and
+// of its OS range ([1]): only if no lower rank holds the same range. Ranges of
+// one plan are equal or disjoint, so each element counts once.
+std::vector<std::array<bool, 2>> ranges_to_count(const std::vector<plan::UnitShards>& shards,
+                                                 MPI_Comm comm) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  const size_t nu = shards.size();
+  std::vector<int64_t> mine(2 * nu), all(2 * nu * static_cast<size_t>(world));
+  for (size_t u = 0; u < nu; ++u) mine[2 * u] = shards[u].p.begin, mine[2 * u + 1] = shards[u].os.begin;
+  AMSP_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(2 * nu), MPI_INT64_T, all.data(),
+                               static_cast<int>(2 * nu), MPI_INT64_T, comm));
+  std::vector<std::array<bool, 2>> count(nu, {true, true});
+  for (size_t u = 0; u < nu; ++u)
+    for (int which = 0; which < 2; ++which)
+      for (int r = 0; r < rank; ++r)
+        if (all[static_cast<size_t>(r) * 2 * nu + 2 * u + which] == mine[2 * u + which])
+          count[u][static_cast<size_t>(which)] = false;
+  return count;
+}
+
+// Per dataset, in file order: its name, the checksum the manifest lists, and
+// this rank's share of the checksum of what was read.
+struct ReadSums {
+  std::vector<std::string> names;
+  std::vector<uint64_t> stored, computed;
+};
+
+// Reads one state of one unit into its view: the P range for parameters, the
+// OS range for the moments; padding beyond the unit's numel is zeroed.
+void read_unit_state(hid_t file, const std::string& path, State state, const model::UnitSpec& unit,
+                     const plan::UnitShards& sh, const StateView& view, bool count,
+                     const std::map<std::string, uint64_t>& listed, ReadSums& out) {
+  const bool params = state == State::kParams;
+  const plan::Range range = params ? sh.p : sh.os;
+  float* base = params ? view.params : state == State::kExpAvg ? view.exp_avg : view.exp_avg_sq;
+  for (int64_t x = std::max(range.begin, sh.numel); x < range.end(); ++x) base[x - range.begin] = 0;
+  for (const auto& t : unit.tensors) {
+    const std::string dpath = dataset_path(state, t.name);
+    out.names.push_back(dpath);
+    Handle d(H5Dopen2(file, ("/" + dpath).c_str(), H5P_DEFAULT), H5Dclose);
+    if (!d.valid()) fail_usage("checkpoint ", path, ": cannot open dataset ", dpath);
+    out.stored.push_back(listed.at(dpath));  // present: check_structure matched the model
+    const auto piece = intersect(t, range.begin, range.end());
+    uint64_t s = 0;
+    if (piece) {
+      float* dest = base + piece->buffer_offset;
+      if (!detail::read_run(d, t.shape, piece->begin, piece->end, dest))
+        fail("checkpoint ", path, ": HDF5 cannot read dataset ", dpath, " (damaged file?)");
+      if (count) s = checksum(dest, piece->size(), piece->begin);
+    }
+    out.computed.push_back(s);
+  }
+}
+
+// Opens the file, checks its manifest, model and structure, and reads this
+// rank's ranges of every state.
+Metadata read_states(const std::string& path, const model::LlamaConfig& expected,
+                     const std::vector<model::UnitSpec>& units,
+                     const std::vector<plan::UnitShards>& shards,
+                     const std::vector<StateView>& views,
+                     const std::vector<std::array<bool, 2>>& count, ReadSums& out) {
+  check_shapes(units);
+  Handle file = detail::open_read(path);
+  const Manifest manifest = detail::read_manifest(file, path);
+  check_model(path, manifest.meta.model_json, expected);
+  detail::check_structure(file, path, manifest);
+  std::map<std::string, uint64_t> listed;
+  for (const auto& d : manifest.datasets) listed[d.name] = d.checksum;
+  h5::QuietErrors quiet;
+  for (State state : detail::kAllStates)
+    for (size_t u = 0; u < units.size(); ++u)
+      read_unit_state(file, path, state, units[u], shards[u], views[u],
+                      count[u][state == State::kParams ? 0 : 1], listed, out);
+  return manifest.meta;
+}
+
+// Sums every rank's share and compares with the manifest's checksums.
+void check_sums(const std::string& path, ReadSums& sums, MPI_Comm comm) {
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.computed.data(), static_cast<int>(sums.computed.size()),
+                               MPI_UINT64_T, MPI_SUM, comm));
+  for (size_t i = 0; i < sums.computed.size(); ++i)
+    if (sums.computed[i] != sums.stored[i])
+      fail("checkpoint ", path, ": dataset ", sums.names[i], " fails its checksum (stored ",
+           detail::hex(sums.stored[i]), ", computed ", detail::hex(sums.computed[i]),
+           "): the file is damaged");
+}
+
 }  // namespace
 
 Metadata load(const std::string& path, const model::LlamaConfig& expected,
               const std::vector<model::UnitSpec>& units,
               const std::vector<plan::UnitShards>& shards,
               const std::vector<StateView>& views, MPI_Comm comm) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
-
-  // A rank sums the checksum of a range only if no lower rank holds the same
-  // range: ranges of one plan are equal or disjoint, so each element counts once.
-  const size_t nu = units.size();
-  std::vector<int64_t> mine(2 * nu), all(2 * nu * static_cast<size_t>(world));
-  for (size_t u = 0; u < nu; ++u) mine[2 * u] = shards[u].p.begin, mine[2 * u + 1] = shards[u].os.begin;
-  AMSP_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(2 * nu), MPI_INT64_T, all.data(),
-                               static_cast<int>(2 * nu), MPI_INT64_T, comm));
-  const auto counts = [&](size_t u, int which) {
-    for (int r = 0; r < rank; ++r)
-      if (all[static_cast<size_t>(r) * 2 * nu + 2 * u + which] == mine[2 * u + which]) return false;
-    return true;
-  };
-
+  const std::vector<std::array<bool, 2>> count = ranges_to_count(shards, comm);
   Metadata meta;
-  std::vector<uint64_t> sums, stored;
-  std::vector<std::string> names;
-  const Status st = attempt([&] {
-    check_shapes(units);
-    Handle file = detail::open_read(path);
-    const Manifest manifest = detail::read_manifest(file, path);
-    meta = manifest.meta;
-    check_model(path, meta.model_json, expected);
-    detail::check_structure(file, path, manifest);
-    std::map<std::string, uint64_t> listed;
-    for (const auto& d : manifest.datasets) listed[d.name] = d.checksum;
-    h5::QuietErrors quiet;
-    for (State state : detail::kAllStates)
-      for (size_t u = 0; u < nu; ++u) {
-        const plan::UnitShards& sh = shards[u];
-        const bool params = state == State::kParams;  // P range; the moments are in the OS range
-        const plan::Range range = params ? sh.p : sh.os;
-        float* base = params ? views[u].params : state == State::kExpAvg ? views[u].exp_avg : views[u].exp_avg_sq;
-        for (int64_t x = std::max(range.begin, sh.numel); x < range.end(); ++x) base[x - range.begin] = 0;
-        const bool count = counts(u, params ? 0 : 1);
-        for (const auto& t : units[u].tensors) {
-          const std::string dpath = dataset_path(state, t.name);
-          names.push_back(dpath);
-          Handle d(H5Dopen2(file, ("/" + dpath).c_str(), H5P_DEFAULT), H5Dclose);
-          if (!d.valid()) fail_usage("checkpoint ", path, ": cannot open dataset ", dpath);
-          stored.push_back(listed.at(dpath));  // present: check_structure matched the model
-          const auto piece = intersect(t, range.begin, range.end());
-          uint64_t s = 0;
-          if (piece) {
-            float* out = base + piece->buffer_offset;
-            if (!detail::read_run(d, t.shape, piece->begin, piece->end, out))
-              fail("checkpoint ", path, ": HDF5 cannot read dataset ", dpath, " (damaged file?)");
-            if (count) s = checksum(out, piece->size(), piece->begin);
-          }
-          sums.push_back(s);
-        }
-      }
-  });
+  ReadSums sums;
+  const Status st = attempt([&] { meta = read_states(path, expected, units, shards, views, count, sums); });
   agree_or_throw(st, comm);
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_UINT64_T,
-                               MPI_SUM, comm));
-  for (size_t i = 0; i < sums.size(); ++i)
-    if (sums[i] != stored[i])
-      fail("checkpoint ", path, ": dataset ", names[i], " fails its checksum (stored ",
-           detail::hex(stored[i]), ", computed ", detail::hex(sums[i]), "): the file is damaged");
+  check_sums(path, sums, comm);
   return meta;
 }
 

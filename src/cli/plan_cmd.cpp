@@ -148,263 +148,330 @@ void print_paper(std::ostream& os, const Evaluation& amsp, const Evaluation& pap
   row("paper (all-reduce + select, broadcast)", paper);
 }
 
-}  // namespace
+// --- the command, step by step ------------------------------------------------
 
-int run_plan(int argc, char** argv) {
+// The command line as given.
+struct PlanArgs {
   std::string model_name, cluster_name, bandwidth_path, gpu_memory, precision, recompute,
       global_batch, shard;
   int64_t nodes = 1, gpus_per_node = 0, ranks_per_node = 0, seq_len = 0, micro_batch = 0, top = 0;
   double peak_tflops = 0, achievable = 0;
+  bool json = false;
+};
 
+po::options_description plan_options(PlanArgs& a) {
   po::options_description desc("Options");
   desc.add_options()
-      ("model", po::value<std::string>(&model_name)->default_value("llama-7b")->value_name("NAME|FILE"),
+      ("model", po::value<std::string>(&a.model_name)->default_value("llama-7b")->value_name("NAME|FILE"),
            "model preset (inputs/models/NAME.json) or a Hugging Face config.json")
-      ("nodes", po::value<int64_t>(&nodes)->default_value(1)->value_name("INT"), "nodes")
-      ("gpus-per-node", po::value<int64_t>(&gpus_per_node)->value_name("INT"),
+      ("nodes", po::value<int64_t>(&a.nodes)->default_value(1)->value_name("INT"), "nodes")
+      ("gpus-per-node", po::value<int64_t>(&a.gpus_per_node)->value_name("INT"),
            "ranks per node (default: the cluster's GPUs per node)")
-      ("ranks-per-node", po::value<int64_t>(&ranks_per_node)->value_name("INT"),
+      ("ranks-per-node", po::value<int64_t>(&a.ranks_per_node)->value_name("INT"),
            "alias of --gpus-per-node")
-      ("gpu-memory", po::value<std::string>(&gpu_memory)->value_name("SIZE"),
+      ("gpu-memory", po::value<std::string>(&a.gpu_memory)->value_name("SIZE"),
            "memory per rank: 80GiB, 80G (= GiB), 80GB (10^9 bytes) or bytes (default: the cluster's)")
-      ("cluster", po::value<std::string>(&cluster_name)->default_value("a800")->value_name("NAME|FILE"),
+      ("cluster", po::value<std::string>(&a.cluster_name)->default_value("a800")->value_name("NAME|FILE"),
            "cluster preset (inputs/clusters: a800, h100) or a cluster JSON file")
-      ("bandwidth", po::value<std::string>(&bandwidth_path)->value_name("FILE"),
+      ("bandwidth", po::value<std::string>(&a.bandwidth_path)->value_name("FILE"),
            "a measured `amsp comm-bench` table instead of the cluster's modelled one")
-      ("precision", po::value<std::string>(&precision)->default_value("bf16")->value_name("bf16|fp32"),
-           "bf16 mixed precision with Adam (2/2/12 bytes), or fp32 as on CPU (4/4/8)")
-      ("seq-len", po::value<int64_t>(&seq_len)->default_value(4096)->value_name("INT"),
+      ("precision", po::value<std::string>(&a.precision)->default_value("bf16")->value_name("bf16|fp32"),
+           "bf16 mixed precision with Adam (2/4/12 bytes: fp32 gradient accumulator), or fp32 as on "
+           "CPU (4/4/8)")
+      ("seq-len", po::value<int64_t>(&a.seq_len)->default_value(4096)->value_name("INT"),
            "tokens per sequence")
-      ("micro-batch", po::value<int64_t>(&micro_batch)->default_value(1)->value_name("INT"),
+      ("micro-batch", po::value<int64_t>(&a.micro_batch)->default_value(1)->value_name("INT"),
            "sequences per micro-batch per rank")
-      ("global-batch", po::value<std::string>(&global_batch)->value_name("TOKENS"),
+      ("global-batch", po::value<std::string>(&a.global_batch)->value_name("TOKENS"),
            "tokens per optimizer step over all ranks: 4194304 or 4M (K/M/G = 2^10/2^20/2^30); "
            "default: one micro-batch per rank")
-      ("recompute", po::value<std::string>(&recompute)->default_value("none")->value_name("none|full"),
+      ("recompute", po::value<std::string>(&a.recompute)->default_value("none")->value_name("none|full"),
            "activation recomputation")
-      ("peak-tflops", po::value<double>(&peak_tflops)->value_name("NUM"),
+      ("peak-tflops", po::value<double>(&a.peak_tflops)->value_name("NUM"),
            "peak TFLOP/s per rank (default: the cluster's for the precision)")
-      ("achievable", po::value<double>(&achievable)->value_name("NUM"),
+      ("achievable", po::value<double>(&a.achievable)->value_name("NUM"),
            "fraction of peak the matmuls reach (default: the cluster's)")
-      ("top", po::value<int64_t>(&top)->default_value(5)->value_name("INT"), "candidates to show")
-      ("shard", po::value<std::string>(&shard)->default_value("auto")->value_name("PLAN"),
+      ("top", po::value<int64_t>(&a.top)->default_value(5)->value_name("INT"), "candidates to show")
+      ("shard", po::value<std::string>(&a.shard)->default_value("auto")->value_name("PLAN"),
            "auto searches; a plan (ddp, zero1, zero2, zero3, fsdp, mics:K, p=AxB,g=..,os=..) "
            "is evaluated alone with its collectives")
       ("json", "print one JSON object instead of tables");
   desc.add(model_field_options());
+  return desc;
+}
 
-  po::variables_map vm;
-  if (!parse_command("plan",
-                     "Chooses how to shard parameters, gradients and optimizer states for a "
-                     "model, a cluster and a batch, and explains the choice.",
-                     desc, argc, argv, vm))
-    return 0;
-
-  require(nodes >= 1, "nodes", nodes, "an integer >= 1");
-  require(seq_len >= 1, "seq-len", seq_len, "an integer >= 1");
-  require(micro_batch >= 1, "micro-batch", micro_batch, "an integer >= 1");
-  require(top >= 1, "top", top, "an integer >= 1");
-  require(precision == "bf16" || precision == "fp32", "precision", precision, "bf16 or fp32");
-  require(recompute == "none" || recompute == "full", "recompute", recompute, "none or full");
-  if (vm.count("peak-tflops")) require(peak_tflops > 0, "peak-tflops", peak_tflops, "a number > 0");
+// Range checks on the options, each naming the option it refuses.
+void check_args(const PlanArgs& a, const po::variables_map& vm) {
+  require(a.nodes >= 1, "nodes", a.nodes, "an integer >= 1");
+  require(a.seq_len >= 1, "seq-len", a.seq_len, "an integer >= 1");
+  require(a.micro_batch >= 1, "micro-batch", a.micro_batch, "an integer >= 1");
+  require(a.top >= 1, "top", a.top, "an integer >= 1");
+  require(a.precision == "bf16" || a.precision == "fp32", "precision", a.precision, "bf16 or fp32");
+  require(a.recompute == "none" || a.recompute == "full", "recompute", a.recompute, "none or full");
+  if (vm.count("peak-tflops")) require(a.peak_tflops > 0, "peak-tflops", a.peak_tflops, "a number > 0");
   if (vm.count("achievable"))
-    require(achievable > 0 && achievable <= 1, "achievable", achievable, "a number in (0, 1]");
-  if (vm.count("gpus-per-node")) require(gpus_per_node >= 1, "gpus-per-node", gpus_per_node, "an integer >= 1");
-  if (vm.count("ranks-per-node")) require(ranks_per_node >= 1, "ranks-per-node", ranks_per_node, "an integer >= 1");
-  if (vm.count("gpus-per-node") && vm.count("ranks-per-node") && gpus_per_node != ranks_per_node)
-    fail_usage("--ranks-per-node ", ranks_per_node, ": contradicts --gpus-per-node ", gpus_per_node,
+    require(a.achievable > 0 && a.achievable <= 1, "achievable", a.achievable, "a number in (0, 1]");
+  if (vm.count("gpus-per-node")) require(a.gpus_per_node >= 1, "gpus-per-node", a.gpus_per_node, "an integer >= 1");
+  if (vm.count("ranks-per-node")) require(a.ranks_per_node >= 1, "ranks-per-node", a.ranks_per_node, "an integer >= 1");
+  if (vm.count("gpus-per-node") && vm.count("ranks-per-node") && a.gpus_per_node != a.ranks_per_node)
+    fail_usage("--ranks-per-node ", a.ranks_per_node, ": contradicts --gpus-per-node ", a.gpus_per_node,
                " (they are the same option)");
+}
 
+// What the planner is given, and where its numbers came from.
+struct PlanSetup {
   PlanInput in;
+  Cluster cluster;
+  bool measured = false;  // --bandwidth replaced the cluster's table
+  double fraction = 0;    // achievable fraction of peak
+  int64_t M = 0;          // micro-batches per rank per step
+};
+
+PlanSetup plan_setup(const PlanArgs& a, const po::variables_map& vm) {
+  PlanSetup s;
+  PlanInput& in = s.in;
   Workload& w = in.workload;
-  w.model = model::load_config(model_name);
+  w.model = model::load_config(a.model_name);
   apply_model_fields(vm, w.model);
   w.model.validate();
-  w.seq_len = seq_len;
-  w.micro_batch = micro_batch;
-  w.precision = precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
-  w.recompute = recompute == "none" ? Recompute::kNone : Recompute::kFull;
+  w.seq_len = a.seq_len;
+  w.micro_batch = a.micro_batch;
+  w.precision = a.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  w.recompute = a.recompute == "none" ? Recompute::kNone : Recompute::kFull;
   if (w.precision == Precision::kFp32 && w.recompute == Recompute::kFull)
     fail_usage("--recompute full: the fp32 (CPU) model keeps every activation; expected none "
                "with --precision fp32");
 
-  const Cluster cluster = load_cluster(cluster_name, "cluster");
-  in.mesh.nodes = nodes;
-  in.mesh.ranks_per_node = vm.count("gpus-per-node")    ? gpus_per_node
-                           : vm.count("ranks-per-node") ? ranks_per_node
-                                                        : cluster.gpus_per_node;
-  in.memory_per_rank = vm.count("gpu-memory") ? parse_memory_size(gpu_memory, "gpu-memory")
-                                              : cluster.gpu_memory;
-  use_cluster(in, cluster);
-  const bool measured = vm.count("bandwidth") > 0;
-  if (measured) in.bandwidth = load_bandwidth_table(bandwidth_path, "bandwidth");
-  if (vm.count("peak-tflops")) in.compute.peak_flops_per_s = peak_tflops * 1e12;
-  const double fraction = vm.count("achievable") ? achievable : cluster.achievable;
-  in.compute.flops_per_s = in.compute.peak_flops_per_s * fraction;
+  s.cluster = load_cluster(a.cluster_name, "cluster");
+  in.mesh.nodes = a.nodes;
+  in.mesh.ranks_per_node = vm.count("gpus-per-node")    ? a.gpus_per_node
+                           : vm.count("ranks-per-node") ? a.ranks_per_node
+                                                        : s.cluster.gpus_per_node;
+  in.memory_per_rank = vm.count("gpu-memory") ? parse_memory_size(a.gpu_memory, "gpu-memory")
+                                              : s.cluster.gpu_memory;
+  use_cluster(in, s.cluster);
+  s.measured = vm.count("bandwidth") > 0;
+  if (s.measured) in.bandwidth = load_bandwidth_table(a.bandwidth_path, "bandwidth");
+  if (vm.count("peak-tflops")) in.compute.peak_flops_per_s = a.peak_tflops * 1e12;
+  s.fraction = vm.count("achievable") ? a.achievable : s.cluster.achievable;
+  in.compute.flops_per_s = in.compute.peak_flops_per_s * s.fraction;
   const int64_t world = in.mesh.world();
-  in.global_batch_tokens = vm.count("global-batch") ? parse_token_count(global_batch, "global-batch")
+  in.global_batch_tokens = vm.count("global-batch") ? parse_token_count(a.global_batch, "global-batch")
                                                     : w.tokens_per_micro_batch() * world;
-  const int64_t M = micro_batches_per_step(in.global_batch_tokens, w, world);
-  const bool json_out = vm.count("json") > 0;
+  s.M = micro_batches_per_step(in.global_batch_tokens, w, world);
+  return s;
+}
 
+ordered_json input_json(const PlanArgs& a, const PlanSetup& s) {
+  const Workload& w = s.in.workload;
   ordered_json input;
   input["model"] = w.model.name;
   input["parameters"] = w.model.num_parameters();
-  input["nodes"] = nodes;
-  input["gpus_per_node"] = in.mesh.ranks_per_node;
-  input["world"] = world;
-  input["gpu_memory_bytes"] = in.memory_per_rank;
-  input["cluster"] = cluster.name;
-  input["bandwidth"] = measured ? bandwidth_path : cluster.source;
-  input["bandwidth_modelled"] = !measured && cluster.modelled;
+  input["nodes"] = a.nodes;
+  input["gpus_per_node"] = s.in.mesh.ranks_per_node;
+  input["world"] = s.in.mesh.world();
+  input["gpu_memory_bytes"] = s.in.memory_per_rank;
+  input["cluster"] = s.cluster.name;
+  input["bandwidth"] = s.measured ? a.bandwidth_path : s.cluster.source;
+  input["bandwidth_modelled"] = !s.measured && s.cluster.modelled;
   input["precision"] = precision_name(w.precision);
   input["recompute"] = recompute_name(w.recompute);
-  input["seq_len"] = seq_len;
-  input["micro_batch"] = micro_batch;
-  input["global_batch_tokens"] = in.global_batch_tokens;
-  input["micro_batches_per_step"] = M;
-  input["peak_tflops"] = in.compute.peak_flops_per_s / 1e12;
-  input["achievable_fraction"] = fraction;
+  input["seq_len"] = a.seq_len;
+  input["micro_batch"] = a.micro_batch;
+  input["global_batch_tokens"] = s.in.global_batch_tokens;
+  input["micro_batches_per_step"] = s.M;
+  input["peak_tflops"] = s.in.compute.peak_flops_per_s / 1e12;
+  input["achievable_fraction"] = s.fraction;
+  return input;
+}
 
-  std::ostream& os = std::cout;
-  auto print_header = [&] {
-    os << "amsp plan: " << w.model.name << " (" << fmt("%.2f", w.model.num_parameters() / 1e9)
-       << " B parameters) on " << nodes << " nodes x " << in.mesh.ranks_per_node << " GPUs = "
-       << world << " ranks, " << format_gib(in.memory_per_rank) << " per GPU\n";
-    os << "cluster " << cluster.name << ": " << cluster.description << "\n";
-    if (measured)
-      os << "bandwidth: measured table " << bandwidth_path << " (memory and peak from cluster "
-         << cluster.name << ")\n";
-    else
-      os << "bandwidth: " << (cluster.modelled ? "MODELLED, not measured (" : "from ")
-         << cluster.source << (cluster.modelled ? "); measure with amsp comm-bench, pass --bandwidth" : "")
-         << "\n";
-    os << "batch: " << in.global_batch_tokens << " tokens per step = " << M
-       << " micro-batch(es) of " << micro_batch << " x " << seq_len << " tokens per rank; "
-       << precision_name(w.precision) << ", recompute " << recompute_name(w.recompute) << "\n";
-    os << "compute: " << fmt("%.4g", in.compute.flops_per_s / 1e12) << " TFLOP/s per rank ("
-       << fmt("%.4g", in.compute.peak_flops_per_s / 1e12) << " peak x " << fmt("%.2f", fraction)
-       << "); bytes are sent per rank per step (GB = 10^9), memory per rank in GiB\n\n";
-  };
+void print_header(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
+  const PlanInput& in = s.in;
+  const Workload& w = in.workload;
+  const Cluster& cluster = s.cluster;
+  os << "amsp plan: " << w.model.name << " (" << fmt("%.2f", w.model.num_parameters() / 1e9)
+     << " B parameters) on " << a.nodes << " nodes x " << in.mesh.ranks_per_node << " GPUs = "
+     << in.mesh.world() << " ranks, " << format_gib(in.memory_per_rank) << " per GPU\n";
+  os << "cluster " << cluster.name << ": " << cluster.description << "\n";
+  if (s.measured)
+    os << "bandwidth: measured table " << a.bandwidth_path << " (memory and peak from cluster "
+       << cluster.name << ")\n";
+  else
+    os << "bandwidth: " << (cluster.modelled ? "MODELLED, not measured (" : "from ")
+       << cluster.source << (cluster.modelled ? "); measure with amsp comm-bench, pass --bandwidth" : "")
+       << "\n";
+  os << "batch: " << in.global_batch_tokens << " tokens per step = " << s.M
+     << " micro-batch(es) of " << a.micro_batch << " x " << a.seq_len << " tokens per rank; "
+     << precision_name(w.precision) << ", recompute " << recompute_name(w.recompute) << "\n";
+  os << "compute: " << fmt("%.4g", in.compute.flops_per_s / 1e12) << " TFLOP/s per rank ("
+     << fmt("%.4g", in.compute.peak_flops_per_s / 1e12) << " peak x " << fmt("%.2f", s.fraction)
+     << "); bytes are sent per rank per step (GB = 10^9), memory per rank in GiB\n\n";
+}
 
-  // --shard PLAN: one plan, with its collectives.
-  if (shard != "auto") {
-    ShardPlan plan = parse_shard_plan(shard, in.mesh);
-    const Evaluation e = evaluate(in, plan);
-    const Evaluation paper = paper_eval(in, e);
-    if (json_out) {
-      ordered_json j;
-      j["input"] = input;
-      j["plan"] = eval_json(e);
-      j["plan"]["name"] = plan.name;
-      j["plan"]["collectives"] = collectives_json(e.collectives);
-      j["paper"] = eval_json(paper);
-      j["paper"]["collectives"] = collectives_json(paper.collectives);
-      os << j.dump(2) << "\n";
-      return 0;
-    }
-    print_header();
-    os << "plan " << plan.name << ": " << to_string(plan) << "\n" << kPlanHeader << "\n"
-       << plan_row(e) << "\n";
-    if (!e.fits)
-      os << "does not fit: needs " << format_gib(e.memory.total()) << " per GPU, has "
-         << format_gib(in.memory_per_rank) << "\n";
-    os << "memory per rank: params " << format_gib(e.memory.params) << ", grads "
-       << format_gib(e.memory.grads) << ", optimizer " << format_gib(e.memory.optimizer)
-       << ", activations " << format_gib(e.memory.activations) << ", gathered units "
-       << format_gib(e.memory.gathered) << ", gradient buckets " << format_gib(e.memory.buckets)
-       << "\ncompute " << fmt("%.3f", e.cost.compute_s) << " s + exposed communication "
-       << fmt("%.3f", e.cost.exposed_s) << " s = step " << fmt("%.3f", e.cost.step_s) << " s\n\n"
-       << "collectives per step (summed over units):\n";
-    print_collectives(os, e.collectives);
-    os << "\nthe paper's formulation of this plan:\n";
-    print_paper(os, e, paper);
-    return 0;
-  }
-
-  const std::vector<Evaluation> ranked = search(in);
-  int64_t fitting = 0;
-  for (const Evaluation& e : ranked) fitting += e.fits ? 1 : 0;
-  const std::vector<NamedResult> named = named_results(in, ranked);
-  const Evaluation* best = fitting > 0 ? &ranked.front() : nullptr;
-
-  if (json_out) {
+// --shard PLAN: one plan, with its collectives and the paper's formulation.
+void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
+  const PlanInput& in = s.in;
+  const ShardPlan plan = parse_shard_plan(a.shard, in.mesh);
+  const Evaluation e = evaluate(in, plan);
+  const Evaluation paper = paper_eval(in, e);
+  if (a.json) {
     ordered_json j;
-    j["input"] = input;
-    j["valid_plans"] = ranked.size();
-    j["fitting_plans"] = fitting;
-    j["candidates"] = ordered_json::array();
-    for (int64_t i = 0; i < std::min<int64_t>(top, fitting); ++i)
-      j["candidates"].push_back(eval_json(ranked[static_cast<size_t>(i)]));
-    ordered_json nj = ordered_json::object();
-    for (const NamedResult& r : named) {
-      ordered_json x = r.eval ? eval_json(*r.eval) : ordered_json::object();
-      if (!r.excluded.empty()) x["excluded"] = r.excluded;
-      if (r.rank > 0) x["rank"] = r.rank;
-      nj[r.name] = x;
-    }
-    j["named"] = nj;
-    if (best) {
-      j["chosen"] = to_string(best->plan);
-      j["paper"] = eval_json(paper_eval(in, *best));
-    }
+    j["input"] = input_json(a, s);
+    j["plan"] = eval_json(e);
+    j["plan"]["name"] = plan.name;
+    j["plan"]["collectives"] = collectives_json(e.collectives);
+    j["paper"] = eval_json(paper);
+    j["paper"]["collectives"] = collectives_json(paper.collectives);
     os << j.dump(2) << "\n";
-    return 0;
+    return;
   }
+  print_header(os, a, s);
+  os << "plan " << plan.name << ": " << to_string(plan) << "\n" << kPlanHeader << "\n"
+     << plan_row(e) << "\n";
+  if (!e.fits)
+    os << "does not fit: needs " << format_gib(e.memory.total()) << " per GPU, has "
+       << format_gib(in.memory_per_rank) << "\n";
+  os << "memory per rank: params " << format_gib(e.memory.params) << ", grads "
+     << format_gib(e.memory.grads) << ", optimizer " << format_gib(e.memory.optimizer)
+     << ", activations " << format_gib(e.memory.activations) << ", gathered units "
+     << format_gib(e.memory.gathered) << ", gradient buckets " << format_gib(e.memory.buckets)
+     << "\ncompute " << fmt("%.3f", e.cost.compute_s) << " s + exposed communication "
+     << fmt("%.3f", e.cost.exposed_s) << " s = step " << fmt("%.3f", e.cost.step_s) << " s\n\n"
+     << "collectives per step (summed over units):\n";
+  print_collectives(os, e.collectives);
+  os << "\nthe paper's formulation of this plan:\n";
+  print_paper(os, e, paper);
+}
 
-  print_header();
-  os << ranked.size() << " valid plans, " << fitting << " fit in " << format_gib(in.memory_per_rank)
-     << "; best first:\n";
+// The outcome of the search: every valid plan ranked, and the named ones.
+struct SearchResult {
+  std::vector<Evaluation> ranked;
+  int64_t fitting = 0;
+  std::vector<NamedResult> named;
+  const Evaluation* best() const { return fitting > 0 ? &ranked.front() : nullptr; }
+};
+
+SearchResult run_search(const PlanInput& in) {
+  SearchResult r;
+  r.ranked = search(in);
+  for (const Evaluation& e : r.ranked) r.fitting += e.fits ? 1 : 0;
+  r.named = named_results(in, r.ranked);
+  return r;
+}
+
+void print_search_json(std::ostream& os, const PlanArgs& a, const PlanSetup& s, const SearchResult& r) {
+  ordered_json j;
+  j["input"] = input_json(a, s);
+  j["valid_plans"] = r.ranked.size();
+  j["fitting_plans"] = r.fitting;
+  j["candidates"] = ordered_json::array();
+  for (int64_t i = 0; i < std::min<int64_t>(a.top, r.fitting); ++i)
+    j["candidates"].push_back(eval_json(r.ranked[static_cast<size_t>(i)]));
+  ordered_json nj = ordered_json::object();
+  for (const NamedResult& n : r.named) {
+    ordered_json x = n.eval ? eval_json(*n.eval) : ordered_json::object();
+    if (!n.excluded.empty()) x["excluded"] = n.excluded;
+    if (n.rank > 0) x["rank"] = n.rank;
+    nj[n.name] = x;
+  }
+  j["named"] = nj;
+  if (const Evaluation* best = r.best()) {
+    j["chosen"] = to_string(best->plan);
+    j["paper"] = eval_json(paper_eval(s.in, *best));
+  }
+  os << j.dump(2) << "\n";
+}
+
+// The best candidates, then the named plans with their rank or why excluded.
+void print_candidates(std::ostream& os, const PlanArgs& a, const PlanSetup& s, const SearchResult& r) {
+  os << r.ranked.size() << " valid plans, " << r.fitting << " fit in "
+     << format_gib(s.in.memory_per_rank) << "; best first:\n";
   os << "rank  " << kPlanHeader << "\n";
-  for (int64_t i = 0; i < std::min<int64_t>(top, fitting); ++i)
-    os << pad(std::to_string(i + 1), 4) << "  " << plan_row(ranked[static_cast<size_t>(i)]) << "\n";
-  if (fitting == 0) os << "  (none)\n";
+  for (int64_t i = 0; i < std::min<int64_t>(a.top, r.fitting); ++i)
+    os << pad(std::to_string(i + 1), 4) << "  " << plan_row(r.ranked[static_cast<size_t>(i)]) << "\n";
+  if (r.fitting == 0) os << "  (none)\n";
 
   os << "\nnamed plans:\n" << pad("name", 10, false) << kPlanHeader << "  rank\n";
-  for (const NamedResult& r : named) {
-    os << pad(r.name, 10, false);
-    if (!r.eval) {
-      os << "excluded: " << r.excluded << "\n";
+  for (const NamedResult& n : r.named) {
+    os << pad(n.name, 10, false);
+    if (!n.eval) {
+      os << "excluded: " << n.excluded << "\n";
       continue;
     }
-    os << plan_row(*r.eval) << "  ";
-    if (r.excluded.empty())
-      os << r.rank << "\n";
+    os << plan_row(*n.eval) << "  ";
+    if (n.excluded.empty())
+      os << n.rank << "\n";
     else
-      os << "excluded: " << r.excluded << "\n";
+      os << "excluded: " << n.excluded << "\n";
   }
+}
 
-  if (!best) {
-    os << "\nno plan fits " << format_gib(in.memory_per_rank) << " per GPU; the smallest ("
-       << to_string(ranked.front().plan) << ") needs " << format_gib(ranked.front().memory.total())
-       << ": add nodes, shorten --seq-len or --micro-batch, or --recompute full\n";
-    return 0;
-  }
-  os << "\nchosen: " << to_string(best->plan) << ", predicted step " << fmt("%.3f", best->cost.step_s)
-     << " s, MFU " << fmt("%.1f%%", 100 * best->cost.mfu) << ", "
-     << format_gib(best->memory.total()) << " per GPU\n";
-  const Evaluation* fastest = best;
-  for (const Evaluation& e : ranked)
+// The chosen plan, why, how the named plans compare, and the paper's formulation.
+void print_choice(std::ostream& os, const PlanInput& in, const SearchResult& r, const Evaluation& best) {
+  os << "\nchosen: " << to_string(best.plan) << ", predicted step " << fmt("%.3f", best.cost.step_s)
+     << " s, MFU " << fmt("%.1f%%", 100 * best.cost.mfu) << ", "
+     << format_gib(best.memory.total()) << " per GPU\n";
+  const Evaluation* fastest = &best;
+  for (const Evaluation& e : r.ranked)
     if (e.fits && e.cost.step_s < fastest->cost.step_s) fastest = &e;
-  if (fastest == best) {
-    os << "why: the fastest predicted step of the " << fitting << " plans that fit";
+  if (fastest == &best) {
+    os << "why: the fastest predicted step of the " << r.fitting << " plans that fit";
   } else {
     os << "why: within " << fmt("%.1f%%", 100 * kTieResolution)
        << " of compute time of the fastest predicted step (" << to_string(fastest->plan) << ", "
        << fmt("%.3f", fastest->cost.step_s) << " s, " << format_gib(fastest->memory.total())
        << "), a difference the model cannot resolve, and the least memory among those";
   }
-  os << "; it sends " << gb(best->cost.sent_inter) << " GB across nodes and "
-     << gb(best->cost.sent_intra) << " GB inside nodes per rank per step, "
-     << fmt("%.3f", best->cost.exposed_s) << " s of it not hidden by compute\n";
-  for (const NamedResult& r : named)
-    if (r.eval && r.excluded.empty() && r.rank > 1)
-      os << "  " << r.name << " is rank " << r.rank << ": step " << fmt("%.3f", r.eval->cost.step_s)
-         << " s (" << fmt("%+.2f%%", 100 * (r.eval->cost.step_s / best->cost.step_s - 1)) << "), "
-         << format_gib(r.eval->memory.total()) << "\n";
+  os << "; it sends " << gb(best.cost.sent_inter) << " GB across nodes and "
+     << gb(best.cost.sent_intra) << " GB inside nodes per rank per step, "
+     << fmt("%.3f", best.cost.exposed_s) << " s of it not hidden by compute\n";
+  for (const NamedResult& n : r.named)
+    if (n.eval && n.excluded.empty() && n.rank > 1)
+      os << "  " << n.name << " is rank " << n.rank << ": step " << fmt("%.3f", n.eval->cost.step_s)
+         << " s (" << fmt("%+.2f%%", 100 * (n.eval->cost.step_s / best.cost.step_s - 1)) << "), "
+         << format_gib(n.eval->memory.total()) << "\n";
 
   os << "\nthe paper's formulation of the chosen plan:\n";
-  print_paper(os, *best, paper_eval(in, *best));
+  print_paper(os, best, paper_eval(in, best));
+}
+
+// --shard auto: the search, as JSON or as tables.
+void report_search(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
+  const SearchResult r = run_search(s.in);
+  if (a.json) {
+    print_search_json(os, a, s, r);
+    return;
+  }
+  print_header(os, a, s);
+  print_candidates(os, a, s, r);
+  if (const Evaluation* best = r.best()) {
+    print_choice(os, s.in, r, *best);
+    return;
+  }
+  const Evaluation& smallest = r.ranked.front();
+  os << "\nno plan fits " << format_gib(s.in.memory_per_rank) << " per GPU; the smallest ("
+     << to_string(smallest.plan) << ") needs " << format_gib(smallest.memory.total())
+     << ": add nodes, shorten --seq-len or --micro-batch, or --recompute full\n";
+}
+
+}  // namespace
+
+int run_plan(int argc, char** argv) {
+  PlanArgs a;
+  const po::options_description desc = plan_options(a);
+  po::variables_map vm;
+  if (!parse_command("plan",
+                     "Chooses how to shard parameters, gradients and optimizer states for a "
+                     "model, a cluster and a batch, and explains the choice.",
+                     desc, argc, argv, vm))
+    return 0;
+  a.json = vm.count("json") > 0;
+  check_args(a, vm);
+  const PlanSetup setup = plan_setup(a, vm);
+  if (a.shard != "auto")
+    report_one_plan(std::cout, a, setup);
+  else
+    report_search(std::cout, a, setup);
   return 0;
 }
 

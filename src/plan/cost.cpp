@@ -33,10 +33,9 @@ int64_t micro_batches_per_step(int64_t global_batch_tokens, const Workload& w, i
 std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& plan,
                                          const MeshShape& shape, int64_t micro_batches) {
   const Mesh mesh(plan, shape);
-  const StateBytes b = state_bytes(w.precision);
-  // Gradients travel in the parameters' dtype (bf16 in mixed precision), even
-  // though the G-shard accumulates them in fp32.
-  const int64_t wire = b.p;
+  // Parameters and gradients travel in the compute dtype, bP bytes: in bf16
+  // the gradient reductions send bf16 although the G-shard accumulates in fp32.
+  const int64_t wire = state_bytes(w.precision).p;
   const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
   int64_t nodes[5];
   for (GroupKind k : kAllGroups) nodes[static_cast<int>(k)] = mesh.group_nodes(k);
@@ -66,11 +65,11 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
 
   if (sp > 1)
     for (int u = 0; u < U; ++u)
-      issue(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, b.p, M);
+      issue(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, wire, M);
   for (int u = U - 1; u >= 0; --u) {
     // The head's gathered copy from forward is reused by its backward.
     if (sp > 1 && u != U - 1)
-      issue(Phase::kBackwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, b.p, M);
+      issue(Phase::kBackwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, wire, M);
     if (sp > 1)
       issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kP, phi[u] / sp, wire, M);
     if (sg > sp)
@@ -96,7 +95,7 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
   }
   if (sos > sp)
     for (int u = 0; u < U; ++u)
-      issue(Phase::kOptimizerGather, u, Op::kAllGather, GroupKind::kGather, phi[u] / sos, b.p, 1);
+      issue(Phase::kOptimizerGather, u, Op::kAllGather, GroupKind::kGather, phi[u] / sos, wire, 1);
   return list;
 }
 

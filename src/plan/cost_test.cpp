@@ -39,8 +39,9 @@ Bytes sent_for(const std::string& plan, int64_t M = 2) {
   return sent(step_collectives(odd_workload(), parse_shard_plan(plan, k2x2), k2x2, M));
 }
 
-// Every named plan on 2 ranks x 2 nodes, 2 micro-batches, bf16 (2-byte
-// params and grads). Group of n: all-gather / reduce-scatter send (n-1)·c·2,
+// Every named plan on 2 ranks x 2 nodes, 2 micro-batches, bf16: parameters
+// and gradients travel as 2-byte bf16 (the G-shard accumulates in fp32, but
+// what a reduction sends is bf16). Group of n: all-gather / reduce-scatter send (n-1)·c·2,
 // all-reduce 2(n-1)·ceil(c/n)·2; the gradient norm is an fp64 all-reduce of
 // one element over 4 ranks: 2·3·1·8 = 48, inter-node.
 TEST(Cost, BytesOfNamedPlansByHand) {
@@ -85,6 +86,8 @@ TEST(Cost, ScheduleShape) {
     else if (c.phase == Phase::kGradNorm) { EXPECT_EQ(c.elem_bytes, 8); EXPECT_EQ(c.per_step, 1); }
     else ++other;
     if (c.phase != Phase::kGradNorm) EXPECT_EQ(c.per_step, 3);
+    // bf16 on the wire, gradients included, whatever the accumulator's dtype.
+    if (c.phase != Phase::kGradNorm) EXPECT_EQ(c.elem_bytes, 2);
   }
   EXPECT_EQ(fg, 4);
   EXPECT_EQ(bg, 3);
@@ -104,11 +107,15 @@ TEST(Cost, NoCommunicationOfAKindIsChargedNone) {
         << plan;
   // One rank: no collectives at all.
   EXPECT_TRUE(step_collectives(w, parse_shard_plan("zero3", MeshShape{1, 1}), MeshShape{1, 1}, 2).empty());
-  // fp32 doubles every payload but the norm.
+  // fp32 doubles every payload but the norm: bf16 sends 2 bytes per element
+  // in every collective (the 4-byte gradient accumulator never travels).
   Workload w32 = w;
   w32.precision = Precision::kFp32;
-  EXPECT_EQ(sent(step_collectives(w32, parse_shard_plan("zero3", k2x2), k2x2, 2)).inter - 48,
-            2 * (sent_for("zero3").inter - 48));
+  for (const char* plan : {"ddp", "zero1", "zero2", "zero3", "mics:2", "p=1x1,g=2x1,os=2x2"}) {
+    const Bytes b32 = sent(step_collectives(w32, parse_shard_plan(plan, k2x2), k2x2, 2));
+    EXPECT_EQ(b32.inter - 48, 2 * (sent_for(plan).inter - 48)) << plan;
+    EXPECT_EQ(b32.intra, 2 * sent_for(plan).intra) << plan;
+  }
 }
 
 TEST(Cost, PaperFormulationByHand) {

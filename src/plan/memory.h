@@ -2,10 +2,12 @@
 //
 //   model states  = sum over units u of  Φu·bP/s_p + Φu·bG/s_g + Φu·bOS/s_os
 //   activations   = what forward keeps for backward (precision, recompute)
-//   temporaries   = gathered units in flight + gradient buckets
+//   temporaries   = gathered units in flight + reduction slots
 //
 // Φu is unit u's numel padded up to a multiple of s_os, exactly what the
-// sharding engine allocates, so every shard level splits evenly.
+// sharding engine allocates, so every shard level splits evenly. Model states
+// and temporaries are exactly the engine's allocations; memory_per_rank says
+// term by term which buffer each one is.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,11 @@ struct Workload {
   int64_t micro_batch = 1;  // sequences per micro-batch
   Precision precision = Precision::kBf16;
   Recompute recompute = Recompute::kNone;
+  // The sharding engine's bounds on work in flight (its options of the same
+  // names, default 2): units gathered ahead of the one computing, and
+  // gradient reductions outstanding. They size the temporaries.
+  int prefetch = 2;
+  int max_reductions = 2;
   int64_t tokens_per_micro_batch() const { return seq_len * micro_batch; }
 };
 
@@ -51,8 +58,8 @@ int64_t padded_numel(int64_t numel, int64_t s_os);
 struct MemoryBreakdown {
   int64_t params = 0, grads = 0, optimizer = 0;  // model states
   int64_t activations = 0;
-  int64_t gathered = 0;  // all-gathered units in flight
-  int64_t buckets = 0;   // gradient buckets of outstanding reductions
+  int64_t gathered = 0;  // all-gathered units: the one computing + `prefetch` in flight
+  int64_t buckets = 0;   // reduction slots of `max_reductions` outstanding reductions
   int64_t model_states() const { return params + grads + optimizer; }
   int64_t temporaries() const { return gathered + buckets; }
   int64_t total() const { return model_states() + activations + temporaries(); }

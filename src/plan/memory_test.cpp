@@ -40,8 +40,9 @@ TEST(Memory, UnitsAndPadding) {
 }
 
 TEST(Memory, BytesPerElement) {
+  // bf16: bf16 parameters, an fp32 gradient accumulator, fp32 master + m + v.
   EXPECT_EQ(state_bytes(Precision::kBf16).p, 2);
-  EXPECT_EQ(state_bytes(Precision::kBf16).g, 2);
+  EXPECT_EQ(state_bytes(Precision::kBf16).g, 4);
   EXPECT_EQ(state_bytes(Precision::kBf16).os, 12);
   EXPECT_EQ(state_bytes(Precision::kFp32).p, 4);
   EXPECT_EQ(state_bytes(Precision::kFp32).g, 4);
@@ -54,22 +55,16 @@ TEST(Memory, ModelStatesByHand) {
   // zero1: os over 4 ranks, units padded to 44 + 248 + 248 + 48 = 588.
   MemoryBreakdown m = memory_per_rank(w, parse_shard_plan("zero1", mesh), 4);
   EXPECT_EQ(m.params, 588 * 2);
-  EXPECT_EQ(m.grads, 588 * 2);
+  EXPECT_EQ(m.grads, 588 * 4);
   EXPECT_EQ(m.optimizer, 588 / 4 * 12);
-  EXPECT_EQ(m.gathered, 0);
-  EXPECT_EQ(m.buckets, 0);
-  // zero3: everything over 4; two gathered units and two buckets of the
-  // largest padded unit (248).
+  // zero3: everything over 4, 147 elements per rank.
   m = memory_per_rank(w, parse_shard_plan("zero3", mesh), 4);
   EXPECT_EQ(m.params, 147 * 2);
-  EXPECT_EQ(m.grads, 147 * 2);
+  EXPECT_EQ(m.grads, 147 * 4);
   EXPECT_EQ(m.optimizer, 147 * 12);
-  EXPECT_EQ(m.gathered, 2 * 248 * 2);
-  EXPECT_EQ(m.buckets, 2 * 248 * 2);
-  // ddp: no padding (s_os = 1), 582 elements, 16 bytes each.
+  // ddp: no padding (s_os = 1), 582 elements, 2 + 4 + 12 bytes each.
   m = memory_per_rank(w, parse_shard_plan("ddp", mesh), 4);
-  EXPECT_EQ(m.model_states(), 582 * 16);
-  EXPECT_EQ(m.temporaries(), 0);
+  EXPECT_EQ(m.model_states(), 582 * 18);
   // fp32: 4 + 4 + 8 bytes; mics:2 pads to a multiple of 2 (42, 246, 246, 48).
   Workload w32 = w;
   w32.precision = Precision::kFp32;
@@ -78,6 +73,69 @@ TEST(Memory, ModelStatesByHand) {
   EXPECT_EQ(m.grads, 291 * 4);
   EXPECT_EQ(m.optimizer, 291 * 8);
   EXPECT_EQ(m.total(), m.model_states() + m.activations + m.gathered + m.buckets);
+  m = memory_per_rank(w32, parse_shard_plan("ddp", mesh), 4);
+  EXPECT_EQ(m.model_states(), 582 * 16);
+}
+
+// The temporaries the sharding engine allocates, on 2 nodes x 2 ranks (world
+// 4), prefetch 2 and 2 reduction slots, worked out by hand. maxΦ is the
+// largest padded unit: 248 when s_os = 4, 246 when s_os is 1 or 2. Replica
+// group R = 4 / s_os. Per slot, in elements:
+//   full = maxΦ         unless s_p = s_g = 1
+//   p    = maxΦ/s_p     if s_p > 1 and s_g > s_p
+//   g    = maxΦ/s_g     if s_p > 1 or s_g > 1 (bf16: or s_os > s_g or R > 1)
+//   os   = maxΦ/s_os    if s_os > s_g (bf16: or R > 1)
+// gathered = 3 maxΦ if s_p > 1; everything in the compute dtype (2 or 4 bytes).
+TEST(Memory, TemporariesByHand) {
+  const MeshShape mesh{2, 2};
+  Workload bf16 = odd_workload();
+  Workload fp32 = bf16;
+  fp32.precision = Precision::kFp32;
+  struct Case {
+    const char* plan;
+    int64_t gathered_bf16, buckets_bf16, gathered_fp32, buckets_fp32;
+  };
+  const Case cases[] = {
+      // ddp, R = 4: fp32 all-reduces the G-shard in place, nothing; bf16
+      // needs g = 246 (the bf16 copy) and os = 246 (the all-reduce's buffer).
+      {"ddp", 0, 2 * (246 + 246) * 2, 0, 0},
+      // zero1, R = 1: os = 62 (the OS reduce-scatter's output); bf16 adds
+      // g = 248, the bf16 copy of the fp32 accumulator it scatters.
+      {"zero1", 0, 2 * (248 + 62) * 2, 0, 2 * 62 * 4},
+      // p=1, g=1, os=2x1, R = 2: os = 123; bf16 g = 246.
+      {"p=1x1,g=1x1,os=2x1", 0, 2 * (246 + 123) * 2, 0, 2 * 123 * 4},
+      // zero2: full 248, g 62; os = 0 (s_os = s_g, R = 1).
+      {"zero2", 0, 2 * (248 + 62) * 2, 0, 2 * (248 + 62) * 4},
+      // zero3: three gathered units of 248; full 248, g 62.
+      {"zero3", 3 * 248 * 2, 2 * (248 + 62) * 2, 3 * 248 * 4, 2 * (248 + 62) * 4},
+      // mics:2 (2x1 everywhere), R = 2: gathered 3 x 246; full 246, g 123; bf16
+      // os = 123 for the replica all-reduce.
+      {"mics:2", 3 * 246 * 2, 2 * (246 + 123 + 123) * 2, 3 * 246 * 4, 2 * (246 + 123) * 4},
+      // p=2x1, g=2x2, os=2x2, R = 1: full 248, p 124, g 62.
+      {"p=2x1,g=2x2,os=2x2", 3 * 248 * 2, 2 * (248 + 124 + 62) * 2, 3 * 248 * 4,
+       2 * (248 + 124 + 62) * 4},
+      // AMSP-style p=1, g=2x1, os=2x2, R = 1: full 248, g 124, os 62.
+      {"p=1x1,g=2x1,os=2x2", 0, 2 * (248 + 124 + 62) * 2, 0, 2 * (248 + 124 + 62) * 4},
+  };
+  for (const Case& c : cases) {
+    const ShardPlan plan = parse_shard_plan(c.plan, mesh);
+    const MemoryBreakdown b = memory_per_rank(bf16, plan, 4), f = memory_per_rank(fp32, plan, 4);
+    EXPECT_EQ(b.gathered, c.gathered_bf16) << c.plan;
+    EXPECT_EQ(b.buckets, c.buckets_bf16) << c.plan;
+    EXPECT_EQ(f.gathered, c.gathered_fp32) << c.plan;
+    EXPECT_EQ(f.buckets, c.buckets_fp32) << c.plan;
+    EXPECT_EQ(b.temporaries(), b.gathered + b.buckets) << c.plan;
+  }
+  // The engine's options: prefetch 1 keeps two gathered units, 3 reduction
+  // slots three sets of buffers (zero3, bf16: full 248 + g 62).
+  bf16.prefetch = 1;
+  bf16.max_reductions = 3;
+  const MemoryBreakdown m = memory_per_rank(bf16, parse_shard_plan("zero3", mesh), 4);
+  EXPECT_EQ(m.gathered, 2 * 248 * 2);
+  EXPECT_EQ(m.buckets, 3 * (248 + 62) * 2);
+  // One rank: nothing to gather or reduce, in either precision.
+  for (const Workload& w : {odd_workload(), fp32})
+    EXPECT_EQ(memory_per_rank(w, parse_shard_plan("ddp", MeshShape{1, 1}), 1).temporaries(), 0);
 }
 
 TEST(Memory, Llama7bModelStatesUnsharded) {
@@ -85,7 +143,7 @@ TEST(Memory, Llama7bModelStatesUnsharded) {
   w.model = model::load_config("llama-7b");
   w.seq_len = 4096;
   const MemoryBreakdown m = memory_per_rank(w, parse_shard_plan("ddp", MeshShape{8, 1}), 8);
-  EXPECT_EQ(m.model_states(), 16 * w.model.num_parameters());  // about 108 GB
+  EXPECT_EQ(m.model_states(), 18 * w.model.num_parameters());  // 2 + 4 + 12: about 121 GB
 }
 
 TEST(Memory, GpuActivationsByHand) {

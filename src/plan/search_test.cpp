@@ -84,6 +84,24 @@ TEST(Search, MemoryFilterAndExcludedReasons) {
   }
 }
 
+// A plan's memory is the memory model's, temporaries included, and follows the
+// engine's prefetch and max_reductions options carried by the workload.
+TEST(Search, MemoryIsTheModelsWithTheEngineOptions) {
+  PlanInput in = small_input(2, 2, int64_t{1} << 40);
+  const ShardPlan zero3 = parse_shard_plan("zero3", in.mesh);
+  const Evaluation e = evaluate(in, zero3);
+  EXPECT_EQ(e.memory.total(), memory_per_rank(in.workload, zero3, 4).total());
+  EXPECT_GT(e.memory.gathered, 0);
+  EXPECT_GT(e.memory.buckets, 0);
+  // One more gathered unit and one more reduction slot: +1/3 and +1/2.
+  in.workload.prefetch = 3;
+  in.workload.max_reductions = 3;
+  const Evaluation more = evaluate(in, zero3);
+  EXPECT_EQ(more.memory.gathered, e.memory.gathered / 3 * 4);
+  EXPECT_EQ(more.memory.buckets, e.memory.buckets / 2 * 3);
+  EXPECT_EQ(more.memory.model_states(), e.memory.model_states());
+}
+
 // More memory never makes the best plan slower (beyond the tie resolution),
 // on any mesh, at any batch.
 TEST(Search, MoreMemoryNeverHurts) {

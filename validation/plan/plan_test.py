@@ -84,6 +84,37 @@ check("excluded" not in named["zero3"], "zero3 fits")
 check(named["zero3"]["bytes_intra"] == 0, "zero3's groups span nodes: nothing counted intra-node")
 check(named["mics:8"]["bytes_intra"] > 0 and named["mics:8"]["bytes_inter"] > 0,
       "mics:8 sends inside the node (P, G) and across (replica)")
+# Memory: the parts add up, temporaries included, for every candidate and named plan.
+PARTS = ("params", "grads", "optimizer", "activations", "gathered", "buckets")
+for where, x in [(f"candidates[{i}]", c) for i, c in enumerate(cands)] + \
+        [(f"named[{n}]", x) for n, x in named.items()]:
+    mem = x.get("memory", {})
+    check(all(isinstance(mem.get(k), int) and mem[k] >= 0 for k in PARTS),
+          f"{where}: memory has {PARTS} as byte counts")
+    if all(isinstance(mem.get(k), int) for k in PARTS):
+        check(sum(mem[k] for k in PARTS) == x["memory_bytes"], f"{where}: memory parts add up")
+# The sharding engine's temporaries, by hand. LLaMA-13B's largest unit is a
+# layer: 2h + 4h^2 + 3hI = 317,204,480 (h 5120, I 13824), a multiple of 1024, so
+# maxPhi is that under every plan. bf16 (2 bytes), prefetch 2, 2 reduction slots.
+phi = 2 * 5120 + 4 * 5120 * 5120 + 3 * 5120 * 13824
+temporaries = {
+    # gathered: 3 units; slots: the full gradient + its G-shard part (1/1024).
+    "zero3": (3 * phi * 2, 2 * (phi + phi // 1024) * 2),
+    # no gathers; slots: a bf16 copy of the fp32 G-shard (the whole unit) for
+    # the OS reduce-scatter, and its output (1/1024).
+    "zero1": (0, 2 * (phi + phi // 1024) * 2),
+    # no gathers; the replica all-reduce over 1024 needs a bf16 copy and a buffer.
+    "ddp": (0, 2 * (phi + phi) * 2),
+    # 8x1: gathered 3 units; full + G part (1/8) + the replica all-reduce's
+    # bf16 buffer (1/8), the replica group being 128 ranks.
+    "mics:8": (3 * phi * 2, 2 * (phi + phi // 8 + phi // 8) * 2),
+}
+for name, (gathered, buckets) in temporaries.items():
+    mem = named[name]["memory"]
+    check((mem["gathered"], mem["buckets"]) == (gathered, buckets),
+          f"{name}: gathered, buckets = {gathered}, {buckets} (got {mem['gathered']}, {mem['buckets']})")
+check(named["zero3"]["memory"]["grads"] * 2 == named["zero3"]["memory"]["params"] * 4,
+      "bf16: 4-byte gradient accumulator beside 2-byte parameters")
 check("paper" in j and j["paper"]["step_time_s"] >= cands[0]["step_time_s"],
       "the paper's formulation is reported and is not faster")
 
