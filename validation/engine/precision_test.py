@@ -61,7 +61,7 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
 
     # 1. 300 steps of tiny, fp32 vs bf16.
-    common = ["--steps", "300", "--batch-size", "8", "--threads", "2", "--eval-every", "100",
+    common = ["--steps", "300", "--seq-len", "64", "--batch-size", "8", "--threads", "2", "--eval-every", "100",
               "--eval-windows", "64"]
     final = {}
     for precision in ("fp32", "bf16"):
