@@ -27,7 +27,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/selection.h"
 #include "comm/agree.h"
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/h5.h"
@@ -354,7 +354,7 @@ std::string save(const std::string& dir, const Metadata& meta_in,
                  const std::vector<StateView>& views, bool writer,
                  int keep_last, MPI_Comm comm, Transfer transfer) {
   int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   check_shapes(units);
   const Metadata meta = agreed_metadata(meta_in, comm);
   const std::string name = file_name(meta.step);
@@ -405,8 +405,8 @@ void check_model(const std::string& path, const std::string& stored_json,
 std::vector<std::array<bool, 2>> ranges_to_count(const std::vector<plan::UnitShards>& shards,
                                                  MPI_Comm comm) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(comm, &world));
   const size_t nu = shards.size();
   std::vector<int64_t> mine(2 * nu), all(2 * nu * static_cast<size_t>(world));
   for (size_t u = 0; u < nu; ++u) mine[2 * u] = shards[u].p.begin, mine[2 * u + 1] = shards[u].os.begin;
@@ -505,8 +505,8 @@ Metadata load(const std::string& path, const model::LlamaConfig& expected,
 
 std::string verify(const std::string& path, MPI_Comm comm) {
   int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(comm, &world));
   // First the structure, in a child: only then may this process open the file.
   std::string problem;
   if (rank == 0) problem = check_in_child(path, /*data=*/false);
@@ -569,7 +569,7 @@ std::vector<std::string> clean_temporaries(const std::string& dir) {
 
 void require_sound(const std::string& path, MPI_Comm comm) {
   int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   std::string problem;
   if (rank == 0) problem = check_in_child(path, /*data=*/false);
   bcast_string(&problem, 0, comm);
@@ -579,7 +579,7 @@ void require_sound(const std::string& path, MPI_Comm comm) {
 std::optional<std::string> find_latest(const std::string& dir, std::vector<std::string>* skipped,
                                        MPI_Comm comm) {
   int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   // Rank 0 lists the candidates, newest first. `latest` is not consulted: a
   // crash between the rename of step-N.h5 and the update of `latest` leaves it
   // naming an older file, and step-N.h5 is complete (it was renamed into

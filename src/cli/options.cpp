@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/mpi_check.h"
 
 namespace amsp::cli {
 
@@ -129,7 +130,7 @@ int run_under_mpi(int* argc, char*** argv, const std::function<int()>& body) {
     return body();
   } catch (const Error& e) {
     int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     if (rank != 0) throw Error("", e.exit_code());  // main prints nothing for an empty message
     throw;
   }

@@ -2,7 +2,7 @@
 
 #include <climits>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 
 namespace amsp::comm {
 

@@ -16,7 +16,7 @@
 #include <ostream>
 
 #include "comm/bandwidth_table.h"
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "comm/communicator.h"
 #include "comm/group.h"
 #include "core/error.h"

@@ -4,7 +4,7 @@
 #include <climits>
 #include <cstdlib>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "core/error.h"
 #include "core/parse.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "core/error.h"
 
 namespace amsp::comm {

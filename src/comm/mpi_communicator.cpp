@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/parse.h"

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "core/error.h"
 
 namespace amsp::engine {

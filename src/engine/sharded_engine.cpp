@@ -6,7 +6,7 @@
 #include <cmath>
 #include <deque>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "comm/timed.h"
 #include "comm/traffic.h"
 #include "core/error.h"

@@ -4,7 +4,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 
@@ -23,8 +23,8 @@ void Trace::span(const std::string& track, const std::string& name, double start
 
 void Trace::write(const std::string& path) const {
   int rank = 0, size = 1;
-  MPI_Comm_rank(comm_, &rank);
-  MPI_Comm_size(comm_, &size);
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(comm_, &size));
   // Tracks in a fixed order: compute first, then waits, then the groups.
   nlohmann::json events = nlohmann::json::array();
   {

@@ -21,7 +21,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/lock.h"
 #include "comm/agree.h"
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "comm/timed.h"
 #include "core/error.h"
 #include "core/fault.h"

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "core/mpi_check.h"
 #include "topology/hostlist.h"
 
 extern char** environ;
@@ -94,15 +95,6 @@ RankView decode(const std::string& s) {
   }
   v.error = f[6];
   return v;
-}
-
-void check_mpi(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    fail("topology discovery: ", what, " failed: ", std::string(msg, len));
-  }
 }
 
 // The switch path from SLURM_TOPOLOGY_ADDR (empty when unset), checked against the
@@ -460,8 +452,8 @@ Topology discover(MPI_Comm comm) { return discover(comm, process_environment());
 
 Topology discover(MPI_Comm comm, const Env& env) {
   int rank = 0, size = 1;
-  check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
-  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(comm, &size));
 
   RankView view;
   view.rank = rank;
@@ -477,16 +469,16 @@ Topology discover(MPI_Comm comm, const Env& env) {
       view.error = e.what();
     }
   }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &slurm_ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &slurm_ok, 1, MPI_INT, MPI_MIN, comm));
 
   // Shared-memory groups: always computed, so every rank makes the same MPI calls.
   MPI_Comm shm = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm), "MPI_Comm_split_type");
+  AMSP_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm));
   int shm_rank = 0, shm_size = 1, shm_key = rank;
-  MPI_Comm_rank(shm, &shm_rank);
-  MPI_Comm_size(shm, &shm_size);
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &shm_key, 1, MPI_INT, MPI_MIN, shm), "MPI_Allreduce");
-  MPI_Comm_free(&shm);
+  AMSP_MPI_CHECK(MPI_Comm_rank(shm, &shm_rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(shm, &shm_size));
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &shm_key, 1, MPI_INT, MPI_MIN, shm));
+  AMSP_MPI_CHECK(MPI_Comm_free(&shm));
 
   int local_size = shm_size;
   if (slurm_ok) {
@@ -498,7 +490,7 @@ Topology discover(MPI_Comm comm, const Env& env) {
   } else {
     char host[MPI_MAX_PROCESSOR_NAME];
     int len = 0;
-    check_mpi(MPI_Get_processor_name(host, &len), "MPI_Get_processor_name");
+    AMSP_MPI_CHECK(MPI_Get_processor_name(host, &len));
     const auto* slurm_name = lookup(env, "SLURMD_NODENAME");
     view.node_name = slurm_name && !slurm_name->empty() ? *slurm_name : std::string(host, len);
     view.node_key = shm_key;
@@ -525,15 +517,15 @@ Topology discover(MPI_Comm comm, const Env& env) {
   const std::string mine = encode(view);
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(size), displs(size);
-  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  AMSP_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
   int total = 0;
   for (int r = 0; r < size; ++r) {
     displs[r] = total;
     total += lens[r];
   }
   std::string all(total, '\0');
-  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm),
-            "MPI_Allgatherv");
+  AMSP_MPI_CHECK(
+      MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm));
   std::vector<RankView> views(size);
   for (int r = 0; r < size; ++r) views[r] = decode(all.substr(displs[r], lens[r]));
 

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/check.h"
+#include "core/mpi_check.h"
 #include "core/error.h"
 
 // The CUDA and NCCL members of the check family (comm/check.h): one line naming

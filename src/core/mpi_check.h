@@ -1,4 +1,5 @@
-// One family of checks for MPI calls. A failed call, or a collective that
+// One family of checks for MPI calls, for every layer (core, so that topology
+// and comm alike can use it). A failed call, or a collective that
 // outlives its timeout, ends the whole job with MPI_Abort after one line on
 // stderr naming the call, file:line, rank, host and MPI's own error string:
 // one rank failing must never leave the others hanging in a collective.

@@ -1,4 +1,4 @@
-#include "comm/check.h"
+#include "core/mpi_check.h"
 
 #include <unistd.h>
 
