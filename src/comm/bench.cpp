@@ -71,6 +71,7 @@ const char* nccl_type_name(DType t) {
     case DType::kF32: return "float";
     case DType::kBF16: return "bfloat16";
     case DType::kI32: return "int32";
+    case DType::kF64: return "double";
   }
   return "?";
 }

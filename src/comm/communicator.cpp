@@ -50,9 +50,9 @@ Handle Communicator::submit(const OpArgs& a) {
   // Refused before anything is issued or counted; every rank of the group
   // makes the same call, so every rank throws.
   const bool reduces = a.op == Op::kReduceScatter || a.op == Op::kAllReduce;
-  if (reduces && a.dtype != DType::kF32 && a.dtype != DType::kBF16)
+  if (reduces && a.dtype == DType::kI32)
     fail(op_name(a.op), " on group ", name(), ": cannot sum ", dtype_name(a.dtype),
-         " elements; reductions take fp32 or bf16 (", dtype_name(a.dtype),
+         " elements; reductions take fp32, bf16 or fp64 (", dtype_name(a.dtype),
          " is for all_gather and broadcast)");
   if (a.count < 0 || a.count > INT_MAX)
     abort_job(cat(op_name(a.op), " on group ", name(), ": count ", a.count,

@@ -6,7 +6,7 @@
 // concurrently.
 //
 // Buffers are contiguous arrays of one element type (core/dtype.h: fp32 by
-// default, bf16, int32), in host memory for the MPI backend and device memory
+// default, bf16, int32, fp64), in host memory for the MPI backend and device memory
 // for the NCCL one, and must stay untouched until the op completes. Counts are
 // in elements of that type.
 //
@@ -23,9 +23,10 @@
 // Sums of bf16 accumulate in fp32 and round to bf16 once. On the MPI backend
 // the result is, for every element, round_bf16 of the fp32 sum over group ranks
 // 0, 1, ..., n-1 in that order: the same on every rank and whatever algorithm
-// MPI picks (doc/communication.md, "Element types"). int32 is for moving data
-// (all-gather, broadcast); reducing it throws amsp::Error. all-gather and reduce-scatter take equal
-// blocks: callers pad (comm/traffic.h: padded_count, real_part_of_block).
+// MPI picks (doc/communication.md, "Element types"). fp64 is for a few
+// statistics (the gradient norm's partial sums). int32 is for moving data
+// (all-gather, broadcast); reducing it throws amsp::Error. all-gather and
+// reduce-scatter take equal blocks: callers pad (comm/traffic.h: padded_count, real_part_of_block).
 //
 // The operations themselves are not thread-safe against each other on one
 // communicator: issue, test and wait from one thread at a time.

@@ -219,6 +219,7 @@ class MpiCommunicator final : public Communicator {
       case DType::kF32: return MPI_FLOAT;
       case DType::kBF16: return MPI_UINT16_T;  // moved as bits; sums are ours
       case DType::kI32: return MPI_INT32_T;
+      case DType::kF64: return MPI_DOUBLE;
     }
     return MPI_DATATYPE_NULL;
   }

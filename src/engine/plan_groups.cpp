@@ -34,6 +34,7 @@ PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
   for (plan::GroupKind kind : plan::kAllGroups)
     pg.groups[static_cast<size_t>(kind)] =
         make_plan_group(world, pg.mesh, kind, ranks_in_order);
+  pg.world = comm::dup_group(world, "world");
 
   // Where the groups sit. A group lies inside a block of consecutive whole
   // nodes in switch order: s1p nodes for P, s1g for G, s1os for OS and gather

@@ -17,6 +17,7 @@ struct PlanGroups {
   plan::Mesh mesh;
   int64_t position = 0;                  // this rank's node-major position
   std::array<comm::Group, 5> groups;     // indexed by plan::GroupKind
+  comm::Group world;                     // every rank (a private copy of the world)
   std::string placement;                 // one line on how groups sit on nodes and switches
 
   const comm::Group& group(plan::GroupKind kind) const {

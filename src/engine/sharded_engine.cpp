@@ -1,13 +1,9 @@
 #include "engine/sharded_engine.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <cmath>
 #include <deque>
 
-#include "core/mpi_check.h"
-#include "comm/timed.h"
 #include "comm/traffic.h"
 #include "core/error.h"
 
@@ -49,8 +45,7 @@ struct ShardedEngine::Impl {
   int U = 0;
   int64_t sp = 1, sg = 1, sos = 1, replicas = 1, replica = 0;
   std::array<std::unique_ptr<comm::Communicator>, 5> comms;
-  comm::Group world;
-  comm::Stats world_stats;
+  std::unique_ptr<comm::Communicator> world;  // the gradient norm's all-reduce
 
   std::vector<State> state;
   std::vector<comm::Handle> param_update;  // gather-group all-gather rebuilding each P-shard
@@ -156,8 +151,8 @@ void ShardedEngine::Impl::make_communicators(PlanGroups& pg) {
       });
     }
   }
-  world = comm::dup_group(MPI_COMM_WORLD, "world");
-  world_stats.group = "world";
+  world = be.make_communicator(std::move(pg.world));
+  if (opt.comm_timeout_s > 0) world->set_timeout(opt.comm_timeout_s);
 }
 
 void ShardedEngine::Impl::allocate() {
@@ -419,15 +414,10 @@ std::vector<int> ShardedEngine::Impl::step_order(int U, int64_t micro_batches) {
 double ShardedEngine::Impl::grad_norm() {
   double total = 0.0;
   for (int u = 0; u < U; ++u) total += be.sum_squares(g_os(u));
-  if (world.size() > 1) {
+  if (world->size() > 1) {
     const double t0 = comm::now_seconds();
-    comm::allreduce_sum(&total, 1, world.comm(), "gradient norm", opt.comm_timeout_s);
+    world->all_reduce(&total, 1, DType::kF64).wait();
     if (opt.trace) opt.trace->span("comm world", "all_reduce (norm)", t0, comm::now_seconds());
-    auto& s = world_stats[comm::Op::kAllReduce];
-    const comm::Traffic t = comm::traffic_bytes(comm::Op::kAllReduce, 1, world.size(), world.rank(), 0, 8);
-    ++s.calls;
-    s.bytes_sent += t.sent;
-    s.bytes_received += t.received;
   }
   // Each OS-shard is held once per replica.
   return std::sqrt(total / static_cast<double>(replicas));
@@ -616,15 +606,14 @@ std::vector<comm::Stats> ShardedEngine::comm_stats() const {
   std::vector<comm::Stats> out;
   for (const auto& c : impl_->comms)
     if (c) out.push_back(c->stats());
-  if (impl_->world.size() > 1) out.push_back(impl_->world_stats);
+  if (impl_->world->size() > 1) out.push_back(impl_->world->stats());
   return out;
 }
 
 void ShardedEngine::reset_comm_stats() {
   for (auto& c : impl_->comms)
     if (c) c->reset_stats();
-  impl_->world_stats = comm::Stats{};
-  impl_->world_stats.group = "world";
+  impl_->world->reset_stats();
 }
 
 }  // namespace amsp::engine

@@ -34,6 +34,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kF32: return ncclFloat32;
     case DType::kBF16: return ncclBfloat16;
     case DType::kI32: return ncclInt32;
+    case DType::kF64: return ncclFloat64;
   }
   return ncclFloat32;
 }
