@@ -24,10 +24,18 @@ The schedule crosses from warmup into cosine decay, clipping triggers on some st
 (the script fails if it never does, or always does), and weight decay applies to the
 matrices only (norms and the embedding are not decayed: amsp's default).
 
+--precision bf16 runs CONFIGS_BF16 with `amsp train --precision bf16`; PyTorch keeps fp32
+master parameters in the optimizer, computes with their bf16 roundings, and does every
+matrix product as a bf16 GEMM summing in fp32 (Bf16Linear), everything else in fp32, as
+amsp does (torch_steps_bf16). Two bf16 computations that differ only in the order of
+their fp32 sums still round differently after a few products, so the bounds are bf16's:
+loss within U/8, gradient norm and parameters within 2U (U = 2^-8), and every traced
+parameter must be a bf16 value. doc/validation.md argues them.
+
 Usage (the python of validation/setup-python.sh):
   PY=$(validation/setup-python.sh)
   $PY validation/train_compare.py --amsp build/amsp --data build/test-work/corpus.h5 \\
-      --workdir /tmp/tc [--mpiexec mpiexec] [--only NAME] [--steps 10]
+      --workdir /tmp/tc [--mpiexec mpiexec] [--only NAME] [--steps 10] [--precision bf16]
 Prints one table row per step and configuration and ends with "N passed, M failed";
 exit 1 on any failure.
 """
@@ -57,6 +65,11 @@ REPO = os.path.abspath(os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "engine"))
 import equivalence_test as eq  # noqa: E402  (the parameter layout of --final-params)
 TOL = 1e-5
+# --precision bf16: bounds on the relative differences in units of bf16's unit roundoff
+# U = 2^-8 (8 significant bits); doc/validation.md argues them. The learning rate is
+# computed in double on both sides whatever the precision.
+U_BF16 = 2.0 ** -8
+TOL_BF16 = {"loss": U_BF16 / 8, "grad_norm": 2 * U_BF16, "lr": TOL, "param": 2 * U_BF16}
 LR, MIN_LR, WARMUP = 2e-3, 2e-4, 4
 BETAS, EPS, WD, CLIP = (0.9, 0.95), 1e-6, 0.1, 2.0
 SEQ = 32
@@ -72,6 +85,14 @@ CONFIGS = [
     ("tiny-4ranks-mixed-M3", "tiny", 4, "p=2x1,g=2x1,os=4x1", 1, 3, CLIP),
     ("small-1rank-M3", "small", 1, "ddp", 1, 3, 2.5),
     ("small-4ranks-zero3-M1", "small", 4, "zero3", 1, 1, 2.5),
+]
+
+# --precision bf16: amsp computes in bf16 mixed precision, PyTorch emulates the same
+# arithmetic (torch_steps_bf16). Same fields as CONFIGS, fp32 weights on disk.
+CONFIGS_BF16 = [
+    ("bf16-tiny-1rank-M1", "tiny", 1, "ddp", 4, 1, CLIP),
+    ("bf16-tiny-1rank-M3", "tiny", 1, "ddp", 2, 3, CLIP),
+    ("bf16-tiny-4ranks-zero3-M1", "tiny", 4, "zero3", 1, 1, CLIP),
 ]
 
 
@@ -117,7 +138,7 @@ def run_amsp(args, name, model_dir, ranks, plan, batch, accum, clip):
         "--lr", str(LR), "--min-lr", str(MIN_LR), "--warmup-steps", str(WARMUP),
         "--beta1", str(BETAS[0]), "--beta2", str(BETAS[1]), "--adam-eps", str(EPS),
         "--weight-decay", str(WD), "--grad-clip", str(clip), "--eval-every", "0", "--eval-windows", "1",
-        "--threads", "1", "--peak-tflops", "1", "--metrics", files["metrics.jsonl"],
+        "--precision", args.precision, "--threads", "1", "--peak-tflops", "1", "--metrics", files["metrics.jsonl"],
         "--data-order", files["order.jsonl"], "--param-trace", files["trace.bin"]]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     if p.returncode != 0:
@@ -164,6 +185,115 @@ def torch_steps(model_dir, layout, train_tokens, order, ranks, batch, accum, cli
         yield s, loss_sum / tokens_per_step, norm, lr, {n: params[n].detach().numpy() for n, _ in layout}
 
 
+def round_bf16(t):
+    """t rounded to nearest even into bf16 and widened back: bf16 values held in fp32."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class Bf16Linear(torch.autograd.Function):
+    """y = x W^T as a GPU's bf16 tensor-core GEMM computes it: both inputs rounded to
+    bf16, their exact products summed in fp32 (torch's sgemm; `acc` = torch.float64
+    sums them in double instead), the sum rounded to bf16. Backward the same for
+    dx = dy W and dW = dy^T x, dy rounded first. Inputs and outputs stay fp32 tensors
+    (holding bf16 values), so that everything between two matrix products (RoPE,
+    attention, SwiGLU, norms, residual adds, the loss) runs in fp32, as amsp's does.
+    Written out rather than left to torch.autocast: torch 1.13's CPU bf16 GEMM sums
+    dy W and dy^T x in bf16 (doc/validation.md)."""
+
+    @staticmethod
+    def forward(ctx, x, w, acc):
+        xr, wr = round_bf16(x), round_bf16(w)
+        ctx.save_for_backward(xr, wr)
+        ctx.acc = acc
+        return round_bf16(F.linear(xr.to(acc), wr.to(acc)))
+
+    @staticmethod
+    def backward(ctx, dy):
+        xr, wr = (t.to(ctx.acc) for t in ctx.saved_tensors)
+        dyr = round_bf16(dy).to(ctx.acc)
+        dx = round_bf16((dyr @ wr).float())
+        dw = round_bf16((dyr.reshape(-1, dyr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])).float())
+        return dx, dw, None
+
+
+def torch_steps_bf16(model_dir, layout, train_tokens, order, ranks, plan, batch, accum, clip, steps,
+                     arithmetic="emulated"):
+    """torch_steps for `amsp train --precision bf16`. The optimizer owns fp32 master
+    copies of the parameters; the model computes with round_bf16(master) (all of them:
+    matrices, embedding, norm weights), written into its fp32 parameters before every
+    step. Each micro-batch's gradient is taken from that model and reaches the master's
+    fp32 gradient the way amsp's engine moves it on the plans used here:
+      - 1 rank (ddp): backward adds into the fp32 gradient directly, so the matrices'
+        gradients are bf16 products and the norms' and embedding's stay fp32;
+      - zero3: each rank's gradient is rounded to bf16 (a bf16 buffer), the ranks' are
+        summed in fp32 and rounded once (the bf16 reduce-scatter), then added in fp32.
+    The norm before clipping is summed in double from the fp32 gradient; clipping and
+    AdamW run in fp32 on the master. arithmetic: "emulated" (Bf16Linear), "emulated-fp64"
+    (Bf16Linear summing in double: a second valid reference) or "autocast" (stock
+    torch.autocast instead of Bf16Linear); the last two for comparison only
+    (doc/validation.md)."""
+    if ranks != 1 and plan != "zero3":
+        raise RuntimeError(f"bf16: the PyTorch side knows 1 rank or zero3, not {ranks} ranks {plan}")
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                             attn_implementation="eager")
+    model.train()
+    emulate = arithmetic != "autocast"
+    if emulate:
+        acc = torch.float64 if arithmetic == "emulated-fp64" else torch.float32
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Linear):
+                assert mod.bias is None
+                mod.forward = (lambda m: lambda x: Bf16Linear.apply(x, m.weight, acc))(mod)
+    named = list(model.named_parameters())
+    master = {n: torch.nn.Parameter(p.detach().clone()) for n, p in named}
+    decay = [master[n] for n, p in named if p.dim() == 2 and "embed_tokens" not in n]
+    no_decay = [master[n] for n, p in named if not (p.dim() == 2 and "embed_tokens" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    tokens_per_step = ranks * batch * accum * SEQ
+    for s in range(1, steps + 1):
+        rec = order[s - 1]
+        assert rec["step"] == s and rec["window_tokens"] == SEQ + 1 and len(rec["starts"]) == ranks * batch * accum
+        with torch.no_grad():
+            for n, p in named:
+                p.copy_(round_bf16(master[n]))
+        for n, _ in named:
+            master[n].grad = torch.zeros_like(master[n])
+        loss_sum = 0.0
+        for m in range(accum):
+            reduced = {n: torch.zeros_like(p) for n, p in named}
+            for r in range(ranks):
+                # Global row order: row = (micro-batch * ranks + rank) * batch + b.
+                first = (m * ranks + r) * batch
+                w = torch.tensor(np.stack([train_tokens[a:a + SEQ + 1]
+                                           for a in rec["starts"][first:first + batch]]).astype(np.int64))
+                model.zero_grad(set_to_none=True)
+                if emulate:
+                    logits = model(input_ids=w[:, :-1]).logits
+                else:
+                    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                        logits = model(input_ids=w[:, :-1]).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                       reduction="sum")
+                loss_sum += loss.item()
+                (loss / tokens_per_step).backward()
+                with torch.no_grad():
+                    for n, p in named:
+                        reduced[n] += p.grad if ranks == 1 else round_bf16(p.grad)
+            with torch.no_grad():
+                for n, _ in named:
+                    master[n].grad += reduced[n] if ranks == 1 else round_bf16(reduced[n])
+        norm = math.sqrt(sum(float(torch.sum(p.grad.double() ** 2)) for p in master.values()))
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(list(master.values()), clip)
+        lr = learning_rate(s - 1, steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        # What amsp's --param-trace holds in bf16: the parameters the model computes with.
+        yield s, loss_sum / tokens_per_step, norm, lr, {n: round_bf16(master[n].detach()).numpy() for n, _ in layout}
+
+
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
@@ -180,13 +310,19 @@ def check(args, name, preset, ranks, plan, batch, accum, clip, dtype="float32", 
     if flat.size != total * args.steps or len(order) != args.steps:
         raise RuntimeError(f"trace of {flat.size} floats, {len(order)} order lines; expected "
                            f"{args.steps} steps of {total}")
+    # In bf16 the trace holds the parameters the model computed with: bf16 values.
+    not_bf16 = np.count_nonzero(flat.view("<u4") & 0xFFFF) if args.precision == "bf16" else 0
     worst = {"loss": 0.0, "grad_norm": 0.0, "lr": 0.0, "param": (0.0, "")}
     clipped = 0
     print(f"{name}: {ranks} rank(s) {plan} B={batch} M={accum} clip={clip}, {args.steps} steps, "
-          f"weights {dtype} in {len(files)} file(s)")
+          f"weights {dtype} in {len(files)} file(s), precision {args.precision}")
     print("  step        loss  err     grad norm  err     lr         err     worst param L2 (tensor)")
-    for s, loss, norm, lr, params in torch_steps(model_dir, layout, train_tokens, order, ranks, batch,
-                                                 accum, clip, args.steps):
+    if args.precision == "bf16":
+        steps = torch_steps_bf16(model_dir, layout, train_tokens, order, ranks, plan, batch, accum, clip,
+                                 args.steps, arithmetic=args.torch_bf16)
+    else:
+        steps = torch_steps(model_dir, layout, train_tokens, order, ranks, batch, accum, clip, args.steps)
+    for s, loss, norm, lr, params in steps:
         r = got[s]
         e_loss, e_lr = rel(r["loss"], loss), rel(r["lr"], lr)
         e_norm = rel(r["grad_norm"], norm)
@@ -207,9 +343,12 @@ def check(args, name, preset, ranks, plan, batch, accum, clip, dtype="float32", 
         worst["lr"] = max(worst["lr"], e_lr)
         if not step_worst <= worst["param"][0]:
             worst["param"] = (step_worst, f"{where}, step {s}")
-    problems = [f"{k} {worst[k]:.1e} > {TOL}" for k in ("loss", "grad_norm", "lr") if not worst[k] <= TOL]
-    if not worst["param"][0] <= TOL:
-        problems.append(f"parameters {worst['param'][0]:.1e} > {TOL} ({worst['param'][1]})")
+    tol = TOL_BF16 if args.precision == "bf16" else dict.fromkeys(("loss", "grad_norm", "lr", "param"), TOL)
+    problems = [f"{k} {worst[k]:.1e} > {tol[k]}" for k in ("loss", "grad_norm", "lr") if not worst[k] <= tol[k]]
+    if not worst["param"][0] <= tol["param"]:
+        problems.append(f"parameters {worst['param'][0]:.1e} > {tol['param']} ({worst['param'][1]})")
+    if not_bf16:
+        problems.append(f"{not_bf16} traced parameter values are not bf16 values")
     if clip > 0 and not 0 < clipped < args.steps:
         problems.append(f"clipping triggered on {clipped} of {args.steps} steps; the check needs some of each")
     ok = not problems
@@ -227,6 +366,12 @@ def main():
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--only", action="append", default=[], help="configurations whose name contains TEXT")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="amsp's --precision; bf16 runs the CONFIGS_BF16 configurations")
+    ap.add_argument("--torch-bf16", choices=("emulated", "emulated-fp64", "autocast"), default="emulated",
+                    help="with bf16: how PyTorch computes in bf16 (emulated-fp64: matrix products "
+                         "summed in double; autocast: stock torch.autocast; both for comparison "
+                         "only, the check uses emulated)")
     args = ap.parse_args()
     if args.steps < WARMUP + 3:
         ap.error(f"--steps must be at least {WARMUP + 3} to cross from warmup into the cosine decay")
@@ -236,7 +381,7 @@ def main():
     with h5py.File(args.data, "r") as f:
         train_tokens = np.asarray(f["train/tokens"][:], dtype=np.int64)
     passed = failed = 0
-    for c in CONFIGS:
+    for c in CONFIGS_BF16 if args.precision == "bf16" else CONFIGS:
         if args.only and not any(o in c[0] for o in args.only):
             continue
         try:
