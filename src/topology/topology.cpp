@@ -161,7 +161,19 @@ GpuInfo parse_gpus(const Env& env, int local_rank, int local_size) {
 
 bool in_slurm_step(const Env& env) { return lookup(env, "SLURM_JOB_ID") && lookup(env, "SLURM_PROCID"); }
 
-SlurmTask parse_slurm_task(const Env& env) {
+namespace {
+
+// Where a step-wide value came from: Slurm sets the step's variable and the job's,
+// and messages must name the one that was read.
+struct StepVars {
+  std::string list_var, tasks_var;
+  const std::string* list = nullptr;   // the node list as given
+  const std::string* tasks = nullptr;  // the tasks-per-node list as given
+};
+
+// Which task this is and on which node; heterogeneous jobs are refused first because
+// their per-component variables would make every later check misleading.
+SlurmTask read_task_ids(const Env& env) {
   if (lookup(env, "SLURM_HET_SIZE") || lookup(env, "SLURM_PACK_SIZE"))
     fail_usage("heterogeneous Slurm jobs (SLURM_HET_SIZE is set) are not supported: run one job component");
   SlurmTask t;
@@ -171,57 +183,84 @@ SlurmTask parse_slurm_task(const Env& env) {
   const auto* name = lookup(env, "SLURMD_NODENAME");
   if (!name || name->empty()) fail_usage("Slurm step without SLURMD_NODENAME: cannot tell which node this task is on");
   t.node_name = *name;
+  return t;
+}
 
-  std::string list_var, tasks_var;
-  const auto* list = lookup_first(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, list_var);
-  if (!list) fail_usage("Slurm step without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST");
+// A node named twice would give two node ids one host, which assemble could not
+// tell from a real inconsistency.
+void read_nodelist(const Env& env, SlurmTask& t, StepVars& s) {
+  s.list = lookup_first(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, s.list_var);
+  if (!s.list) fail_usage("Slurm step without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST");
   try {
-    t.nodelist = expand_hostlist(*list);
+    t.nodelist = expand_hostlist(*s.list);
   } catch (const UsageError& e) {
-    fail_usage(list_var, ": ", e.what());
+    fail_usage(s.list_var, ": ", e.what());
   }
-  if (t.nodelist.empty()) fail_usage(list_var, " is empty");
-  {
-    auto sorted = t.nodelist;
-    std::sort(sorted.begin(), sorted.end());
-    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-    if (dup != sorted.end()) fail_usage(list_var, "=\"", *list, "\" names node ", *dup, " twice");
-  }
-  const auto* tasks = lookup_first(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, tasks_var);
-  if (!tasks) fail_usage("Slurm step without SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE");
+  if (t.nodelist.empty()) fail_usage(s.list_var, " is empty");
+  auto sorted = t.nodelist;
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end()) fail_usage(s.list_var, "=\"", *s.list, "\" names node ", *dup, " twice");
+}
+
+// The per-node task counts, one per listed node and none zero; returns their sum.
+int64_t read_tasks_per_node(const Env& env, SlurmTask& t, StepVars& s) {
+  s.tasks = lookup_first(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, s.tasks_var);
+  if (!s.tasks) fail_usage("Slurm step without SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE");
   try {
-    t.tasks_per_node = parse_tasks_per_node(*tasks);
+    t.tasks_per_node = parse_tasks_per_node(*s.tasks);
   } catch (const UsageError& e) {
-    fail_usage(tasks_var, ": ", e.what());
+    fail_usage(s.tasks_var, ": ", e.what());
   }
   if (t.tasks_per_node.size() != t.nodelist.size())
-    fail_usage(tasks_var, "=\"", *tasks, "\" counts ", t.tasks_per_node.size(), " nodes but ", list_var, "=\"",
-               *list, "\" names ", t.nodelist.size());
+    fail_usage(s.tasks_var, "=\"", *s.tasks, "\" counts ", t.tasks_per_node.size(), " nodes but ", s.list_var,
+               "=\"", *s.list, "\" names ", t.nodelist.size());
   int64_t total = 0;
   for (size_t i = 0; i < t.tasks_per_node.size(); ++i) {
     if (t.tasks_per_node[i] == 0)
-      fail_usage(tasks_var, "=\"", *tasks, "\" gives node ", t.nodelist[i], " no tasks");
+      fail_usage(s.tasks_var, "=\"", *s.tasks, "\" gives node ", t.nodelist[i], " no tasks");
     total += t.tasks_per_node[i];
   }
+  return total;
+}
+
+// The task count: from its own variable when set (and then it must agree with the
+// per-node counts), else their sum.
+void read_ntasks(const Env& env, SlurmTask& t, const StepVars& s, int64_t total) {
   std::string ntasks_var;
   if (const auto* n = lookup_first(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, ntasks_var)) {
     if (!parse_nonneg(*n, t.ntasks)) fail_usage(ntasks_var, "=\"", *n, "\" is not a non-negative integer");
     if (t.ntasks != total)
-      fail_usage(ntasks_var, "=", t.ntasks, " but ", tasks_var, "=\"", *tasks, "\" adds up to ", total, " tasks");
+      fail_usage(ntasks_var, "=", t.ntasks, " but ", s.tasks_var, "=\"", *s.tasks, "\" adds up to ", total, " tasks");
   } else {
     t.ntasks = static_cast<int>(total);
   }
+}
+
+// This task's ids must fall inside the step the lists describe, or indexing them
+// later would go out of range.
+void check_task_in_step(const SlurmTask& t, const StepVars& s) {
   if (t.procid >= t.ntasks) fail_usage("SLURM_PROCID=", t.procid, " but the step has only ", t.ntasks, " tasks");
   if (t.nodeid >= static_cast<int>(t.nodelist.size()))
-    fail_usage("SLURM_NODEID=", t.nodeid, " but ", list_var, "=\"", *list, "\" names only ", t.nodelist.size(),
+    fail_usage("SLURM_NODEID=", t.nodeid, " but ", s.list_var, "=\"", *s.list, "\" names only ", t.nodelist.size(),
                " nodes");
   if (t.nodelist[t.nodeid] != t.node_name)
-    fail_usage("SLURM_NODEID=", t.nodeid, " is node ", t.nodelist[t.nodeid], " in ", list_var, "=\"", *list,
+    fail_usage("SLURM_NODEID=", t.nodeid, " is node ", t.nodelist[t.nodeid], " in ", s.list_var, "=\"", *s.list,
                "\", but SLURMD_NODENAME=", t.node_name);
   if (t.localid >= t.tasks_per_node[t.nodeid])
-    fail_usage("SLURM_LOCALID=", t.localid, " but ", tasks_var, "=\"", *tasks, "\" puts only ",
+    fail_usage("SLURM_LOCALID=", t.localid, " but ", s.tasks_var, "=\"", *s.tasks, "\" puts only ",
                t.tasks_per_node[t.nodeid], " tasks on node ", t.node_name);
+}
 
+}  // namespace
+
+SlurmTask parse_slurm_task(const Env& env) {
+  SlurmTask t = read_task_ids(env);
+  StepVars s;
+  read_nodelist(env, t, s);
+  const int64_t total = read_tasks_per_node(env, t, s);
+  read_ntasks(env, t, s, total);
+  check_task_in_step(t, s);
   t.switches = slurm_switches(env, t.node_name);
   return t;
 }
