@@ -265,8 +265,11 @@ SlurmTask parse_slurm_task(const Env& env) {
   return t;
 }
 
-Topology assemble(const std::vector<RankView>& views, int my_rank, const std::string& source,
-                  const SlurmTask* expected) {
+namespace {
+
+// A failed rank is reported before anything else: its record is incomplete, so every
+// later check would blame the layout for what is really that rank's error.
+void check_rank_records(const std::vector<RankView>& views, int my_rank) {
   const int world = static_cast<int>(views.size());
   if (world == 0 || my_rank < 0 || my_rank >= world)
     fail("topology: rank ", my_rank, " out of range for ", world, " ranks");
@@ -283,27 +286,29 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
   }
   for (int r = 0; r < world; ++r)
     if (views[r].rank != r) fail("topology: record ", r, " comes from rank ", views[r].rank);
+}
 
-  Topology t;
-  t.source = source;
-  t.world_size = world;
-  t.rank = my_rank;
-  t.rank_node.assign(world, -1);
-  t.rank_local.assign(world, -1);
-
+// Do the ranks name their nodes by Slurm node id (true) or by shared-memory group?
+// A mix means the ranks were not all started the same way.
+bool nodes_by_index(const std::vector<RankView>& views) {
   const bool by_index = views[0].node_index >= 0;
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < static_cast<int>(views.size()); ++r)
     if ((views[r].node_index >= 0) != by_index)
       fail("topology: ranks 0 and ", r, " disagree on how nodes are identified");
+  return by_index;
+}
 
-  std::map<int, int> key_to_node;           // MPI mode: shared-memory group -> node index
-  std::map<std::string, int> name_to_node;  // name -> node index, for the name checks
+// Sets rank_node and sizes `nodes`.  In MPI mode a node is a shared-memory group,
+// numbered in the order of its lowest rank, so that every rank numbers them alike.
+void index_nodes(const std::vector<RankView>& views, bool by_index, Topology& t) {
+  const int world = static_cast<int>(views.size());
   if (by_index) {
     int max_index = -1;
     for (const auto& v : views) max_index = std::max(max_index, v.node_index);
     t.nodes.resize(max_index + 1);
     for (int r = 0; r < world; ++r) t.rank_node[r] = views[r].node_index;
   } else {
+    std::map<int, int> key_to_node;  // shared-memory group -> node index
     for (int r = 0; r < world; ++r) {
       const int key = views[r].node_key;
       if (key < 0 || key > r || views[key].node_key != key)
@@ -317,10 +322,14 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
     for (int r = 0; r < world; ++r) t.rank_node[r] = key_to_node[views[r].node_key];
   }
   t.num_nodes = static_cast<int>(t.nodes.size());
+}
 
-  // Names: one per node, and no name on two nodes.
+// Names and switch paths: one per node, and no name on two nodes.  The first rank
+// on a node speaks for it; every other rank there must agree with it.
+void name_nodes(const std::vector<RankView>& views, bool by_index, Topology& t) {
+  std::map<std::string, int> name_to_node;
   std::vector<int> first_rank(t.num_nodes, -1);
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < t.world_size; ++r) {
     const int n = t.rank_node[r];
     if (first_rank[n] < 0) {
       first_rank[n] = r;
@@ -352,11 +361,14 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
   }
   for (int n = 0; n < t.num_nodes; ++n)
     if (first_rank[n] < 0) fail_usage("inconsistent layout: no rank says it is on node id ", n);
+}
 
-  // Local ranks: 0..size-1 on every node, each exactly once.
+// Local ranks: 0..size-1 on every node, each exactly once, so that nodes[n].ranks
+// can be indexed by local rank.
+void number_local_ranks(const std::vector<RankView>& views, Topology& t) {
   for (int n = 0; n < t.num_nodes; ++n) {
     std::vector<int> ranks;
-    for (int r = 0; r < world; ++r)
+    for (int r = 0; r < t.world_size; ++r)
       if (t.rank_node[r] == n) ranks.push_back(r);
     std::vector<int> by_local(ranks.size(), -1);
     for (int r : ranks) {
@@ -372,8 +384,11 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
     }
     t.nodes[n].ranks = by_local;
   }
+}
 
-  // A switch must have one place in the tree.
+// A switch must have one place in the tree, or "nodes under one leaf switch" would
+// mean different things depending on which node is asked.
+void check_switch_tree(const Topology& t) {
   std::map<std::string, std::pair<std::vector<std::string>, int>> switch_parent;  // switch -> (path above, node)
   for (int n = 0; n < t.num_nodes; ++n) {
     const auto& sw = t.nodes[n].switches;
@@ -386,23 +401,27 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
                    t.nodes[n].name);
     }
   }
+}
 
-  // Against what Slurm promised.
-  if (expected) {
-    if (static_cast<int>(expected->nodelist.size()) != t.num_nodes)
-      fail_usage("inconsistent layout: Slurm lists ", expected->nodelist.size(), " nodes but the ranks are on ",
-                 t.num_nodes);
-    for (int n = 0; n < t.num_nodes; ++n) {
-      if (expected->nodelist[n] != t.nodes[n].name)
-        fail_usage("inconsistent layout: Slurm's node ", n, " is ", expected->nodelist[n], " but ranks there say ",
-                   t.nodes[n].name);
-      if (expected->tasks_per_node[n] != static_cast<int>(t.nodes[n].ranks.size()))
-        fail_usage("inconsistent layout: Slurm puts ", expected->tasks_per_node[n], " tasks on node ",
-                   t.nodes[n].name, " but ", t.nodes[n].ranks.size(), " ranks say they are there");
-    }
+// The ranks must be where Slurm says it put them; otherwise the Slurm variables do
+// not describe this MPI job.
+void check_against_slurm(const Topology& t, const SlurmTask& expected) {
+  if (static_cast<int>(expected.nodelist.size()) != t.num_nodes)
+    fail_usage("inconsistent layout: Slurm lists ", expected.nodelist.size(), " nodes but the ranks are on ",
+               t.num_nodes);
+  for (int n = 0; n < t.num_nodes; ++n) {
+    if (expected.nodelist[n] != t.nodes[n].name)
+      fail_usage("inconsistent layout: Slurm's node ", n, " is ", expected.nodelist[n], " but ranks there say ",
+                 t.nodes[n].name);
+    if (expected.tasks_per_node[n] != static_cast<int>(t.nodes[n].ranks.size()))
+      fail_usage("inconsistent layout: Slurm puts ", expected.tasks_per_node[n], " tasks on node ",
+                 t.nodes[n].name, " but ", t.nodes[n].ranks.size(), " ranks say they are there");
   }
+}
 
-  // Node order: switch path, then name.
+// Node order: switch path, then name, so that nodes under one leaf switch are
+// adjacent and node-major positions keep neighbours close.
+void order_nodes(Topology& t) {
   t.node_order.resize(t.num_nodes);
   for (int n = 0; n < t.num_nodes; ++n) t.node_order[n] = n;
   std::sort(t.node_order.begin(), t.node_order.end(), [&](int a, int b) {
@@ -414,6 +433,28 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
   t.order_offset.assign(t.num_nodes + 1, 0);
   for (int i = 0; i < t.num_nodes; ++i)
     t.order_offset[i + 1] = t.order_offset[i] + static_cast<int>(t.nodes[t.node_order[i]].ranks.size());
+}
+
+}  // namespace
+
+Topology assemble(const std::vector<RankView>& views, int my_rank, const std::string& source,
+                  const SlurmTask* expected) {
+  check_rank_records(views, my_rank);
+  const int world = static_cast<int>(views.size());
+  Topology t;
+  t.source = source;
+  t.world_size = world;
+  t.rank = my_rank;
+  t.rank_node.assign(world, -1);
+  t.rank_local.assign(world, -1);
+
+  const bool by_index = nodes_by_index(views);
+  index_nodes(views, by_index, t);
+  name_nodes(views, by_index, t);
+  number_local_ranks(views, t);
+  check_switch_tree(t);
+  if (expected) check_against_slurm(t, *expected);
+  order_nodes(t);
 
   t.node = t.rank_node[my_rank];
   t.local_rank = t.rank_local[my_rank];
