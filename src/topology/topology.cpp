@@ -530,70 +530,65 @@ std::string Topology::describe() const {
 
 Topology discover(MPI_Comm comm) { return discover(comm, process_environment()); }
 
-Topology discover(MPI_Comm comm, const Env& env) {
-  int rank = 0, size = 1;
-  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  AMSP_MPI_CHECK(MPI_Comm_size(comm, &size));
+namespace {
 
-  RankView view;
-  view.rank = rank;
-  SlurmTask task;
-  int slurm_ok = 0;
-  if (in_slurm_step(env)) {
-    try {
-      task = parse_slurm_task(env);
-      // The Slurm variables describe MPI's ranks only if srun started each rank as its
-      // own task; mpiexec inside an allocation starts several ranks per task.
-      slurm_ok = task.procid == rank && task.ntasks == size;
-    } catch (const Error& e) {
-      view.error = e.what();
-    }
+// Parses this rank's Slurm task, if any.  Returns whether the task ids are MPI's
+// ranks: the Slurm variables describe MPI's ranks only if srun started each rank as
+// its own task; mpiexec inside an allocation starts several ranks per task.  A parse
+// error is kept in view.error, to be reported by every rank after the exchange.
+int read_slurm_view(const Env& env, int rank, int size, SlurmTask& task, RankView& view) {
+  if (!in_slurm_step(env)) return 0;
+  try {
+    task = parse_slurm_task(env);
+    return task.procid == rank && task.ntasks == size;
+  } catch (const Error& e) {
+    view.error = e.what();
   }
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &slurm_ok, 1, MPI_INT, MPI_MIN, comm));
+  return 0;
+}
 
-  // Shared-memory groups: always computed, so every rank makes the same MPI calls.
+struct SharedMemoryGroup {
+  int rank = 0, size = 1;
+  int key = 0;  // the group's lowest world rank
+};
+
+// Shared-memory groups: always computed, so every rank makes the same MPI calls
+// whichever way the node is then identified.
+SharedMemoryGroup shared_memory_group(MPI_Comm comm, int rank) {
   MPI_Comm shm = MPI_COMM_NULL;
   AMSP_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm));
-  int shm_rank = 0, shm_size = 1, shm_key = rank;
-  AMSP_MPI_CHECK(MPI_Comm_rank(shm, &shm_rank));
-  AMSP_MPI_CHECK(MPI_Comm_size(shm, &shm_size));
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &shm_key, 1, MPI_INT, MPI_MIN, shm));
+  SharedMemoryGroup g;
+  g.key = rank;
+  AMSP_MPI_CHECK(MPI_Comm_rank(shm, &g.rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(shm, &g.size));
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &g.key, 1, MPI_INT, MPI_MIN, shm));
   AMSP_MPI_CHECK(MPI_Comm_free(&shm));
+  return g;
+}
 
-  int local_size = shm_size;
-  if (slurm_ok) {
-    view.node_name = task.node_name;
-    view.node_index = task.nodeid;
-    view.local_rank = task.localid;
-    view.switches = task.switches;
-    local_size = task.tasks_per_node[task.nodeid];
-  } else {
-    char host[MPI_MAX_PROCESSOR_NAME];
-    int len = 0;
-    AMSP_MPI_CHECK(MPI_Get_processor_name(host, &len));
-    const auto* slurm_name = lookup(env, "SLURMD_NODENAME");
-    view.node_name = slurm_name && !slurm_name->empty() ? *slurm_name : std::string(host, len);
-    view.node_key = shm_key;
-    view.local_rank = shm_rank;
-    // The switch path is per node, so it holds whoever launched the ranks.
-    if (view.error.empty() && slurm_name) {
-      try {
-        view.switches = slurm_switches(env, *slurm_name);
-      } catch (const Error& e) {
-        view.error = e.what();
-      }
-    }
-  }
-  GpuInfo gpu;
-  if (view.error.empty()) {
+// Without a usable Slurm task the node is the shared-memory group.  It is named by
+// SLURMD_NODENAME when set, so that nodes keep Slurm's names when mpiexec started the
+// ranks inside an allocation, and by the host name otherwise.
+void describe_self_from_mpi(const Env& env, const SharedMemoryGroup& shm, RankView& view) {
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  AMSP_MPI_CHECK(MPI_Get_processor_name(host, &len));
+  const auto* slurm_name = lookup(env, "SLURMD_NODENAME");
+  view.node_name = slurm_name && !slurm_name->empty() ? *slurm_name : std::string(host, len);
+  view.node_key = shm.key;
+  view.local_rank = shm.rank;
+  // The switch path is per node, so it holds whoever launched the ranks.
+  if (view.error.empty() && slurm_name) {
     try {
-      gpu = parse_gpus(env, view.local_rank, local_size);
+      view.switches = slurm_switches(env, *slurm_name);
     } catch (const Error& e) {
       view.error = e.what();
     }
   }
+}
 
-  // Everyone learns everyone's view.
+// Everyone learns everyone's view (collective on comm).
+std::vector<RankView> exchange_views(MPI_Comm comm, int size, const RankView& view) {
   const std::string mine = encode(view);
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(size), displs(size);
@@ -608,7 +603,44 @@ Topology discover(MPI_Comm comm, const Env& env) {
       MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm));
   std::vector<RankView> views(size);
   for (int r = 0; r < size; ++r) views[r] = decode(all.substr(displs[r], lens[r]));
+  return views;
+}
 
+}  // namespace
+
+Topology discover(MPI_Comm comm, const Env& env) {
+  int rank = 0, size = 1;
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(comm, &size));
+
+  RankView view;
+  view.rank = rank;
+  SlurmTask task;
+  // Slurm's variables are used only if they describe every rank.
+  int slurm_ok = read_slurm_view(env, rank, size, task, view);
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &slurm_ok, 1, MPI_INT, MPI_MIN, comm));
+  const SharedMemoryGroup shm = shared_memory_group(comm, rank);
+
+  int local_size = shm.size;
+  if (slurm_ok) {
+    view.node_name = task.node_name;
+    view.node_index = task.nodeid;
+    view.local_rank = task.localid;
+    view.switches = task.switches;
+    local_size = task.tasks_per_node[task.nodeid];
+  } else {
+    describe_self_from_mpi(env, shm, view);
+  }
+  GpuInfo gpu;
+  if (view.error.empty()) {
+    try {
+      gpu = parse_gpus(env, view.local_rank, local_size);
+    } catch (const Error& e) {
+      view.error = e.what();
+    }
+  }
+
+  const std::vector<RankView> views = exchange_views(comm, size, view);
   Topology t = assemble(views, rank, slurm_ok ? "slurm" : "mpi", slurm_ok ? &task : nullptr);
   t.gpu = gpu;
   return t;
