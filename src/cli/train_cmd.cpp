@@ -17,7 +17,12 @@
 
 namespace amsp::cli {
 
-int run_train(int argc, char** argv) {
+namespace {
+
+// What the command line says, before it is checked: TrainOptions' fields where they
+// can be taken as given, and raw values for those that need defaults computed from
+// other options or parsing.
+struct TrainArgs {
   engine::TrainOptions o;
   std::string model_name, precision;
   double lr = 0, min_lr = -1;
@@ -25,16 +30,19 @@ int run_train(int argc, char** argv) {
   std::string memory;
   bool no_overlap = false;
   std::string checkpoint_io;
+};
 
-  po::options_description desc("Options");
+// The option table; parse_command stores the values given into `a`.
+void declare_options(po::options_description& desc, TrainArgs& a) {
+  engine::TrainOptions& o = a.o;
   desc.add_options()
-      ("model", po::value<std::string>(&model_name)->default_value("tiny")->value_name("NAME|FILE"),
+      ("model", po::value<std::string>(&a.model_name)->default_value("tiny")->value_name("NAME|FILE"),
            "model preset (inputs/models/NAME.json) or a Hugging Face config.json")
       ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5"),
            "token dataset from `amsp data prepare`")
       ("steps", po::value<int64_t>(&o.steps)->default_value(300)->value_name("INT"),
            "optimizer steps")
-      ("seed", po::value<int64_t>(&seed)->default_value(1337)->value_name("INT"),
+      ("seed", po::value<int64_t>(&a.seed)->default_value(1337)->value_name("INT"),
            "seed for initialisation and data sampling")
       ("batch-size", po::value<int64_t>(&o.batch_size)->default_value(8)->value_name("INT"),
            "sequences per micro-batch (per rank)")
@@ -42,11 +50,11 @@ int run_train(int argc, char** argv) {
            "tokens per sequence")
       ("grad-accum", po::value<int64_t>(&o.grad_accum)->default_value(1)->value_name("INT"),
            "micro-batches per optimizer step")
-      ("lr", po::value<double>(&lr)->default_value(1e-3)->value_name("NUM"),
+      ("lr", po::value<double>(&a.lr)->default_value(1e-3)->value_name("NUM"),
            "peak learning rate")
-      ("min-lr", po::value<double>(&min_lr)->value_name("NUM"),
+      ("min-lr", po::value<double>(&a.min_lr)->value_name("NUM"),
            "learning rate at the last step (default: lr / 10)")
-      ("warmup-steps", po::value<int64_t>(&warmup)->value_name("INT"),
+      ("warmup-steps", po::value<int64_t>(&a.warmup)->value_name("INT"),
            "linear warmup steps (default: 5% of steps)")
       ("weight-decay", po::value<double>(&o.adamw.weight_decay)->default_value(0.1)->value_name("NUM"),
            "AdamW decoupled weight decay")
@@ -65,7 +73,7 @@ int run_train(int argc, char** argv) {
            "write one JSON line per step to FILE")
       ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0)->value_name("NUM"),
            "peak TFLOP/s for MFU; 0 measures this machine's GEMM peak")
-      ("precision", po::value<std::string>(&precision)->default_value("fp32")->value_name("fp32|bf16"),
+      ("precision", po::value<std::string>(&a.precision)->default_value("fp32")->value_name("fp32|bf16"),
            "fp32, or bf16 mixed precision: bf16 parameters and gradients on the wire, fp32 "
            "gradient accumulation, master weights and Adam moments (the default on a GPU will "
            "be bf16; on CPU it is fp32)")
@@ -77,9 +85,9 @@ int run_train(int argc, char** argv) {
       ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
            "default: inputs/bandwidth/localcluster-2x4.json")
-      ("memory-per-rank", po::value<std::string>(&memory)->value_name("SIZE"),
+      ("memory-per-rank", po::value<std::string>(&a.memory)->value_name("SIZE"),
            "memory a rank may use, for --shard auto (e.g. 4GiB); default: available / ranks per node")
-      ("no-overlap", po::bool_switch(&no_overlap),
+      ("no-overlap", po::bool_switch(&a.no_overlap),
            "wait for every collective as soon as it is issued (for measuring what overlap hides)")
       ("trace", po::value<std::string>(&o.trace_path)->value_name("FILE"),
            "write a Chrome trace (chrome://tracing, Perfetto) of steps 2-3: compute, waits, collectives")
@@ -97,7 +105,7 @@ int run_train(int argc, char** argv) {
       ("force-resume", po::bool_switch(&o.force_resume),
            "resume even when the dataset's tokens or a model field other than the shapes "
            "(rope_theta, rms_norm_eps, max_position_embeddings) differ from the checkpoint's run")
-      ("checkpoint-io", po::value<std::string>(&checkpoint_io)->default_value("independent")->value_name("MODE"),
+      ("checkpoint-io", po::value<std::string>(&a.checkpoint_io)->default_value("independent")->value_name("MODE"),
            "how ranks write their shards: independent (default) or collective (MPI-IO two-phase "
            "buffering, for parallel file systems; doc/checkpoints.md)")
       ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
@@ -116,17 +124,18 @@ int run_train(int argc, char** argv) {
            "write one JSON line per step: where each of its training windows starts in the "
            "train split, in global row order");
   desc.add(model_field_options());
+}
 
-  po::variables_map vm;
-  if (!parse_command("train", "Trains a LLaMA model on a token dataset.", desc, argc, argv, vm))
-    return 0;
-
+// Ranges of single options, checked before anything is loaded: a typo is reported
+// before a model config or an --init-from directory is read.
+void check_ranges(const TrainArgs& a) {
+  const engine::TrainOptions& o = a.o;
   require(o.steps >= 1, "steps", o.steps, "an integer >= 1");
   require(o.batch_size >= 1, "batch-size", o.batch_size, "an integer >= 1");
   require(o.seq_len >= 2, "seq-len", o.seq_len, "an integer >= 2");
   require(o.grad_accum >= 1, "grad-accum", o.grad_accum, "an integer >= 1");
-  require(seed >= 0, "seed", seed, "an integer >= 0");
-  require(lr > 0 && std::isfinite(lr), "lr", lr, "a number > 0");
+  require(a.seed >= 0, "seed", a.seed, "an integer >= 0");
+  require(a.lr > 0 && std::isfinite(a.lr), "lr", a.lr, "a number > 0");
   require(o.grad_clip >= 0, "grad-clip", o.grad_clip, "a number >= 0");
   require(o.eval_every >= 0, "eval-every", o.eval_every, "an integer >= 0");
   require(o.eval_windows >= 0, "eval-windows", o.eval_windows, "an integer >= 0");
@@ -136,31 +145,50 @@ int run_train(int argc, char** argv) {
   require(o.adamw.weight_decay >= 0, "weight-decay", o.adamw.weight_decay, "a number >= 0");
   require(o.threads >= 0, "threads", o.threads, "an integer >= 0");
   require(o.peak_tflops >= 0, "peak-tflops", o.peak_tflops, "a number >= 0");
-  const auto dtype = parse_dtype(precision);
-  require(dtype && *dtype != DType::kI32, "precision", precision, "fp32 or bf16");
-  o.precision = *dtype;
+}
 
-  o.seed = static_cast<uint64_t>(seed);
+// parse_dtype knows int32 too, which is no precision to train in.
+void set_precision(TrainArgs& a) {
+  const auto dtype = parse_dtype(a.precision);
+  require(dtype && *dtype != DType::kI32, "precision", a.precision, "fp32 or bf16");
+  a.o.precision = *dtype;
+}
+
+// The model: a preset or config file, or the config.json of --init-from (never
+// both, since either would silently override the other), then the --model.FIELD
+// overrides.
+void load_model(TrainArgs& a, const po::variables_map& vm) {
+  engine::TrainOptions& o = a.o;
   if (!o.init_from.empty()) {
     if (!vm["model"].defaulted())
-      fail_usage("--model ", model_name, " with --init-from ", o.init_from,
+      fail_usage("--model ", a.model_name, " with --init-from ", o.init_from,
                  ": expected one of them (--init-from takes the model from its config.json)");
     o.model = hf::ModelDir(o.init_from).config();
   } else {
-    o.model = model::load_config(model_name);
+    o.model = model::load_config(a.model_name);
   }
   apply_model_fields(vm, o.model);
   o.model.validate();
-  o.schedule.lr = lr;
-  o.schedule.min_lr = min_lr >= 0 ? min_lr : lr / 10;
-  o.schedule.warmup_steps = warmup >= 0 ? warmup : o.steps / 20;
-  require(o.schedule.min_lr <= lr, "min-lr", o.schedule.min_lr, "a number <= --lr");
+}
+
+// The learning-rate schedule; its defaults depend on --lr and --steps.
+void set_schedule(TrainArgs& a) {
+  engine::TrainOptions& o = a.o;
+  o.schedule.lr = a.lr;
+  o.schedule.min_lr = a.min_lr >= 0 ? a.min_lr : a.lr / 10;
+  o.schedule.warmup_steps = a.warmup >= 0 ? a.warmup : o.steps / 20;
+  require(o.schedule.min_lr <= a.lr, "min-lr", o.schedule.min_lr, "a number <= --lr");
   require(o.schedule.warmup_steps <= o.steps, "warmup-steps", o.schedule.warmup_steps,
           "at most --steps");
+}
 
-  o.overlap = !no_overlap;
+// Overlap, checkpoints, resume, output files and limits.  Paths are checked here so
+// that a typo fails before any work starts rather than when the engine reaches them.
+void set_run_options(TrainArgs& a) {
+  engine::TrainOptions& o = a.o;
+  o.overlap = !a.no_overlap;
   require(o.checkpoint_every >= 0, "checkpoint-every", o.checkpoint_every, "an integer >= 0");
-  o.checkpoint_io = ckpt::parse_transfer(checkpoint_io, "--checkpoint-io");
+  o.checkpoint_io = ckpt::parse_transfer(a.checkpoint_io, "--checkpoint-io");
   require(o.keep_last >= 0, "keep-last", o.keep_last, "an integer >= 0");
   if (o.resume == "auto" && o.checkpoint_dir.empty())
     fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");
@@ -173,9 +201,38 @@ int run_train(int argc, char** argv) {
   }
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
-  if (!memory.empty()) o.memory_per_rank = plan::parse_memory_size(memory, "--memory-per-rank");
+  if (!a.memory.empty()) o.memory_per_rank = plan::parse_memory_size(a.memory, "--memory-per-rank");
+}
 
+// Checks the parsed options and completes TrainOptions.  Runs before MPI starts, so
+// a bad option costs no MPI start-up.
+engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm) {
+  check_ranges(a);
+  set_precision(a);
+  a.o.seed = static_cast<uint64_t>(a.seed);
+  load_model(a, vm);
+  set_schedule(a);
+  set_run_options(a);
+  return a.o;
+}
+
+// A run stopped by SIGUSR1/SIGTERM after its checkpoint exits kExitPreempted, which
+// tells slurm/train.sbatch to requeue it.
+int train_under_mpi(int argc, char** argv, const engine::TrainOptions& o) {
   return run_under_mpi(&argc, &argv, [&] { return engine::train(o).preempted ? kExitPreempted : kExitOk; });
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  TrainArgs args;
+  po::options_description desc("Options");
+  declare_options(desc, args);
+  po::variables_map vm;
+  if (!parse_command("train", "Trains a LLaMA model on a token dataset.", desc, argc, argv, vm))
+    return 0;
+  const engine::TrainOptions o = to_train_options(args, vm);
+  return train_under_mpi(argc, argv, o);
 }
 
 }  // namespace amsp::cli

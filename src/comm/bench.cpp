@@ -240,6 +240,204 @@ std::string default_cluster() {
   return host;
 }
 
+// A group shape as measured: p0 ranks per node times p1 nodes.
+struct ShapedGroup {
+  int64_t p0 = 1, p1 = 1;
+  Group group;
+};
+
+// Creates the group of `shape` that this rank belongs to (collective on the world).
+ShapedGroup make_shaped_group(Shape shape, const Layout& layout) {
+  ShapedGroup g;
+  switch (shape) {
+    case Shape::kNode:
+      g.p0 = layout.ranks_per_node;
+      g.group = make_group(MPI_COMM_WORLD, layout.node_members, "node");
+      break;
+    case Shape::kCross:
+      g.p1 = layout.nodes;
+      g.group = make_group(MPI_COMM_WORLD, layout.cross_members, "cross");
+      break;
+    case Shape::kWorld:
+      g.p0 = layout.ranks_per_node;
+      g.p1 = layout.nodes;
+      g.group = dup_group(MPI_COMM_WORLD, "world");
+      break;
+  }
+  return g;
+}
+
+// How long one op of one size took, and over how many timed iterations.
+struct Timing {
+  double seconds = 0;  // per op, the slowest rank's
+  int iters = 0;
+};
+
+// One benchmark run: the options, where the ranks are, and what the measurements
+// add up to (the bandwidth table, the JSON rows and the wrong-element count).
+class BenchRun {
+ public:
+  BenchRun(const BenchOptions& opt, const Layout& layout, int rank, int world, std::ostream& out)
+      : opt_(opt), layout_(layout), root_(rank == 0), world_(world), out_(out),
+        sizes_(bench_sizes(opt.min_bytes, opt.max_bytes, opt.step_factor)) {
+    table_.cluster = opt.cluster.empty() ? default_cluster() : opt.cluster;
+    // The table's dtype keeps its historical spelling for fp32.
+    table_.dtype = opt.dtype == DType::kF32 ? "float32" : nccl_type_name(opt.dtype);
+  }
+
+  int64_t run() {
+    if (root_) print_preamble();
+    for (Shape shape : opt_.shapes) run_shape(shape);
+    table_.backend = backend_;
+    if (root_) finish();
+    return total_wrong_;
+  }
+
+ private:
+  void print_preamble() {
+    out_ << "# amsp comm-bench: " << layout_.describe << "\n"
+         << "# warmup " << opt_.warmup << ", iters " << opt_.iters << " (fewer above "
+         << opt_.max_seconds_per_size << " s per size), " << table_.dtype << ", check "
+         << (opt_.check ? "on" : "off")
+         << ", progress " << progress_name(session_progress()) << "\n";
+  }
+
+  // Every op on one group shape; a shape with one rank, or one already measured
+  // under another name, is skipped (after creating its group, which is collective).
+  void run_shape(Shape shape) {
+    ShapedGroup g = make_shaped_group(shape, layout_);
+    const int64_t p0 = g.p0, p1 = g.p1, n = p0 * p1;
+    if (n < 2 || std::find(shapes_done_.begin(), shapes_done_.end(), std::pair{p0, p1}) != shapes_done_.end()) {
+      if (root_)
+        out_ << "#\n# group " << shape_name(shape) << " (" << p0 << "x" << p1 << "): "
+             << (n < 2 ? "a single rank, nothing to measure" : "same shape as above, skipped") << "\n";
+      return;
+    }
+    shapes_done_.push_back({p0, p1});
+    auto c = make_mpi_communicator(std::move(g.group));
+    backend_ = c->backend();
+    for (Op op : opt_.ops) {
+      if (root_) print_op_header(op, shape, p0, p1, c->backend());
+      for (int64_t bytes : sizes_) run_size(*c, op, shape, p0, p1, bytes);
+    }
+  }
+
+  void print_op_header(Op op, Shape shape, int64_t p0, int64_t p1, const std::string& backend) {
+    char line[256];
+    out_ << "#\n# " << op_name(op) << " on group " << shape_name(shape) << ": " << p0 * p1
+         << " ranks (" << p0 << " per node x " << p1 << " nodes), backend " << backend
+         << "\n";
+    std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %6s %12s %8s %8s %8s\n", "size",
+                  "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong");
+    out_ << line;
+    std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %6s %12s %8s %8s %8s\n", "(B)",
+                  "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+    out_ << line;
+  }
+
+  // One row: check, time, print and record one message size.
+  void run_size(Communicator& c, Op op, Shape shape, int64_t p0, int64_t p1, int64_t bytes) {
+    const int64_t n = p0 * p1, eb = dtype_bytes(opt_.dtype);
+    // Elements per call: per rank for all-gather and reduce-scatter.
+    const bool blocked = op == Op::kAllGather || op == Op::kReduceScatter;
+    const int64_t count = blocked ? bytes / (eb * n) : bytes / eb;
+    if (count == 0) return;
+    const int64_t size = bench_size_bytes(op, count, n, eb);
+    const int64_t total_count = blocked ? count * n : count;
+
+    int64_t wrong = opt_.check ? check_op(c, op, count, opt_.dtype) : 0;
+    AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+    total_wrong_ += wrong;
+    const Timing timing = time_op(c, op, count, n);
+    const double t = timing.seconds;
+
+    const double algbw = static_cast<double>(size) / t / 1e9;
+    const double busbw = algbw * busbw_factor(op, n);
+    const bool reduces = op == Op::kReduceScatter || op == Op::kAllReduce;
+    const DType dtype = opt_.dtype;
+    if (root_) {
+      char line[256];
+      std::snprintf(line, sizeof line, "  %12lld %12lld %8s %6s %6s %12.1f %8.3f %8.3f %8lld\n",
+                    static_cast<long long>(size), static_cast<long long>(total_count),
+                    nccl_type_name(dtype),
+                    reduces ? "sum" : "none", op == Op::kBroadcast ? "0" : "-", t * 1e6, algbw,
+                    busbw, static_cast<long long>(wrong));
+      out_ << line << std::flush;
+    }
+    table_.entries.push_back({op, p0, p1, size, t * 1e6, algbw, busbw});
+    results_.push_back({{"op", op_name(op)}, {"group", shape_name(shape)}, {"ranks", n},
+                        {"ranks_per_node", p0}, {"nodes", p1}, {"size", size},
+                        {"count", total_count}, {"type", nccl_type_name(dtype)},
+                        {"dtype", dtype_name(dtype)},
+                        {"redop", reduces ? "sum" : "none"},
+                        {"root", op == Op::kBroadcast ? 0 : -1}, {"time_us", t * 1e6},
+                        {"algbw_GBps", algbw}, {"busbw_GBps", busbw}, {"wrong", wrong},
+                        {"iters", timing.iters}, {"warmup", opt_.warmup}});
+  }
+
+  // One warm-up op prices the size; the rest of the warm-up and the timed
+  // iterations then fit the time budget.
+  Timing time_op(Communicator& c, Op op, int64_t count, int64_t n) {
+    const DType dtype = opt_.dtype;
+    Buffer a(dtype, op == Op::kReduceScatter ? count * n : count, 0.0f);
+    Buffer b(dtype, op == Op::kAllGather ? count * n : count, 0.0f);
+    AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    double t0 = now_seconds();
+    run_ops(c, op, count, dtype, 1, a, b);
+    const double t_warm = max_world(now_seconds() - t0);
+    int warmup = opt_.warmup - 1;
+    if (opt_.max_seconds_per_size > 0 && t_warm * warmup > opt_.max_seconds_per_size / 2)
+      warmup = static_cast<int>(opt_.max_seconds_per_size / 2 / t_warm);
+    if (warmup > 0) run_ops(c, op, count, dtype, warmup, a, b);
+    Timing timing;
+    timing.iters = opt_.iters;
+    if (opt_.max_seconds_per_size > 0 && t_warm * timing.iters > opt_.max_seconds_per_size)
+      timing.iters = std::max(1, static_cast<int>(opt_.max_seconds_per_size / t_warm));
+    AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    t0 = now_seconds();
+    run_ops(c, op, count, dtype, timing.iters, a, b);
+    timing.seconds = max_world((now_seconds() - t0) / timing.iters);
+    return timing;
+  }
+
+  // Rank 0 only: the verdict, and the JSON rows and bandwidth table if asked for.
+  void finish() {
+    out_ << "#\n# wrong: " << total_wrong_ << (total_wrong_ ? "  FAILED" : "  OK") << "\n";
+    if (!opt_.json_path.empty()) {
+      nlohmann::json j = {{"command", "amsp comm-bench"}, {"world_size", world_},
+                          {"ranks_per_node", layout_.ranks_per_node}, {"nodes", layout_.nodes},
+                          {"layout", layout_.describe}, {"backend", backend_},
+                          {"progress", progress_name(session_progress())},
+                          {"cluster", table_.cluster}, {"dtype", dtype_name(opt_.dtype)},
+                          {"wrong", total_wrong_},
+                          {"results", results_}};
+      std::ofstream f = open_output(opt_.json_path);
+      f << j.dump(1) << "\n";
+      if (!f) fail("cannot write ", opt_.json_path);
+      out_ << "# results: " << opt_.json_path << "\n";
+    }
+    if (!opt_.table_path.empty()) {
+      std::ofstream f = open_output(opt_.table_path);
+      f << to_json(table_);
+      if (!f) fail("cannot write ", opt_.table_path);
+      out_ << "# bandwidth table: " << opt_.table_path << "\n";
+    }
+  }
+
+  const BenchOptions& opt_;
+  const Layout& layout_;
+  const bool root_;
+  const int world_;
+  std::ostream& out_;
+  const std::vector<int64_t> sizes_;
+
+  BandwidthTable table_;
+  nlohmann::json results_ = nlohmann::json::array();
+  int64_t total_wrong_ = 0;
+  std::string backend_;                                 // of the last group measured
+  std::vector<std::pair<int64_t, int64_t>> shapes_done_;  // (p0, p1) measured so far
+};
+
 }  // namespace
 
 int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
@@ -247,148 +445,7 @@ int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
   AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   AMSP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   const Layout layout = discover_layout(opt.ranks_per_node);
-  const std::vector<int64_t> sizes = bench_sizes(opt.min_bytes, opt.max_bytes, opt.step_factor);
-  const bool root = rank == 0;
-
-  BandwidthTable table;
-  table.cluster = opt.cluster.empty() ? default_cluster() : opt.cluster;
-  const DType dtype = opt.dtype;
-  const int64_t eb = dtype_bytes(dtype);
-  // The table's dtype keeps its historical spelling for fp32.
-  table.dtype = dtype == DType::kF32 ? "float32" : nccl_type_name(dtype);
-  nlohmann::json results = nlohmann::json::array();
-  int64_t total_wrong = 0;
-  std::string backend;
-
-  if (root) {
-    out << "# amsp comm-bench: " << layout.describe << "\n"
-        << "# warmup " << opt.warmup << ", iters " << opt.iters << " (fewer above "
-        << opt.max_seconds_per_size << " s per size), " << table.dtype << ", check "
-        << (opt.check ? "on" : "off")
-        << ", progress " << progress_name(session_progress()) << "\n";
-  }
-  std::vector<std::pair<int64_t, int64_t>> shapes_done;
-  for (Shape shape : opt.shapes) {
-    int64_t p0 = 1, p1 = 1;
-    Group group;
-    switch (shape) {
-      case Shape::kNode:
-        p0 = layout.ranks_per_node;
-        group = make_group(MPI_COMM_WORLD, layout.node_members, "node");
-        break;
-      case Shape::kCross:
-        p1 = layout.nodes;
-        group = make_group(MPI_COMM_WORLD, layout.cross_members, "cross");
-        break;
-      case Shape::kWorld:
-        p0 = layout.ranks_per_node;
-        p1 = layout.nodes;
-        group = dup_group(MPI_COMM_WORLD, "world");
-        break;
-    }
-    const int64_t n = p0 * p1;
-    if (n < 2 || std::find(shapes_done.begin(), shapes_done.end(), std::pair{p0, p1}) != shapes_done.end()) {
-      if (root)
-        out << "#\n# group " << shape_name(shape) << " (" << p0 << "x" << p1 << "): "
-            << (n < 2 ? "a single rank, nothing to measure" : "same shape as above, skipped") << "\n";
-      continue;
-    }
-    shapes_done.push_back({p0, p1});
-    auto c = make_mpi_communicator(std::move(group));
-    backend = c->backend();
-    for (Op op : opt.ops) {
-      if (root) {
-        char line[256];
-        out << "#\n# " << op_name(op) << " on group " << shape_name(shape) << ": " << n
-            << " ranks (" << p0 << " per node x " << p1 << " nodes), backend " << c->backend()
-            << "\n";
-        std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %6s %12s %8s %8s %8s\n", "size",
-                      "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong");
-        out << line;
-        std::snprintf(line, sizeof line, "# %12s %12s %8s %6s %6s %12s %8s %8s %8s\n", "(B)",
-                      "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
-        out << line;
-      }
-      for (int64_t bytes : sizes) {
-        // Elements per call: per rank for all-gather and reduce-scatter.
-        const bool blocked = op == Op::kAllGather || op == Op::kReduceScatter;
-        const int64_t count = blocked ? bytes / (eb * n) : bytes / eb;
-        if (count == 0) continue;
-        const int64_t size = bench_size_bytes(op, count, n, eb);
-        const int64_t total_count = blocked ? count * n : count;
-
-        int64_t wrong = opt.check ? check_op(*c, op, count, dtype) : 0;
-        AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
-        total_wrong += wrong;
-
-        Buffer a(dtype, op == Op::kReduceScatter ? count * n : count, 0.0f);
-        Buffer b(dtype, op == Op::kAllGather ? count * n : count, 0.0f);
-        AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-        // One warm-up op prices the size; the rest of the warm-up and the
-        // timed iterations then fit the time budget.
-        double t0 = now_seconds();
-        run_ops(*c, op, count, dtype, 1, a, b);
-        const double t_warm = max_world(now_seconds() - t0);
-        int warmup = opt.warmup - 1;
-        if (opt.max_seconds_per_size > 0 && t_warm * warmup > opt.max_seconds_per_size / 2)
-          warmup = static_cast<int>(opt.max_seconds_per_size / 2 / t_warm);
-        if (warmup > 0) run_ops(*c, op, count, dtype, warmup, a, b);
-        int iters = opt.iters;
-        if (opt.max_seconds_per_size > 0 && t_warm * iters > opt.max_seconds_per_size)
-          iters = std::max(1, static_cast<int>(opt.max_seconds_per_size / t_warm));
-        AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-        t0 = now_seconds();
-        run_ops(*c, op, count, dtype, iters, a, b);
-        const double t = max_world((now_seconds() - t0) / iters);
-
-        const double algbw = static_cast<double>(size) / t / 1e9;
-        const double busbw = algbw * busbw_factor(op, n);
-        const bool reduces = op == Op::kReduceScatter || op == Op::kAllReduce;
-        if (root) {
-          char line[256];
-          std::snprintf(line, sizeof line, "  %12lld %12lld %8s %6s %6s %12.1f %8.3f %8.3f %8lld\n",
-                        static_cast<long long>(size), static_cast<long long>(total_count),
-                        nccl_type_name(dtype),
-                        reduces ? "sum" : "none", op == Op::kBroadcast ? "0" : "-", t * 1e6, algbw,
-                        busbw, static_cast<long long>(wrong));
-          out << line << std::flush;
-        }
-        table.entries.push_back({op, p0, p1, size, t * 1e6, algbw, busbw});
-        results.push_back({{"op", op_name(op)}, {"group", shape_name(shape)}, {"ranks", n},
-                           {"ranks_per_node", p0}, {"nodes", p1}, {"size", size},
-                           {"count", total_count}, {"type", nccl_type_name(dtype)},
-                           {"dtype", dtype_name(dtype)},
-                           {"redop", reduces ? "sum" : "none"},
-                           {"root", op == Op::kBroadcast ? 0 : -1}, {"time_us", t * 1e6},
-                           {"algbw_GBps", algbw}, {"busbw_GBps", busbw}, {"wrong", wrong},
-                           {"iters", iters}, {"warmup", opt.warmup}});
-      }
-    }
-  }
-  table.backend = backend;
-  if (root) {
-    out << "#\n# wrong: " << total_wrong << (total_wrong ? "  FAILED" : "  OK") << "\n";
-    if (!opt.json_path.empty()) {
-      nlohmann::json j = {{"command", "amsp comm-bench"}, {"world_size", world},
-                          {"ranks_per_node", layout.ranks_per_node}, {"nodes", layout.nodes},
-                          {"layout", layout.describe}, {"backend", backend},
-                          {"progress", progress_name(session_progress())},
-                          {"cluster", table.cluster}, {"dtype", dtype_name(dtype)},
-                          {"wrong", total_wrong},
-                          {"results", results}};
-      std::ofstream f = open_output(opt.json_path);
-      f << j.dump(1) << "\n";
-      if (!f) fail("cannot write ", opt.json_path);
-      out << "# results: " << opt.json_path << "\n";
-    }
-    if (!opt.table_path.empty()) {
-      std::ofstream f = open_output(opt.table_path);
-      f << to_json(table);
-      if (!f) fail("cannot write ", opt.table_path);
-      out << "# bandwidth table: " << opt.table_path << "\n";
-    }
-  }
-  return total_wrong;
+  return BenchRun(opt, layout, rank, world, out).run();
 }
 
 }  // namespace amsp::comm

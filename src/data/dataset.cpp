@@ -263,9 +263,8 @@ void check_text(const std::string& input, const std::string& text) {
              "(convert it first, e.g. iconv -f latin1 -t utf-8)");
 }
 
-}  // namespace
-
-PrepareReport prepare_dataset(const PrepareOptions& options) {
+// Checked before any input is read: a bad option should not cost a long tokenization.
+void check_prepare_options(const PrepareOptions& options) {
   const double f = options.valid_fraction;
   if (!(f >= 0.0 && f <= 0.5))
     fail_usage("--valid-fraction ", f, ": expected a number in [0, 0.5]");
@@ -277,13 +276,15 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
   if (!parent.empty() && !fs::is_directory(parent, ec))
     fail_usage("--output ", output, ": directory ", parent.string(), " does not exist");
   if (options.inputs.empty()) fail_usage("--input: expected at least one text file");
+}
 
-  const auto tokenizer = make_tokenizer(options.tokenizer);
-  const int32_t bos = tokenizer->bos_id(), eos = tokenizer->eos_id();
-  const bool bytes = tokenizer->kind() == "byte";
-
-  PrepareReport report;
-  report.vocab_size = tokenizer->vocab_size();
+// The token stream of all inputs in order; counts documents and bytes in `report`.
+// Byte documents are concatenated, separated by a newline; tokenized documents are
+// each wrapped in the tokenizer's BOS and EOS, if it has them.
+std::vector<int32_t> tokenize_inputs(const PrepareOptions& options, const Tokenizer& tokenizer,
+                                     PrepareReport& report) {
+  const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+  const bool bytes = tokenizer.kind() == "byte";
   std::vector<int32_t> all;
   std::string text;
   for (const std::string& input : options.inputs) {
@@ -292,25 +293,33 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
     report.documents += 1;
     report.bytes_in += static_cast<int64_t>(text.size());
     if (bytes) {
-      // Documents are concatenated, separated by a newline.
       all.insert(all.end(), reinterpret_cast<const unsigned char*>(text.data()),
                  reinterpret_cast<const unsigned char*>(text.data()) + text.size());
       if (!text.empty() && text.back() != '\n') all.push_back('\n');
     } else {
       if (bos >= 0) all.push_back(bos);
-      const std::vector<int32_t> ids = tokenizer->encode(text);
+      const std::vector<int32_t> ids = tokenizer.encode(text);
       all.insert(all.end(), ids.begin(), ids.end());
       if (eos >= 0) all.push_back(eos);
     }
   }
+  // A user-supplied model could hand out ids past its own vocabulary; such a
+  // dataset would fail only later, in training.
   for (int32_t id : all)
     if (id < 0 || id >= report.vocab_size)
       fail_usage("--tokenizer ", options.tokenizer, ": produced id ", id, " outside its vocabulary of ",
                  report.vocab_size, "; expected a tokenizer whose ids fit its own vocabulary");
+  return all;
+}
 
-  // Held-out split: block b goes to valid when floor((b+1) f) > floor(b f), so
-  // valid blocks are spread evenly (every 1/f-th block) and make up a share f.
-  // A corpus of two blocks or more always holds out at least one.
+struct Splits {
+  std::vector<uint32_t> train, valid;
+};
+
+// Held-out split: block b goes to valid when floor((b+1) f) > floor(b f), so
+// valid blocks are spread evenly (every 1/f-th block) and make up a share f.
+// A corpus of two blocks or more always holds out at least one.
+Splits split_blocks(const std::vector<int32_t>& all, double f) {
   const int64_t n = static_cast<int64_t>(all.size());
   const int64_t num_blocks = (n + kSplitBlock - 1) / kSplitBlock;
   std::vector<char> is_valid(num_blocks, 0);
@@ -326,54 +335,73 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
       is_valid[n / kSplitBlock - 1] = 1;
     }
   }
-  std::vector<uint32_t> train, valid;
-  train.reserve(n);
+  Splits s;
+  s.train.reserve(n);
   for (int64_t b = 0; b < num_blocks; ++b) {
-    auto& dst = is_valid[b] ? valid : train;
+    auto& dst = is_valid[b] ? s.valid : s.train;
     const int64_t end = std::min(n, (b + 1) * kSplitBlock);
     for (int64_t i = b * kSplitBlock; i < end; ++i) dst.push_back(static_cast<uint32_t>(all[i]));
   }
-  report.train_tokens = static_cast<int64_t>(train.size());
-  report.valid_tokens = static_cast<int64_t>(valid.size());
-  std::vector<int32_t>().swap(all);
+  return s;
+}
 
-  // Write under a temporary name; rename into place once closed.
-  const Writer w{output};
-  TempFile tmp{output + ".tmp"};
+// Writes the whole dataset to `path` and closes it; any HDF5 failure names the
+// output and the step.
+void write_dataset_file(const Writer& w, const std::string& path, const PrepareOptions& options,
+                        const Tokenizer& tokenizer, const PrepareReport& report, const Splits& splits) {
+  const bool bytes = tokenizer.kind() == "byte";
+  h5::QuietErrors quiet;
+  Handle fapl = h5::file_access();
+  Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.valid() ? fapl.get() : H5P_DEFAULT),
+              H5Fclose);
+  if (!file.valid()) fail_usage("--output ", w.output, ": cannot create ", path, " (not writable?)");
+  write_string_attr(w, file, "format", kFormat);
+  write_int_attr(w, file, "version", kVersion);
+  write_string_attr(w, file, "tokenizer", tokenizer.kind());
+  write_int_attr(w, file, "vocab_size", report.vocab_size);
+  write_int_attr(w, file, "bos_id", tokenizer.bos_id());
+  write_int_attr(w, file, "eos_id", tokenizer.eos_id());
+  write_int_attr(w, file, "documents", report.documents);
+  write_string_attr(w, file, "sources", join_lines(options.inputs));
+  write_int_attr(w, file, "bytes_in", report.bytes_in);
+  write_scalar_attr(w, file, "valid_fraction", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, options.valid_fraction);
+  write_int_attr(w, file, "split_block", kSplitBlock);
   {
-    h5::QuietErrors quiet;
-    Handle fapl = h5::file_access();
-    Handle file(H5Fcreate(tmp.path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.valid() ? fapl.get() : H5P_DEFAULT),
-                H5Fclose);
-    if (!file.valid()) fail_usage("--output ", output, ": cannot create ", tmp.path, " (not writable?)");
-    write_string_attr(w, file, "format", kFormat);
-    write_int_attr(w, file, "version", kVersion);
-    write_string_attr(w, file, "tokenizer", tokenizer->kind());
-    write_int_attr(w, file, "vocab_size", report.vocab_size);
-    write_int_attr(w, file, "bos_id", bos);
-    write_int_attr(w, file, "eos_id", eos);
-    write_int_attr(w, file, "documents", report.documents);
-    write_string_attr(w, file, "sources", join_lines(options.inputs));
-    write_int_attr(w, file, "bytes_in", report.bytes_in);
-    write_scalar_attr(w, file, "valid_fraction", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, f);
-    write_int_attr(w, file, "split_block", kSplitBlock);
-    {
-      Handle g = make_group(w, file, "train");
-      write_array(w, g, "tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, train.data(), train.size());
-    }
-    {
-      Handle g = make_group(w, file, "valid");
-      write_array(w, g, "tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, valid.data(), valid.size());
-    }
-    if (!bytes) {
-      const std::string model = tokenizer->serialized_model();
-      Handle g = make_group(w, file, "tokenizer");
-      write_array(w, g, "model", H5T_STD_U8LE, H5T_NATIVE_UINT8, model.data(), model.size());
-    }
-    if (!file.close()) w.failed("close (flush) the file");
+    Handle g = make_group(w, file, "train");
+    write_array(w, g, "tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, splits.train.data(), splits.train.size());
   }
-  fs::rename(tmp.path, output, ec);
-  if (ec) fail("--output ", output, ": cannot rename ", tmp.path, " into place: ", ec.message());
+  {
+    Handle g = make_group(w, file, "valid");
+    write_array(w, g, "tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, splits.valid.data(), splits.valid.size());
+  }
+  if (!bytes) {
+    const std::string model = tokenizer.serialized_model();
+    Handle g = make_group(w, file, "tokenizer");
+    write_array(w, g, "model", H5T_STD_U8LE, H5T_NATIVE_UINT8, model.data(), model.size());
+  }
+  if (!file.close()) w.failed("close (flush) the file");
+}
+
+}  // namespace
+
+PrepareReport prepare_dataset(const PrepareOptions& options) {
+  check_prepare_options(options);
+  const auto tokenizer = make_tokenizer(options.tokenizer);
+  PrepareReport report;
+  report.vocab_size = tokenizer->vocab_size();
+  // The unsplit stream is a temporary: freed before the file is written.
+  const Splits splits = split_blocks(tokenize_inputs(options, *tokenizer, report), options.valid_fraction);
+  report.train_tokens = static_cast<int64_t>(splits.train.size());
+  report.valid_tokens = static_cast<int64_t>(splits.valid.size());
+
+  // Write under a temporary name; rename into place once closed, so that a failed
+  // prepare never leaves a half-written file at the output path.
+  const Writer w{options.output};
+  TempFile tmp{options.output + ".tmp"};
+  write_dataset_file(w, tmp.path, options, *tokenizer, report, splits);
+  std::error_code ec;
+  fs::rename(tmp.path, options.output, ec);
+  if (ec) fail("--output ", options.output, ": cannot rename ", tmp.path, " into place: ", ec.message());
   tmp.keep = true;
   return report;
 }

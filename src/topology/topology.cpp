@@ -161,7 +161,19 @@ GpuInfo parse_gpus(const Env& env, int local_rank, int local_size) {
 
 bool in_slurm_step(const Env& env) { return lookup(env, "SLURM_JOB_ID") && lookup(env, "SLURM_PROCID"); }
 
-SlurmTask parse_slurm_task(const Env& env) {
+namespace {
+
+// Where a step-wide value came from: Slurm sets the step's variable and the job's,
+// and messages must name the one that was read.
+struct StepVars {
+  std::string list_var, tasks_var;
+  const std::string* list = nullptr;   // the node list as given
+  const std::string* tasks = nullptr;  // the tasks-per-node list as given
+};
+
+// Which task this is and on which node; heterogeneous jobs are refused first because
+// their per-component variables would make every later check misleading.
+SlurmTask read_task_ids(const Env& env) {
   if (lookup(env, "SLURM_HET_SIZE") || lookup(env, "SLURM_PACK_SIZE"))
     fail_usage("heterogeneous Slurm jobs (SLURM_HET_SIZE is set) are not supported: run one job component");
   SlurmTask t;
@@ -171,63 +183,93 @@ SlurmTask parse_slurm_task(const Env& env) {
   const auto* name = lookup(env, "SLURMD_NODENAME");
   if (!name || name->empty()) fail_usage("Slurm step without SLURMD_NODENAME: cannot tell which node this task is on");
   t.node_name = *name;
+  return t;
+}
 
-  std::string list_var, tasks_var;
-  const auto* list = lookup_first(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, list_var);
-  if (!list) fail_usage("Slurm step without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST");
+// A node named twice would give two node ids one host, which assemble could not
+// tell from a real inconsistency.
+void read_nodelist(const Env& env, SlurmTask& t, StepVars& s) {
+  s.list = lookup_first(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, s.list_var);
+  if (!s.list) fail_usage("Slurm step without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST");
   try {
-    t.nodelist = expand_hostlist(*list);
+    t.nodelist = expand_hostlist(*s.list);
   } catch (const UsageError& e) {
-    fail_usage(list_var, ": ", e.what());
+    fail_usage(s.list_var, ": ", e.what());
   }
-  if (t.nodelist.empty()) fail_usage(list_var, " is empty");
-  {
-    auto sorted = t.nodelist;
-    std::sort(sorted.begin(), sorted.end());
-    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-    if (dup != sorted.end()) fail_usage(list_var, "=\"", *list, "\" names node ", *dup, " twice");
-  }
-  const auto* tasks = lookup_first(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, tasks_var);
-  if (!tasks) fail_usage("Slurm step without SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE");
+  if (t.nodelist.empty()) fail_usage(s.list_var, " is empty");
+  auto sorted = t.nodelist;
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end()) fail_usage(s.list_var, "=\"", *s.list, "\" names node ", *dup, " twice");
+}
+
+// The per-node task counts, one per listed node and none zero; returns their sum.
+int64_t read_tasks_per_node(const Env& env, SlurmTask& t, StepVars& s) {
+  s.tasks = lookup_first(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, s.tasks_var);
+  if (!s.tasks) fail_usage("Slurm step without SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE");
   try {
-    t.tasks_per_node = parse_tasks_per_node(*tasks);
+    t.tasks_per_node = parse_tasks_per_node(*s.tasks);
   } catch (const UsageError& e) {
-    fail_usage(tasks_var, ": ", e.what());
+    fail_usage(s.tasks_var, ": ", e.what());
   }
   if (t.tasks_per_node.size() != t.nodelist.size())
-    fail_usage(tasks_var, "=\"", *tasks, "\" counts ", t.tasks_per_node.size(), " nodes but ", list_var, "=\"",
-               *list, "\" names ", t.nodelist.size());
+    fail_usage(s.tasks_var, "=\"", *s.tasks, "\" counts ", t.tasks_per_node.size(), " nodes but ", s.list_var,
+               "=\"", *s.list, "\" names ", t.nodelist.size());
   int64_t total = 0;
   for (size_t i = 0; i < t.tasks_per_node.size(); ++i) {
     if (t.tasks_per_node[i] == 0)
-      fail_usage(tasks_var, "=\"", *tasks, "\" gives node ", t.nodelist[i], " no tasks");
+      fail_usage(s.tasks_var, "=\"", *s.tasks, "\" gives node ", t.nodelist[i], " no tasks");
     total += t.tasks_per_node[i];
   }
+  return total;
+}
+
+// The task count: from its own variable when set (and then it must agree with the
+// per-node counts), else their sum.
+void read_ntasks(const Env& env, SlurmTask& t, const StepVars& s, int64_t total) {
   std::string ntasks_var;
   if (const auto* n = lookup_first(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, ntasks_var)) {
     if (!parse_nonneg(*n, t.ntasks)) fail_usage(ntasks_var, "=\"", *n, "\" is not a non-negative integer");
     if (t.ntasks != total)
-      fail_usage(ntasks_var, "=", t.ntasks, " but ", tasks_var, "=\"", *tasks, "\" adds up to ", total, " tasks");
+      fail_usage(ntasks_var, "=", t.ntasks, " but ", s.tasks_var, "=\"", *s.tasks, "\" adds up to ", total, " tasks");
   } else {
     t.ntasks = static_cast<int>(total);
   }
+}
+
+// This task's ids must fall inside the step the lists describe, or indexing them
+// later would go out of range.
+void check_task_in_step(const SlurmTask& t, const StepVars& s) {
   if (t.procid >= t.ntasks) fail_usage("SLURM_PROCID=", t.procid, " but the step has only ", t.ntasks, " tasks");
   if (t.nodeid >= static_cast<int>(t.nodelist.size()))
-    fail_usage("SLURM_NODEID=", t.nodeid, " but ", list_var, "=\"", *list, "\" names only ", t.nodelist.size(),
+    fail_usage("SLURM_NODEID=", t.nodeid, " but ", s.list_var, "=\"", *s.list, "\" names only ", t.nodelist.size(),
                " nodes");
   if (t.nodelist[t.nodeid] != t.node_name)
-    fail_usage("SLURM_NODEID=", t.nodeid, " is node ", t.nodelist[t.nodeid], " in ", list_var, "=\"", *list,
+    fail_usage("SLURM_NODEID=", t.nodeid, " is node ", t.nodelist[t.nodeid], " in ", s.list_var, "=\"", *s.list,
                "\", but SLURMD_NODENAME=", t.node_name);
   if (t.localid >= t.tasks_per_node[t.nodeid])
-    fail_usage("SLURM_LOCALID=", t.localid, " but ", tasks_var, "=\"", *tasks, "\" puts only ",
+    fail_usage("SLURM_LOCALID=", t.localid, " but ", s.tasks_var, "=\"", *s.tasks, "\" puts only ",
                t.tasks_per_node[t.nodeid], " tasks on node ", t.node_name);
+}
 
+}  // namespace
+
+SlurmTask parse_slurm_task(const Env& env) {
+  SlurmTask t = read_task_ids(env);
+  StepVars s;
+  read_nodelist(env, t, s);
+  const int64_t total = read_tasks_per_node(env, t, s);
+  read_ntasks(env, t, s, total);
+  check_task_in_step(t, s);
   t.switches = slurm_switches(env, t.node_name);
   return t;
 }
 
-Topology assemble(const std::vector<RankView>& views, int my_rank, const std::string& source,
-                  const SlurmTask* expected) {
+namespace {
+
+// A failed rank is reported before anything else: its record is incomplete, so every
+// later check would blame the layout for what is really that rank's error.
+void check_rank_records(const std::vector<RankView>& views, int my_rank) {
   const int world = static_cast<int>(views.size());
   if (world == 0 || my_rank < 0 || my_rank >= world)
     fail("topology: rank ", my_rank, " out of range for ", world, " ranks");
@@ -244,27 +286,29 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
   }
   for (int r = 0; r < world; ++r)
     if (views[r].rank != r) fail("topology: record ", r, " comes from rank ", views[r].rank);
+}
 
-  Topology t;
-  t.source = source;
-  t.world_size = world;
-  t.rank = my_rank;
-  t.rank_node.assign(world, -1);
-  t.rank_local.assign(world, -1);
-
+// Do the ranks name their nodes by Slurm node id (true) or by shared-memory group?
+// A mix means the ranks were not all started the same way.
+bool nodes_by_index(const std::vector<RankView>& views) {
   const bool by_index = views[0].node_index >= 0;
-  for (int r = 0; r < world; ++r)
+  for (int r = 0; r < static_cast<int>(views.size()); ++r)
     if ((views[r].node_index >= 0) != by_index)
       fail("topology: ranks 0 and ", r, " disagree on how nodes are identified");
+  return by_index;
+}
 
-  std::map<int, int> key_to_node;           // MPI mode: shared-memory group -> node index
-  std::map<std::string, int> name_to_node;  // name -> node index, for the name checks
+// Sets rank_node and sizes `nodes`.  In MPI mode a node is a shared-memory group,
+// numbered in the order of its lowest rank, so that every rank numbers them alike.
+void index_nodes(const std::vector<RankView>& views, bool by_index, Topology& t) {
+  const int world = static_cast<int>(views.size());
   if (by_index) {
     int max_index = -1;
     for (const auto& v : views) max_index = std::max(max_index, v.node_index);
     t.nodes.resize(max_index + 1);
     for (int r = 0; r < world; ++r) t.rank_node[r] = views[r].node_index;
   } else {
+    std::map<int, int> key_to_node;  // shared-memory group -> node index
     for (int r = 0; r < world; ++r) {
       const int key = views[r].node_key;
       if (key < 0 || key > r || views[key].node_key != key)
@@ -278,10 +322,14 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
     for (int r = 0; r < world; ++r) t.rank_node[r] = key_to_node[views[r].node_key];
   }
   t.num_nodes = static_cast<int>(t.nodes.size());
+}
 
-  // Names: one per node, and no name on two nodes.
+// Names and switch paths: one per node, and no name on two nodes.  The first rank
+// on a node speaks for it; every other rank there must agree with it.
+void name_nodes(const std::vector<RankView>& views, bool by_index, Topology& t) {
+  std::map<std::string, int> name_to_node;
   std::vector<int> first_rank(t.num_nodes, -1);
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < t.world_size; ++r) {
     const int n = t.rank_node[r];
     if (first_rank[n] < 0) {
       first_rank[n] = r;
@@ -313,11 +361,14 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
   }
   for (int n = 0; n < t.num_nodes; ++n)
     if (first_rank[n] < 0) fail_usage("inconsistent layout: no rank says it is on node id ", n);
+}
 
-  // Local ranks: 0..size-1 on every node, each exactly once.
+// Local ranks: 0..size-1 on every node, each exactly once, so that nodes[n].ranks
+// can be indexed by local rank.
+void number_local_ranks(const std::vector<RankView>& views, Topology& t) {
   for (int n = 0; n < t.num_nodes; ++n) {
     std::vector<int> ranks;
-    for (int r = 0; r < world; ++r)
+    for (int r = 0; r < t.world_size; ++r)
       if (t.rank_node[r] == n) ranks.push_back(r);
     std::vector<int> by_local(ranks.size(), -1);
     for (int r : ranks) {
@@ -333,8 +384,11 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
     }
     t.nodes[n].ranks = by_local;
   }
+}
 
-  // A switch must have one place in the tree.
+// A switch must have one place in the tree, or "nodes under one leaf switch" would
+// mean different things depending on which node is asked.
+void check_switch_tree(const Topology& t) {
   std::map<std::string, std::pair<std::vector<std::string>, int>> switch_parent;  // switch -> (path above, node)
   for (int n = 0; n < t.num_nodes; ++n) {
     const auto& sw = t.nodes[n].switches;
@@ -347,23 +401,27 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
                    t.nodes[n].name);
     }
   }
+}
 
-  // Against what Slurm promised.
-  if (expected) {
-    if (static_cast<int>(expected->nodelist.size()) != t.num_nodes)
-      fail_usage("inconsistent layout: Slurm lists ", expected->nodelist.size(), " nodes but the ranks are on ",
-                 t.num_nodes);
-    for (int n = 0; n < t.num_nodes; ++n) {
-      if (expected->nodelist[n] != t.nodes[n].name)
-        fail_usage("inconsistent layout: Slurm's node ", n, " is ", expected->nodelist[n], " but ranks there say ",
-                   t.nodes[n].name);
-      if (expected->tasks_per_node[n] != static_cast<int>(t.nodes[n].ranks.size()))
-        fail_usage("inconsistent layout: Slurm puts ", expected->tasks_per_node[n], " tasks on node ",
-                   t.nodes[n].name, " but ", t.nodes[n].ranks.size(), " ranks say they are there");
-    }
+// The ranks must be where Slurm says it put them; otherwise the Slurm variables do
+// not describe this MPI job.
+void check_against_slurm(const Topology& t, const SlurmTask& expected) {
+  if (static_cast<int>(expected.nodelist.size()) != t.num_nodes)
+    fail_usage("inconsistent layout: Slurm lists ", expected.nodelist.size(), " nodes but the ranks are on ",
+               t.num_nodes);
+  for (int n = 0; n < t.num_nodes; ++n) {
+    if (expected.nodelist[n] != t.nodes[n].name)
+      fail_usage("inconsistent layout: Slurm's node ", n, " is ", expected.nodelist[n], " but ranks there say ",
+                 t.nodes[n].name);
+    if (expected.tasks_per_node[n] != static_cast<int>(t.nodes[n].ranks.size()))
+      fail_usage("inconsistent layout: Slurm puts ", expected.tasks_per_node[n], " tasks on node ",
+                 t.nodes[n].name, " but ", t.nodes[n].ranks.size(), " ranks say they are there");
   }
+}
 
-  // Node order: switch path, then name.
+// Node order: switch path, then name, so that nodes under one leaf switch are
+// adjacent and node-major positions keep neighbours close.
+void order_nodes(Topology& t) {
   t.node_order.resize(t.num_nodes);
   for (int n = 0; n < t.num_nodes; ++n) t.node_order[n] = n;
   std::sort(t.node_order.begin(), t.node_order.end(), [&](int a, int b) {
@@ -375,6 +433,28 @@ Topology assemble(const std::vector<RankView>& views, int my_rank, const std::st
   t.order_offset.assign(t.num_nodes + 1, 0);
   for (int i = 0; i < t.num_nodes; ++i)
     t.order_offset[i + 1] = t.order_offset[i] + static_cast<int>(t.nodes[t.node_order[i]].ranks.size());
+}
+
+}  // namespace
+
+Topology assemble(const std::vector<RankView>& views, int my_rank, const std::string& source,
+                  const SlurmTask* expected) {
+  check_rank_records(views, my_rank);
+  const int world = static_cast<int>(views.size());
+  Topology t;
+  t.source = source;
+  t.world_size = world;
+  t.rank = my_rank;
+  t.rank_node.assign(world, -1);
+  t.rank_local.assign(world, -1);
+
+  const bool by_index = nodes_by_index(views);
+  index_nodes(views, by_index, t);
+  name_nodes(views, by_index, t);
+  number_local_ranks(views, t);
+  check_switch_tree(t);
+  if (expected) check_against_slurm(t, *expected);
+  order_nodes(t);
 
   t.node = t.rank_node[my_rank];
   t.local_rank = t.rank_local[my_rank];
@@ -450,70 +530,65 @@ std::string Topology::describe() const {
 
 Topology discover(MPI_Comm comm) { return discover(comm, process_environment()); }
 
-Topology discover(MPI_Comm comm, const Env& env) {
-  int rank = 0, size = 1;
-  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  AMSP_MPI_CHECK(MPI_Comm_size(comm, &size));
+namespace {
 
-  RankView view;
-  view.rank = rank;
-  SlurmTask task;
-  int slurm_ok = 0;
-  if (in_slurm_step(env)) {
-    try {
-      task = parse_slurm_task(env);
-      // The Slurm variables describe MPI's ranks only if srun started each rank as its
-      // own task; mpiexec inside an allocation starts several ranks per task.
-      slurm_ok = task.procid == rank && task.ntasks == size;
-    } catch (const Error& e) {
-      view.error = e.what();
-    }
+// Parses this rank's Slurm task, if any.  Returns whether the task ids are MPI's
+// ranks: the Slurm variables describe MPI's ranks only if srun started each rank as
+// its own task; mpiexec inside an allocation starts several ranks per task.  A parse
+// error is kept in view.error, to be reported by every rank after the exchange.
+int read_slurm_view(const Env& env, int rank, int size, SlurmTask& task, RankView& view) {
+  if (!in_slurm_step(env)) return 0;
+  try {
+    task = parse_slurm_task(env);
+    return task.procid == rank && task.ntasks == size;
+  } catch (const Error& e) {
+    view.error = e.what();
   }
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &slurm_ok, 1, MPI_INT, MPI_MIN, comm));
+  return 0;
+}
 
-  // Shared-memory groups: always computed, so every rank makes the same MPI calls.
+struct SharedMemoryGroup {
+  int rank = 0, size = 1;
+  int key = 0;  // the group's lowest world rank
+};
+
+// Shared-memory groups: always computed, so every rank makes the same MPI calls
+// whichever way the node is then identified.
+SharedMemoryGroup shared_memory_group(MPI_Comm comm, int rank) {
   MPI_Comm shm = MPI_COMM_NULL;
   AMSP_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm));
-  int shm_rank = 0, shm_size = 1, shm_key = rank;
-  AMSP_MPI_CHECK(MPI_Comm_rank(shm, &shm_rank));
-  AMSP_MPI_CHECK(MPI_Comm_size(shm, &shm_size));
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &shm_key, 1, MPI_INT, MPI_MIN, shm));
+  SharedMemoryGroup g;
+  g.key = rank;
+  AMSP_MPI_CHECK(MPI_Comm_rank(shm, &g.rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(shm, &g.size));
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &g.key, 1, MPI_INT, MPI_MIN, shm));
   AMSP_MPI_CHECK(MPI_Comm_free(&shm));
+  return g;
+}
 
-  int local_size = shm_size;
-  if (slurm_ok) {
-    view.node_name = task.node_name;
-    view.node_index = task.nodeid;
-    view.local_rank = task.localid;
-    view.switches = task.switches;
-    local_size = task.tasks_per_node[task.nodeid];
-  } else {
-    char host[MPI_MAX_PROCESSOR_NAME];
-    int len = 0;
-    AMSP_MPI_CHECK(MPI_Get_processor_name(host, &len));
-    const auto* slurm_name = lookup(env, "SLURMD_NODENAME");
-    view.node_name = slurm_name && !slurm_name->empty() ? *slurm_name : std::string(host, len);
-    view.node_key = shm_key;
-    view.local_rank = shm_rank;
-    // The switch path is per node, so it holds whoever launched the ranks.
-    if (view.error.empty() && slurm_name) {
-      try {
-        view.switches = slurm_switches(env, *slurm_name);
-      } catch (const Error& e) {
-        view.error = e.what();
-      }
-    }
-  }
-  GpuInfo gpu;
-  if (view.error.empty()) {
+// Without a usable Slurm task the node is the shared-memory group.  It is named by
+// SLURMD_NODENAME when set, so that nodes keep Slurm's names when mpiexec started the
+// ranks inside an allocation, and by the host name otherwise.
+void describe_self_from_mpi(const Env& env, const SharedMemoryGroup& shm, RankView& view) {
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  AMSP_MPI_CHECK(MPI_Get_processor_name(host, &len));
+  const auto* slurm_name = lookup(env, "SLURMD_NODENAME");
+  view.node_name = slurm_name && !slurm_name->empty() ? *slurm_name : std::string(host, len);
+  view.node_key = shm.key;
+  view.local_rank = shm.rank;
+  // The switch path is per node, so it holds whoever launched the ranks.
+  if (view.error.empty() && slurm_name) {
     try {
-      gpu = parse_gpus(env, view.local_rank, local_size);
+      view.switches = slurm_switches(env, *slurm_name);
     } catch (const Error& e) {
       view.error = e.what();
     }
   }
+}
 
-  // Everyone learns everyone's view.
+// Everyone learns everyone's view (collective on comm).
+std::vector<RankView> exchange_views(MPI_Comm comm, int size, const RankView& view) {
   const std::string mine = encode(view);
   int len = static_cast<int>(mine.size());
   std::vector<int> lens(size), displs(size);
@@ -528,7 +603,44 @@ Topology discover(MPI_Comm comm, const Env& env) {
       MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm));
   std::vector<RankView> views(size);
   for (int r = 0; r < size; ++r) views[r] = decode(all.substr(displs[r], lens[r]));
+  return views;
+}
 
+}  // namespace
+
+Topology discover(MPI_Comm comm, const Env& env) {
+  int rank = 0, size = 1;
+  AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(comm, &size));
+
+  RankView view;
+  view.rank = rank;
+  SlurmTask task;
+  // Slurm's variables are used only if they describe every rank.
+  int slurm_ok = read_slurm_view(env, rank, size, task, view);
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &slurm_ok, 1, MPI_INT, MPI_MIN, comm));
+  const SharedMemoryGroup shm = shared_memory_group(comm, rank);
+
+  int local_size = shm.size;
+  if (slurm_ok) {
+    view.node_name = task.node_name;
+    view.node_index = task.nodeid;
+    view.local_rank = task.localid;
+    view.switches = task.switches;
+    local_size = task.tasks_per_node[task.nodeid];
+  } else {
+    describe_self_from_mpi(env, shm, view);
+  }
+  GpuInfo gpu;
+  if (view.error.empty()) {
+    try {
+      gpu = parse_gpus(env, view.local_rank, local_size);
+    } catch (const Error& e) {
+      view.error = e.what();
+    }
+  }
+
+  const std::vector<RankView> views = exchange_views(comm, size, view);
   Topology t = assemble(views, rank, slurm_ok ? "slurm" : "mpi", slurm_ok ? &task : nullptr);
   t.gpu = gpu;
   return t;
