@@ -201,7 +201,7 @@ void set_run_options(TrainArgs& a) {
   }
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
-  if (!a.memory.empty()) o.memory_per_rank = plan::parse_memory_size(a.memory, "--memory-per-rank");
+  if (!a.memory.empty()) o.memory_per_rank = plan::parse_memory_size(a.memory, "memory-per-rank");
 }
 
 // Checks the parsed options and completes TrainOptions.  Runs before MPI starts, so
