@@ -31,8 +31,8 @@ mutations=(
   "/ (decay_steps - 1), 0.0, 1.0)"
   "/ decay_steps, 0.0, 1.0)"
   "gradient clipping disabled" src/engine/sharded_engine.cpp
-  "if (clip_scale != 1.0) scale_inplace"
-  "if (false) scale_inplace"
+  "static_cast<float>(clip_scale));"
+  "1.0f);"
   "Adam bias correction off by one (beta1^(step+1))" src/engine/optimizer.cpp
   "std::pow(options.beta1, static_cast<double>(step))"
   "std::pow(options.beta1, static_cast<double>(step + 1))"
