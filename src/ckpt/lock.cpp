@@ -35,14 +35,20 @@ std::string to_json(const LockHolder& h) {
 
 // The holder named in a lock file; nullopt if it is missing (ENOENT) or garbled
 // (*garbled set).
-std::optional<LockHolder> read_holder(const std::string& path, bool* garbled) {
-  *garbled = false;
+// The lock file's bytes, or nullopt when there is none.
+std::optional<std::string> read_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   std::stringstream ss;
   ss << in.rdbuf();
+  return ss.str();
+}
+
+std::optional<LockHolder> holder_from_text(const std::optional<std::string>& text, bool* garbled) {
+  *garbled = false;
+  if (!text) return std::nullopt;
   try {
-    const auto j = nlohmann::json::parse(ss.str());
+    const auto j = nlohmann::json::parse(*text);
     LockHolder h;
     h.host = j.at("host").get<std::string>();
     h.pid = j.at("pid").get<int64_t>();
@@ -54,6 +60,10 @@ std::optional<LockHolder> read_holder(const std::string& path, bool* garbled) {
     *garbled = true;
     return std::nullopt;
   }
+}
+
+std::optional<LockHolder> read_holder(const std::string& path, bool* garbled) {
+  return holder_from_text(read_text(path), garbled);
 }
 
 // A complete file at a unique name, for link() or rename() into place.
@@ -155,7 +165,8 @@ DirLock::DirLock(const std::string& dir, LockHolder me, int64_t lease_s, std::st
     }
     if (err != EEXIST) fail("--checkpoint-dir ", dir_, ": cannot create ", path_, ": ", std::strerror(err));
     bool garbled = false;
-    const auto old = read_holder(path_, &garbled);
+    const std::optional<std::string> judged = read_text(path_);
+    const auto old = holder_from_text(judged, &garbled);
     std::string reason;
     if (old) {
       reason = takeover_reason(*old, me_);
@@ -173,8 +184,17 @@ DirLock::DirLock(const std::string& dir, LockHolder me, int64_t lease_s, std::st
       continue;  // released meanwhile: try again
     }
     // Move the old lock aside: of several contenders only one can rename it.
+    // Another contender may have replaced the stale lock with its own live one
+    // between our reading and our renaming: then what we moved is not what we
+    // judged, and it goes back (link() fails only if a third lock appeared, whose
+    // holder then wins the next round).
     const std::string aside = cat(dir_, "/.lock.stale.", me_.host, ".", me_.pid);
     if (::rename(path_.c_str(), aside.c_str()) == 0) {
+      if (read_text(aside) != judged) {
+        (void)::link(aside.c_str(), path_.c_str());
+        ::unlink(aside.c_str());
+        continue;
+      }
       ::unlink(aside.c_str());
       *message = cat("--checkpoint-dir ", dir_, ": ", reason);
     }
