@@ -26,8 +26,13 @@ superblock, object headers, the manifest) plus N // 4 random offsets in the rest
 file; --full takes every byte of the first 16 KiB and --random R random offsets beyond.
 Patterns: each offset is XORed with one of 0x01, 0x80, 0xff (cycled; --patterns to pick).
 
+A sweep that takes hours can be stopped and continued: with --journal FILE each
+finished trial is appended to FILE, and a later run with the same FILE and --work keeps
+the work directory's checkpoints and reference losses, skips the trials already
+recorded, and counts them in the summary.
+
 usage: damage_test.py --amsp PATH --data CORPUS.h5 --work DIR [--sample N | --full]
-                      [--random R] [--seed S] [--jobs J]
+                      [--random R] [--seed S] [--jobs J] [--journal FILE]
 Prints a summary line "trials T: rejected R, harmless H, hangs 0, crashes 0, wrong 0"
 and ends with "N passed, M failed"; exit 1 if any trial failed.
 """
@@ -41,6 +46,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 STEPS, RESUME_TO, SEQ = 10, 12, 32
@@ -155,6 +161,44 @@ def trial(args, base, ref, offset, pattern, index, targeted=None):
     return ("harmless" if vrc == 0 else "rejected"), f"{where}: {errors[0][:300] if errors else 'ok'}"
 
 
+def reference(args):
+    """Writes the damaged run's checkpoints (work/base) and the uninterrupted run's losses."""
+    # The run that writes the checkpoints is the uninterrupted run's schedule (RESUME_TO
+    # steps), killed at the start of step 11, after its step-10 checkpoint.
+    base = os.path.join(args.work, "base")
+    rc, out, err = run(train_cmd(args, base, os.path.join(args.work, "base.jsonl"), RESUME_TO, "none"),
+                       TRAIN_DEADLINE, fault=f"train.step@{STEPS + 1}")
+    if rc != -9 or not os.path.exists(os.path.join(base, "step-00000010.h5")):
+        print(f"FAIL: the run writing the checkpoints exited {rc}, not killed after step 10: {err[-1000:]}")
+        return None
+    refdir = os.path.join(args.work, "ref")
+    rc, out, err = run(train_cmd(args, refdir, os.path.join(args.work, "ref.jsonl"), RESUME_TO, "none"),
+                       TRAIN_DEADLINE)
+    if rc != 0:
+        print(f"FAIL: the uninterrupted run exited {rc}: {err[-1000:]}")
+        return None
+    shutil.rmtree(refdir)
+    return losses(os.path.join(args.work, "ref.jsonl"))
+
+
+def load_journal(path):
+    """{trial index: (kind, text)} of a sweep stopped earlier; {} without one."""
+    if not path or not os.path.exists(path):
+        return {}
+    return {r["index"]: (r["kind"], r["text"]) for r in map(json.loads, open(path))}
+
+
+def journal_writer(path):
+    """A function appending one finished trial to the journal (none without a path)."""
+    lock = threading.Lock()
+
+    def record(index, kind, text):
+        if path:
+            with lock, open(path, "a") as f:
+                f.write(json.dumps({"index": index, "kind": kind, "text": text}) + "\n")
+    return record
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--amsp", required=True)
@@ -167,28 +211,18 @@ def main():
     ap.add_argument("--seed", type=int, default=None, help="for the random offsets (default: time)")
     ap.add_argument("--jobs", type=int, default=1, help="trials run at once")
     ap.add_argument("--progress", type=int, default=0, help="print the counts every N trials")
+    ap.add_argument("--journal", default=None, help="append each trial here; continue a stopped sweep")
     args = ap.parse_args()
     args.amsp, args.data = os.path.abspath(args.amsp), os.path.abspath(args.data)
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
+    journal = load_journal(args.journal)
+    if not journal:
+        shutil.rmtree(args.work, ignore_errors=True)
+        os.makedirs(args.work)
     t0 = time.time()
-
-    # The run that writes the checkpoints is the uninterrupted run's schedule (RESUME_TO
-    # steps), killed at the start of step 11, after its step-10 checkpoint.
+    ref = reference(args) if not journal else losses(os.path.join(args.work, "ref.jsonl"))
+    if ref is None:
+        return 1
     base = os.path.join(args.work, "base")
-    rc, out, err = run(train_cmd(args, base, os.path.join(args.work, "base.jsonl"), RESUME_TO, "none"),
-                       TRAIN_DEADLINE, fault=f"train.step@{STEPS + 1}")
-    if rc != -9 or not os.path.exists(os.path.join(base, "step-00000010.h5")):
-        print(f"FAIL: the run writing the checkpoints exited {rc}, not killed after step 10: {err[-1000:]}")
-        return 1
-    refdir = os.path.join(args.work, "ref")
-    rc, out, err = run(train_cmd(args, refdir, os.path.join(args.work, "ref.jsonl"), RESUME_TO, "none"),
-                       TRAIN_DEADLINE)
-    if rc != 0:
-        print(f"FAIL: the uninterrupted run exited {rc}: {err[-1000:]}")
-        return 1
-    shutil.rmtree(refdir)
-    ref = losses(os.path.join(args.work, "ref.jsonl"))
     size = os.path.getsize(os.path.join(base, "step-00000010.h5"))
     head = min(16384, size)
     seed = args.seed if args.seed is not None else time.time_ns() % (1 << 31)
@@ -199,13 +233,22 @@ def main():
     patterns = [int(p, 16) for p in args.patterns.split(",")]
     print(f"damaging step-00000010.h5 ({size} bytes): {len(offsets)} trials, random seed {seed}", flush=True)
 
+    jobs = [(len(offsets) + k, 0, 0, t) for k, t in enumerate(TARGETED)]
+    jobs += [(i, off, patterns[i % len(patterns)], None) for i, off in enumerate(offsets)]
+    record = journal_writer(args.journal)
+
+    def one(index, offset, pattern, targeted):
+        if index in journal:
+            return journal[index]
+        result = trial(args, base, ref, offset, pattern, index, targeted)
+        record(index, *result)
+        return result
+
     counts = {k: 0 for k in ("rejected", "harmless", "hang", "crash", "wrong")}
     caught = {"did not finish": 0, "killed by": 0}  # HDF5 hangs and crashes the checking process took
     bad = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(trial, args, base, ref, 0, 0, len(offsets) + k, t) for k, t in enumerate(TARGETED)]
-        futures += [pool.submit(trial, args, base, ref, off, patterns[i % len(patterns)], i)
-                    for i, off in enumerate(offsets)]
+        futures = [pool.submit(one, *job) for job in jobs]
         for i, f in enumerate(futures):
             kind, text = f.result()
             for k in caught:
@@ -223,9 +266,10 @@ def main():
                       f"hangs {counts['hang']}, crashes {counts['crash']}, wrong {counts['wrong']}; HDF5 hung "
                       f"{caught['did not finish']}, crashed {caught['killed by']} in the checker "
                       f"({time.time() - t0:.0f} s)", flush=True)
+    earlier = f", {len(journal)} of them from the journal" if journal else ""
     print(f"trials {len(futures)}: rejected {counts['rejected']}, harmless {counts['harmless']}, "
           f"hangs {counts['hang']}, crashes {counts['crash']}, wrong {counts['wrong']} "
-          f"({time.time() - t0:.0f} s); among the rejected, HDF5 hung {caught['did not finish']} and crashed "
+          f"({time.time() - t0:.0f} s{earlier}); among the rejected, HDF5 hung {caught['did not finish']} and crashed "
           f"{caught['killed by']} times in the checking process")
     print(f"{len(futures) - len(bad)} passed, {len(bad)} failed")
     return 1 if bad else 0
