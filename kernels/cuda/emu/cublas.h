@@ -1,0 +1,39 @@
+// The subset of cuBLAS amsp uses, for the emulation build: <cublas_v2.h>'s
+// names and signatures, implemented on the CPU with OpenBLAS (cublas.cpp).
+// GemmEx with bf16 inputs widens them exactly and multiplies in fp32, as
+// cuBLAS's CUBLAS_COMPUTE_32F does (in another order of summation).
+// Column-major, as cuBLAS is.
+#pragma once
+
+#include "kernels/cuda/emu/runtime.h"
+
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;
+
+enum cublasStatus_t {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_ALLOC_FAILED = 3,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+typedef cudaDataType_t cudaDataType;
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo);
+const char* cublasGetStatusString(cublasStatus_t status);

@@ -1,0 +1,107 @@
+// The subset of the CUDA runtime API amsp uses, for the emulation build: the
+// same names and signatures as <cuda_runtime.h>, implemented on the CPU
+// (runtime.cpp). Device memory is host memory; a stream is an in-order queue
+// whose work runs at once, when it is issued, on the calling thread; events
+// record a stream's position. What the emulation cannot show (real
+// concurrency) the happens-before checker makes up for: hb_access records every
+// read and write with the stream that does it, and fails the job when one is
+// not ordered after the last conflicting access by the stream order, an event
+// the stream waited on, or a host synchronisation (doc/gpu.md, "Emulation").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// ---- types --------------------------------------------------------------------------
+struct CUstream_st;
+struct CUevent_st;
+typedef CUstream_st* cudaStream_t;  // nullptr: the legacy default stream
+typedef CUevent_st* cudaEvent_t;
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorLaunchFailure = 719,
+};
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+constexpr unsigned cudaStreamDefault = 0x0, cudaStreamNonBlocking = 0x1;
+constexpr unsigned cudaEventDefault = 0x0, cudaEventBlockingSync = 0x1,
+                   cudaEventDisableTiming = 0x2;
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int multiProcessorCount;
+  int major, minor;
+  int clockRate;  // kHz
+};
+
+// ---- the API ---------------------------------------------------------------------------
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+cudaError_t cudaDeviceSynchronize();
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream);
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t error);
+
+// ---- emulation only ---------------------------------------------------------------------
+namespace amsp::emu {
+
+// Work about to be issued on `stream` reads or writes [ptr, ptr + bytes) of a
+// cudaMalloc'd block: checked against the happens-before order and recorded.
+// Host code touching device memory directly is a bug the checker reports too.
+// Use through AMSP_HB_ACCESS (kernels/cuda/api.h).
+void hb_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, const char* file,
+               int line);
+
+// Happens-before accounting for the tests: accesses checked so far.
+int64_t hb_checked();
+
+// The emulated device's name and memory (for cudaGetDeviceProperties):
+// AMSP_EMU_DEVICE_MEMORY bytes, default 16 GiB; the name says it is emulated.
+}  // namespace amsp::emu

@@ -1,0 +1,143 @@
+// The CUDA kernels of a LLaMA training step, bf16 storage with fp32
+// accumulation. Layouts and semantics are kernels/cpu/ops.h's and the CPU
+// backend's (src/backend/cpu_backend.h): [rows, features] row-major
+// activations, [out, in] weights; *_backward ACCUMULATES into parameter
+// gradients (dw, dtable) and, where stated, into input gradients; forward
+// outputs are overwritten. bf16 values are uint16_t bit patterns, converted by
+// kernels/common/math.h (round to nearest even), as on the CPU.
+//
+// Every function takes device pointers and a stream, enqueues its kernels on
+// that stream and returns; none allocates, synchronises or checks errors (the
+// caller checks cudaGetLastError). Counts of zero enqueue nothing. Where a
+// function needs scratch memory, a *_workspace function says how much, and the
+// caller passes it.
+//
+// Determinism: no floating-point atomics anywhere; every reduction has a fixed
+// order that depends only on the shapes, so equal inputs give equal bits on
+// every run.
+//
+// Matrix products are not here: the backend calls cuBLAS (GemmEx, bf16 or fp32
+// inputs, fp32 compute) and finishes them with the elementwise kernels below.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/api.h"
+
+namespace amsp::kernels::cuda {
+
+using bf16 = uint16_t;
+
+// ---- conversions and elementwise (n elements) ---------------------------------------
+void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s);  // round to nearest even
+void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s);   // exact
+// y = round_bf16(x) held in fp32; y may be x.
+void round_bf16_values(const float* x, float* y, int64_t n, cudaStream_t s);
+// dst = dst + src in fp32, stored in dst's dtype (rounded once).
+void add(float* dst, const float* src, int64_t n, cudaStream_t s);
+void add(float* dst, const bf16* src, int64_t n, cudaStream_t s);
+void add(bf16* dst, const float* src, int64_t n, cudaStream_t s);
+void add(bf16* dst, const bf16* src, int64_t n, cudaStream_t s);
+// The end of a bf16 matrix product: y = round_bf16(p) + beta * y (fp32). p may
+// be y when beta == 0; with beta == 0, y is not read.
+void finish_bf16_product(const float* p, float* y, int64_t n, float beta, cudaStream_t s);
+
+// Sum of squares in double: per chunk of kSumSquaresChunk elements, then the
+// chunks in order; *out (device) receives the total. partials holds
+// sum_squares_chunks(n) doubles.
+constexpr int64_t kSumSquaresChunk = 1 << 14;
+int64_t sum_squares_chunks(int64_t n);
+void sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s);
+void sum_squares(const bf16* x, int64_t n, double* partials, double* out, cudaStream_t s);
+
+// ---- embedding -------------------------------------------------------------------------
+// out[r, :] = table[tokens[r], :] (tokens are checked by the caller).
+void embedding_forward(const int32_t* tokens, const float* table, float* out, int64_t rows,
+                       int64_t dim, cudaStream_t s);
+void embedding_forward(const int32_t* tokens, const bf16* table, float* out, int64_t rows,
+                       int64_t dim, cudaStream_t s);
+// dtable[tokens[r], :] += dout[r, :], deterministically: the rows are grouped by
+// token (a stable counting sort on the device) and each token's rows summed in
+// row order. fp32 table: added into the table row by row, as the CPU kernel
+// does; bf16 table: summed in fp32, then added and rounded once per element.
+// workspace: embedding_backward_workspace(rows, vocab) int32 elements.
+int64_t embedding_backward_workspace(int64_t rows, int64_t vocab);
+void embedding_backward(const int32_t* tokens, const float* dout, float* dtable, int64_t rows,
+                        int64_t dim, int64_t vocab, int32_t* workspace, cudaStream_t s);
+void embedding_backward(const int32_t* tokens, const float* dout, bf16* dtable, int64_t rows,
+                        int64_t dim, int64_t vocab, int32_t* workspace, cudaStream_t s);
+
+// ---- RMSNorm (w: fp32 or bf16) ----------------------------------------------------------
+// y = w * (x * inv_rms), inv_rms[rows] kept; apply recomputes y from inv_rms.
+template <typename W>
+void rmsnorm_forward(const float* x, const W* w, float* y, float* inv_rms, int64_t rows,
+                     int64_t dim, float eps, cudaStream_t s);
+template <typename W>
+void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, float* y, int64_t rows,
+                   int64_t dim, cudaStream_t s);
+// dx += d(norm)/dx^T dy;  dw += sum over rows of dy * x * inv_rms, each column
+// summed in row order by one thread, then added to dw and rounded once.
+template <typename W, typename DW>
+void rmsnorm_backward(const float* dy, const float* x, const W* w, const float* inv_rms,
+                      float* dx, DW* dw, int64_t rows, int64_t dim, cudaStream_t s);
+
+// ---- RoPE (tables from kernels/cpu rope_table, copied to the device) -----------------
+void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                  int64_t heads, int64_t head_dim, int64_t row_stride, cudaStream_t s);
+void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t heads, int64_t head_dim, int64_t row_stride, cudaStream_t s);
+
+// ---- attention: fused, causal, grouped-query, FlashAttention-2 style ------------------
+// q, out: [B*T, H*D]; k, v: [B*T, KV*D]; query head h reads kv head h / (H / KV);
+// scale 1/sqrt(D). Tiled with an online softmax: no T x T matrix in memory.
+// Forward keeps lse [B, H, T] (log-sum-exp of each row of scaled scores) for
+// backward. Backward overwrites dq, dk, dv; workspace holds
+// attention_backward_workspace(B, T, H) floats (rowsum(dout * out)).
+int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
+int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H);
+void attention_forward(const float* q, const float* k, const float* v, float* lse, float* out,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
+void attention_backward(const float* q, const float* k, const float* v, const float* lse,
+                        const float* out, const float* dout, float* dq, float* dk, float* dv,
+                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        cudaStream_t s);
+
+// ---- SwiGLU -----------------------------------------------------------------------------
+void swiglu_forward(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
+// dup may alias dout.
+void swiglu_backward(const float* gate, const float* up, const float* dout, float* dgate,
+                     float* dup, int64_t n, cudaStream_t s);
+
+// ---- cross-entropy ------------------------------------------------------------------------
+// Per row: lse[r] and losses[r] = lse - logit[target] (0 for target < 0). A
+// target >= V is never read past: its row's loss is 0 and *bad_row (device,
+// set by the caller to INT32_MAX) receives the smallest such row.
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* lse,
+                           float* losses, int32_t* bad_row, int64_t rows, int64_t V,
+                           cudaStream_t s);
+// In place: logits := scale * (softmax - onehot); rows with target < 0 become 0.
+// Targets must be < V (the forward reported any that are not).
+void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse, int64_t rows,
+                            int64_t V, float scale, cudaStream_t s);
+
+// ---- AdamW, multi-tensor -------------------------------------------------------------------
+// kernels/common/math.h adamw_update_element on every element of every tensor,
+// the gradient first multiplied by grad_scale; copy (if not null) receives the
+// updated master in its dtype. One launch covers up to kAdamWTensors tensors.
+struct AdamWHyper {
+  float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale;
+};
+struct AdamWTensor {
+  float* master;
+  float* m;
+  float* v;
+  const void* grad;  // fp32 or bf16, as grad_bf16 says
+  void* copy;        // null, fp32 or bf16, as copy_bf16 says
+  int64_t n;
+  bool grad_bf16;
+  bool copy_bf16;
+};
+constexpr int kAdamWTensors = 16;
+void adamw(const AdamWTensor* tensors, int count, const AdamWHyper& hyper, cudaStream_t s);
+
+}  // namespace amsp::kernels::cuda

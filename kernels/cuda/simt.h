@@ -1,0 +1,26 @@
+// What the kernels of kernels/cuda are written against, so that one source is
+// compiled by nvcc for the GPU and by the host compiler for the CPU emulation
+// (kernels/cuda/emu/simt.h: each block's threads as fibers, __syncthreads as a
+// barrier among them, warp shuffles among a warp's 32 fibers, __shared__ per
+// block). Kernels use __global__, __device__, __shared__, threadIdx, blockIdx,
+// blockDim, gridDim, __syncthreads, __shfl_xor_sync / __shfl_down_sync /
+// __shfl_sync, atomicMin on int, and the fp32 math of <cmath> (expf, logf,
+// sqrtf, fmaxf, fminf, rsqrtf); anything else needs the emulation to learn it first.
+//
+// Launches are written
+//     AMSP_LAUNCH(kernel, grid, block, shared_bytes, stream)(arg, ...);
+// and dynamic shared memory is declared inside a kernel with
+//     AMSP_DYNAMIC_SHARED(float, name);
+#pragma once
+
+#include "kernels/cuda/api.h"
+
+#if defined(__CUDACC__)
+#define AMSP_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<(grid), (block), (shared_bytes), (stream)>>>
+#define AMSP_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define AMSP_DEVICE_INLINE __device__ __forceinline__
+#else
+#include "kernels/cuda/emu/simt.h"
+#define AMSP_DEVICE_INLINE inline
+#endif
