@@ -43,8 +43,10 @@ struct Event {
 };
 
 struct MemoryStats {
-  int64_t in_use = 0;  // bytes currently allocated through alloc()
-  int64_t peak = 0;    // the most that were at any time
+  int64_t in_use = 0;    // bytes currently allocated through alloc()
+  int64_t peak = 0;      // the most that were at any time
+  int64_t reserved = 0;  // a caching device allocator: bytes taken from the
+                         // device, cached free blocks included (0 on the CPU)
 };
 
 struct LossSum {
@@ -182,5 +184,10 @@ class Backend {
 // The CPU backend: kernels/cpu (OpenBLAS + OpenMP), MPI communicators.
 // compute: kF32 or kBF16.
 std::unique_ptr<Backend> make_cpu_backend(DType compute);
+
+// The CUDA backend (backend/cuda_backend.h) on CUDA device `device`, which it
+// makes current: a GPU in a -DAMSP_CUDA=ON build, the CPU emulation of CUDA in
+// any other. compute: kF32 or kBF16.
+std::unique_ptr<Backend> make_cuda_backend(DType compute, int device);
 
 }  // namespace amsp::backend

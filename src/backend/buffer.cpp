@@ -6,7 +6,13 @@ namespace amsp::backend {
 
 namespace {
 
+// Host code may only dereference host memory: a device view's pointer is
+// meaningless here (and, under the CUDA emulation, would bypass the
+// happens-before checker). Device data goes through Backend::to_host.
 void expect_dtype(const View& v, DType want) {
+  if (v.device != Device::kCpu)
+    fail("view: asked for host ", dtype_name(want), " data of a ", device_name(v.device), " view of ",
+         v.count, " elements; copy it with the backend's to_host");
   if (v.dtype != want)
     fail("view: asked for ", dtype_name(want), " data of a ", dtype_name(v.dtype), " view of ",
          v.count, " elements");

@@ -21,7 +21,8 @@ struct View {
   bool empty() const { return count == 0; }
   // Elements [offset, offset + n); fails if that leaves the view.
   View at(int64_t offset, int64_t n) const;
-  // The data as a typed pointer; fails on another dtype.
+  // The data as a typed host pointer; fails on another dtype and on device
+  // memory (read that through Backend::to_host).
   float* f32() const;
   uint16_t* bf16() const;
   int32_t* i32() const;

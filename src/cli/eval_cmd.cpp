@@ -1,5 +1,6 @@
 // amsp eval: the loss of a checkpoint on a dataset, on any number of ranks.
 
+#include "backend/factory.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "comm/communicator.h"
@@ -12,7 +13,7 @@ namespace amsp::cli {
 
 int run_eval(int argc, char** argv) {
   engine::EvalOptions o;
-  std::string split;
+  std::string split, device;
   po::options_description desc("Options");
   desc.add_options()
       ("checkpoint", po::value<std::string>(&o.checkpoint)->required()->value_name("FILE"),
@@ -28,7 +29,9 @@ int run_eval(int argc, char** argv) {
            "evaluate the first N windows; 0: the whole split")
       ("shard", po::value<std::string>(&o.shard)->default_value("zero3")->value_name("PLAN"),
            "how ranks share the parameters (any plan of amsp train)")
-      ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"), "OpenMP threads per rank");
+      ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"), "OpenMP threads per rank")
+      ("device", po::value<std::string>(&device)->value_name("cpu|cuda"),
+           "compute backend, as for amsp train (default: cuda when built with CUDA and a GPU is visible)");
   po::variables_map vm;
   if (!parse_command("eval", "Prints the loss of a checkpoint on a token dataset.", desc, argc, argv, vm))
     return 0;
@@ -37,6 +40,14 @@ int run_eval(int argc, char** argv) {
   require(o.seq_len >= 2, "seq-len", o.seq_len, "an integer >= 2");
   require(o.batch_size >= 1, "batch-size", o.batch_size, "an integer >= 1");
   require(o.windows >= 0, "windows", o.windows, "an integer >= 0");
+  if (device.empty()) {
+    o.device = backend::default_device();
+  } else {
+    const auto d = backend::parse_device(device);
+    require(d.has_value(), "device", device, "cpu or cuda");
+    backend::check_device_usable(*d);
+    o.device = *d;
+  }
   if (!std::filesystem::is_regular_file(o.checkpoint))
     fail_usage("--checkpoint ", o.checkpoint, ": no such file");
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "backend/factory.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "comm/communicator.h"
@@ -24,7 +25,7 @@ namespace {
 // other options or parsing.
 struct TrainArgs {
   engine::TrainOptions o;
-  std::string model_name, precision;
+  std::string model_name, precision, device;
   double lr = 0, min_lr = -1;
   int64_t warmup = -1, seed = 0;
   std::string memory;
@@ -75,8 +76,11 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "peak TFLOP/s for MFU; 0 measures this machine's GEMM peak")
       ("precision", po::value<std::string>(&a.precision)->default_value("fp32")->value_name("fp32|bf16"),
            "fp32, or bf16 mixed precision: bf16 parameters and gradients on the wire, fp32 "
-           "gradient accumulation, master weights and Adam moments (the default on a GPU will "
-           "be bf16; on CPU it is fp32)")
+           "gradient accumulation, master weights and Adam moments (fp32 unless given, on "
+           "either device; bf16 is the natural choice on cuda)")
+      ("device", po::value<std::string>(&a.device)->value_name("cpu|cuda"),
+           "compute backend: cpu, or cuda (rank i of a node on its GpuInfo device); default cuda "
+           "when this build has CUDA and a GPU is visible, else cpu")
       ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"),
            "OpenMP threads per rank; 0 keeps OMP_NUM_THREADS or the core count")
       ("shard", po::value<std::string>(&o.shard)->default_value("auto")->value_name("PLAN"),
@@ -154,6 +158,18 @@ void set_precision(TrainArgs& a) {
   a.o.precision = *dtype;
 }
 
+// The backend's device: given, or the build's and machine's default.
+void set_device(TrainArgs& a) {
+  if (a.device.empty()) {
+    a.o.device = backend::default_device();
+    return;
+  }
+  const auto device = backend::parse_device(a.device);
+  require(device.has_value(), "device", a.device, "cpu or cuda");
+  backend::check_device_usable(*device);
+  a.o.device = *device;
+}
+
 // The model: a preset or config file, or the config.json of --init-from (never
 // both, since either would silently override the other), then the --model.FIELD
 // overrides.
@@ -209,6 +225,7 @@ void set_run_options(TrainArgs& a) {
 engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm) {
   check_ranges(a);
   set_precision(a);
+  set_device(a);
   a.o.seed = static_cast<uint64_t>(a.seed);
   load_model(a, vm);
   set_schedule(a);

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "ckpt/checkpoint.h"
 #include "comm/timed.h"
 #include "core/error.h"
@@ -56,7 +57,9 @@ double run_eval(const EvalOptions& o) {
                config.max_position_embeddings);
   PlanGroups pg = make_plan_groups(MPI_COMM_WORLD, topo, o.shard);
   // The checkpoint's fp32 master weights, evaluated in fp32.
-  const auto be = backend::make_cpu_backend(DType::kF32);
+  const auto be = backend::make_backend(
+      o.device, DType::kF32,
+      o.device == Device::kCuda ? backend::cuda_device_for(topo.gpu.device, topo.local_rank) : 0);
   ShardedEngine engine(config, *be, o.batch_size, o.seq_len, pg, 0, EngineOptions{});
   ckpt::load(o.checkpoint, config, engine.units(), engine.shards(), engine.state_views(), MPI_COMM_WORLD);
   int64_t windows = 0;

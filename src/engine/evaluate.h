@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
 #include "data/dataset.h"
 #include "engine/sharded_engine.h"
 
@@ -27,6 +28,7 @@ struct EvalOptions {
   int64_t windows = 0;         // 0: the whole split
   std::string shard = "zero3";
   int threads = 0;
+  Device device = Device::kCpu;  // the compute backend (train's --device)
 };
 
 // Loads the checkpoint (any plan and world size wrote it) and prints, on rank

@@ -61,14 +61,19 @@ struct ShardedEngine::Impl {
   std::vector<int> free_slots;
   std::deque<Reduction> pending;
 
-  // fp32 host copies of the P-shards handed out by state_views() (bf16 only),
-  // taken back by the next step.
-  std::vector<std::vector<float>> staging;
+  // Host copies of the states handed out by state_views(), taken back by the
+  // next step: the P-shard widened to fp32 in bf16, and everything on a
+  // device backend (host code cannot touch device memory).
+  struct Staged {
+    std::vector<float> params, exp_avg, exp_avg_sq;
+  };
+  std::vector<Staged> staging;
 
   Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s, PlanGroups& pg,
        const EngineOptions& o);
 
   bool bf16() const { return opt.precision == DType::kBF16; }
+  bool on_host() const { return be.device() == Device::kCpu; }
   // Backward writes the unit's gradient straight into its G-shard.
   bool direct_gradients() const { return sp == 1 && sg == 1; }
   comm::Communicator& comm(GroupKind kind) { return *comms[static_cast<size_t>(kind)]; }
@@ -151,7 +156,10 @@ void ShardedEngine::Impl::make_communicators(PlanGroups& pg) {
       });
     }
   }
-  world = be.make_communicator(std::move(pg.world));
+  // The norm's partial sums are host doubles: on a device backend they travel
+  // over MPI, not over the device communicator.
+  world = on_host() ? be.make_communicator(std::move(pg.world))
+                    : comm::make_mpi_communicator(std::move(pg.world));
   if (opt.comm_timeout_s > 0) world->set_timeout(opt.comm_timeout_s);
 }
 
@@ -445,32 +453,42 @@ std::vector<ckpt::StateView> ShardedEngine::Impl::state_views() {
   take_staged_state();
   for (auto& h : param_update) h.wait();
   std::vector<ckpt::StateView> views;
-  if (bf16()) staging.resize(static_cast<size_t>(U));
+  if (bf16() || !on_host()) staging.resize(static_cast<size_t>(U));
   for (int u = 0; u < U; ++u) {
-    float* params = nullptr;
-    if (bf16()) {
-      // The P range widened from bf16, its OS part the fp32 master.
-      std::vector<float>& s = staging[static_cast<size_t>(u)];
-      s.resize(static_cast<size_t>(sh(u).p.size));
-      be.to_host(st(u).p.view(), s.data());
-      be.to_host(st(u).master.view(), s.data() + (sh(u).os.begin - sh(u).p.begin));
-      params = s.data();
-    } else {
-      params = st(u).p.f32();
+    State& x = st(u);
+    if (staging.empty()) {
+      views.push_back({x.p.f32(), x.exp_avg.f32(), x.exp_avg_sq.f32()});
+      continue;
     }
-    views.push_back({params, st(u).exp_avg.f32(), st(u).exp_avg_sq.f32()});
+    // The P range in fp32; in bf16 its OS part is the fp32 master.
+    Staged& s = staging[static_cast<size_t>(u)];
+    s.params.resize(static_cast<size_t>(sh(u).p.size));
+    be.to_host(x.p.view(), s.params.data());
+    if (bf16()) be.to_host(x.master.view(), s.params.data() + (sh(u).os.begin - sh(u).p.begin));
+    if (on_host()) {
+      views.push_back({s.params.data(), x.exp_avg.f32(), x.exp_avg_sq.f32()});
+      continue;
+    }
+    s.exp_avg.resize(static_cast<size_t>(x.exp_avg.count()));
+    s.exp_avg_sq.resize(static_cast<size_t>(x.exp_avg_sq.count()));
+    be.to_host(x.exp_avg.view(), s.exp_avg.data());
+    be.to_host(x.exp_avg_sq.view(), s.exp_avg_sq.data());
+    views.push_back({s.params.data(), s.exp_avg.data(), s.exp_avg_sq.data()});
   }
   return views;
 }
 
 // What the views hold becomes the state: the master from the OS part, the
-// bf16 parameters rounded from the P range (so they equal round(master)).
+// bf16 parameters rounded from the P range (so they equal round(master)), and
+// on a device the moments too.
 void ShardedEngine::Impl::take_staged_state() {
   if (staging.empty()) return;
   for (int u = 0; u < U; ++u) {
-    const std::vector<float>& s = staging[static_cast<size_t>(u)];
-    be.from_host(s.data(), st(u).p.view());
-    be.from_host(s.data() + (sh(u).os.begin - sh(u).p.begin), st(u).master.view());
+    const Staged& s = staging[static_cast<size_t>(u)];
+    be.from_host(s.params.data(), st(u).p.view());
+    if (bf16()) be.from_host(s.params.data() + (sh(u).os.begin - sh(u).p.begin), st(u).master.view());
+    if (!s.exp_avg.empty()) be.from_host(s.exp_avg.data(), st(u).exp_avg.view());
+    if (!s.exp_avg_sq.empty()) be.from_host(s.exp_avg_sq.data(), st(u).exp_avg_sq.view());
   }
   staging.clear();
   staging.shrink_to_fit();

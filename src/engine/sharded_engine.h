@@ -96,6 +96,7 @@ class ShardedEngine {
   // Writing through the views (a resume) is allowed between steps: the next
   // step, evaluation or full_parameters() takes what they hold (in bf16, the
   // master from the OS part and the bf16 parameters rounded from the P range).
+  // On a device backend every view is such a host copy, taken back alike.
   std::vector<ckpt::StateView> state_views();
   // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
   // holds every OS-shard once and is the one that writes checkpoints.

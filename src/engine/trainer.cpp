@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/factory.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/lock.h"
 #include "comm/agree.h"
@@ -151,6 +152,32 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
                 static_cast<long>(fitting), in.memory_per_rank / double(1 << 30), best.cost.step_s * 1e3,
                 best.cost.exposed_s * 1e3, table.c_str());
   return {plan::to_string(best.plan), why};
+}
+
+// Every rank's backend description, gathered on rank 0 (empty elsewhere).
+std::vector<std::string> gather_descriptions(const std::string& mine) {
+  constexpr int kWidth = 160;
+  char line[kWidth] = {};
+  std::snprintf(line, sizeof line, "%s", mine.c_str());
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(rank == 0 ? static_cast<size_t>(size) * kWidth : 0);
+  AMSP_MPI_CHECK(MPI_Gather(line, kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, 0, MPI_COMM_WORLD));
+  std::vector<std::string> out;
+  for (int r = 0; rank == 0 && r < size; ++r) out.emplace_back(&all[static_cast<size_t>(r) * kWidth]);
+  return out;
+}
+
+// "device: cuda:0 (NVIDIA H100 80GB HBM3, sm_90) on rank 0", then the other
+// ranks' devices where they differ from it.
+void print_devices(const std::vector<std::string>& devices) {
+  std::string others;
+  for (size_t r = 1; r < devices.size(); ++r)
+    if (devices[r] != devices[0]) others += cat(", rank ", r, ": ", devices[r]);
+  std::printf("device: %s on rank 0%s%s\n", devices[0].c_str(),
+              devices.size() > 1 && others.empty() ? ", and the same on every rank" : "", others.c_str());
+  std::fflush(stdout);
 }
 
 void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
@@ -347,6 +374,7 @@ class Run {
   std::unique_ptr<data::TokenDataset> data;
   bool root = false;
   std::unique_ptr<backend::Backend> be;
+  std::vector<std::string> devices;  // every rank's describe(), on rank 0
   double peak_flops = 0;
   std::string plan_text, reason;
   std::unique_ptr<PlanGroups> pg;
@@ -400,13 +428,22 @@ void Run::set_up_ranks() {
     check_options(o, *data);
   });
   root = topo.rank == 0;
-  be = backend::make_cpu_backend(o.precision);
+  // Before anything else CUDA: the backend makes this rank's device current.
+  collectively([&] {
+    const int cuda_device =
+        o.device == Device::kCuda ? backend::cuda_device_for(topo.gpu.device, topo.local_rank) : 0;
+    be = backend::make_backend(o.device, o.precision, cuda_device);
+  });
+  devices = gather_descriptions(be->describe());
   // The peak is measured on rank 0 alone (others wait), as a rank has it on a
   // dedicated device; ranks sharing a CPU make MFU look lower than it is.
   peak_flops = o.peak_tflops * 1e12;
   if (peak_flops <= 0) {
     if (root) peak_flops = be->peak_flops();
     AMSP_MPI_CHECK(MPI_Bcast(&peak_flops, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    if (root && peak_flops <= 0)
+      std::printf("note: no peak FLOP/s known for %s; MFU shows 0 (give --peak-tflops)\n",
+                  be->describe().c_str());
   }
 }
 
@@ -420,6 +457,8 @@ void Run::set_up_plan() {
               topo.world_size, reason.c_str());
   std::printf("groups: %s\n", pg->placement.c_str());
   std::fflush(stdout);
+  // After the plan, which tests expect on the first line; the CPU's output as it was.
+  if (o.device != Device::kCpu) print_devices(devices);
 }
 
 void Run::set_up_engine() {
@@ -485,7 +524,8 @@ void Run::write_run_record_start() {
             {"plan", plan::to_string(pg->mesh.plan())},
             {"plan_reason", reason},
             {"groups", pg->placement},
-            {"backend", be->describe()},
+            {"backend", device_name(o.device)},
+            {"devices", devices},
             {"precision", dtype_name(o.precision)},
             {"model_name", o.model.name},
             {"model", nlohmann::ordered_json::parse(model::config_to_json(o.model))},
@@ -559,7 +599,7 @@ StepMetrics Run::train_step(int64_t step) {
   m.grad_norm = r.grad_norm;
   m.step_ms = seconds_since(t0) * 1e3;
   m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
-  m.mfu = flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world));
+  m.mfu = peak_flops > 0 ? flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world)) : 0.0;
   m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
   m.model_state_bytes = engine->model_state_bytes();
   m.temporary_bytes = engine->temporary_bytes();
@@ -636,6 +676,12 @@ void Run::write_run_record_end(double seconds) {
   if (o.run_info_path.empty()) return;
   int64_t rss = peak_rss_bytes();
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  // The emulation's happens-before checks over all ranks (-1: none, a real GPU or the CPU).
+  int64_t hb = o.device == Device::kCuda ? backend::hb_checked() : -1;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hb, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  const backend::MemoryStats mem = be->memory();
+  int64_t device_peak = mem.peak;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   collectively([&] {
     if (!root) return;
     info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
@@ -644,6 +690,8 @@ void Run::write_run_record_end(double seconds) {
                       {"seconds", seconds},
                       {"val_loss", std::isfinite(val_loss) ? nlohmann::ordered_json(val_loss) : nlohmann::ordered_json()},
                       {"peak_rss_bytes", rss},
+                      {"peak_backend_bytes", device_peak},
+                      {"hb_checked", hb < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(hb)},
                       {"finished_at", utc_now()}};
     write_run_info(o.run_info_path, info);
   });

@@ -17,6 +17,7 @@ namespace amsp::engine {
 struct TrainOptions {
   model::LlamaConfig model;
   DType precision = DType::kF32;  // parameters' dtype: fp32, or bf16 mixed precision (doc/engine.md)
+  Device device = Device::kCpu;   // the compute backend: cpu, or cuda (a GPU, or its emulation)
   std::string data_path;
   int64_t steps = 300;
   uint64_t seed = 1337;

@@ -138,6 +138,12 @@ void Llama::set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, 
   m.B = B;
   m.T = T;
   m.N = B * T;
+  // Checked here, on the host: a device backend's embedding kernels do not
+  // read the ids back to check them.
+  for (int64_t i = 0; i < m.N; ++i)
+    if (tokens[i] < 0 || tokens[i] >= m.vocab)
+      fail("model: token ", tokens[i], " at position ", i, " of the micro-batch is outside the vocabulary of ",
+           m.vocab);
   m.be.from_host(tokens, m.tokens.at(0, m.N));
   m.has_targets = targets != nullptr;
   if (m.has_targets) m.be.from_host(targets, m.targets.at(0, m.N));

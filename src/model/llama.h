@@ -41,8 +41,8 @@ class Llama {
 
   // tokens and targets are host arrays [B*T] row-major (sequence-major),
   // copied to the device; targets may be null (inference); a target < 0 is
-  // ignored by the loss. Token ids outside [0, vocab_size) are the caller's to
-  // reject.
+  // ignored by the loss. A token id outside [0, vocab_size) is an Error (checked
+  // on the host, before anything is copied).
   void set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                  float grad_scale);
 

@@ -5,29 +5,12 @@
 #include <chrono>
 #include <thread>
 
-#include "core/mpi_check.h"
 #include "core/error.h"
-
-// The CUDA and NCCL members of the check family (comm/check.h): one line naming
-// the function, file:line, rank, host and the library's error string, then the
-// job ends. Every CUDA and NCCL call of this file goes through them, except the
-// ncclCommAbort calls on the way to abort_job (the error being reported is the
-// one that matters).
-#define AMSP_CUDA_CHECK(call) ::amsp::comm::cuda_check((call), #call, __FILE__, __LINE__)
-#define AMSP_NCCL_CHECK(call) ::amsp::comm::nccl_check((call), #call, __FILE__, __LINE__)
+#include "core/mpi_check.h"
+#include "gpu/check.h"
 
 namespace amsp::comm {
 namespace {
-
-void cuda_check(cudaError_t rc, const char* call, const char* file, int line) {
-  if (rc != cudaSuccess) call_failed(call, file, line, cudaGetErrorString(rc));
-}
-
-// ncclInProgress is how a non-blocking communicator says "issued".
-void nccl_check(ncclResult_t rc, const char* call, const char* file, int line) {
-  if (rc != ncclSuccess && rc != ncclInProgress)
-    call_failed(call, file, line, ncclGetErrorString(rc));
-}
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -71,6 +54,30 @@ cudaEvent_t NcclCommunicator::take_event() {
   return e;
 }
 
+// For the emulation's happens-before checker: what the op about to be issued
+// on the communicator's stream reads and writes.
+void NcclCommunicator::declare_accesses(const OpArgs& a) const {
+  const size_t block = static_cast<size_t>(a.count) * static_cast<size_t>(dtype_bytes(a.dtype));
+  const size_t all = block * static_cast<size_t>(size());
+  (void)all;  // unused where AMSP_HB_ACCESS is nothing (a real CUDA build)
+  if (block == 0) return;
+  switch (a.op) {
+    case Op::kAllGather:
+      AMSP_HB_ACCESS(stream_, a.send, block, false);
+      AMSP_HB_ACCESS(stream_, a.recv, all, true);
+      break;
+    case Op::kReduceScatter:
+      AMSP_HB_ACCESS(stream_, a.send, all, false);
+      AMSP_HB_ACCESS(stream_, a.recv, block, true);
+      break;
+    case Op::kAllReduce:
+    case Op::kBroadcast:
+      AMSP_HB_ACCESS(stream_, a.recv, block, false);
+      AMSP_HB_ACCESS(stream_, a.recv, block, true);
+      break;
+  }
+}
+
 uint64_t NcclCommunicator::issue(const OpArgs& a) {
   // Order after the compute issued so far, on the GPU.
   AMSP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
@@ -78,6 +85,7 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   InFlight f{next_seq_++, a, take_event(), take_event()};
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
   const size_t n = static_cast<size_t>(a.count);
+  declare_accesses(a);
   // bf16 sums are NCCL's own (its reduction order and rounding, not the MPI
   // backend's rank-order fp32 sum).
   const ncclDataType_t type = nccl_type(a.dtype);
@@ -132,12 +140,15 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
     if (async != ncclSuccess && async != ncclInProgress) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
-      abort_job(cat("NCCL error on group ", name(), ": ", ncclGetErrorString(async)));
+      abort_job(cat("NCCL error on group ", name(), " waiting for ", op_name(in_flight_.front().args.op),
+                    " #", in_flight_.front().seq, ": ", ncclGetErrorString(async)));
     }
     if (deadline > 0 && now_seconds() > deadline) {
       OpArgs stuck;
       for (const InFlight& f : in_flight_)
         if (f.seq == seq) stuck = f.args;
+      // Abort first: a peer that never arrives would hang the destructor's
+      // ncclCommDestroy, and the job is ending anyway.
       ncclCommAbort(comm_);
       comm_ = nullptr;
       timed_out(seq, stuck);

@@ -1,5 +1,7 @@
-// The NCCL backend of the communicator interface (comm/communicator.h), built
-// only with -DAMSP_CUDA=ON. Buffers are device memory, of the op's dtype
+// The NCCL backend of the communicator interface (comm/communicator.h), in
+// every build: against real NCCL with -DAMSP_CUDA=ON, against the emulation
+// of NCCL over MPI (kernels/cuda/api.h) otherwise, so that the CUDA backend's
+// tests run it on the CPU. Buffers are device memory, of the op's dtype
 // (ncclFloat32, ncclBfloat16, ncclInt32). Each communicator has
 // its own CUDA stream: an op first waits (on the GPU) for everything issued so
 // far on the compute stream, so it sees the gradients compute just wrote, and
@@ -8,8 +10,7 @@
 // instead, which is how the engine should consume an all-gathered unit.
 #pragma once
 
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "kernels/cuda/api.h"
 
 #include <deque>
 #include <string>
@@ -50,6 +51,7 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t start = nullptr, end = nullptr;
   };
   void retire();  // accounts and recycles the completed ops at the front
+  void declare_accesses(const OpArgs& args) const;
   cudaEvent_t take_event();
 
   Group group_;

@@ -1,0 +1,271 @@
+// The CUDA backend's device, memory, host transfers, ordering, communicators
+// and peak, and the elementwise operations. The model's kernels are in
+// cuda_backend_kernels.cpp; cuda_backend.h states the semantics.
+#include "backend/cuda_backend.h"
+
+#include <cstring>
+
+#include "backend/cuda_checks.h"
+#include "comm/nccl/nccl_communicator.h"
+#include "gpu/check.h"
+#include "kernels/cuda/ops.h"
+
+namespace amsp::backend {
+
+using namespace cuda_checks;
+namespace kc = amsp::kernels::cuda;
+
+CudaBackend::CudaBackend(DType compute, int device)
+    : Backend(compute), device_(device), allocator_(std::make_shared<CachingAllocator>(cat("cuda:", device))) {
+  if (compute != DType::kF32 && compute != DType::kBF16)
+    fail("cuda backend: compute dtype ", dtype_name(compute), " is not fp32 or bf16");
+  int count = 0;
+  AMSP_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count)
+    fail_usage("cuda backend: device ", device, " does not exist (", count, " visible)");
+  AMSP_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  AMSP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  name_ = prop.name;
+  sm_ = prop.major * 10 + prop.minor;
+  // Non-blocking: the legacy default stream, which other libraries may use,
+  // must not serialise against the compute stream.
+  AMSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  AMSP_CUBLAS_CHECK(cublasCreate(&cublas_));
+  AMSP_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+}
+
+CudaBackend::~CudaBackend() {
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto& [id, e] : events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
+  for (cudaEvent_t e : free_events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
+  if (staging_) AMSP_CUDA_CHECK(cudaFreeHost(staging_));
+  AMSP_CUBLAS_CHECK(cublasDestroy(cublas_));
+  AMSP_CUDA_CHECK(cudaStreamDestroy(stream_));
+}
+
+std::string CudaBackend::describe() const {
+  return cat("cuda:", device_, " (", name_, ", sm_", sm_, ")");
+}
+
+double CudaBackend::peak_flops() {
+  if (AMSP_CUDA_EMULATION) return make_cpu_backend(DType::kF32)->peak_flops();
+  return gpu_peak_flops(name_);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(DType compute, int device) {
+  return std::make_unique<CudaBackend>(compute, device);
+}
+
+// ---- happens-before declarations ------------------------------------------------
+
+void CudaBackend::reads(const void* p, int64_t bytes) {
+  if (bytes > 0) AMSP_HB_ACCESS(stream_, p, static_cast<size_t>(bytes), false);
+}
+
+void CudaBackend::writes(const void* p, int64_t bytes) {
+  if (bytes > 0) AMSP_HB_ACCESS(stream_, p, static_cast<size_t>(bytes), true);
+}
+
+// ---- memory ----------------------------------------------------------------------
+
+Buffer CudaBackend::alloc(DType dtype, int64_t count) {
+  if (count < 0) fail("alloc: count ", count, " is negative");
+  if (count == 0) return Buffer(View{nullptr, dtype, 0, Device::kCuda}, {});
+  const int64_t bytes = product("alloc", {count, dtype_bytes(dtype)});
+  void* p = allocator_->allocate(bytes);
+  writes(p, bytes);
+  AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_));
+  std::shared_ptr<CachingAllocator> a = allocator_;
+  return Buffer(View{p, dtype, count, Device::kCuda}, [a](void* data, int64_t) { a->release(data); });
+}
+
+MemoryStats CudaBackend::memory() const {
+  const CachingAllocator::Stats s = allocator_->stats();
+  return MemoryStats{s.in_use, s.peak, s.reserved};
+}
+
+void* CudaBackend::staging(int64_t bytes) {
+  if (staging_bytes_ < bytes) {
+    if (staging_) AMSP_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    AMSP_CUDA_CHECK(cudaMallocHost(&staging_, static_cast<size_t>(bytes)));
+    staging_bytes_ = bytes;
+  }
+  return staging_;
+}
+
+const void* CudaBackend::download(const void* src, int64_t bytes) {
+  void* host = staging(bytes);
+  reads(src, bytes);
+  AMSP_CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host;
+}
+
+void CudaBackend::to_host(const View& src, float* dst) {
+  expect_float("to_host", "src", src);
+  if (src.count == 0) return;
+  const int64_t bytes = src.count * int64_t{sizeof(float)};
+  if (src.dtype == DType::kF32) {
+    std::memcpy(dst, download(src.data, bytes), static_cast<size_t>(bytes));
+    return;
+  }
+  Scratch wide = scratch(bytes);
+  reads(src);
+  writes(wide.as<float>(), bytes);
+  kc::to_f32(static_cast<const uint16_t*>(src.data), wide.as<float>(), src.count, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("to_f32");
+  std::memcpy(dst, download(wide.as<float>(), bytes), static_cast<size_t>(bytes));
+}
+
+void CudaBackend::from_host(const float* src, const View& dst) {
+  expect_float("from_host", "dst", dst);
+  if (dst.count == 0) return;
+  const int64_t bytes = dst.count * int64_t{sizeof(float)};
+  void* host = staging(bytes);
+  std::memcpy(host, src, static_cast<size_t>(bytes));
+  Scratch wide = scratch(dst.dtype == DType::kF32 ? 0 : bytes);
+  float* target = dst.dtype == DType::kF32 ? static_cast<float*>(dst.data) : wide.as<float>();
+  writes(target, bytes);
+  AMSP_CUDA_CHECK(cudaMemcpyAsync(target, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
+  if (dst.dtype == DType::kBF16) {
+    reads(target, bytes);
+    writes(dst);
+    kc::to_bf16(target, static_cast<uint16_t*>(dst.data), dst.count, stream_);
+    AMSP_CUDA_CHECK_LAUNCH("to_bf16");
+  }
+  // The staging buffer is reused by the next transfer.
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::from_host(const int32_t* src, const View& dst) {
+  expect("from_host", "dst", dst, DType::kI32);
+  if (dst.count == 0) return;
+  void* host = staging(dst.bytes());
+  std::memcpy(host, src, static_cast<size_t>(dst.bytes()));
+  writes(dst);
+  AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.bytes()),
+                                  cudaMemcpyHostToDevice, stream_));
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- ordering ------------------------------------------------------------------------
+
+Event CudaBackend::record() {
+  cudaEvent_t e = nullptr;
+  if (!free_events_.empty()) {
+    e = free_events_.back();
+    free_events_.pop_back();
+  } else {
+    AMSP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  AMSP_CUDA_CHECK(cudaEventRecord(e, stream_));
+  events_.emplace(++last_event_, e);
+  // Events the stream has passed are recycled, so a caller that records many
+  // and waits for few does not grow the map without bound.
+  while (events_.size() > 64) {
+    auto oldest = events_.begin();
+    const cudaError_t rc = cudaEventQuery(oldest->second);
+    if (rc == cudaErrorNotReady) break;
+    AMSP_CUDA_CHECK(rc);
+    free_events_.push_back(oldest->second);
+    events_.erase(oldest);
+  }
+  return Event{last_event_};
+}
+
+void CudaBackend::wait(const Event& event) {
+  if (event.id > last_event_)
+    fail("wait: event ", event.id, " was not recorded by this backend (last: ", last_event_, ")");
+  const auto it = events_.find(event.id);
+  if (it == events_.end()) return;  // already known complete
+  AMSP_CUDA_CHECK(cudaEventSynchronize(it->second));
+  // The stream is in order: every earlier event is complete too.
+  for (auto e = events_.begin(); e != events_.end() && e->first <= event.id;) {
+    free_events_.push_back(e->second);
+    e = events_.erase(e);
+  }
+}
+
+void CudaBackend::synchronize() {
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto& [id, e] : events_) free_events_.push_back(e);
+  events_.clear();
+}
+
+std::unique_ptr<comm::Communicator> CudaBackend::make_communicator(comm::Group group) {
+  return std::make_unique<comm::NcclCommunicator>(std::move(group), stream_);
+}
+
+// ---- elementwise and reductions ----------------------------------------------------
+
+void CudaBackend::fill_zero(const View& x) {
+  check_device("fill_zero", "x", x);
+  if (x.count == 0) return;
+  writes(x);
+  AMSP_CUDA_CHECK(cudaMemsetAsync(x.data, 0, static_cast<size_t>(x.bytes()), stream_));
+}
+
+void CudaBackend::copy(const View& src, const View& dst) {
+  check_device("copy", "src", src);
+  check_device("copy", "dst", dst);
+  if (src.count != dst.count) fail("copy: src holds ", src.count, " elements, dst ", dst.count);
+  if (src.count == 0) return;
+  if (src.dtype != dst.dtype) {
+    expect_float("copy", "src", src);
+    expect_float("copy", "dst", dst);
+  }
+  reads(src);
+  writes(dst);
+  if (src.dtype == dst.dtype) {
+    AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()),
+                                    cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  if (src.dtype == DType::kF32)
+    kc::to_bf16(static_cast<const float*>(src.data), static_cast<uint16_t*>(dst.data), src.count, stream_);
+  else
+    kc::to_f32(static_cast<const uint16_t*>(src.data), static_cast<float*>(dst.data), src.count, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("copy");
+}
+
+void CudaBackend::add(const View& dst, const View& src) {
+  expect_float("add", "dst", dst);
+  expect_float("add", "src", src);
+  if (src.count != dst.count) fail("add: dst holds ", dst.count, " elements, src ", src.count);
+  if (dst.count == 0) return;
+  reads(src);
+  reads(dst);
+  writes(dst);
+  const int64_t n = dst.count;
+  const bool d16 = dst.dtype == DType::kBF16, s16 = src.dtype == DType::kBF16;
+  using bf = uint16_t;
+  if (!d16 && !s16) kc::add(static_cast<float*>(dst.data), static_cast<const float*>(src.data), n, stream_);
+  if (!d16 && s16) kc::add(static_cast<float*>(dst.data), static_cast<const bf*>(src.data), n, stream_);
+  if (d16 && !s16) kc::add(static_cast<bf*>(dst.data), static_cast<const float*>(src.data), n, stream_);
+  if (d16 && s16) kc::add(static_cast<bf*>(dst.data), static_cast<const bf*>(src.data), n, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("add");
+}
+
+double CudaBackend::sum_squares(const View& x) {
+  expect_float("sum_squares", "x", x);
+  if (x.count == 0) return 0.0;
+  const int64_t chunks = kc::sum_squares_chunks(x.count);
+  Scratch partials = scratch(chunks * int64_t{sizeof(double)});
+  Scratch total = scratch(sizeof(double));
+  reads(x);
+  writes(partials.as<double>(), chunks * int64_t{sizeof(double)});
+  writes(total.as<double>(), sizeof(double));
+  if (x.dtype == DType::kF32)
+    kc::sum_squares(static_cast<const float*>(x.data), x.count, partials.as<double>(), total.as<double>(), stream_);
+  else
+    kc::sum_squares(static_cast<const uint16_t*>(x.data), x.count, partials.as<double>(), total.as<double>(),
+                    stream_);
+  AMSP_CUDA_CHECK_LAUNCH("sum_squares");
+  double result = 0;
+  std::memcpy(&result, download(total.as<double>(), sizeof(double)), sizeof(double));
+  return result;
+}
+
+}  // namespace amsp::backend

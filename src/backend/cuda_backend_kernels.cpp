@@ -1,0 +1,618 @@
+// The CUDA backend's model kernels: embedding, linear (cuBLAS), RMSNorm, RoPE,
+// attention, SwiGLU, cross-entropy and AdamW. cuda_backend.h states the
+// semantics; the checks are the CPU backend's (cuda_checks.h).
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cuda_backend.h"
+#include "backend/cuda_checks.h"
+#include "gpu/check.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace amsp::backend {
+
+using namespace cuda_checks;
+namespace kc = amsp::kernels::cuda;
+using bf16_t = uint16_t;
+
+namespace {
+
+const float* f32p(const View& v) { return static_cast<const float*>(v.data); }
+float* f32w(const View& v) { return static_cast<float*>(v.data); }
+const bf16_t* bf16p(const View& v) { return static_cast<const bf16_t*>(v.data); }
+bf16_t* bf16w(const View& v) { return static_cast<bf16_t*>(v.data); }
+const int32_t* i32p(const View& v) { return static_cast<const int32_t*>(v.data); }
+
+}  // namespace
+
+// ---- embedding ---------------------------------------------------------------------
+
+namespace {
+
+// Returns the table's rows (the vocabulary). Token values are the model's to
+// check (cuda_backend.h).
+int64_t check_embedding(const char* kn, const View& tokens, const View& table, const char* table_name,
+                        const View& rows_view, const char* rows_name, int64_t rows, int64_t dim) {
+  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
+  expect(kn, "tokens", tokens, DType::kI32);
+  expect_float(kn, table_name, table);
+  expect(kn, rows_name, rows_view, DType::kF32);
+  need(kn, "tokens", tokens, rows);
+  need(kn, rows_name, rows_view, product(kn, {rows, dim}));
+  return dim == 0 ? 0 : table.count / dim;
+}
+
+}  // namespace
+
+void CudaBackend::embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
+                                    int64_t dim) {
+  const char* kn = "embedding_forward";
+  check_embedding(kn, tokens, table, "table", out, "out", rows, dim);
+  if (rows == 0 || dim == 0) return;
+  reads(tokens.data, rows * 4);
+  reads(table);
+  writes(out.data, rows * dim * 4);
+  if (table.dtype == DType::kF32)
+    kc::embedding_forward(i32p(tokens), f32p(table), f32w(out), rows, dim, stream_);
+  else
+    kc::embedding_forward(i32p(tokens), bf16p(table), f32w(out), rows, dim, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+void CudaBackend::embedding_backward(const View& tokens, const View& dout, const View& dtable, int64_t rows,
+                                     int64_t dim) {
+  const char* kn = "embedding_backward";
+  const int64_t vocab = check_embedding(kn, tokens, dtable, "dtable", dout, "dout", rows, dim);
+  if (rows == 0 || dim == 0) return;
+  Scratch ws = scratch(kc::embedding_backward_workspace(rows, vocab) * int64_t{sizeof(int32_t)});
+  reads(tokens.data, rows * 4);
+  reads(dout.data, rows * dim * 4);
+  reads(dtable);
+  writes(dtable);
+  writes(ws.as<int32_t>(), kc::embedding_backward_workspace(rows, vocab) * int64_t{sizeof(int32_t)});
+  if (dtable.dtype == DType::kF32)
+    kc::embedding_backward(i32p(tokens), f32p(dout), f32w(dtable), rows, dim, vocab, ws.as<int32_t>(), stream_);
+  else
+    kc::embedding_backward(i32p(tokens), f32p(dout), bf16w(dtable), rows, dim, vocab, ws.as<int32_t>(), stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+// ---- matrix products ------------------------------------------------------------------
+
+const float* CudaBackend::as_f32(const View& v, Scratch& s) {
+  if (v.dtype == DType::kF32) return f32p(v);
+  reads(v);
+  writes(s.as<float>(), v.count * 4);
+  kc::to_f32(bf16p(v), s.as<float>(), v.count, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("to_f32");
+  return s.as<float>();
+}
+
+const bf16_t* CudaBackend::as_bf16(const View& v, Scratch& s) {
+  if (v.dtype == DType::kBF16) return bf16p(v);
+  reads(v);
+  writes(s.as<bf16_t>(), v.count * 2);
+  kc::to_bf16(f32p(v), s.as<bf16_t>(), v.count, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("to_bf16");
+  return s.as<bf16_t>();
+}
+
+// C[m, n] = op(A) op(B) + beta C, column-major, as cuBLAS sees the row-major
+// matrices; fp32 accumulation (Sgemm for fp32, GemmEx for bf16 operands).
+void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, bool a_bf16,
+                       int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const char* kn = "gemm";
+  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int im = gemm_dim(kn, "m", m), in = gemm_dim(kn, "n", n), ik = gemm_dim(kn, "k", k);
+  const int ia = gemm_dim(kn, "lda", lda), ib = gemm_dim(kn, "ldb", ldb), ic = gemm_dim(kn, "ldc", ldc);
+  const float alpha = 1.0f;
+  if (!a_bf16 && !b_bf16) {
+    AMSP_CUBLAS_CHECK(cublasSgemm(cublas_, ta, tb, im, in, ik, &alpha, static_cast<const float*>(A), ia,
+                                  static_cast<const float*>(B), ib, &beta, C, ic));
+    return;
+  }
+  AMSP_CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, im, in, ik, &alpha, A, a_bf16 ? CUDA_R_16BF : CUDA_R_32F, ia,
+                                 B, b_bf16 ? CUDA_R_16BF : CUDA_R_32F, ib, &beta, C, CUDA_R_32F, ic,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// y = round_bf16(product) + beta * y; product may be y itself when beta == 0.
+void CudaBackend::finish_linear(const View& y, int64_t n, float beta, const float* p) {
+  reads(p, n * 4);
+  if (beta != 0.0f) reads(y.data, n * 4);
+  writes(y.data, n * 4);
+  kc::finish_bf16_product(p, f32w(y), n, beta, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("finish_bf16_product");
+}
+
+// dst = dst + contribution, rounded once into dst's dtype.
+void CudaBackend::accumulate(const View& dst, const float* c, int64_t n) {
+  reads(c, n * 4);
+  reads(dst);
+  writes(dst);
+  if (dst.dtype == DType::kF32)
+    kc::add(f32w(dst), c, n, stream_);
+  else
+    kc::add(bf16w(dst), c, n, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("add");
+}
+
+namespace {
+
+void check_linear(const char* kn, const View& a, const char* a_name, int64_t a_count, const View& w,
+                  const char* w_name, int64_t w_count, const View& y, const char* y_name, int64_t y_count) {
+  expect(kn, a_name, a, DType::kF32);
+  expect_float(kn, w_name, w);
+  expect(kn, y_name, y, DType::kF32);
+  need(kn, a_name, a, a_count);
+  need(kn, w_name, w, w_count);
+  need(kn, y_name, y, y_count);
+}
+
+}  // namespace
+
+// Row-major y[M, out] = x[M, in] W^T is column-major y^T = W x^T: W^T's
+// storage read transposed, x^T's read as it is.
+void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,
+                                 float beta) {
+  const char* kn = "linear_forward";
+  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  check_linear(kn, x, "x", product(kn, {M, in}), w, "w", product(kn, {out, in}), y, "y", product(kn, {M, out}));
+  if (M == 0 || out == 0) return;
+  const View xv = x.at(0, M * in), wv = w.at(0, out * in), yv = y.at(0, M * out);
+  const int64_t n = M * out;
+  const bool bf = compute() == DType::kBF16;
+  Scratch sx = scratch(bf && in > 0 ? M * in * 2 : 0);
+  Scratch sw = scratch(in > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
+                           ? out * in * (bf ? 2 : 4) : 0);
+  Scratch sp = scratch(bf && beta != 0.0f ? n * 4 : 0);
+  float* p = bf ? (beta == 0.0f ? f32w(yv) : sp.as<float>()) : f32w(yv);
+  if (in == 0 && bf) {
+    // An empty sum: the product is zero.
+    writes(p, n * 4);
+    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, stream_));
+  } else {
+    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
+    const void* B = bf ? static_cast<const void*>(as_bf16(xv, sx)) : f32p(xv);
+    reads(A, out * in * (bf ? 2 : 4));
+    reads(B, M * in * (bf ? 2 : 4));
+    if (!bf && beta != 0.0f) reads(p, n * 4);
+    writes(p, n * 4);
+    gemm(true, false, out, M, in, A, bf, std::max<int64_t>(in, 1), B, bf, std::max<int64_t>(in, 1),
+         bf ? 0.0f : beta, p, out);
+  }
+  if (bf) finish_linear(yv, n, beta, p);
+}
+
+// dx[M, in] = dy[M, out] W[out, in] is column-major dx^T = W^T dy^T.
+void CudaBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
+                                        int64_t out, float beta) {
+  const char* kn = "linear_backward_input";
+  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  check_linear(kn, dy, "dy", product(kn, {M, out}), w, "w", product(kn, {out, in}), dx, "dx",
+               product(kn, {M, in}));
+  if (M == 0 || in == 0) return;
+  const View dyv = dy.at(0, M * out), wv = w.at(0, out * in), dxv = dx.at(0, M * in);
+  const int64_t n = M * in;
+  const bool bf = compute() == DType::kBF16;
+  Scratch sdy = scratch(bf && out > 0 ? M * out * 2 : 0);
+  Scratch sw = scratch(out > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
+                           ? out * in * (bf ? 2 : 4) : 0);
+  Scratch sp = scratch(bf && beta != 0.0f ? n * 4 : 0);
+  float* p = bf ? (beta == 0.0f ? f32w(dxv) : sp.as<float>()) : f32w(dxv);
+  if (out == 0 && bf) {
+    writes(p, n * 4);
+    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, stream_));
+  } else {
+    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
+    const void* B = bf ? static_cast<const void*>(as_bf16(dyv, sdy)) : f32p(dyv);
+    reads(A, out * in * (bf ? 2 : 4));
+    reads(B, M * out * (bf ? 2 : 4));
+    if (!bf && beta != 0.0f) reads(p, n * 4);
+    writes(p, n * 4);
+    gemm(false, false, in, M, out, A, bf, in, B, bf, std::max<int64_t>(out, 1), bf ? 0.0f : beta, p, in);
+  }
+  if (bf) finish_linear(dxv, n, beta, p);
+}
+
+// dw[out, in] += dy^T x is column-major dw^T += x^T dy.
+void CudaBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
+                                         int64_t out) {
+  const char* kn = "linear_backward_weight";
+  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  expect(kn, "dy", dy, DType::kF32);
+  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "dw", dw);
+  need(kn, "dy", dy, product(kn, {M, out}));
+  need(kn, "x", x, product(kn, {M, in}));
+  need(kn, "dw", dw, product(kn, {out, in}));
+  if (M == 0 || in == 0 || out == 0) return;
+  const View dyv = dy.at(0, M * out), xv = x.at(0, M * in), dwv = dw.at(0, out * in);
+  const int64_t n = out * in;
+  const bool bf = compute() == DType::kBF16;
+  if (!bf && dwv.dtype == DType::kF32) {
+    reads(xv);
+    reads(dyv);
+    reads(dwv);
+    writes(dwv);
+    gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, 1.0f, f32w(dwv), in);
+    return;
+  }
+  // The contribution in fp32 scratch, rounded to bf16 under bf16 compute, then
+  // added into dw with one rounding per element.
+  Scratch sc = scratch(n * 4), sx = scratch(bf ? M * in * 2 : 0), sdy = scratch(bf ? M * out * 2 : 0);
+  const void* A = bf ? static_cast<const void*>(as_bf16(xv, sx)) : f32p(xv);
+  const void* B = bf ? static_cast<const void*>(as_bf16(dyv, sdy)) : f32p(dyv);
+  reads(A, M * in * (bf ? 2 : 4));
+  reads(B, M * out * (bf ? 2 : 4));
+  writes(sc.as<float>(), n * 4);
+  gemm(false, true, in, out, M, A, bf, in, B, bf, out, 0.0f, sc.as<float>(), in);
+  if (bf) {
+    reads(sc.as<float>(), n * 4);
+    writes(sc.as<float>(), n * 4);
+    kc::round_bf16_values(sc.as<float>(), sc.as<float>(), n, stream_);
+    AMSP_CUDA_CHECK_LAUNCH("round_bf16_values");
+  }
+  accumulate(dwv, sc.as<float>(), n);
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------
+
+namespace {
+
+void check_rmsnorm(const char* kn, const View& x, const View& w, const View& y, const char* y_name,
+                   const View& inv_rms, int64_t rows, int64_t dim) {
+  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
+  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "w", w);
+  expect(kn, y_name, y, DType::kF32);
+  expect(kn, "inv_rms", inv_rms, DType::kF32);
+  const int64_t n = product(kn, {rows, dim});
+  need(kn, "x", x, n);
+  need(kn, "w", w, dim);
+  need(kn, y_name, y, n);
+  need(kn, "inv_rms", inv_rms, rows);
+}
+
+}  // namespace
+
+void CudaBackend::rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms, int64_t rows,
+                                  int64_t dim, float eps) {
+  const char* kn = "rmsnorm_forward";
+  check_rmsnorm(kn, x, w, y, "y", inv_rms, rows, dim);
+  if (rows == 0 || dim == 0) return;
+  reads(x.data, rows * dim * 4);
+  reads(w.data, dim * dtype_bytes(w.dtype));
+  writes(y.data, rows * dim * 4);
+  writes(inv_rms.data, rows * 4);
+  if (w.dtype == DType::kF32)
+    kc::rmsnorm_forward(f32p(x), f32p(w), f32w(y), f32w(inv_rms), rows, dim, eps, stream_);
+  else
+    kc::rmsnorm_forward(f32p(x), bf16p(w), f32w(y), f32w(inv_rms), rows, dim, eps, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+void CudaBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y, int64_t rows,
+                                int64_t dim) {
+  const char* kn = "rmsnorm_apply";
+  check_rmsnorm(kn, x, w, y, "y", inv_rms, rows, dim);
+  if (rows == 0 || dim == 0) return;
+  reads(x.data, rows * dim * 4);
+  reads(w.data, dim * dtype_bytes(w.dtype));
+  reads(inv_rms.data, rows * 4);
+  writes(y.data, rows * dim * 4);
+  if (w.dtype == DType::kF32)
+    kc::rmsnorm_apply(f32p(x), f32p(w), f32p(inv_rms), f32w(y), rows, dim, stream_);
+  else
+    kc::rmsnorm_apply(f32p(x), bf16p(w), f32p(inv_rms), f32w(y), rows, dim, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
+                                   const View& dx, const View& dw, int64_t rows, int64_t dim) {
+  const char* kn = "rmsnorm_backward";
+  check_rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
+  expect(kn, "dy", dy, DType::kF32);
+  expect_float(kn, "dw", dw);
+  need(kn, "dy", dy, rows * dim);
+  need(kn, "dw", dw, dim);
+  if (rows == 0 || dim == 0) return;
+  const int64_t n = rows * dim * 4, wb = dim * dtype_bytes(w.dtype), dwb = dim * dtype_bytes(dw.dtype);
+  reads(dy.data, n);
+  reads(x.data, n);
+  reads(w.data, wb);
+  reads(inv_rms.data, rows * 4);
+  reads(dx.data, n);
+  writes(dx.data, n);
+  reads(dw.data, dwb);
+  writes(dw.data, dwb);
+  const bool w16 = w.dtype == DType::kBF16, dw16 = dw.dtype == DType::kBF16;
+  if (!w16 && !dw16)
+    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, stream_);
+  if (!w16 && dw16)
+    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, stream_);
+  if (w16 && !dw16)
+    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, stream_);
+  if (w16 && dw16)
+    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------
+
+namespace {
+
+void check_rope(const char* kn, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                int64_t heads, int64_t head_dim, int64_t row_stride) {
+  check_sizes(kn, {{"B", B}, {"T", T}, {"heads", heads}, {"head_dim", head_dim}, {"row_stride", row_stride}});
+  if (head_dim % 2 != 0) fail(kn, ": head_dim ", head_dim, " is odd");
+  expect(kn, "x", x, DType::kF32);
+  expect(kn, "cos", cos, DType::kF32);
+  expect(kn, "sin", sin, DType::kF32);
+  const int64_t width = product(kn, {heads, head_dim}), rows = product(kn, {B, T});
+  if (width > row_stride) fail(kn, ": ", heads, " heads of ", head_dim, " do not fit in rows of ", row_stride);
+  need(kn, "cos", cos, product(kn, {T, head_dim / 2}));
+  need(kn, "sin", sin, product(kn, {T, head_dim / 2}));
+  if (rows > 0) need(kn, "x", x, product(kn, {rows - 1, row_stride}) + width);
+}
+
+}  // namespace
+
+// On the host with the CPU kernel, so both backends rotate by the same angles.
+void CudaBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim, double theta) {
+  const char* kn = "rope_table";
+  check_sizes(kn, {{"max_T", max_T}, {"head_dim", head_dim}});
+  if (head_dim % 2 != 0) fail(kn, ": head_dim ", head_dim, " is odd");
+  expect(kn, "cos", cos, DType::kF32);
+  expect(kn, "sin", sin, DType::kF32);
+  const int64_t n = product(kn, {max_T, head_dim / 2});
+  need(kn, "cos", cos, n);
+  need(kn, "sin", sin, n);
+  std::vector<float> c(static_cast<size_t>(n)), s(static_cast<size_t>(n));
+  kernels::rope_table(c.data(), s.data(), max_T, head_dim, theta);
+  from_host(c.data(), cos.at(0, n));
+  from_host(s.data(), sin.at(0, n));
+}
+
+void CudaBackend::rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                               int64_t heads, int64_t head_dim, int64_t row_stride) {
+  check_rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
+  if (B * T == 0 || heads * head_dim == 0) return;
+  const int64_t xb = ((B * T - 1) * row_stride + heads * head_dim) * 4, tb = T * head_dim / 2 * 4;
+  reads(cos.data, tb);
+  reads(sin.data, tb);
+  reads(x.data, xb);
+  writes(x.data, xb);
+  kc::rope_forward(f32w(x), f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("rope_forward");
+}
+
+void CudaBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B, int64_t T,
+                                int64_t heads, int64_t head_dim, int64_t row_stride) {
+  check_rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
+  if (B * T == 0 || heads * head_dim == 0) return;
+  const int64_t xb = ((B * T - 1) * row_stride + heads * head_dim) * 4, tb = T * head_dim / 2 * 4;
+  reads(cos.data, tb);
+  reads(sin.data, tb);
+  reads(dx.data, xb);
+  writes(dx.data, xb);
+  kc::rope_backward(f32w(dx), f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("rope_backward");
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+int64_t CudaBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const {
+  product("attention_saved_count", {B, H, T});
+  return kc::attention_saved_count(B, T, H);
+}
+
+namespace {
+
+void check_attention_shape(const char* kn, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  check_sizes(kn, {{"B", B}, {"T", T}});
+  if (H <= 0 || KV <= 0 || D <= 0) fail(kn, ": H = ", H, ", KV = ", KV, " and D = ", D, " must be positive");
+  if (H % KV != 0) fail(kn, ": ", H, " query heads do not share ", KV, " kv heads evenly");
+}
+
+}  // namespace
+
+void CudaBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
+                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  const char* kn = "attention_forward";
+  check_attention_shape(kn, B, T, H, KV, D);
+  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}});
+  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
+  const int64_t ns = attention_saved_count(B, T, H);
+  need(kn, "q", q, nq);
+  need(kn, "k", k, nkv);
+  need(kn, "v", v, nkv);
+  need(kn, "saved", saved, ns);
+  need(kn, "out", out, nq);
+  if (B * T == 0) return;
+  reads(q.data, nq * 4);
+  reads(k.data, nkv * 4);
+  reads(v.data, nkv * 4);
+  writes(saved.data, ns * 4);
+  writes(out.data, nq * 4);
+  kc::attention_forward(f32p(q), f32p(k), f32p(v), f32w(saved), f32w(out), B, T, H, KV, D, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+void CudaBackend::attention_backward(const View& q, const View& k, const View& v, const View& saved,
+                                     const View& out, const View& dout, const View& dq, const View& dk,
+                                     const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  const char* kn = "attention_backward";
+  check_attention_shape(kn, B, T, H, KV, D);
+  expect_all(kn, DType::kF32,
+             {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}, {"dout", dout}, {"dq", dq},
+              {"dk", dk}, {"dv", dv}});
+  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
+  const int64_t ns = attention_saved_count(B, T, H);
+  need(kn, "q", q, nq);
+  need(kn, "k", k, nkv);
+  need(kn, "v", v, nkv);
+  need(kn, "saved", saved, ns);
+  need(kn, "out", out, nq);
+  need(kn, "dout", dout, nq);
+  need(kn, "dq", dq, nq);
+  need(kn, "dk", dk, nkv);
+  need(kn, "dv", dv, nkv);
+  if (B * T == 0) return;
+  const int64_t nw = kc::attention_backward_workspace(B, T, H);
+  Scratch ws = scratch(nw * 4);
+  for (const View* in : {&q, &out, &dout}) reads(in->data, nq * 4);
+  for (const View* in : {&k, &v}) reads(in->data, nkv * 4);
+  reads(saved.data, ns * 4);
+  writes(ws.as<float>(), nw * 4);
+  writes(dq.data, nq * 4);
+  writes(dk.data, nkv * 4);
+  writes(dv.data, nkv * 4);
+  kc::attention_backward(f32p(q), f32p(k), f32p(v), f32p(saved), f32p(out), f32p(dout), f32w(dq), f32w(dk),
+                         f32w(dv), ws.as<float>(), B, T, H, KV, D, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------------------
+
+void CudaBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
+  const char* kn = "swiglu_forward";
+  expect_all(kn, DType::kF32, {{"gate", gate}, {"up", up}, {"out", out}});
+  if (up.count != gate.count || out.count != gate.count)
+    fail(kn, ": gate, up and out hold ", gate.count, ", ", up.count, " and ", out.count,
+         " elements; they must be equal");
+  if (gate.count == 0) return;
+  reads(gate);
+  reads(up);
+  writes(out);
+  kc::swiglu_forward(f32p(gate), f32p(up), f32w(out), gate.count, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+void CudaBackend::swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
+                                  const View& dup) {
+  const char* kn = "swiglu_backward";
+  const std::initializer_list<Arg> args = {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}};
+  cuda_checks::expect_all(kn, DType::kF32, args);
+  for (const Arg& a : args)
+    if (a.view.count != gate.count)
+      fail(kn, ": ", a.name, " holds ", a.view.count, " elements, gate ", gate.count, "; they must be equal");
+  if (gate.count == 0) return;
+  reads(gate);
+  reads(up);
+  reads(dout);
+  writes(dgate);
+  writes(dup);
+  kc::swiglu_backward(f32p(gate), f32p(up), f32p(dout), f32w(dgate), f32w(dup), gate.count, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------------
+
+namespace {
+
+void check_cross_entropy(const char* kn, const View& logits, const View& targets, const View& lse, int64_t rows,
+                         int64_t V) {
+  check_sizes(kn, {{"rows", rows}});
+  if (V <= 0) fail(kn, ": vocabulary size ", V, " must be positive");
+  expect(kn, "logits", logits, DType::kF32);
+  expect(kn, "targets", targets, DType::kI32);
+  expect(kn, "lse", lse, DType::kF32);
+  need(kn, "logits", logits, product(kn, {rows, V}));
+  need(kn, "targets", targets, rows);
+  need(kn, "lse", lse, rows);
+}
+
+}  // namespace
+
+// The per-row losses, the targets and the bad-row flag come back in one
+// download; the sum is taken on the host in double, in row order.
+LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targets, const View& lse, int64_t rows,
+                                           int64_t V) {
+  const char* kn = "cross_entropy_forward";
+  check_cross_entropy(kn, logits, targets, lse, rows, V);
+  if (rows == 0) return {};
+  // [losses: rows floats][targets: rows int32][bad_row: one int32]
+  const int64_t bytes = rows * 8 + 4;
+  Scratch back = scratch(bytes);
+  void* host_flag = staging(bytes);  // grown now: download() below must not reallocate it
+  char* base = back.as<char>();
+  float* losses = reinterpret_cast<float*>(base);
+  int32_t* tgt = reinterpret_cast<int32_t*>(base + rows * 4);
+  int32_t* bad = reinterpret_cast<int32_t*>(base + rows * 8);
+  const int32_t none = std::numeric_limits<int32_t>::max();
+  std::memcpy(host_flag, &none, 4);
+  writes(bad, 4);
+  AMSP_CUDA_CHECK(cudaMemcpyAsync(bad, host_flag, 4, cudaMemcpyHostToDevice, stream_));
+  reads(logits.data, rows * V * 4);
+  reads(targets.data, rows * 4);
+  writes(lse.data, rows * 4);
+  writes(losses, rows * 4);
+  kc::cross_entropy_forward(f32p(logits), i32p(targets), f32w(lse), losses, bad, rows, V, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+  reads(targets.data, rows * 4);
+  writes(tgt, rows * 4);
+  AMSP_CUDA_CHECK(cudaMemcpyAsync(tgt, targets.data, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToDevice,
+                                  stream_));
+  const char* host = static_cast<const char*>(download(base, bytes));
+  const float* h_loss = reinterpret_cast<const float*>(host);
+  const int32_t* h_tgt = reinterpret_cast<const int32_t*>(host + rows * 4);
+  int32_t h_bad = 0;
+  std::memcpy(&h_bad, host + rows * 8, 4);
+  if (h_bad != none)
+    fail(kn, ": target ", h_tgt[h_bad], " at row ", h_bad, " is outside the vocabulary of ", V);
+  LossSum loss;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (h_tgt[r] < 0) continue;
+    loss.sum += static_cast<double>(h_loss[r]);
+    ++loss.count;
+  }
+  return loss;
+}
+
+void CudaBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse, int64_t rows,
+                                         int64_t V, float scale) {
+  const char* kn = "cross_entropy_backward";
+  check_cross_entropy(kn, logits, targets, lse, rows, V);
+  if (rows == 0) return;
+  reads(targets.data, rows * 4);
+  reads(lse.data, rows * 4);
+  reads(logits.data, rows * V * 4);
+  writes(logits.data, rows * V * 4);
+  kc::cross_entropy_backward(f32w(logits), i32p(targets), f32p(lse), rows, V, scale, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+// ---- AdamW --------------------------------------------------------------------------------------
+
+void CudaBackend::adamw(const View& master, const View& m, const View& v, const View& grad, const View& param_copy,
+                        const AdamWStep& s) {
+  const char* kn = "adamw";
+  expect_all(kn, DType::kF32, {{"master", master}, {"m", m}, {"v", v}});
+  expect_float(kn, "grad", grad);
+  if (!param_copy.empty()) expect_float(kn, "param_copy", param_copy);
+  const int64_t n = master.count;
+  for (const Arg& a : {Arg{"m", m}, Arg{"v", v}, Arg{"grad", grad}})
+    if (a.view.count != n) fail(kn, ": ", a.name, " holds ", a.view.count, " elements, master ", n);
+  if (!param_copy.empty() && param_copy.count != n)
+    fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
+  if (n == 0) return;
+  for (const View* x : {&master, &m, &v}) {
+    reads(*x);
+    writes(*x);
+  }
+  reads(grad);
+  if (!param_copy.empty()) writes(param_copy);
+  const kc::AdamWTensor t{f32w(master), f32w(m), f32w(v), grad.data,
+                          param_copy.empty() ? nullptr : param_copy.data, n,
+                          grad.dtype == DType::kBF16, param_copy.dtype == DType::kBF16};
+  const kc::AdamWHyper h{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.bias_correction1, s.bias_correction2,
+                         s.grad_scale};
+  kc::adamw(&t, 1, h, stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
+}  // namespace amsp::backend

@@ -1,0 +1,58 @@
+#include "backend/factory.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "gpu/check.h"
+
+namespace amsp::backend {
+
+std::optional<Device> parse_device(const std::string& text) {
+  if (text == "cpu") return Device::kCpu;
+  if (text == "cuda") return Device::kCuda;
+  return std::nullopt;
+}
+
+Device default_device() {
+  if (AMSP_CUDA_EMULATION) return Device::kCpu;
+  int count = 0;
+  // No driver or no device is an answer here, not an error.
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Device::kCpu;
+  }
+  return count > 0 ? Device::kCuda : Device::kCpu;
+}
+
+void check_device_usable(Device device) {
+  if (device != Device::kCuda || !AMSP_CUDA_EMULATION) return;
+  const char* flag = std::getenv("AMSP_CUDA_EMULATION");
+  if (flag == nullptr || std::strcmp(flag, "1") != 0)
+    fail_usage("--device cuda: this build has no CUDA; set AMSP_CUDA_EMULATION=1 to run the CUDA "
+               "backend's code on the CPU emulation, for tests");
+}
+
+int cuda_device_for(int gpu_info_device, int local_rank) {
+  if (gpu_info_device >= 0) return gpu_info_device;
+  int count = 0;
+  AMSP_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count <= 0) fail_usage("--device cuda: no CUDA device is visible to this process");
+  return local_rank % count;
+}
+
+std::unique_ptr<Backend> make_backend(Device device, DType compute, int cuda_device) {
+  if (device == Device::kCpu) return make_cpu_backend(compute);
+  check_device_usable(device);
+  return make_cuda_backend(compute, cuda_device);
+}
+
+int64_t hb_checked() {
+#if AMSP_CUDA_EMULATION
+  return emu::hb_checked();
+#else
+  return -1;
+#endif
+}
+
+}  // namespace amsp::backend
