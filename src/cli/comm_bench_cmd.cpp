@@ -93,7 +93,8 @@ int run_comm_bench(int argc, char** argv) {
   require(o.ranks_per_node >= 0, "ranks-per-node", o.ranks_per_node, "an integer >= 0");
 
   comm::MpiSession session(&argc, &argv);
-  const int64_t wrong = comm::run_bench(o, std::cout);
+  const auto space = comm::host_message_space();
+  const int64_t wrong = comm::run_bench(o, *space, std::cout);
   return wrong == 0 ? kExitOk : kExitFailure;
 }
 

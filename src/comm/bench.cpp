@@ -124,38 +124,27 @@ Layout discover_layout(int ranks_per_node) {
 // exact in fp32 and, up to 256, in bf16.
 float value(int rank, int64_t i) { return static_cast<float>((rank + 1) + (i % 13)); }
 
-// A message buffer of one element type, read and written as floats.
+// A message buffer of one element type in the message space, with a host copy
+// of its values as floats: set/get work on the copy, push/pull move it.
 class Buffer {
  public:
-  Buffer(DType t, int64_t n, float fill) : type_(t) {
-    words_.resize(static_cast<size_t>((n * dtype_bytes(t) + 3) / 4));
-    for (int64_t i = 0; i < n; ++i) set(i, fill);
+  Buffer(MessageSpace& space, DType t, int64_t n, float fill)
+      : space_(space), type_(t), values_(static_cast<size_t>(n), fill),
+        data_(space.alloc(t, n)) {
+    if (fill != 0.0f) push();
   }
-  void* data() { return words_.data(); }
-  float get(int64_t i) const {
-    const char* p = reinterpret_cast<const char*>(words_.data()) + i * dtype_bytes(type_);
-    if (type_ == DType::kBF16) {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return kernels::bf16_to_float(h);
-    }
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  void set(int64_t i, float v) {
-    char* p = reinterpret_cast<char*>(words_.data()) + i * dtype_bytes(type_);
-    if (type_ == DType::kBF16) {
-      const uint16_t h = kernels::float_to_bf16(v);
-      std::memcpy(p, &h, 2);
-    } else {
-      std::memcpy(p, &v, 4);
-    }
-  }
+  void* data() { return data_.get(); }
+  float get(int64_t i) const { return values_[static_cast<size_t>(i)]; }
+  void set(int64_t i, float v) { values_[static_cast<size_t>(i)] = v; }
+  void push() { space_.write(values_.data(), data_.get(), type_, count()); }
+  void pull() { space_.read(data_.get(), values_.data(), type_, count()); }
 
  private:
+  int64_t count() const { return static_cast<int64_t>(values_.size()); }
+  MessageSpace& space_;
   DType type_;
-  std::vector<uint32_t> words_;  // 4-byte words: aligned for either type
+  std::vector<float> values_;
+  std::shared_ptr<void> data_;
 };
 
 // The sum a reduction must produce: fp32 over ranks 0..n-1 in order, rounded
@@ -167,37 +156,45 @@ float reference_sum(DType t, int n, int64_t i) {
 }
 
 // The untimed correctness pass: returns this rank's wrong elements.
-int64_t check_op(Communicator& c, Op op, int64_t count, DType t) {
+int64_t check_op(MessageSpace& space, Communicator& c, Op op, int64_t count, DType t) {
   const int n = c.size(), me = c.rank();
   int64_t wrong = 0;
   switch (op) {
     case Op::kAllGather: {
-      Buffer send(t, count, 0.0f), recv(t, count * n, -1.0f);
+      Buffer send(space, t, count, 0.0f), recv(space, t, count * n, -1.0f);
       for (int64_t i = 0; i < count; ++i) send.set(i, value(me, i));
+      send.push();
       c.all_gather(send.data(), count, recv.data(), t).wait();
+      recv.pull();
       for (int r = 0; r < n; ++r)
         for (int64_t i = 0; i < count; ++i) wrong += recv.get(r * count + i) != value(r, i);
       break;
     }
     case Op::kReduceScatter: {
-      Buffer send(t, count * n, 0.0f), recv(t, count, -1.0f);
+      Buffer send(space, t, count * n, 0.0f), recv(space, t, count, -1.0f);
       for (int64_t i = 0; i < count * n; ++i) send.set(i, value(me, i));
+      send.push();
       c.reduce_scatter(send.data(), count, recv.data(), t).wait();
+      recv.pull();
       for (int64_t i = 0; i < count; ++i) wrong += recv.get(i) != reference_sum(t, n, me * count + i);
       break;
     }
     case Op::kAllReduce: {
-      Buffer buf(t, count, 0.0f);
+      Buffer buf(space, t, count, 0.0f);
       for (int64_t i = 0; i < count; ++i) buf.set(i, value(me, i));
+      buf.push();
       c.all_reduce(buf.data(), count, t).wait();
+      buf.pull();
       for (int64_t i = 0; i < count; ++i) wrong += buf.get(i) != reference_sum(t, n, i);
       break;
     }
     case Op::kBroadcast: {
-      Buffer buf(t, count, -1.0f);
+      Buffer buf(space, t, count, -1.0f);
       if (me == 0)
         for (int64_t i = 0; i < count; ++i) buf.set(i, value(0, i));
+      buf.push();
       c.broadcast(buf.data(), count, 0, t).wait();
+      buf.pull();
       for (int64_t i = 0; i < count; ++i) wrong += buf.get(i) != value(0, i);
       break;
     }
@@ -277,8 +274,9 @@ struct Timing {
 // add up to (the bandwidth table, the JSON rows and the wrong-element count).
 class BenchRun {
  public:
-  BenchRun(const BenchOptions& opt, const Layout& layout, int rank, int world, std::ostream& out)
-      : opt_(opt), layout_(layout), root_(rank == 0), world_(world), out_(out),
+  BenchRun(const BenchOptions& opt, MessageSpace& space, const Layout& layout, int rank, int world,
+           std::ostream& out)
+      : opt_(opt), space_(space), layout_(layout), root_(rank == 0), world_(world), out_(out),
         sizes_(bench_sizes(opt.min_bytes, opt.max_bytes, opt.step_factor)) {
     table_.cluster = opt.cluster.empty() ? default_cluster() : opt.cluster;
     // The table's dtype keeps its historical spelling for fp32.
@@ -314,7 +312,7 @@ class BenchRun {
       return;
     }
     shapes_done_.push_back({p0, p1});
-    auto c = make_mpi_communicator(std::move(g.group));
+    auto c = space_.communicator(std::move(g.group));
     backend_ = c->backend();
     for (Op op : opt_.ops) {
       if (root_) print_op_header(op, shape, p0, p1, c->backend());
@@ -345,7 +343,7 @@ class BenchRun {
     const int64_t size = bench_size_bytes(op, count, n, eb);
     const int64_t total_count = blocked ? count * n : count;
 
-    int64_t wrong = opt_.check ? check_op(c, op, count, opt_.dtype) : 0;
+    int64_t wrong = opt_.check ? check_op(space_, c, op, count, opt_.dtype) : 0;
     AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
     total_wrong_ += wrong;
     const Timing timing = time_op(c, op, count, n);
@@ -379,8 +377,8 @@ class BenchRun {
   // iterations then fit the time budget.
   Timing time_op(Communicator& c, Op op, int64_t count, int64_t n) {
     const DType dtype = opt_.dtype;
-    Buffer a(dtype, op == Op::kReduceScatter ? count * n : count, 0.0f);
-    Buffer b(dtype, op == Op::kAllGather ? count * n : count, 0.0f);
+    Buffer a(space_, dtype, op == Op::kReduceScatter ? count * n : count, 0.0f);
+    Buffer b(space_, dtype, op == Op::kAllGather ? count * n : count, 0.0f);
     AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     double t0 = now_seconds();
     run_ops(c, op, count, dtype, 1, a, b);
@@ -425,6 +423,7 @@ class BenchRun {
   }
 
   const BenchOptions& opt_;
+  MessageSpace& space_;
   const Layout& layout_;
   const bool root_;
   const int world_;
@@ -440,12 +439,44 @@ class BenchRun {
 
 }  // namespace
 
-int64_t run_bench(const BenchOptions& opt, std::ostream& out) {
+namespace {
+
+// Host memory and MPI communicators.
+class HostMessages final : public MessageSpace {
+ public:
+  std::unique_ptr<Communicator> communicator(Group group) override {
+    return make_mpi_communicator(std::move(group));
+  }
+  std::shared_ptr<void> alloc(DType t, int64_t count) override {
+    return std::shared_ptr<void>(std::calloc(static_cast<size_t>(std::max<int64_t>(count, 1)),
+                                             static_cast<size_t>(dtype_bytes(t))),
+                                 std::free);
+  }
+  void write(const float* values, void* dst, DType t, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i) {
+      if (t == DType::kBF16)
+        static_cast<uint16_t*>(dst)[i] = kernels::float_to_bf16(values[i]);
+      else
+        static_cast<float*>(dst)[i] = values[i];
+    }
+  }
+  void read(const void* src, float* values, DType t, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i)
+      values[i] = t == DType::kBF16 ? kernels::bf16_to_float(static_cast<const uint16_t*>(src)[i])
+                                    : static_cast<const float*>(src)[i];
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<MessageSpace> host_message_space() { return std::make_unique<HostMessages>(); }
+
+int64_t run_bench(const BenchOptions& opt, MessageSpace& space, std::ostream& out) {
   int rank = 0, world = 1;
   AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   AMSP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   const Layout layout = discover_layout(opt.ranks_per_node);
-  return BenchRun(opt, layout, rank, world, out).run();
+  return BenchRun(opt, space, layout, rank, world, out).run();
 }
 
 }  // namespace amsp::comm

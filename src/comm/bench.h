@@ -7,9 +7,12 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "comm/group.h"
 #include "comm/traffic.h"
 #include "core/dtype.h"
 
@@ -48,9 +51,24 @@ std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes, int64_t f
 // bandwidth table: "float", "bfloat16", "int32".
 const char* nccl_type_name(DType t);
 
+// Where the messages live and which communicators move them: host memory and
+// MPI (host_message_space), or device memory and NCCL through a compute
+// backend (`amsp comm-bench --backend nccl` adapts one). Values pass through
+// write/read as floats, converted to and from the element type.
+class MessageSpace {
+ public:
+  virtual ~MessageSpace() = default;
+  virtual std::unique_ptr<Communicator> communicator(Group group) = 0;
+  // count zeroed elements of type t, freed when the last pointer goes.
+  virtual std::shared_ptr<void> alloc(DType t, int64_t count) = 0;
+  virtual void write(const float* values, void* dst, DType t, int64_t count) = 0;
+  virtual void read(const void* src, float* values, DType t, int64_t count) = 0;
+};
+std::unique_ptr<MessageSpace> host_message_space();
+
 // Runs the benchmark over MPI_COMM_WORLD (collective; needs an MpiSession).
 // Rank 0 prints the tables to `out` and writes the files. Returns the number of
 // wrong elements over all ranks (0 when correct).
-int64_t run_bench(const BenchOptions& opt, std::ostream& out);
+int64_t run_bench(const BenchOptions& opt, MessageSpace& space, std::ostream& out);
 
 }  // namespace amsp::comm
