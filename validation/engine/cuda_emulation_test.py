@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The CUDA backend trains what the CPU backend trains, run on the CPU emulation of CUDA.
+
+`amsp train --device cuda` in a build without CUDA runs the CUDA backend's own code
+(cuBLAS calls, kernels/cuda, NCCL communicators, streams and events) on the emulation
+(kernels/cuda/api.h) when AMSP_CUDA_EMULATION=1. For each case (ranks, plan) the tiny
+preset trains a few bf16 steps on --device cuda and on --device cpu from the same seed
+and data, and:
+
+  - both runs complete; the cuda run's record names backend "cuda", a cuda device on
+    every rank, and a happens-before checker that checked accesses (hb_checked > 0):
+    every kernel, copy and collective declared what it reads and writes, and none was
+    unordered against a conflicting one (the checker ends the job if one is);
+  - every step's loss and the final validation loss agree within 2^-8 relative;
+  - the parameters of the final checkpoint (read with h5py) agree per tensor within
+    1e-2 relative L2 and 0.25 of the tensor's largest element.
+
+Tolerances, as in equivalence_test.py's bf16 cases (doc/engine-tests.md): u = 2^-8 is
+bf16's unit roundoff. The two backends compute the same bf16-rounded products, but
+their fp32 accumulations run in different orders (cuBLAS vs OpenBLAS, the fused
+attention's online softmax vs the CPU's full softmax), so a product lands on the other
+side of a bf16 rounding boundary now and then: a loss moves, to first order, by at most
+what a relative change u of every parameter would do, 2^-8. AdamW turns gradient
+differences of ~2u into update differences of ~2u lr; a few steps stay far inside 1e-2
+of a tensor in L2; single elements have no derivable bound, 0.25 only catches garbage.
+A wrong kernel (a dropped beta, a missing reduction, a race) moves a loss by far more.
+
+Also: --device cuda without AMSP_CUDA_EMULATION=1 is refused with exit code 2 and a
+one-line reason.
+
+usage: cuda_emulation_test.py AMSP MPIEXEC DATA WORKDIR [--only TEXT]
+Prints one line per check and ends with "N passed, M failed".
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+STEPS, SEQ, BATCH = 3, 32, 2
+LOSS_TOL = 2.0 ** -8
+PARAM_L2_TOL, PARAM_MAX_TOL = 1e-2, 0.25
+# (ranks, plan): data parallel, fully sharded, and a mixed plan whose P, G and OS
+# groups all differ.
+CASES = [(2, "ddp"), (2, "zero3"), (4, "p=2x1,g=2x1,os=4x1")]
+
+
+def train(amsp, mpiexec, data, work, tag, ranks, plan, device):
+    out = os.path.join(work, tag)
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if device == "cuda":
+        env["AMSP_CUDA_EMULATION"] = "1"
+    cmd = [mpiexec, "-n", str(ranks), amsp, "train", "--model", "tiny", "--data", data,
+           "--device", device, "--precision", "bf16", "--shard", plan,
+           "--steps", str(STEPS), "--seq-len", str(SEQ), "--batch-size", str(BATCH),
+           "--threads", "1", "--eval-every", "0", "--eval-windows", "4", "--peak-tflops", "1",
+           "--metrics", os.path.join(out, "metrics.jsonl"), "--run-info", os.path.join(out, "run.json"),
+           "--checkpoint-dir", os.path.join(out, "ckpt")]
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
+    return p, out, time.time() - t0
+
+
+def rows(path):
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def losses(out):
+    r = rows(os.path.join(out, "metrics.jsonl"))
+    steps = {x["step"]: x["loss"] for x in r if "loss" in x and "step" in x}
+    vals = [x["val_loss"] for x in r if x.get("val_loss") is not None]
+    return steps, (vals[-1] if vals else float("nan"))
+
+
+def checkpoint_params(out):
+    import h5py
+    import numpy as np
+    ckpt = os.path.join(out, "ckpt")
+    last = sorted(f for f in os.listdir(ckpt) if f.endswith(".h5"))[-1]
+    params = {}
+    with h5py.File(os.path.join(ckpt, last), "r") as f:
+        for k, v in f["model"].items():
+            params["model." + k] = np.asarray(v, dtype=np.float64)
+        params["lm_head.weight"] = np.asarray(f["lm_head.weight"], dtype=np.float64)
+    return params
+
+
+def compare_params(got, ref):
+    """(worst relative L2, its tensor, worst max |diff| / max |ref|, its tensor)."""
+    import numpy as np
+    worst_l2, at_l2, worst_max, at_max = 0.0, "", 0.0, ""
+    for name, b in ref.items():
+        a = got.get(name)
+        if a is None or a.shape != b.shape:
+            return math.inf, f"{name} missing or of another shape", math.inf, name
+        d = a - b
+        l2 = float(np.sqrt((d * d).sum() / max((b * b).sum(), 1e-60)))
+        mx = float(np.abs(d).max() / max(np.abs(b).max(), 1e-30))
+        if not (l2 == l2 and mx == mx):
+            l2 = mx = math.inf
+        if l2 > worst_l2:
+            worst_l2, at_l2 = l2, name
+        if mx > worst_max:
+            worst_max, at_max = mx, name
+    return worst_l2, at_l2, worst_max, at_max
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--only")]
+    only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
+    amsp, mpiexec, data, work = args[:4]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    results = []
+
+    def check(ok, text):
+        results.append(bool(ok))
+        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+
+    # Refused without the environment variable.
+    env = {k: v for k, v in os.environ.items() if k != "AMSP_CUDA_EMULATION"}
+    p = subprocess.run([amsp, "train", "--data", data, "--device", "cuda", "--steps", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60, env=env)
+    check(p.returncode == 2 and "AMSP_CUDA_EMULATION=1" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+          f"--device cuda without AMSP_CUDA_EMULATION: exit {p.returncode}, {p.stderr.strip()[:160]}")
+
+    for ranks, plan in CASES:
+        if only and only not in plan:
+            continue
+        name = f"{ranks} ranks, {plan}"
+        tag = plan.replace(",", "_").replace("=", "").replace(":", "")
+        runs = {}
+        for device in ("cpu", "cuda"):
+            p, out, secs = train(amsp, mpiexec, data, work, f"{tag}-{ranks}-{device}", ranks, plan, device)
+            if p.returncode != 0:
+                check(False, f"{name}: --device {device} exit {p.returncode}: {p.stderr.strip()[-400:]}")
+                break
+            runs[device] = (out, secs)
+        if len(runs) < 2:
+            continue
+        cpu, cuda = runs["cpu"][0], runs["cuda"][0]
+        info = json.load(open(os.path.join(cuda, "run.json")))
+        hb = (info.get("result") or {}).get("hb_checked")
+        devices = info.get("devices", [])
+        check(info.get("backend") == "cuda" and len(devices) == ranks and all(d.startswith("cuda:") for d in devices)
+              and isinstance(hb, int) and hb > 0,
+              f"{name}: cuda run completed in {runs['cuda'][1]:.0f} s (cpu {runs['cpu'][1]:.0f} s), "
+              f"devices {sorted(set(devices))}, happens-before checks {hb}")
+        (lc, vc), (lg, vg) = losses(cpu), losses(cuda)
+        worst, at = 0.0, None
+        for step in sorted(lc):
+            if step not in lg:
+                worst, at = math.inf, step
+                break
+            d = abs(lg[step] - lc[step]) / abs(lc[step])
+            if d > worst:
+                worst, at = d, step
+        dv = abs(vg - vc) / abs(vc)
+        check(len(lc) == STEPS and worst <= LOSS_TOL and dv <= LOSS_TOL,
+              f"{name}: losses cuda vs cpu: worst {worst:.2e} at step {at} "
+              f"(step 1 {lg.get(1, math.nan):.6f} vs {lc.get(1, math.nan):.6f}, "
+              f"step {STEPS} {lg.get(STEPS, math.nan):.6f} vs {lc.get(STEPS, math.nan):.6f}), "
+              f"validation {vg:.6f} vs {vc:.6f} ({dv:.2e}); at most {LOSS_TOL:.2e}")
+        l2, at_l2, mx, at_mx = compare_params(checkpoint_params(cuda), checkpoint_params(cpu))
+        check(l2 <= PARAM_L2_TOL and mx <= PARAM_MAX_TOL,
+              f"{name}: checkpoint parameters: worst L2 {l2:.2e} ({at_l2}), worst max {mx:.2e} ({at_mx}); "
+              f"at most {PARAM_L2_TOL:g} and {PARAM_MAX_TOL:g}")
+
+    failed = results.count(False)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
