@@ -1,0 +1,132 @@
+// The CUDA backend, on the CPU emulation of CUDA in this build: every kernel
+// against the CPU reference (backend/compare.h), its checks, its transfers, its
+// events and its caching allocator.
+#include "backend/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "backend/compare.h"
+#include "core/error.h"
+
+namespace amsp::backend {
+namespace {
+
+TEST(CudaBackend, EveryKernelMatchesTheCpuBackend) {
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    auto cpu = make_cpu_backend(compute);
+    auto cuda = make_cuda_backend(compute, 0);
+    const CompareReport report = compare_backends(*cpu, *cuda);
+    std::ostringstream out;
+    print_report(report, out);
+    EXPECT_TRUE(report.ok()) << dtype_name(compute) << "\n" << out.str();
+    EXPECT_GT(report.rows.size(), 100u);
+  }
+}
+
+TEST(CudaBackend, DescribesItsDevice) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  EXPECT_EQ(be->device(), Device::kCuda);
+  EXPECT_EQ(be->describe().rfind("cuda:0 (", 0), 0u) << be->describe();
+  EXPECT_NE(be->describe().find(", sm_"), std::string::npos) << be->describe();
+}
+
+TEST(CudaBackend, HostCodeCannotTouchDeviceMemory) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  Buffer b = be->alloc(DType::kF32, 8);
+  EXPECT_THROW(b.f32(), Error);
+  EXPECT_THROW(b.view().f32(), Error);
+  std::vector<float> host(8, 1.0f);
+  try {
+    be->fill_zero(host_view(host.data(), 8));
+    ADD_FAILURE() << "a host view was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fill_zero: x is cpu memory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaBackend, TransfersConvertAndZeroFill) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  Buffer b = be->alloc(DType::kBF16, 5);
+  std::vector<float> got(5, -1.0f);
+  be->to_host(b.view(), got.data());
+  for (float x : got) EXPECT_EQ(x, 0.0f);
+  const std::vector<float> in = {1.0f, 1.00390625f, -3.0f, 0.1f, 65504.0f};
+  be->from_host(in.data(), b.view());
+  be->to_host(b.view(), got.data());
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], 1.0f);  // halfway: to even
+  EXPECT_EQ(got[2], -3.0f);
+  EXPECT_EQ(got[3], 0.10009765625f);
+  EXPECT_EQ(got[4], 65536.0f);
+}
+
+TEST(CudaBackend, EventsOrderTheHost) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  const Event a = be->record(), b = be->record();
+  EXPECT_LT(a.id, b.id);
+  be->wait(b);
+  be->wait(a);  // already known complete
+  EXPECT_THROW(be->wait(Event{b.id + 10}), Error);
+  for (int i = 0; i < 200; ++i) be->record();  // recycled, not accumulated
+  be->synchronize();
+}
+
+TEST(CudaBackend, CrossEntropyNamesATargetOutsideTheVocabulary) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  const int64_t rows = 3, V = 4;
+  Buffer logits = be->alloc(DType::kF32, rows * V), lse = be->alloc(DType::kF32, rows);
+  Buffer targets = be->alloc(DType::kI32, rows);
+  const std::vector<int32_t> t = {1, 7, -1};
+  be->from_host(t.data(), targets.view());
+  try {
+    be->cross_entropy_forward(logits.view(), targets.view(), lse.view(), rows, V);
+    ADD_FAILURE() << "target 7 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 7 at row 1 is outside the vocabulary of 4"), std::string::npos)
+        << e.what();
+  }
+  const std::vector<int32_t> ok = {1, 3, -1};
+  be->from_host(ok.data(), targets.view());
+  const LossSum l = be->cross_entropy_forward(logits.view(), targets.view(), lse.view(), rows, V);
+  EXPECT_EQ(l.count, 2);
+  EXPECT_NEAR(l.sum, 2 * std::log(4.0), 1e-6);
+}
+
+TEST(CachingAllocator, ReusesFreedBlocksBySizeClass) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  const MemoryStats before = be->memory();
+  void* first = nullptr;
+  {
+    Buffer a = be->alloc(DType::kF32, 1000);  // 4000 bytes: the 4096-byte class
+    first = a.data();
+    EXPECT_EQ(be->memory().in_use - before.in_use, 4096);
+  }
+  EXPECT_EQ(be->memory().in_use, before.in_use);
+  Buffer b = be->alloc(DType::kF32, 1010);  // the same class: the same block
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(be->memory().reserved, before.reserved + 4096);
+  Buffer c = be->alloc(DType::kBF16, 3 << 20);  // 6 MiB: a 2 MiB multiple
+  EXPECT_EQ(be->memory().in_use - before.in_use, 4096 + (6 << 20));
+  EXPECT_GE(be->memory().peak, be->memory().in_use);
+  EXPECT_EQ(CachingAllocator::size_class(1), 512);
+  EXPECT_EQ(CachingAllocator::size_class((1 << 20) + 1), 2 << 20);
+}
+
+TEST(CudaBackend, PeaksComeFromATableByDeviceName) {
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA A10"), 125e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA L40S"), 362e12);
+  EXPECT_EQ(gpu_peak_flops("Tesla V100-SXM2-16GB"), 125e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA GeForce RTX 4090"), 165e12);
+  EXPECT_EQ(gpu_peak_flops("Some Future GPU"), 0);
+}
+
+}  // namespace
+}  // namespace amsp::backend
