@@ -180,6 +180,13 @@ void print_devices(const std::vector<std::string>& devices) {
   std::fflush(stdout);
 }
 
+// Where the peak for MFU comes from when --peak-tflops does not give it.
+const char* peak_source(Device device) {
+  if (device == Device::kCpu) return " (GEMM, measured)";
+  return backend::hb_checked() >= 0 ? " (CPU GEMM, measured: the device is emulated)"
+                                    : " (bf16 dense peak of the device, by name)";
+}
+
 void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
                   int threads, const topology::Topology& topo, const PlanGroups& pg,
                   const ShardedEngine& engine, const std::string& backend) {
@@ -218,7 +225,7 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
   row("seed", std::to_string(o.seed));
   row("threads per rank", std::to_string(threads));
   row("peak per rank for MFU",
-      cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : " (GEMM, measured)"));
+      cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : peak_source(o.device)));
   std::printf("%s\n", rule.c_str());
   std::fflush(stdout);
 }
