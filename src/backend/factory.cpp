@@ -47,6 +47,8 @@ std::unique_ptr<Backend> make_backend(Device device, DType compute, int cuda_dev
   return make_cuda_backend(compute, cuda_device);
 }
 
+bool cuda_emulated() { return AMSP_CUDA_EMULATION; }
+
 int64_t hb_checked() {
 #if AMSP_CUDA_EMULATION
   return emu::hb_checked();

@@ -29,6 +29,9 @@ int cuda_device_for(int gpu_info_device, int local_rank);
 // becomes the current device before anything else CUDA is done.
 std::unique_ptr<Backend> make_backend(Device device, DType compute, int cuda_device);
 
+// True in a build whose CUDA is the CPU emulation (no -DAMSP_CUDA=ON).
+bool cuda_emulated();
+
 // Accesses the emulation's happens-before checker has checked in this process
 // so far; -1 in a real CUDA build (there is no checker).
 int64_t hb_checked();

@@ -183,7 +183,7 @@ void print_devices(const std::vector<std::string>& devices) {
 // Where the peak for MFU comes from when --peak-tflops does not give it.
 const char* peak_source(Device device) {
   if (device == Device::kCpu) return " (GEMM, measured)";
-  return backend::hb_checked() >= 0 ? " (CPU GEMM, measured: the device is emulated)"
+  return backend::cuda_emulated() ? " (CPU GEMM, measured: the device is emulated)"
                                     : " (bf16 dense peak of the device, by name)";
 }
 
