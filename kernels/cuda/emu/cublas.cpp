@@ -60,8 +60,8 @@ void access(cudaStream_t s, const Matrix& m, bool write, const char* op, const c
   const Memory kind = amsp::emu::memory_of(m.data, bytes);
   if (kind == Memory::kHost || kind == Memory::kOutside ||
       !amsp::emu::op_access(s, m.data, bytes, write, op, file, line)) {
-    std::fprintf(stderr, "amsp emu: %s at %s:%d: %s [%p, +%zu bytes) is %s\n", op, file, line,
-                 name, m.data, bytes,
+    std::fprintf(stderr, "amsp emu: %s at %s:%d: %s [%p, +%zu bytes) is %s\n", op, file, line, name,
+                 m.data, bytes,
                  kind == Memory::kHost ? "not device memory" : "past the end of its allocation");
     std::fflush(stderr);
     std::abort();
@@ -108,8 +108,8 @@ void compute(const Gemm& g) {
       }
   } else {
     cblas_sgemm(CblasColMajor, g.ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                g.tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, g.m, g.n, g.k, g.alpha, a,
-                g.a.ld, b, g.b.ld, g.beta, c, g.c.ld);
+                g.tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, g.m, g.n, g.k, g.alpha, a, g.a.ld,
+                b, g.b.ld, g.beta, c, g.c.ld);
   }
   if (g.c.type == CUDA_R_16BF) {  // rounded once, padding rows left alone
     uint16_t* out = static_cast<uint16_t*>(const_cast<void*>(g.c.data));

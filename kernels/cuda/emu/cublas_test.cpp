@@ -54,9 +54,9 @@ enum class Kind { kSgemm, kGemmExF32, kGemmExBf16, kGemmExBf16Out };
 // Runs one product on the emulation and checks every element of C, and that
 // the padding rows of C are left alone.
 void check(const Case& c, Kind kind) {
-  SCOPED_TRACE(::testing::Message() << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m
-                                    << " n=" << c.n << " k=" << c.k << " beta=" << c.beta
-                                    << " kind=" << static_cast<int>(kind));
+  SCOPED_TRACE(::testing::Message()
+               << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m << " n=" << c.n << " k=" << c.k
+               << " beta=" << c.beta << " kind=" << static_cast<int>(kind));
   const bool ta = c.ta == CUBLAS_OP_T, tb = c.tb == CUBLAS_OP_T;
   const int lda = (ta ? c.k : c.m) + 2, ldb = (tb ? c.n : c.k) + 1, ldc = c.m + 3;
   const bool bf16_in = kind == Kind::kGemmExBf16 || kind == Kind::kGemmExBf16Out;
@@ -70,8 +70,8 @@ void check(const Case& c, Kind kind) {
 
   cublasHandle_t h = nullptr;
   ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
-  void *da = bf16_in ? static_cast<void*>(to_device(to_bf16(a))) : to_device(a);
-  void *db = bf16_in ? static_cast<void*>(to_device(to_bf16(b))) : to_device(b);
+  void* da = bf16_in ? static_cast<void*>(to_device(to_bf16(a))) : to_device(a);
+  void* db = bf16_in ? static_cast<void*>(to_device(to_bf16(b))) : to_device(b);
   void* dc = bf16_out ? static_cast<void*>(to_device(to_bf16(c0))) : to_device(c0);
   const cudaDataType in = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType out = bf16_out ? CUDA_R_16BF : CUDA_R_32F;
@@ -132,10 +132,10 @@ TEST(CudaEmuCublas, RejectsBadArguments) {
             CUBLAS_STATUS_INVALID_VALUE);  // lda < m
   EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, 4, 4, &one, d, 4, d, 4, &zero, d, 4),
             CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_32F, 2, d,
-                         CUDA_R_16BF, 2, &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT),
-            CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(
+      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_32F, 2, d, CUDA_R_16BF, 2,
+                   &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_NOT_SUPPORTED);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
@@ -170,9 +170,9 @@ TEST(CudaEmuCublasDeath, ProductReadingUnorderedInputDies) {
   EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 4, 4, &one, a, 4, a, 4, &one, c, 4),
             CUBLAS_STATUS_SUCCESS);
   std::vector<float> host(16, 1.0f);
-  EXPECT_DEATH(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 4, 4, &one, host.data(), 4, a, 4, &one,
-                           c, 4),
-               "A .* is not device memory");
+  EXPECT_DEATH(
+      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 4, 4, &one, host.data(), 4, a, 4, &one, c, 4),
+      "A .* is not device memory");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
   ASSERT_EQ(cudaEventDestroy(e), cudaSuccess);

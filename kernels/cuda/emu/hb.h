@@ -63,10 +63,9 @@ class History {
     std::optional<Access> write;
     std::vector<Access> reads;
   };
-  void split(size_t at);                  // a segment boundary at `at`
-  void cover(size_t begin, size_t end);   // segments tile [begin, end), gaps filled
-  std::optional<Conflict> check(size_t begin, size_t end, const Access& a,
-                                const Clock& seen) const;
+  void split(size_t at);                 // a segment boundary at `at`
+  void cover(size_t begin, size_t end);  // segments tile [begin, end), gaps filled
+  std::optional<Conflict> check(size_t begin, size_t end, const Access& a, const Clock& seen) const;
   std::map<size_t, Segment> segs_;  // by first byte; disjoint
 };
 
@@ -77,10 +76,10 @@ bool stream_valid(cudaStream_t stream);
 
 // Where [ptr, ptr + bytes) lies.
 enum class Memory {
-  kDevice,    // inside one cudaMalloc'd block: tracked
-  kPinned,    // inside one cudaMallocHost'd block: device-accessible, not tracked
-  kHost,      // outside both tables: the host's, not tracked
-  kOutside,   // starts in a block and runs past its end
+  kDevice,   // inside one cudaMalloc'd block: tracked
+  kPinned,   // inside one cudaMallocHost'd block: device-accessible, not tracked
+  kHost,     // outside both tables: the host's, not tracked
+  kOutside,  // starts in a block and runs past its end
 };
 Memory memory_of(const void* ptr, size_t bytes);
 

@@ -52,8 +52,10 @@ size_t device_memory() {
     if (*end) {
       const char* units = "KMGT";
       const char* u = std::strchr(units, *end);
-      if (!u || end[1]) shift = -1;
-      else shift = 10 * static_cast<int>(u - units + 1);
+      if (!u || end[1])
+        shift = -1;
+      else
+        shift = 10 * static_cast<int>(u - units + 1);
     }
     if (end == v || shift < 0 || n == 0 || n > (~0ull >> shift))
       die(std::string("AMSP_EMU_DEVICE_MEMORY=") + v +
@@ -114,8 +116,7 @@ cudaError_t fail(cudaError_t e) {
 }
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // The stream behind a handle, or nullptr if it is not a live stream. Locked.
@@ -202,7 +203,8 @@ bool op_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, c
   State& st = state();
   std::lock_guard lock(st.mu);
   CUstream_st* s = find_stream(st, stream);
-  if (!s) die(std::string(what) + " at " + file + ":" + std::to_string(line) + " on an invalid stream");
+  if (!s)
+    die(std::string(what) + " at " + file + ":" + std::to_string(line) + " on an invalid stream");
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   const Memory m = memory_locked(st, p, bytes);
   if (m == Memory::kOutside) return false;
@@ -346,8 +348,8 @@ bool valid_kind(cudaMemcpyKind kind) {
 }
 
 // A copy on `stream`: the read of src and the write of dst, then the bytes.
-cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                 cudaStream_t stream, const char* what, const char* file, int line) {
+cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream,
+                 const char* what, const char* file, int line) {
   if (!valid_kind(kind) || (bytes && (!dst || !src))) return fail(cudaErrorInvalidValue);
   if (!stream_valid(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (!op_access(stream, src, bytes, false, what, file, line) ||
@@ -500,8 +502,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   std::lock_guard lock(st.mu);
   CUevent_st* a = find_event(st, start);
   CUevent_st* b = find_event(st, end);
-  if (!a || !b || !a->recorded || !b->recorded ||
-      ((a->flags | b->flags) & cudaEventDisableTiming))
+  if (!a || !b || !a->recorded || !b->recorded || ((a->flags | b->flags) & cudaEventDisableTiming))
     return fail(cudaErrorInvalidResourceHandle);
   *ms = static_cast<float>((b->time_s - a->time_s) * 1e3);
   return cudaSuccess;

@@ -45,7 +45,8 @@ TEST_F(HbDeath, ReadOnAnotherStreamWithoutEventDiesNamingBoth) {
   const int rline = __LINE__ + 1;
   EXPECT_DEATH(READS(b_, buf_, kBytes),
                ("happens-before violation on bytes \\[0, 4096\\) of allocation #[0-9]+.*read by "
-                "stream [0-9]+ at .*" + at(rline) + ".*write by stream [0-9]+ at .*" + at(wline))
+                "stream [0-9]+ at .*" +
+                at(rline) + ".*write by stream [0-9]+ at .*" + at(wline))
                    .c_str());
 }
 
@@ -145,8 +146,8 @@ TEST_F(HbDeath, CopiesRecordTheirAccesses) {
   std::vector<float> host(kBytes / 4, 1.0f);
   const int cline = __LINE__ + 1;
   ASSERT_EQ(cudaMemcpyAsync(buf_, host.data(), kBytes, cudaMemcpyHostToDevice, a_), cudaSuccess);
-  EXPECT_DEATH(READS(b_, buf_, 4), ("write by stream [0-9]+ at .*" + at(cline) +
-                                    " \\(cudaMemcpyAsync\\)").c_str());
+  EXPECT_DEATH(READS(b_, buf_, 4),
+               ("write by stream [0-9]+ at .*" + at(cline) + " \\(cudaMemcpyAsync\\)").c_str());
   EXPECT_DEATH(cudaMemsetAsync(buf_, 0, 8, b_), "write by .*cudaMemsetAsync.* not ordered");
   // cudaMemcpy synchronises the host with the legacy stream, which follows a.
   ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
@@ -162,7 +163,7 @@ TEST_F(HbDeath, LegacyStreamSynchronisesWithBlockingStreamsOnly) {
   cudaStream_t blocking = nullptr;
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
   WRITES(blocking, buf_, 64);
-  READS(nullptr, buf_, 64);   // the legacy stream waits for blocking streams
+  READS(nullptr, buf_, 64);    // the legacy stream waits for blocking streams
   WRITES(blocking, buf_, 64);  // and they wait for it
   WRITES(a_, buf_ + 64, 64);   // a is non-blocking
   EXPECT_DEATH(READS(nullptr, buf_ + 64, 4), "read by the legacy default stream");
