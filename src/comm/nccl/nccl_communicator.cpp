@@ -54,30 +54,6 @@ cudaEvent_t NcclCommunicator::take_event() {
   return e;
 }
 
-// For the emulation's happens-before checker: what the op about to be issued
-// on the communicator's stream reads and writes.
-void NcclCommunicator::declare_accesses(const OpArgs& a) const {
-  const size_t block = static_cast<size_t>(a.count) * static_cast<size_t>(dtype_bytes(a.dtype));
-  const size_t all = block * static_cast<size_t>(size());
-  (void)all;  // unused where AMSP_HB_ACCESS is nothing (a real CUDA build)
-  if (block == 0) return;
-  switch (a.op) {
-    case Op::kAllGather:
-      AMSP_HB_ACCESS(stream_, a.send, block, false);
-      AMSP_HB_ACCESS(stream_, a.recv, all, true);
-      break;
-    case Op::kReduceScatter:
-      AMSP_HB_ACCESS(stream_, a.send, all, false);
-      AMSP_HB_ACCESS(stream_, a.recv, block, true);
-      break;
-    case Op::kAllReduce:
-    case Op::kBroadcast:
-      AMSP_HB_ACCESS(stream_, a.recv, block, false);
-      AMSP_HB_ACCESS(stream_, a.recv, block, true);
-      break;
-  }
-}
-
 uint64_t NcclCommunicator::issue(const OpArgs& a) {
   // Order after the compute issued so far, on the GPU.
   AMSP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
@@ -85,7 +61,6 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   InFlight f{next_seq_++, a, take_event(), take_event()};
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
   const size_t n = static_cast<size_t>(a.count);
-  declare_accesses(a);
   // bf16 sums are NCCL's own (its reduction order and rounding, not the MPI
   // backend's rank-order fp32 sum).
   const ncclDataType_t type = nccl_type(a.dtype);

@@ -51,7 +51,6 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t start = nullptr, end = nullptr;
   };
   void retire();  // accounts and recycles the completed ops at the front
-  void declare_accesses(const OpArgs& args) const;
   cudaEvent_t take_event();
 
   Group group_;
