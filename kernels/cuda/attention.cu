@@ -33,10 +33,13 @@
 // dk/dv). Dot products: the warp's lanes are split into S groups of 32/S
 // lanes; group c computes the dot products of the 4 own rows with streamed row
 // c, each lane over every (32/S)-th feature, then the group sums by shuffles.
-// Accumulation: lane l owns features l, l + 32, ... of the 4 own rows and adds
-// weight(c) * streamed[c][feature] for every c, the weights broadcast by
-// shuffles. Tile sizes follow D so that shared memory stays under 48 KiB, which
-// every GPU grants without opt-in: S is the largest of 32, 16, 8, 4 that fits.
+// The weights (probabilities, or their gradients) go to a small [16][S] tile in
+// shared memory; then lane l, which owns features l, l + 32, ... of the warp's
+// 4 own rows, adds weight(c) * streamed[c][feature] for c in order. (A shared
+// tile and a __syncthreads rather than 4 * S shuffles: the same on a GPU, much
+// cheaper in the emulation, where every shuffle switches 32 fibers.) Tile sizes
+// follow D so that shared memory stays under 48 KiB, which every GPU grants
+// without opt-in: S is the largest of 32, 16, 8, 4 that fits.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -57,7 +60,7 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kOwnPerWarp = 4;
 constexpr int kOwnTile = kWarps * kOwnPerWarp;
 constexpr int kMaxD = 256;
-constexpr int64_t kSharedLimit = 48 * 1024;
+constexpr size_t kSharedLimit = 48 * 1024;
 
 // What every kernel needs to know about the call.
 struct Shape {
@@ -119,23 +122,26 @@ AMSP_DEVICE_INLINE void tile_dots(const float* own, int own_ld, const float* til
   for (int i = 0; i < kOwnPerWarp; ++i) dots[i] = group_sum(dots[i], lanes.per_col);
 }
 
-// acc[i][j] += sum over streamed rows c of w_c[i] * tile[c][lane + 32 j], where
-// w_c is the weight held by the lanes of column c, in c order.
+// The warp's weights w[i] for streamed row lanes.col into w_s[i][col]
+// (row stride S), written by the first lane of each column's group.
+AMSP_DEVICE_INLINE void stage_weights(float* w_s, int S, const float (&w)[kOwnPerWarp],
+                                      Lanes lanes) {
+  if (lanes.part == 0)
+    for (int i = 0; i < kOwnPerWarp; ++i) w_s[i * S + lanes.col] = w[i];
+}
+
+// acc[i][j] += sum over streamed rows c, in order, of w_s[i][c] * tile[c][lane + 32 j].
 template <int kPerLane>
-AMSP_DEVICE_INLINE void accumulate(float (&acc)[kOwnPerWarp][kPerLane],
-                                   const float (&w)[kOwnPerWarp], const float* tile, int tile_ld,
-                                   int D, Lanes lanes) {
-  const int lane = threadIdx.x % kWarpSize, cols = kWarpSize / lanes.per_col;
-  for (int c = 0; c < cols; ++c) {
-    float wc[kOwnPerWarp];
-    for (int i = 0; i < kOwnPerWarp; ++i) wc[i] = __shfl_sync(kFullMask, w[i], c * lanes.per_col);
+AMSP_DEVICE_INLINE void accumulate(float (&acc)[kOwnPerWarp][kPerLane], const float* w_s, int S,
+                                   const float* tile, int tile_ld, int D) {
+  const int lane = threadIdx.x % kWarpSize;
+  for (int c = 0; c < S; ++c)
     for (int j = 0; j < kPerLane; ++j) {
       const int d = lane + kWarpSize * j;
       if (d >= D) break;
       const float x = tile[c * tile_ld + d];
-      for (int i = 0; i < kOwnPerWarp; ++i) acc[i][j] += wc[i] * x;
+      for (int i = 0; i < kOwnPerWarp; ++i) acc[i][j] += w_s[i * S + c] * x;
     }
-  }
 }
 
 // dst row first + i (global, row stride ld) = scale * acc[i], for the rows
@@ -164,8 +170,9 @@ AMSP_DEVICE_INLINE Heads heads_of(int64_t b, int64_t h, const Shape& sh) {
 }
 
 // Forward: block (b*H + h, query tile). Shared memory: the query tile
-// [16][D], then a key and a value tile [S][D + 1] (padded so the lanes of the
-// dot-product phase, reading down a column, hit different banks).
+// [16][D], a key and a value tile [S][D + 1] (padded so the lanes of the
+// dot-product phase, reading down a column, hit different banks), and the
+// probabilities [16][S].
 template <int kPerLane>
 __global__ void attention_forward_kernel(const float* q, const float* k, const float* v,
                                          float* lse, float* out, Shape sh) {
@@ -174,6 +181,7 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
   float* q_s = smem;
   float* k_s = q_s + kOwnTile * D;
   float* v_s = k_s + S * ld_kv;
+  float* p_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;  // this warp's rows
   const Heads hd = heads_of(blockIdx.x / sh.H, blockIdx.x % sh.H, sh);
   // The last tiles see the most keys: start them first.
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kOwnTile;
@@ -206,7 +214,9 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
       m[i] = m_new;
       for (int j = 0; j < kPerLane; ++j) acc[i][j] *= rescale;
     }
-    accumulate(acc, p, v_s, ld_kv, D, lanes);
+    stage_weights(p_s, S, p, lanes);
+    __syncthreads();
+    accumulate(acc, p_s, S, v_s, ld_kv, D);
   }
 
   for (int i = 0; i < kOwnPerWarp; ++i)
@@ -234,7 +244,8 @@ __global__ void attention_delta_kernel(const float* out, const float* dout, floa
 
 // dq = scale * sum over keys of p * (dp - delta) * k, with p = exp(score - lse)
 // recomputed and dp = dout . v. Block (b*H + h, query tile). Shared memory:
-// the query and dout tiles [16][D], then a key and a value tile [S][D + 1].
+// the query and dout tiles [16][D], a key and a value tile [S][D + 1], and
+// p * (dp - delta) [16][S].
 template <int kPerLane>
 __global__ void attention_dq_kernel(const float* q, const float* k, const float* v,
                                     const float* lse, const float* dout, const float* delta,
@@ -245,6 +256,7 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
   float* do_s = q_s + kOwnTile * D;
   float* k_s = do_s + kOwnTile * D;
   float* v_s = k_s + S * ld_kv;
+  float* ds_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;
   const Heads hd = heads_of(blockIdx.x / sh.H, blockIdx.x % sh.H, sh);
   const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kOwnTile;
   const int64_t q_last = (q0 + kOwnTile < sh.T ? q0 + kOwnTile : sh.T) - 1;
@@ -275,7 +287,9 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
       const float p = seen ? fast_exp(sh.scale * s[i] - row_lse[i]) : 0.0f;
       ds[i] = p * (dp[i] - row_delta[i]);
     }
-    accumulate(acc, ds, k_s, ld_kv, D, lanes);
+    stage_weights(ds_s, S, ds, lanes);
+    __syncthreads();
+    accumulate(acc, ds_s, S, k_s, ld_kv, D);
   }
   store_rows(dq + hd.q_off, hd.ldq, row0, sh.T, D, acc, sh.scale);
 }
@@ -283,8 +297,8 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
 // dv = sum over queries of p * dout, dk = scale * sum of p * (dp - delta) * q,
 // over the query rows at or below each key of every query head of the kv
 // group, heads in order. Block (b*KV + kv head, key tile). Shared memory: the
-// key and value tiles [16][D], then a query and a dout tile [S][D + 1], then
-// the lse and delta of those S rows.
+// key and value tiles [16][D], a query and a dout tile [S][D + 1], the lse and
+// delta of those S rows, and p and p * (dp - delta) [16][S].
 template <int kPerLane>
 __global__ void attention_dkv_kernel(const float* q, const float* k, const float* v,
                                      const float* lse, const float* dout, const float* delta,
@@ -297,6 +311,8 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
   float* do_s = q_s + S * ld_q;
   float* lse_s = do_s + S * ld_q;
   float* delta_s = lse_s + S;
+  float* p_s = delta_s + S + threadIdx.x / kWarpSize * kOwnPerWarp * S;
+  float* ds_s = p_s + kOwnTile * S;
   const int64_t b = blockIdx.x / sh.KV, kvh = blockIdx.x % sh.KV;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kOwnTile;  // early keys see most rows
   const int warp = threadIdx.x / kWarpSize;
@@ -329,8 +345,11 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
         p[i] = seen ? fast_exp(sh.scale * s[i] - lse_s[lanes.col]) : 0.0f;
         ds[i] = p[i] * (dp[i] - delta_s[lanes.col]);
       }
-      accumulate(dv_acc, p, do_s, ld_q, D, lanes);
-      accumulate(dk_acc, ds, q_s, ld_q, D, lanes);
+      stage_weights(p_s, S, p, lanes);
+      stage_weights(ds_s, S, ds, lanes);
+      __syncthreads();
+      accumulate(dv_acc, p_s, S, do_s, ld_q, D);
+      accumulate(dk_acc, ds_s, S, q_s, ld_q, D);
     }
   }
   store_rows(dv + kv_hd.kv_off, kv_hd.ldk, key0, sh.T, D, dv_acc, 1.0f);
@@ -338,22 +357,22 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
 }
 
 // The streamed tile size S and the shared bytes of a kernel whose block holds
-// own_arrays [16][D] tiles and streamed_arrays [S][D + 1] tiles plus
-// streamed_extra floats per streamed row: the largest S that fits the limit.
+// own_arrays [16][D] tiles, streamed_arrays [S][D + 1] tiles, per_streamed
+// floats per streamed row (lse, delta) and weight_arrays [16][S] tiles: the
+// largest S that fits the limit (S = 4 always does for D <= 256).
 struct Tiles {
   int streamed;
   size_t shared_bytes;
 };
 
-Tiles tiles_for(int D, int own_arrays, int streamed_arrays, int streamed_extra) {
+Tiles tiles_for(int D, int own_arrays, int streamed_arrays, int per_streamed, int weight_arrays) {
+  auto bytes = [&](int S) {
+    const int64_t per_row = streamed_arrays * (D + 1) + per_streamed + weight_arrays * kOwnTile;
+    return static_cast<size_t>(own_arrays * kOwnTile * D + S * per_row) * sizeof(float);
+  };
   int S = kWarpSize;
-  int64_t floats = 0;
-  for (; S > 4; S /= 2) {
-    floats = own_arrays * kOwnTile * D + S * (streamed_arrays * (D + 1) + streamed_extra);
-    if (floats * static_cast<int64_t>(sizeof(float)) <= kSharedLimit) break;
-  }
-  floats = own_arrays * kOwnTile * D + S * (streamed_arrays * (D + 1) + streamed_extra);
-  return Tiles{S, static_cast<size_t>(floats) * sizeof(float)};
+  while (S > 4 && bytes(S) > kSharedLimit) S /= 2;
+  return Tiles{S, bytes(S)};
 }
 
 // Calls launch(std::integral_constant<int, P>) with P = features per lane in
@@ -399,7 +418,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ls
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, "attention_forward");
-  const Tiles tiles = tiles_for(sh.D, 1, 2, 0);
+  const Tiles tiles = tiles_for(sh.D, 1, 2, 0, 1);
   sh.streamed = tiles.streamed;
   const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
   with_per_lane(sh.D, [&](auto per_lane) {
@@ -420,10 +439,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   AMSP_LAUNCH(attention_delta_kernel, delta_blocks, kThreads, 0, s)(out, dout, delta, sh);
 
   Shape dq_sh = sh;
-  const Tiles dq_tiles = tiles_for(sh.D, 2, 2, 0);
+  const Tiles dq_tiles = tiles_for(sh.D, 2, 2, 0, 1);
   dq_sh.streamed = dq_tiles.streamed;
   Shape dkv_sh = sh;
-  const Tiles dkv_tiles = tiles_for(sh.D, 2, 2, 2);
+  const Tiles dkv_tiles = tiles_for(sh.D, 2, 2, 2, 2);
   dkv_sh.streamed = dkv_tiles.streamed;
   with_per_lane(sh.D, [&](auto per_lane) {
     constexpr int P = decltype(per_lane)::value;
