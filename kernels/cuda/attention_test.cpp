@@ -87,9 +87,9 @@ std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float
   return lse;
 }
 
-class Attention : public ::testing::TestWithParam<Shape> {};
+class CudaAttention : public ::testing::TestWithParam<Shape> {};
 
-TEST_P(Attention, MatchesCpuReference) {
+TEST_P(CudaAttention, MatchesCpuReference) {
   const Shape s = GetParam();
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
   // q at twice the scale of k makes the softmax peaky enough that a lost
@@ -149,15 +149,16 @@ std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
 }
 
 // B, T, H, KV, D
-INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                          ::testing::Values(Shape{1, 1, 1, 1, 8},       // one token
                                            Shape{3, 1, 8, 2, 64},      // one token, GQA
                                            Shape{1, 37, 1, 1, 8},      // T not a tile multiple
                                            Shape{3, 37, 4, 4, 24},     // D not a warp multiple
                                            Shape{1, 130, 8, 2, 64},    // GQA, T past 8 tiles
-                                           Shape{3, 130, 4, 4, 128},   // 16-key streamed tiles
+                                           Shape{3, 130, 4, 4, 128},   // backward streams 16 rows
                                            Shape{1, 37, 8, 2, 128},    // GQA at D = 128
-                                           Shape{1, 37, 2, 1, 256},    // largest D: 4-row tiles
+                                           Shape{2, 50, 4, 2, 96},     // D = 3 warps
+                                           Shape{1, 37, 2, 1, 256},    // largest D: backward streams 4
                                            Shape{2, 19, 1, 1, 1}),     // D = 1
                          shape_name);
 
