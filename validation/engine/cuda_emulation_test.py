@@ -83,9 +83,10 @@ def checkpoint_params(out):
     last = sorted(f for f in os.listdir(ckpt) if f.endswith(".h5"))[-1]
     params = {}
     with h5py.File(os.path.join(ckpt, last), "r") as f:
-        for k, v in f["model"].items():
-            params["model." + k] = np.asarray(v, dtype=np.float64)
-        params["lm_head.weight"] = np.asarray(f["lm_head.weight"], dtype=np.float64)
+        def take(name, obj):
+            if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/"):
+                params[name] = np.asarray(obj, dtype=np.float64)
+        f.visititems(take)
     return params
 
 
