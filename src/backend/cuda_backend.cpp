@@ -59,12 +59,20 @@ std::unique_ptr<Backend> make_cuda_backend(DType compute, int device) {
 
 // ---- happens-before declarations ------------------------------------------------
 
-void CudaBackend::reads(const void* p, int64_t bytes) {
-  if (bytes > 0) AMSP_HB_ACCESS(stream_, p, static_cast<size_t>(bytes), false);
+// AMSP_HB_ACCESS with the caller's file and line instead of this one's.
+#if AMSP_CUDA_EMULATION
+#define AMSP_HB_ACCESS_AT(stream, ptr, bytes, write, file, line) \
+  ::amsp::emu::hb_access((stream), (ptr), (bytes), (write), (file), (line))
+#else
+#define AMSP_HB_ACCESS_AT(stream, ptr, bytes, write, file, line) ((void)0)
+#endif
+
+void CudaBackend::reads(const void* p, int64_t bytes, const char* file, int line) {
+  if (bytes > 0) AMSP_HB_ACCESS_AT(stream_, p, static_cast<size_t>(bytes), false, file, line);
 }
 
-void CudaBackend::writes(const void* p, int64_t bytes) {
-  if (bytes > 0) AMSP_HB_ACCESS(stream_, p, static_cast<size_t>(bytes), true);
+void CudaBackend::writes(const void* p, int64_t bytes, const char* file, int line) {
+  if (bytes > 0) AMSP_HB_ACCESS_AT(stream_, p, static_cast<size_t>(bytes), true, file, line);
 }
 
 // ---- memory ----------------------------------------------------------------------

@@ -165,11 +165,19 @@ class CudaBackend final : public Backend {
   };
   Scratch scratch(int64_t bytes) { return Scratch(*allocator_, bytes); }
 
-  // The happens-before declarations of the work about to be enqueued.
-  void reads(const void* p, int64_t bytes);
-  void writes(const void* p, int64_t bytes);
-  void reads(const View& v) { reads(v.data, v.bytes()); }
-  void writes(const View& v) { writes(v.data, v.bytes()); }
+  // The happens-before declarations of the work about to be enqueued (nothing
+  // in a real CUDA build). They name the caller's file and line, so that a
+  // violation points at the kernel call rather than at these helpers.
+  void reads(const void* p, int64_t bytes, const char* file = __builtin_FILE(),
+             int line = __builtin_LINE());
+  void writes(const void* p, int64_t bytes, const char* file = __builtin_FILE(),
+              int line = __builtin_LINE());
+  void reads(const View& v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    reads(v.data, v.bytes(), file, line);
+  }
+  void writes(const View& v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    writes(v.data, v.bytes(), file, line);
+  }
   // Pinned host memory of at least `bytes`, reused by every transfer.
   void* staging(int64_t bytes);
   // Device -> pinned staging, then waits for the stream. Returns the staging.
