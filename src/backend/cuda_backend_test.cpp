@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <sstream>
 #include <vector>
 
@@ -24,6 +25,8 @@ TEST(CudaBackend, EveryKernelMatchesTheCpuBackend) {
     std::ostringstream out;
     print_report(report, out);
     EXPECT_TRUE(report.ok()) << dtype_name(compute) << "\n" << out.str();
+    // The worst error of each kernel, for the test log.
+    std::cout << "compute " << dtype_name(compute) << ":\n" << out.str();
     EXPECT_GT(report.rows.size(), 100u);
   }
 }
