@@ -26,7 +26,8 @@ of a tensor in L2; single elements have no derivable bound, 0.25 only catches ga
 A wrong kernel (a dropped beta, a missing reduction, a race) moves a loss by far more.
 
 Also: --device cuda without AMSP_CUDA_EMULATION=1 is refused with exit code 2 and a
-one-line reason.
+one-line reason; and an NCCL failure (the emulation's AMSP_EMU_NCCL_FAIL, at issue or
+reported asynchronously) ends the job with a line naming the group and the op.
 
 usage: cuda_emulation_test.py AMSP MPIEXEC DATA WORKDIR [--only TEXT]
 Prints one line per check and ends with "N passed, M failed".
@@ -128,6 +129,20 @@ def main():
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60, env=env)
     check(p.returncode == 2 and "AMSP_CUDA_EMULATION=1" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"--device cuda without AMSP_CUDA_EMULATION: exit {p.returncode}, {p.stderr.strip()[:160]}")
+
+    # An NCCL failure, returned at issue or reported asynchronously after the op
+    # completed (the emulation's AMSP_EMU_NCCL_FAIL), ends every rank with one line
+    # naming the group and the op, instead of hanging or training on.
+    for fault, expect in (("reducescatter:3", "issuing reduce_scatter"), ("allgather:2:async", "ops issued up to")):
+        env = dict(os.environ, AMSP_CUDA_EMULATION="1", AMSP_EMU_NCCL_FAIL=fault, OMP_NUM_THREADS="1")
+        p = subprocess.run([mpiexec, "-n", "2", amsp, "train", "--model", "tiny", "--data", data, "--device", "cuda",
+                            "--precision", "bf16", "--shard", "zero3", "--steps", "2", "--seq-len", str(SEQ),
+                            "--batch-size", str(BATCH), "--threads", "1", "--eval-every", "0", "--eval-windows", "2",
+                            "--peak-tflops", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("amsp: error:")]
+        check(p.returncode != 0 and lines and "NCCL error on group P" in lines[0] and expect in lines[0],
+              f"NCCL fault {fault}: exit {p.returncode}, {lines[0] if lines else p.stderr.strip()[-200:]}")
 
     for ranks, plan in CASES:
         if only and only not in plan:

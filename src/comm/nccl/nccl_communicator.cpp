@@ -59,25 +59,28 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   AMSP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
   AMSP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   InFlight f{next_seq_++, a, take_event(), take_event()};
+  last_op_ = a.op;
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
   const size_t n = static_cast<size_t>(a.count);
   // bf16 sums are NCCL's own (its reduction order and rounding, not the MPI
   // backend's rank-order fp32 sum).
   const ncclDataType_t type = nccl_type(a.dtype);
+  ncclResult_t rc = ncclSuccess;
   switch (a.op) {
     case Op::kAllGather:  // in place when send == recv + rank * count, as NCCL defines
-      AMSP_NCCL_CHECK(ncclAllGather(a.send, a.recv, n, type, comm_, stream_));
+      rc = ncclAllGather(a.send, a.recv, n, type, comm_, stream_);
       break;
     case Op::kReduceScatter:
-      AMSP_NCCL_CHECK(ncclReduceScatter(a.send, a.recv, n, type, ncclSum, comm_, stream_));
+      rc = ncclReduceScatter(a.send, a.recv, n, type, ncclSum, comm_, stream_);
       break;
     case Op::kAllReduce:
-      AMSP_NCCL_CHECK(ncclAllReduce(a.recv, a.recv, n, type, ncclSum, comm_, stream_));
+      rc = ncclAllReduce(a.recv, a.recv, n, type, ncclSum, comm_, stream_);
       break;
     case Op::kBroadcast:
-      AMSP_NCCL_CHECK(ncclBroadcast(a.recv, a.recv, n, type, a.root, comm_, stream_));
+      rc = ncclBroadcast(a.recv, a.recv, n, type, a.root, comm_, stream_);
       break;
   }
+  if (rc != ncclSuccess && rc != ncclInProgress) fail_op(cat("issuing ", op_name(a.op), " #", f.seq), rc);
   AMSP_CUDA_CHECK(cudaEventRecord(f.end, stream_));
   in_flight_.push_back(f);
   return f.seq;
@@ -99,6 +102,24 @@ void NcclCommunicator::retire() {
     done_seq_ = f.seq;
     in_flight_.pop_front();
   }
+  // An op can complete and still have failed (a peer's error); say so now
+  // rather than when something later waits. The error belongs to the
+  // communicator, not to one op: name the ops issued so far.
+  check_async(cat("(ops issued up to ", op_name(last_op_), " #", next_seq_ - 1, ")"));
+}
+
+void NcclCommunicator::check_async(const std::string& when) {
+  ncclResult_t async = ncclSuccess;
+  AMSP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+  if (async != ncclSuccess && async != ncclInProgress) fail_op(when, async);
+}
+
+// Aborts the communicator (so that no peer waits on it) and the job, naming
+// rank (abort_job does), group and op.
+void NcclCommunicator::fail_op(const std::string& what, ncclResult_t rc) {
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+  abort_job(cat("NCCL error on group ", name(), " ", what, ": ", ncclGetErrorString(rc)));
 }
 
 bool NcclCommunicator::done(uint64_t seq) {
@@ -110,14 +131,7 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
   // Poll rather than cudaEventSynchronize, so that an NCCL error or a peer that
   // never arrives ends the job instead of hanging it.
   while (!done(seq)) {
-    ncclResult_t async = ncclSuccess;
-    AMSP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    if (async != ncclSuccess && async != ncclInProgress) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      abort_job(cat("NCCL error on group ", name(), " waiting for ", op_name(in_flight_.front().args.op),
-                    " #", in_flight_.front().seq, ": ", ncclGetErrorString(async)));
-    }
+    check_async(cat("waiting for ", op_name(in_flight_.front().args.op), " #", in_flight_.front().seq));
     if (deadline > 0 && now_seconds() > deadline) {
       OpArgs stuck;
       for (const InFlight& f : in_flight_)

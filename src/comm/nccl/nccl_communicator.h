@@ -8,6 +8,12 @@
 // the stream keeps ops in issue order. Handle::wait blocks the host until the
 // op's completion event; stream_wait makes a compute stream wait on the GPU
 // instead, which is how the engine should consume an all-gathered unit.
+//
+// Errors. An NCCL error, returned when an op is issued or reported by
+// ncclCommGetAsyncError when an op completes or while the host waits, and a
+// wait past the timeout, abort the NCCL communicator (ncclCommAbort, so that
+// no peer stays blocked on it) and end the job with one line naming the rank,
+// the group and the op.
 #pragma once
 
 #include "kernels/cuda/api.h"
@@ -51,6 +57,8 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t start = nullptr, end = nullptr;
   };
   void retire();  // accounts and recycles the completed ops at the front
+  void check_async(const std::string& when);
+  [[noreturn]] void fail_op(const std::string& what, ncclResult_t rc);
   cudaEvent_t take_event();
 
   Group group_;
@@ -62,6 +70,7 @@ class NcclCommunicator final : public Communicator {
   std::vector<cudaEvent_t> free_events_;
   uint64_t next_seq_ = 1;
   uint64_t done_seq_ = 0;
+  Op last_op_ = Op::kAllReduce;  // of the op issued last, for error messages
 };
 
 }  // namespace amsp::comm
