@@ -27,7 +27,8 @@ A wrong kernel (a dropped beta, a missing reduction, a race) moves a loss by far
 
 Also: --device cuda without AMSP_CUDA_EMULATION=1 is refused with exit code 2 and a
 one-line reason; and an NCCL failure (the emulation's AMSP_EMU_NCCL_FAIL, at issue or
-reported asynchronously) ends the job with a line naming the group and the op.
+reported asynchronously) ends the job with a line naming the group and the op; and a
+run resumed on cuda from a checkpoint it wrote continues bit for bit.
 
 usage: cuda_emulation_test.py AMSP MPIEXEC DATA WORKDIR [--only TEXT]
 Prints one line per check and ends with "N passed, M failed".
@@ -111,6 +112,38 @@ def compare_params(got, ref):
     return worst_l2, at_l2, worst_max, at_max
 
 
+def check_resume(amsp, mpiexec, data, work, check):
+    """Checkpoint state crosses the device boundary both ways (state_views stages it
+    through host copies): 4 steps saving at step 2, and a run resumed from that file,
+    give steps 3 and 4 bit for bit."""
+    base = os.path.join(work, "resume")
+    env = dict(os.environ, AMSP_CUDA_EMULATION="1", OMP_NUM_THREADS="1")
+    cmd = [mpiexec, "-n", "2", amsp, "train", "--model", "tiny", "--data", data, "--device", "cuda",
+           "--precision", "bf16", "--shard", "zero3", "--steps", "4", "--seq-len", str(SEQ),
+           "--batch-size", str(BATCH), "--threads", "1", "--eval-every", "0", "--eval-windows", "2",
+           "--peak-tflops", "1"]
+    straight = subprocess.run(cmd + ["--checkpoint-dir", os.path.join(base, "a"), "--checkpoint-every", "2",
+                                     "--metrics", os.path.join(base, "a.jsonl")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
+    if straight.returncode != 0:
+        check(False, f"resume on cuda: the straight run failed: {straight.stderr.strip()[-300:]}")
+        return
+    os.makedirs(os.path.join(base, "b"))
+    shutil.copy(os.path.join(base, "a", "step-00000002.h5"), os.path.join(base, "b"))
+    resumed = subprocess.run(cmd + ["--checkpoint-dir", os.path.join(base, "b"), "--resume", "auto",
+                                    "--metrics", os.path.join(base, "b.jsonl")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
+    if resumed.returncode != 0:
+        check(False, f"resume on cuda: the resumed run failed: {resumed.stderr.strip()[-300:]}")
+        return
+    steps = lambda f: {r["step"]: (r["loss"], r["grad_norm"]) for r in rows(os.path.join(base, f))
+                       if "loss" in r and "step" in r}
+    a, b = steps("a.jsonl"), steps("b.jsonl")
+    check(sorted(b) == [3, 4] and all(a[k] == b[k] for k in b),
+          f"resume on cuda from step 2: steps 3-4 (loss, grad norm) {[b.get(k) for k in (3, 4)]} vs "
+          f"{[a.get(k) for k in (3, 4)]}, bit for bit")
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--only")]
     only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
@@ -185,6 +218,9 @@ def main():
         check(l2 <= PARAM_L2_TOL and mx <= PARAM_MAX_TOL,
               f"{name}: checkpoint parameters: worst L2 {l2:.2e} ({at_l2}), worst max {mx:.2e} ({at_mx}); "
               f"at most {PARAM_L2_TOL:g} and {PARAM_MAX_TOL:g}")
+
+    if not only or only in "resume":
+        check_resume(amsp, mpiexec, data, work, check)
 
     failed = results.count(False)
     print(f"{len(results) - failed} passed, {failed} failed")
