@@ -105,13 +105,14 @@ void NcclCommunicator::retire() {
   // An op can complete and still have failed (a peer's error); say so now
   // rather than when something later waits. The error belongs to the
   // communicator, not to one op: name the ops issued so far.
-  check_async(cat("(ops issued up to ", op_name(last_op_), " #", next_seq_ - 1, ")"));
+  if (const ncclResult_t e = async_error(); e != ncclSuccess)
+    fail_op(cat("(ops issued up to ", op_name(last_op_), " #", next_seq_ - 1, ")"), e);
 }
 
-void NcclCommunicator::check_async(const std::string& when) {
+ncclResult_t NcclCommunicator::async_error() {
   ncclResult_t async = ncclSuccess;
   AMSP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-  if (async != ncclSuccess && async != ncclInProgress) fail_op(when, async);
+  return async == ncclInProgress ? ncclSuccess : async;
 }
 
 // Aborts the communicator (so that no peer waits on it) and the job, naming
@@ -131,7 +132,8 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
   // Poll rather than cudaEventSynchronize, so that an NCCL error or a peer that
   // never arrives ends the job instead of hanging it.
   while (!done(seq)) {
-    check_async(cat("waiting for ", op_name(in_flight_.front().args.op), " #", in_flight_.front().seq));
+    if (const ncclResult_t e = async_error(); e != ncclSuccess)
+      fail_op(cat("waiting for ", op_name(in_flight_.front().args.op), " #", in_flight_.front().seq), e);
     if (deadline > 0 && now_seconds() > deadline) {
       OpArgs stuck;
       for (const InFlight& f : in_flight_)

@@ -57,7 +57,7 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t start = nullptr, end = nullptr;
   };
   void retire();  // accounts and recycles the completed ops at the front
-  void check_async(const std::string& when);
+  ncclResult_t async_error();  // ncclCommGetAsyncError; ncclInProgress counts as success
   [[noreturn]] void fail_op(const std::string& what, ncclResult_t rc);
   cudaEvent_t take_event();
 
