@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +33,14 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/emu/simt.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace amsp::emu::simt {
+// The schedule's name in gtest's messages.
+inline void PrintTo(Order order, std::ostream* os) {
+  *os << (order == Order::kForward ? "forward" : order == Order::kReverse ? "reverse" : "lowest-first");
+}
+}  // namespace amsp::emu::simt
 
 namespace {
 
@@ -137,18 +146,48 @@ std::string shape(const char* name, std::initializer_list<int64_t> dims) {
   return s;
 }
 
-// Every test runs with the block's threads resumed in forward and in reverse
-// order (the SIMT emulation's two schedules): a missing barrier shows in one.
+// Every test runs under each of the SIMT emulation's schedules: a missing
+// barrier reads shared memory too early in one of them.
 using amsp::emu::simt::Order;
 class CudaKernels : public ::testing::TestWithParam<Order> {
  protected:
   void SetUp() override { amsp::emu::simt::set_order(GetParam()); }
   void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
 };
-INSTANTIATE_TEST_SUITE_P(Order, CudaKernels, ::testing::Values(Order::kForward, Order::kReverse),
+INSTANTIATE_TEST_SUITE_P(Order, CudaKernels,
+                         ::testing::Values(Order::kForward, Order::kReverse, Order::kLowestFirst),
                          [](const ::testing::TestParamInfo<Order>& info) {
-                           return info.param == Order::kForward ? "forward" : "reverse";
+                           return info.param == Order::kForward   ? "forward"
+                                  : info.param == Order::kReverse ? "reverse"
+                                                                  : "lowest_first";
                          });
+
+// ---- the reductions of reduce.cuh -------------------------------------------------------
+
+// Two block reductions back to back share their shared slots: the second may
+// only write them once every warp has read the first's.
+__global__ void back_to_back_kernel(const float* x, float* out, int n) {
+  const int i = static_cast<int>(threadIdx.x);
+  const float a = cuda::block_sum(i < n ? x[i] : 0.0f);
+  const float b = cuda::block_sum(i < n ? 2.0f * x[i] : 0.0f);
+  out[i] = a;
+  out[blockDim.x + threadIdx.x] = b;
+}
+
+TEST_P(CudaKernels, BlockReductionsBackToBack) {
+  for (int threads : {32, 64, 256, 1024}) {
+    const int n = threads - 5;
+    std::vector<float> x(threads), out(2 * threads);
+    for (int i = 0; i < threads; ++i) x[i] = static_cast<float>(i % 5);  // exact sums
+    AMSP_LAUNCH(back_to_back_kernel, 1, threads, 0, nullptr)(x.data(), out.data(), n);
+    float want = 0.0f;
+    for (int i = 0; i < n; ++i) want += x[i];
+    for (int i = 0; i < threads; ++i) {
+      ASSERT_EQ(out[i], want) << threads << " threads, thread " << i;
+      ASSERT_EQ(out[threads + i], 2.0f * want) << threads << " threads, thread " << i;
+    }
+  }
+}
 
 // ---- conversions, add, finish, sum of squares ----------------------------------------
 

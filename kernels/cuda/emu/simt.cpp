@@ -166,17 +166,20 @@ Order order_from_environment() {
   const char* e = std::getenv("AMSP_SIMT_ORDER");
   if (e == nullptr || std::strcmp(e, "forward") == 0) return Order::kForward;
   if (std::strcmp(e, "reverse") == 0) return Order::kReverse;
+  if (std::strcmp(e, "lowest-first") == 0) return Order::kLowestFirst;
   throw std::runtime_error(std::string("SIMT emulation: AMSP_SIMT_ORDER is \"") + e +
-                           "\"; expected forward or reverse");
+                           "\"; expected forward, reverse or lowest-first");
 }
 
 thread_local Order schedule_order = order_from_environment();
 
-// Round-robin over the threads until all finished. A full pass without a
+// Round-robin over the threads until all finished (lowest-first: the scan
+// starts again from thread 0 after every resume). A full pass without a
 // runnable thread is a deadlock.
 void schedule(Block& b) {
   const size_t n = b.threads.size();
   const bool reverse = schedule_order == Order::kReverse;
+  const bool restart = schedule_order == Order::kLowestFirst;
   size_t live = n, idle = 0;
   for (size_t k = 0; live > 0; k = k + 1 == n ? 0 : k + 1) {
     const size_t i = reverse ? n - 1 - k : k;
@@ -197,6 +200,7 @@ void schedule(Block& b) {
       t.done = true;
       --live;
     }
+    if (restart) k = n - 1;  // the loop's step wraps it to 0
   }
 }
 

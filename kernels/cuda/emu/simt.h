@@ -9,9 +9,11 @@
 //   - __syncwarp and the shuffles wait until every lane named in the mask has
 //     arrived. A shuffle is two rendezvous: each lane deposits its value, all
 //     read, and only after the second may a slot be reused.
-// The order can be reversed (set_order, or AMSP_SIMT_ORDER=reverse in the
-// environment): a kernel that lacks a barrier usually reads shared memory
-// before it is written in one of the two orders, so the tests run both.
+// Two other schedules (set_order, or AMSP_SIMT_ORDER in the environment) make
+// races show that the forward round-robin hides: reverse resumes the threads
+// from the last; lowest-first always resumes the lowest runnable thread, so
+// the first warp runs as far ahead of the others as the barriers let it. A
+// kernel that lacks a barrier reads shared memory too early in one of them.
 // When no thread of a block can run and not all have finished (some exited or
 // wait at a warp op while others wait at __syncthreads, or a mask names a lane
 // that exited), the launch fails with std::runtime_error naming the kernel and
@@ -89,8 +91,9 @@ void sync_warp(unsigned mask);
 uint64_t exchange(unsigned mask, uint64_t value, int src);
 
 // The order in which a block's threads are resumed, for launches from this OS
-// thread; the default is AMSP_SIMT_ORDER's ("forward" or "reverse"), else forward.
-enum class Order { kForward, kReverse };
+// thread; the default is AMSP_SIMT_ORDER's ("forward", "reverse" or
+// "lowest-first"), else forward.
+enum class Order { kForward, kReverse, kLowestFirst };
 void set_order(Order order);
 Order order();
 
