@@ -28,11 +28,10 @@
 // before each block so that reads of unwritten shared memory show. At most
 // kMaxDynamicShared bytes, CUDA's limit without an opt-in attribute.
 //
-// What it does not emulate: concurrency between blocks (a kernel whose blocks
-// wait on one another deadlocks on a GPU and passes here), memory ordering
-// (there is none to get wrong on one OS thread), independent thread scheduling
-// beyond the barriers, float atomics (amsp has none), and __shared__ variables
-// of a block seeing another OS thread's launch (each OS thread has its own).
+// What it does not emulate: blocks running at the same time (a block spinning
+// on another block's flag hangs here), memory ordering and races between
+// threads beyond what the three schedules expose (one OS thread runs them
+// all), and the hardware's own scheduling between barriers.
 #pragma once
 
 #include <cmath>
