@@ -210,8 +210,20 @@ double cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+__global__ void barriers_kernel(int rounds) {
+  for (int r = 0; r < rounds; ++r) __syncthreads();
+}
+
 // Not a check: prints what emulation costs, for the documentation.
 TEST(Simt, Cost) {
+  const int64_t b0 = amsp::emu::simt::switch_count();
+  const double tb = cpu_seconds();
+  AMSP_LAUNCH(barriers_kernel, 1, 256, 0, nullptr)(2000);
+  const double barrier_seconds = cpu_seconds() - tb;
+  const int64_t resumes = amsp::emu::simt::switch_count() - b0;
+  std::printf("SIMT emulation: %.1f M fiber resumes/s at __syncthreads (each a switch in and out)\n",
+              static_cast<double>(resumes) / barrier_seconds / 1e6);
+
   const int n = 1 << 20, threads = 256;
   std::vector<float> x(n, 1.0f), y(n);
   const int64_t s0 = amsp::emu::simt::switch_count();
