@@ -36,8 +36,8 @@
 // The weights (probabilities, or their gradients) go to a small [16][S] tile in
 // shared memory; then lane l, which owns features l, l + 32, ... of the warp's
 // 4 own rows, adds weight(c) * streamed[c][feature] for c in order. (A shared
-// tile and a __syncthreads rather than 4 * S shuffles: the same on a GPU, much
-// cheaper in the emulation, where every shuffle switches 32 fibers.) Tile sizes
+// tile and a __syncwarp rather than 4 * S shuffles: about the same on a GPU,
+// much cheaper in the emulation, where every shuffle switches 32 fibers.) Tile sizes
 // follow D so that shared memory stays under 48 KiB, which every GPU grants
 // without opt-in: S is the largest of 32, 16, 8, 4 that fits.
 #include <cmath>
@@ -215,7 +215,7 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
       for (int j = 0; j < kPerLane; ++j) acc[i][j] *= rescale;
     }
     stage_weights(p_s, S, p, lanes);
-    __syncthreads();
+    __syncwarp();  // the weights are this warp's own
     accumulate(acc, p_s, S, v_s, ld_kv, D);
   }
 
@@ -288,7 +288,7 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
       ds[i] = p * (dp[i] - row_delta[i]);
     }
     stage_weights(ds_s, S, ds, lanes);
-    __syncthreads();
+    __syncwarp();
     accumulate(acc, ds_s, S, k_s, ld_kv, D);
   }
   store_rows(dq + hd.q_off, hd.ldq, row0, sh.T, D, acc, sh.scale);
@@ -347,7 +347,7 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
       }
       stage_weights(p_s, S, p, lanes);
       stage_weights(ds_s, S, ds, lanes);
-      __syncthreads();
+      __syncwarp();
       accumulate(dv_acc, p_s, S, do_s, ld_q, D);
       accumulate(dk_acc, ds_s, S, q_s, ld_q, D);
     }

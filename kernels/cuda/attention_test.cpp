@@ -6,7 +6,9 @@
 // tile, head dims that are not multiples of a warp, GQA groups.
 //
 // Device memory is host memory in the emulation, so std::vector storage and the
-// default (null) stream stand in for cudaMalloc and a stream.
+// default (null) stream stand in for cudaMalloc and a stream; a launch runs when
+// it is issued and a bad one throws (kernels/cuda/emu/simt.h), which fails the
+// test, so no synchronisation or error query is needed.
 //
 // Tolerance. Both sides compute in fp32 but sum in different orders (sgemm
 // blocks on the CPU; tiles, lane groups and shuffles here) and the kernel folds
@@ -111,8 +113,6 @@ TEST_P(CudaAttention, MatchesCpuReference) {
                     s.D, nullptr);
   attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(), dq.data(),
                      dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
   const auto want_lse = lse_ref(q, k, s);
   std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
@@ -136,7 +136,6 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
                      dq2.data(), dk2.data(), dv2.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
                      nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
