@@ -168,7 +168,8 @@ Launch(const char*, void (*)(Params...), dim3, dim3, size_t, cudaStream_t)
 inline void __syncthreads() { ::amsp::emu::simt::sync_block(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::amsp::emu::simt::sync_warp(mask); }
 
-// Shuffles of 4- and 8-byte values (float, int, unsigned, double, long long).
+// Shuffles of 4- and 8-byte values (float, int, unsigned, double, long long):
+// __shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync.
 // `width` splits the warp into segments as CUDA does.
 template <typename T>
 T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
@@ -184,6 +185,15 @@ T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
   // Past the end of its segment a lane reads its own value.
   const int src = (lane % width) + static_cast<int>(delta) < width
                       ? lane + static_cast<int>(delta) : lane;
+  return ::amsp::emu::simt::from_slot<T>(
+      ::amsp::emu::simt::exchange(mask, ::amsp::emu::simt::to_slot(var), src));
+}
+
+template <typename T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+  const int lane = ::amsp::emu::simt::lane_id();
+  // Before the start of its segment a lane reads its own value.
+  const int src = (lane % width) >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane;
   return ::amsp::emu::simt::from_slot<T>(
       ::amsp::emu::simt::exchange(mask, ::amsp::emu::simt::to_slot(var), src));
 }
