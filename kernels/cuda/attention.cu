@@ -48,13 +48,13 @@
 
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/simt.h"
 
 namespace amsp::kernels::cuda {
 namespace {
 
 constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kOwnPerWarp = 4;
@@ -83,19 +83,10 @@ AMSP_DEVICE_INLINE Lanes lanes_of(int streamed) {
   return Lanes{lane / per_col, lane % per_col, per_col};
 }
 
-AMSP_DEVICE_INLINE float warp_max(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
-AMSP_DEVICE_INLINE float warp_sum(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-// Sum over each aligned group of `width` lanes (a power of two).
+// Sum over each aligned group of `width` lanes (a power of two): reduce.cuh's
+// butterfly, cut short.
 AMSP_DEVICE_INLINE float group_sum(float v, int width) {
-  for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullWarp, v, o);
   return v;
 }
 
@@ -207,10 +198,10 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
       // Key 0 is in the first tile and every row sees it, so m_new is finite
       // from the first tile on; exp(-inf - m_new) = 0 for masked keys and the
       // first rescale.
-      const float m_new = fmaxf(m[i], warp_max(score));
+      const float m_new = fmaxf(m[i], warp_reduce(score, MaxOp{}));
       const float rescale = fast_exp(m[i] - m_new);
       p[i] = seen ? fast_exp(score - m_new) : 0.0f;
-      l[i] = l[i] * rescale + warp_sum(lanes.part == 0 ? p[i] : 0.0f);
+      l[i] = l[i] * rescale + warp_reduce(lanes.part == 0 ? p[i] : 0.0f, SumOp{});
       m[i] = m_new;
       for (int j = 0; j < kPerLane; ++j) acc[i][j] *= rescale;
     }
@@ -237,7 +228,7 @@ __global__ void attention_delta_kernel(const float* out, const float* dout, floa
   float sum = 0.0f;
   for (int d = threadIdx.x % kWarpSize; d < sh.D; d += kWarpSize)
     sum += dout[row * sh.D + d] * out[row * sh.D + d];
-  sum = warp_sum(sum);
+  sum = warp_reduce(sum, SumOp{});
   if (threadIdx.x % kWarpSize == 0) delta[(b * sh.H + h) * sh.T + t] = sum;
 }
 
