@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -139,6 +140,39 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
+}
+
+// Every head dim from 1 to 256 launches (the emulation throws on more than 48
+// KiB of shared memory, as CUDA would fail the launch) and, at T = 1, gives the
+// answer it must: one visible key, so forward's p is exp(0) = 1 and out = v
+// bit for bit; lse is the one score. Backward recomputes p = exp(score - lse)
+// with the score summed in another order than forward's (the lane groups follow
+// the tile size, which follows each kernel's shared memory), so p is 1 within
+// rounding and dv = the group's dout summed within the bound of the shapes above.
+TEST(CudaAttentionHeadDims, OneTokenEveryD) {
+  for (int64_t D = 1; D <= 256; ++D) {
+    const Shape s{1, 1, 2, 1, D};
+    const auto q = randn(2 * D, 1, 1.0f), k = randn(D, 2, 1.0f), v = randn(D, 3, 1.0f),
+               dout = randn(2 * D, 4, 1.0f);
+    auto lse = nans(2), out = nans(2 * D), dq = nans(2 * D), dk = nans(D), dv = nans(D),
+         work = nans(2);
+    attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
+                      s.D, nullptr);
+    attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
+                       dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
+                       nullptr);
+    const auto want_lse = lse_ref(q, k, s);
+    for (int64_t h = 0; h < 2; ++h) {
+      EXPECT_NEAR(lse[h], want_lse[h], 1e-5 * (1 + std::fabs(want_lse[h]))) << "D " << D;
+      for (int64_t d = 0; d < D; ++d) {
+        ASSERT_EQ(out[h * D + d], v[d]) << "D " << D << " head " << h;
+        // The two query heads share the kv head: dv = dout of head 0 + head 1.
+        const float want_dv = dout[d] + dout[D + d];
+        const double bound = kTolerance * std::sqrt(2.0 + D) * (1 + std::fabs(want_dv));
+        if (h == 0) ASSERT_NEAR(dv[d], want_dv, bound) << "D " << D;
+      }
+    }
+  }
 }
 
 std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
