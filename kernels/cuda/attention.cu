@@ -15,17 +15,19 @@
 // kv group in head order.
 //
 // Why a self-written kernel and not cuDNN's fused attention. The toolkit here
-// ships cuDNN 9.19 (cudnn_graph.h and the engine libraries), whose fused
-// scaled-dot-product attention would be the fast path on a GPU. It was not
-// chosen because (1) its flash-attention engines take fp16/bf16 q, k, v, while
-// this trainer's activations are fp32, so every call would add conversions
-// and change the numbers the CPU reference checks; (2) it is a closed binary
-// library: the CPU emulation (kernels/cuda/emu) could not execute it, so CI,
-// which has no GPU, could test nothing of it, whereas this file is one source
-// that nvcc compiles for the GPU and the host compiler compiles for the
-// emulation; (3) the trainer promises bitwise-deterministic reductions, which
-// this kernel guarantees by construction. It is slower than cuDNN or
-// FlashAttention's tensor-core kernels: fp32 FMAs in CUDA cores, no mma.
+// ships cuDNN 9.19 (cudnn_graph.h and the engine libraries; not the C++
+// cudnn_frontend, whose SDPA node is the documented way in), and its
+// FlashAttention-2 SDPA would be the fast path on a GPU. It was not chosen
+// because (1) it takes fp16/bf16 (and fp8 on Hopper) q, k, v, and this
+// trainer's activations are fp32: every call would add conversions and change
+// the numbers the CPU reference checks; on Ampere its backward also stops at
+// D = 128; (2) it is a closed binary library: the CPU emulation
+// (kernels/cuda/emu) could not execute it, so CI, which has no GPU, could test
+// none of it, whereas this file is one source that nvcc compiles for the GPU
+// and the host compiler for the emulation, and the same code that runs on the
+// GPU is what the tests check. (cuDNN's backward does have a deterministic
+// mode, so determinism alone would not have decided it.) The price: fp32 FMAs
+// on CUDA cores, no tensor cores; nothing here has been timed on a GPU.
 //
 // Work layout inside a block (4 warps). Each warp owns 4 rows of the block's
 // tile ("own" rows: queries in forward and dq, keys in dk/dv). The other
@@ -37,9 +39,11 @@
 // shared memory; then lane l, which owns features l, l + 32, ... of the warp's
 // 4 own rows, adds weight(c) * streamed[c][feature] for c in order. (A shared
 // tile and a __syncwarp rather than 4 * S shuffles: about the same on a GPU,
-// much cheaper in the emulation, where every shuffle switches 32 fibers.) Tile sizes
-// follow D so that shared memory stays under 48 KiB, which every GPU grants
-// without opt-in: S is the largest of 32, 16, 8, 4 that fits.
+// much cheaper in the emulation, where every shuffle switches 32 fibers.)
+// Tile sizes follow D so that shared memory stays under 48 KiB, which every
+// GPU grants without opt-in: S is the largest of 32, 16, 8, 4 that fits
+// (D = 64: 32 everywhere; D = 128: 32 forward, 16 backward; D = 256: 8
+// forward, 4 backward).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -394,7 +398,8 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const cha
     std::abort();
   }
   const int d = static_cast<int>(D);
-  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, 1.0f / std::sqrt(static_cast<float>(d))};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }

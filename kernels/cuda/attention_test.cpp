@@ -19,7 +19,7 @@
 // error of each tensor, relative to its largest magnitude, is allowed
 // kTolerance * sqrt(T * group + D): with kTolerance = 2e-6, ~30 u per sqrt-term,
 // which leaves room for the fast_exp error (2 ulp) and the scale of the scores
-// while a wrong mask or a lost rescale gives errors of order 1e-2 and more.
+// while a wrong mask or a lost rescale gives errors of 1e-3 and far more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -188,10 +188,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                                            Shape{1, 37, 1, 1, 8},      // T not a tile multiple
                                            Shape{3, 37, 4, 4, 24},     // D not a warp multiple
                                            Shape{1, 130, 8, 2, 64},    // GQA, T past 8 tiles
-                                           Shape{3, 130, 4, 4, 128},   // backward streams 16 rows
+                                           Shape{3, 130, 4, 4, 128},   // 16-row tiles backward
                                            Shape{1, 37, 8, 2, 128},    // GQA at D = 128
                                            Shape{2, 50, 4, 2, 96},     // D = 3 warps
-                                           Shape{1, 37, 2, 1, 256},    // largest D: backward streams 4
+                                           Shape{1, 37, 2, 1, 256},    // largest D, 4-row tiles
                                            Shape{2, 19, 1, 1, 1}),     // D = 1
                          shape_name);
 
