@@ -236,7 +236,6 @@ __global__ void attention_delta_kernel(const float* out, const float* dout, floa
   if (threadIdx.x % kWarpSize == 0) delta[(b * sh.H + h) * sh.T + t] = sum;
 }
 
-
 // dq = scale * sum over keys of p * (dp - delta) * k, with p = exp(score - lse)
 // recomputed and dp = dout . v. Block (b*H + h, query tile). Shared memory:
 // the query and dout tiles [16][D], a key and a value tile [S][D + 1], and
