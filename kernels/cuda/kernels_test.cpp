@@ -30,6 +30,7 @@
 #include "backend/cpu_backend.h"
 #include "kernels/common/math.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/emu/simt.h"
 #include "kernels/cuda/ops.h"
 
 namespace {
@@ -136,11 +137,24 @@ std::string shape(const char* name, std::initializer_list<int64_t> dims) {
   return s;
 }
 
+// Every test runs with the block's threads resumed in forward and in reverse
+// order (the SIMT emulation's two schedules): a missing barrier shows in one.
+using amsp::emu::simt::Order;
+class CudaKernels : public ::testing::TestWithParam<Order> {
+ protected:
+  void SetUp() override { amsp::emu::simt::set_order(GetParam()); }
+  void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
+};
+INSTANTIATE_TEST_SUITE_P(Order, CudaKernels, ::testing::Values(Order::kForward, Order::kReverse),
+                         [](const ::testing::TestParamInfo<Order>& info) {
+                           return info.param == Order::kForward ? "forward" : "reverse";
+                         });
+
 // ---- conversions, add, finish, sum of squares ----------------------------------------
 
 const int64_t kSizes[] = {0, 1, 31, 255, 256, 257, 1000, 2 * cuda::kSumSquaresChunk + 17};
 
-TEST(CudaKernels, ConversionsAndRounding) {
+TEST_P(CudaKernels, ConversionsAndRounding) {
   CpuBackend ref(DType::kF32);
   for (int64_t n : kSizes) {
     std::vector<float> x = random_floats(n, 1, 3.0f), back(n), want_back(n), rounded(n);
@@ -158,7 +172,7 @@ TEST(CudaKernels, ConversionsAndRounding) {
   }
 }
 
-TEST(CudaKernels, AddAllDtypes) {
+TEST_P(CudaKernels, AddAllDtypes) {
   CpuBackend ref(DType::kF32);
   for (int64_t n : kSizes) {
     const std::vector<float> a = random_floats(n, 2), b = random_floats(n, 3);
@@ -180,7 +194,7 @@ TEST(CudaKernels, AddAllDtypes) {
   }
 }
 
-TEST(CudaKernels, FinishBf16Product) {
+TEST_P(CudaKernels, FinishBf16Product) {
   for (int64_t n : kSizes) {
     const std::vector<float> p = random_floats(n, 4), y0 = random_floats(n, 5);
     for (float beta : {0.0f, 1.0f, 0.5f}) {
@@ -198,7 +212,7 @@ TEST(CudaKernels, FinishBf16Product) {
   }
 }
 
-TEST(CudaKernels, SumSquares) {
+TEST_P(CudaKernels, SumSquares) {
   CpuBackend ref(DType::kF32);
   double worst = 0.0;
   for (int64_t n : kSizes) {
@@ -235,7 +249,7 @@ std::vector<int32_t> random_tokens(int64_t rows, int64_t vocab, uint32_t seed) {
   return t;
 }
 
-TEST(CudaKernels, EmbeddingForward) {
+TEST_P(CudaKernels, EmbeddingForward) {
   CpuBackend ref(DType::kF32);
   for (const EmbeddingShape& s : kEmbeddingShapes) {
     std::vector<int32_t> tokens = random_tokens(s.rows, s.vocab, 7);
@@ -252,7 +266,7 @@ TEST(CudaKernels, EmbeddingForward) {
   }
 }
 
-TEST(CudaKernels, EmbeddingBackward) {
+TEST_P(CudaKernels, EmbeddingBackward) {
   CpuBackend ref(DType::kF32);
   for (const EmbeddingShape& s : kEmbeddingShapes) {
     std::vector<int32_t> tokens = random_tokens(s.rows, s.vocab, 9);
@@ -314,8 +328,8 @@ void check_rmsnorm_forward(const char* dtype) {
   }
 }
 
-TEST(CudaKernels, RmsnormForwardF32) { check_rmsnorm_forward<float>("f32"); }
-TEST(CudaKernels, RmsnormForwardBf16) { check_rmsnorm_forward<bf16>("bf16"); }
+TEST_P(CudaKernels, RmsnormForwardF32) { check_rmsnorm_forward<float>("f32"); }
+TEST_P(CudaKernels, RmsnormForwardBf16) { check_rmsnorm_forward<bf16>("bf16"); }
 
 template <typename W, typename DW>
 void check_rmsnorm_backward(const char* dtypes) {
@@ -346,16 +360,16 @@ void check_rmsnorm_backward(const char* dtypes) {
   }
 }
 
-TEST(CudaKernels, RmsnormBackwardF32F32) { check_rmsnorm_backward<float, float>("w f32 dw f32"); }
-TEST(CudaKernels, RmsnormBackwardF32Bf16) { check_rmsnorm_backward<float, bf16>("w f32 dw bf16"); }
-TEST(CudaKernels, RmsnormBackwardBf16F32) { check_rmsnorm_backward<bf16, float>("w bf16 dw f32"); }
-TEST(CudaKernels, RmsnormBackwardBf16Bf16) {
+TEST_P(CudaKernels, RmsnormBackwardF32F32) { check_rmsnorm_backward<float, float>("w f32 dw f32"); }
+TEST_P(CudaKernels, RmsnormBackwardF32Bf16) { check_rmsnorm_backward<float, bf16>("w f32 dw bf16"); }
+TEST_P(CudaKernels, RmsnormBackwardBf16F32) { check_rmsnorm_backward<bf16, float>("w bf16 dw f32"); }
+TEST_P(CudaKernels, RmsnormBackwardBf16Bf16) {
   check_rmsnorm_backward<bf16, bf16>("w bf16 dw bf16");
 }
 
 // ---- RoPE -----------------------------------------------------------------------------
 
-TEST(CudaKernels, Rope) {
+TEST_P(CudaKernels, Rope) {
   struct Shape {
     int64_t B, T, heads, head_dim, row_stride;
   };
@@ -383,7 +397,7 @@ TEST(CudaKernels, Rope) {
 
 // ---- SwiGLU ---------------------------------------------------------------------------
 
-TEST(CudaKernels, Swiglu) {
+TEST_P(CudaKernels, Swiglu) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{65537}}) {
     const std::vector<float> gate = random_floats(n, 20, 4.0f), up = random_floats(n, 21),
                              dout = random_floats(n, 22);
@@ -414,7 +428,7 @@ std::vector<int32_t> loss_targets(int64_t rows, int64_t V, uint32_t seed) {
   return t;
 }
 
-TEST(CudaKernels, CrossEntropyForward) {
+TEST_P(CudaKernels, CrossEntropyForward) {
   for (const RowsDim& s : kLossShapes) {
     const std::vector<float> logits = random_floats(s.rows * s.dim, 23, 3.0f);
     const std::vector<int32_t> targets = loss_targets(s.rows, s.dim, 24);
@@ -440,7 +454,7 @@ TEST(CudaKernels, CrossEntropyForward) {
   }
 }
 
-TEST(CudaKernels, CrossEntropyBadTargetIsReportedNotRead) {
+TEST_P(CudaKernels, CrossEntropyBadTargetIsReportedNotRead) {
   const int64_t rows = 6, V = 7;
   const std::vector<float> logits = random_floats(rows * V, 25);
   // Rows 1 and 4 are bad; a read of logits[row, INT32_MAX - 1] would fault.
@@ -455,7 +469,7 @@ TEST(CudaKernels, CrossEntropyBadTargetIsReportedNotRead) {
   EXPECT_GT(losses[0], 0.0f);
 }
 
-TEST(CudaKernels, CrossEntropyBackward) {
+TEST_P(CudaKernels, CrossEntropyBackward) {
   for (const RowsDim& s : kLossShapes) {
     const std::vector<float> logits = random_floats(s.rows * s.dim, 26, 3.0f);
     const std::vector<int32_t> targets = loss_targets(s.rows, s.dim, 27);
@@ -472,7 +486,7 @@ TEST(CudaKernels, CrossEntropyBackward) {
 
 // ---- AdamW ----------------------------------------------------------------------------
 
-TEST(CudaKernels, AdamWMultiTensor) {
+TEST_P(CudaKernels, AdamWMultiTensor) {
   // 21 tensors: two launches of 16 and one of 5, with every grad and copy
   // dtype and empty tensors among them.
   const int64_t sizes[] = {1, 257, 0, 5000, 31, 1000, 3, 70000, 2, 256, 255,

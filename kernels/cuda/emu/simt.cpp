@@ -9,6 +9,8 @@
 #include <boost/context/protected_fixedsize_stack.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -160,12 +162,24 @@ void start_threads(Block& b, const ThreadInfo& shape) {
                            " finished, of " + std::to_string(b.threads.size()));
 }
 
+Order order_from_environment() {
+  const char* e = std::getenv("AMSP_SIMT_ORDER");
+  if (e == nullptr || std::strcmp(e, "forward") == 0) return Order::kForward;
+  if (std::strcmp(e, "reverse") == 0) return Order::kReverse;
+  throw std::runtime_error(std::string("SIMT emulation: AMSP_SIMT_ORDER is \"") + e +
+                           "\"; expected forward or reverse");
+}
+
+thread_local Order schedule_order = order_from_environment();
+
 // Round-robin over the threads until all finished. A full pass without a
 // runnable thread is a deadlock.
 void schedule(Block& b) {
   const size_t n = b.threads.size();
+  const bool reverse = schedule_order == Order::kReverse;
   size_t live = n, idle = 0;
-  for (size_t i = 0; live > 0; i = i + 1 == n ? 0 : i + 1) {
+  for (size_t k = 0; live > 0; k = k + 1 == n ? 0 : k + 1) {
+    const size_t i = reverse ? n - 1 - k : k;
     Thread& t = b.threads[i];
     if (t.done || (t.generation != nullptr && *t.generation == t.seen)) {
       if (++idle > n) fail_divergence(b);
@@ -296,6 +310,9 @@ uint64_t exchange(unsigned mask, uint64_t value, int src) {
   sync_warp(mask);
   return got;
 }
+
+void set_order(Order o) { schedule_order = o; }
+Order order() { return schedule_order; }
 
 int64_t switch_count() { return switches; }
 int64_t fiber_count() { return fibers_started; }

@@ -9,11 +9,15 @@
 //   - __syncwarp and the shuffles wait until every lane named in the mask has
 //     arrived. A shuffle is two rendezvous: each lane deposits its value, all
 //     read, and only after the second may a slot be reused.
+// The order can be reversed (set_order, or AMSP_SIMT_ORDER=reverse in the
+// environment): a kernel that lacks a barrier usually reads shared memory
+// before it is written in one of the two orders, so the tests run both.
 // When no thread of a block can run and not all have finished (some exited or
 // wait at a warp op while others wait at __syncthreads, or a mask names a lane
 // that exited), the launch fails with std::runtime_error naming the kernel and
 // the block; so does a mask naming a lane the block does not have, a shuffle
-// reading a lane outside its mask, or a launch configuration CUDA rejects.
+// reading a lane outside its mask, lanes of one warp meeting with different
+// masks, or a launch configuration CUDA rejects.
 //
 // Memory: __shared__ is `static thread_local` (one copy per OS thread, shared by
 // the fibers of the block that runs; blocks run one at a time, and like CUDA's,
@@ -83,6 +87,12 @@ void sync_warp(unsigned mask);
 // the value lane `src` deposited (src is a lane of this warp, 0..31), then
 // rendezvous again.
 uint64_t exchange(unsigned mask, uint64_t value, int src);
+
+// The order in which a block's threads are resumed, for launches from this OS
+// thread; the default is AMSP_SIMT_ORDER's ("forward" or "reverse"), else forward.
+enum class Order { kForward, kReverse };
+void set_order(Order order);
+Order order();
 
 // Counters for the cost figures of the tests: fiber switches and fibers
 // started on this OS thread since it began.

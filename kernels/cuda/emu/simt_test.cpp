@@ -90,6 +90,31 @@ TEST(Simt, DynamicSharedMemoryAndPartialLastBlock) {
   for (int i = n; i < n + 8; ++i) EXPECT_EQ(y[i], 12345) << "written past n at " << i;
 }
 
+// Reads its lower neighbour's shared slot with no barrier between the write
+// and the read: a race. Resumed in forward order every neighbour has written
+// already, so it passes by luck; in reverse order it reads unwritten memory.
+__global__ void racy_shift_kernel(int* y) {
+  AMSP_DYNAMIC_SHARED(int, buf);
+  const unsigned i = threadIdx.x;
+  buf[i] = static_cast<int>(i);
+  y[i] = i > 0 ? buf[i - 1] : -1;
+}
+
+TEST(Simt, ReverseOrderExposesAMissingBarrier) {
+  using amsp::emu::simt::Order;
+  auto wrong = [](Order order) {
+    amsp::emu::simt::set_order(order);
+    std::vector<int> y(64);
+    AMSP_LAUNCH(racy_shift_kernel, 1, 64, 64 * sizeof(int), nullptr)(y.data());
+    amsp::emu::simt::set_order(Order::kForward);
+    int bad = 0;
+    for (int i = 1; i < 64; ++i) bad += y[i] != i - 1;
+    return bad;
+  };
+  EXPECT_EQ(wrong(Order::kForward), 0);
+  EXPECT_EQ(wrong(Order::kReverse), 63);
+}
+
 __global__ void coords_kernel(int* out, int width) {
   const unsigned x = blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned y = blockIdx.y * blockDim.y + threadIdx.y;
