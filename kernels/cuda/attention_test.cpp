@@ -27,9 +27,11 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/emu/simt.h"
 #include "kernels/cuda/ops.h"
 #include "src/core/rng.h"
 
@@ -90,10 +92,20 @@ std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float
   return lse;
 }
 
-class CudaAttention : public ::testing::TestWithParam<Shape> {};
+// Every test runs with each block's threads resumed in forward and in reverse
+// order (the emulation's two schedules), so a missing barrier shows in one.
+using amsp::emu::simt::Order;
+
+std::string order_name(Order order) { return order == Order::kForward ? "forward" : "reverse"; }
+
+class CudaAttention : public ::testing::TestWithParam<std::tuple<Shape, Order>> {
+ protected:
+  void SetUp() override { amsp::emu::simt::set_order(std::get<1>(GetParam())); }
+  void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
+};
 
 TEST_P(CudaAttention, MatchesCpuReference) {
-  const Shape s = GetParam();
+  const Shape s = std::get<0>(GetParam());
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
   // q at twice the scale of k makes the softmax peaky enough that a lost
   // rescale of the running sum shows.
@@ -149,7 +161,13 @@ TEST_P(CudaAttention, MatchesCpuReference) {
 // with the score summed in another order than forward's (the lane groups follow
 // the tile size, which follows each kernel's shared memory), so p is 1 within
 // rounding and dv = the group's dout summed within the bound of the shapes above.
-TEST(CudaAttentionHeadDims, OneTokenEveryD) {
+class CudaAttentionHeadDims : public ::testing::TestWithParam<Order> {
+ protected:
+  void SetUp() override { amsp::emu::simt::set_order(GetParam()); }
+  void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
+};
+
+TEST_P(CudaAttentionHeadDims, OneTokenEveryD) {
   for (int64_t D = 1; D <= 256; ++D) {
     const Shape s{1, 1, 2, 1, D};
     const auto q = randn(2 * D, 1, 1.0f), k = randn(D, 2, 1.0f), v = randn(D, 3, 1.0f),
@@ -175,25 +193,37 @@ TEST(CudaAttentionHeadDims, OneTokenEveryD) {
   }
 }
 
-std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
-  const Shape& s = info.param;
+INSTANTIATE_TEST_SUITE_P(Order, CudaAttentionHeadDims,
+                         ::testing::Values(Order::kForward, Order::kReverse),
+                         [](const ::testing::TestParamInfo<Order>& info) {
+                           return order_name(info.param);
+                         });
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Shape, Order>>& info) {
+  const Shape& s = std::get<0>(info.param);
   return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_H" + std::to_string(s.H) +
-         "_KV" + std::to_string(s.KV) + "_D" + std::to_string(s.D);
+         "_KV" + std::to_string(s.KV) + "_D" + std::to_string(s.D) + "_" +
+         order_name(std::get<1>(info.param));
 }
 
 // B, T, H, KV, D
+const Shape kShapes[] = {
+    {1, 1, 1, 1, 8},     // one token
+    {3, 1, 8, 2, 64},    // one token, GQA
+    {1, 37, 1, 1, 8},    // T not a tile multiple
+    {3, 37, 4, 4, 24},   // D not a warp multiple
+    {1, 130, 8, 2, 64},  // GQA, T past 8 tiles
+    {3, 130, 4, 4, 128}, // 16-row tiles backward
+    {1, 37, 8, 2, 128},  // GQA at D = 128
+    {2, 50, 4, 2, 96},   // D = 3 warps
+    {1, 37, 2, 1, 256},  // largest D, 4-row tiles
+    {2, 19, 1, 1, 1},    // D = 1
+};
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
-                         ::testing::Values(Shape{1, 1, 1, 1, 8},       // one token
-                                           Shape{3, 1, 8, 2, 64},      // one token, GQA
-                                           Shape{1, 37, 1, 1, 8},      // T not a tile multiple
-                                           Shape{3, 37, 4, 4, 24},     // D not a warp multiple
-                                           Shape{1, 130, 8, 2, 64},    // GQA, T past 8 tiles
-                                           Shape{3, 130, 4, 4, 128},   // 16-row tiles backward
-                                           Shape{1, 37, 8, 2, 128},    // GQA at D = 128
-                                           Shape{2, 50, 4, 2, 96},     // D = 3 warps
-                                           Shape{1, 37, 2, 1, 256},    // largest D, 4-row tiles
-                                           Shape{2, 19, 1, 1, 1}),     // D = 1
-                         shape_name);
+                         ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values(Order::kForward, Order::kReverse)),
+                         case_name);
 
 }  // namespace
 }  // namespace amsp::kernels::cuda
