@@ -1,0 +1,229 @@
+// The CUDA attention kernels (kernels/cuda/attention.cu), run by the CPU
+// emulation, against the CPU reference (kernels/cpu/attention.cpp): out, dq,
+// dk and dv compared element by element, lse against a direct double-precision
+// log-sum-exp (the CPU reference keeps probabilities, not lse). Shapes are
+// chosen to be awkward for the tiles: T = 1, T not a multiple of the 16-row
+// tile, head dims that are not multiples of a warp, GQA groups.
+//
+// Device memory is host memory in the emulation, so std::vector storage and the
+// default (null) stream stand in for cudaMalloc and a stream; a launch runs when
+// it is issued and a bad one throws (kernels/cuda/emu/simt.h), which fails the
+// test, so no synchronisation or error query is needed.
+//
+// Tolerance. Both sides compute in fp32 but sum in different orders (sgemm
+// blocks on the CPU; tiles, lane groups and shuffles here) and the kernel folds
+// the softmax normalisation in at the end. Rounding errors of a sum of n terms
+// of unit scale grow like u * sqrt(n) (u = 2^-24 ~ 6e-8) when they are random,
+// and every result here is such a sum over the T keys or queries (times the
+// group for dk, dv) of terms that are themselves dot products over D. So the
+// error of each tensor, relative to its largest magnitude, is allowed
+// kTolerance * sqrt(T * group + D): with kTolerance = 2e-6, ~30 u per sqrt-term,
+// which leaves room for the fast_exp error (2 ulp) and the scale of the scores
+// while a wrong mask or a lost rescale gives errors of 1e-3 and far more.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/emu/simt.h"
+#include "kernels/cuda/ops.h"
+#include "src/core/rng.h"
+
+namespace amsp::kernels::cuda {
+namespace {
+
+constexpr double kTolerance = 2e-6;
+
+struct Shape {
+  int64_t B, T, H, KV, D;
+};
+
+std::vector<float> randn(int64_t n, uint64_t stream, float scale) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(random_normal(11, stream, i));
+  return v;
+}
+
+std::vector<float> nans(int64_t n) {
+  return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+// max |got - want| / max(max |want|, 1). The floor: inputs are of unit scale,
+// and where every exact value is 0 (dq, dk at T = 1: a softmax over one key has
+// no gradient) both sides return rounding residues of unit-scale terms. NaN
+// counts as infinite, so unwritten elements show.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0, scale = 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(e <= worst)) worst = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+  }
+  return worst / scale;
+}
+
+// lse[b, h, t] = log sum_{j <= t} exp(q_t . k_j / sqrt(D)), in double.
+std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float>& k,
+                            const Shape& s) {
+  std::vector<double> lse(s.B * s.H * s.T);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t t = 0; t < s.T; ++t) {
+        const int64_t kh = h / (s.H / s.KV);
+        std::vector<double> scores(t + 1);
+        for (int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < s.D; ++e)
+            d += static_cast<double>(q[((b * s.T + t) * s.H + h) * s.D + e]) *
+                 k[((b * s.T + j) * s.KV + kh) * s.D + e];
+          scores[j] = d / std::sqrt(static_cast<double>(s.D));
+        }
+        const double mx = *std::max_element(scores.begin(), scores.end());
+        double z = 0;
+        for (double x : scores) z += std::exp(x - mx);
+        lse[(b * s.H + h) * s.T + t] = mx + std::log(z);
+      }
+  return lse;
+}
+
+// Every test runs with each block's threads resumed in forward and in reverse
+// order (the emulation's two schedules), so a missing barrier shows in one.
+using amsp::emu::simt::Order;
+
+std::string order_name(Order order) { return order == Order::kForward ? "forward" : "reverse"; }
+
+class CudaAttention : public ::testing::TestWithParam<std::tuple<Shape, Order>> {
+ protected:
+  void SetUp() override { amsp::emu::simt::set_order(std::get<1>(GetParam())); }
+  void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
+};
+
+TEST_P(CudaAttention, MatchesCpuReference) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  // q at twice the scale of k makes the softmax peaky enough that a lost
+  // rescale of the running sum shows.
+  const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
+             dout = randn(nq, 4, 1.0f);
+
+  std::vector<float> probs(s.B * s.H * s.T * s.T), out_cpu(nq), dq_cpu(nq), dk_cpu(nk), dv_cpu(nk);
+  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), probs.data(), out_cpu.data(), s.B,
+                                   s.T, s.H, s.KV, s.D);
+  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), probs.data(), dout.data(),
+                                    dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B, s.T, s.H,
+                                    s.KV, s.D);
+
+  // NaN-filled outputs: every element must be written.
+  auto lse = nans(attention_saved_count(s.B, s.T, s.H)), out = nans(nq), dq = nans(nq),
+       dk = nans(nk), dv = nans(nk), work = nans(attention_backward_workspace(s.B, s.T, s.H));
+  attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
+                    s.D, nullptr);
+  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(), dq.data(),
+                     dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D, nullptr);
+
+  const auto want_lse = lse_ref(q, k, s);
+  std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
+  const double bound = kTolerance * std::sqrt(static_cast<double>(s.T * (s.H / s.KV) + s.D));
+  const double e_out = relative_error(out, out_cpu), e_lse = relative_error(lse, want_lse_f),
+               e_dq = relative_error(dq, dq_cpu), e_dk = relative_error(dk, dk_cpu),
+               e_dv = relative_error(dv, dv_cpu);
+  std::printf("  B=%lld T=%lld H=%lld KV=%lld D=%lld  relative error: out %.2e lse %.2e dq %.2e "
+              "dk %.2e dv %.2e (bound %.2e)\n",
+              static_cast<long long>(s.B), static_cast<long long>(s.T),
+              static_cast<long long>(s.H), static_cast<long long>(s.KV),
+              static_cast<long long>(s.D), e_out, e_lse, e_dq, e_dk, e_dv, bound);
+  EXPECT_LE(e_out, bound);
+  EXPECT_LE(e_lse, bound);
+  EXPECT_LE(e_dq, bound);
+  EXPECT_LE(e_dk, bound);
+  EXPECT_LE(e_dv, bound);
+
+  // Deterministic: a second backward gives the same bits.
+  auto dq2 = nans(nq), dk2 = nans(nk), dv2 = nans(nk);
+  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
+                     dq2.data(), dk2.data(), dv2.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
+                     nullptr);
+  EXPECT_EQ(dq, dq2);
+  EXPECT_EQ(dk, dk2);
+  EXPECT_EQ(dv, dv2);
+}
+
+// Every head dim from 1 to 256 launches (the emulation throws on more than 48
+// KiB of shared memory, as CUDA would fail the launch) and, at T = 1, gives the
+// answer it must: one visible key, so forward's p is exp(0) = 1 and out = v
+// bit for bit; lse is the one score. Backward recomputes p = exp(score - lse)
+// with the score summed in another order than forward's (the lane groups follow
+// the tile size, which follows each kernel's shared memory), so p is 1 within
+// rounding and dv = the group's dout summed within the bound of the shapes above.
+class CudaAttentionHeadDims : public ::testing::TestWithParam<Order> {
+ protected:
+  void SetUp() override { amsp::emu::simt::set_order(GetParam()); }
+  void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
+};
+
+TEST_P(CudaAttentionHeadDims, OneTokenEveryD) {
+  for (int64_t D = 1; D <= 256; ++D) {
+    const Shape s{1, 1, 2, 1, D};
+    const auto q = randn(2 * D, 1, 1.0f), k = randn(D, 2, 1.0f), v = randn(D, 3, 1.0f),
+               dout = randn(2 * D, 4, 1.0f);
+    auto lse = nans(2), out = nans(2 * D), dq = nans(2 * D), dk = nans(D), dv = nans(D),
+         work = nans(2);
+    attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
+                      s.D, nullptr);
+    attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
+                       dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
+                       nullptr);
+    const auto want_lse = lse_ref(q, k, s);
+    for (int64_t h = 0; h < 2; ++h) {
+      EXPECT_NEAR(lse[h], want_lse[h], 1e-5 * (1 + std::fabs(want_lse[h]))) << "D " << D;
+      for (int64_t d = 0; d < D; ++d) {
+        ASSERT_EQ(out[h * D + d], v[d]) << "D " << D << " head " << h;
+        // The two query heads share the kv head: dv = dout of head 0 + head 1.
+        const float want_dv = dout[d] + dout[D + d];
+        const double bound = kTolerance * std::sqrt(2.0 + D) * (1 + std::fabs(want_dv));
+        if (h == 0) ASSERT_NEAR(dv[d], want_dv, bound) << "D " << D;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Order, CudaAttentionHeadDims,
+                         ::testing::Values(Order::kForward, Order::kReverse),
+                         [](const ::testing::TestParamInfo<Order>& info) {
+                           return order_name(info.param);
+                         });
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Shape, Order>>& info) {
+  const Shape& s = std::get<0>(info.param);
+  return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_H" + std::to_string(s.H) +
+         "_KV" + std::to_string(s.KV) + "_D" + std::to_string(s.D) + "_" +
+         order_name(std::get<1>(info.param));
+}
+
+// B, T, H, KV, D
+const Shape kShapes[] = {
+    {1, 1, 1, 1, 8},     // one token
+    {3, 1, 8, 2, 64},    // one token, GQA
+    {1, 37, 1, 1, 8},    // T not a tile multiple
+    {3, 37, 4, 4, 24},   // D not a warp multiple
+    {1, 130, 8, 2, 64},  // GQA, T past 8 tiles
+    {3, 130, 4, 4, 128}, // 16-row tiles backward
+    {1, 37, 8, 2, 128},  // GQA at D = 128
+    {2, 50, 4, 2, 96},   // D = 3 warps
+    {1, 37, 2, 1, 256},  // largest D, 4-row tiles
+    {2, 19, 1, 1, 1},    // D = 1
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
+                         ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values(Order::kForward, Order::kReverse)),
+                         case_name);
+
+}  // namespace
+}  // namespace amsp::kernels::cuda
