@@ -4,8 +4,11 @@
 #
 #   ctest -L mpi -R emu_nccl   runs it under mpiexec on this machine
 
-# What the emulation itself needs: nccl.cpp runs over MPI, cublas.cpp over OpenBLAS.
-target_link_libraries(amsp_kernels_cuda_emu PUBLIC MPI::MPI_C amsp_openblas)
+# nccl_check.cpp has a main(): it is a program, not part of the library, even
+# when a glob of emu/*.cpp put it there.
+get_target_property(AMSP_CUDA_EMU_LIB_SOURCES amsp_kernels_cuda_emu SOURCES)
+list(REMOVE_ITEM AMSP_CUDA_EMU_LIB_SOURCES ${CMAKE_CURRENT_LIST_DIR}/nccl_check.cpp)
+set_target_properties(amsp_kernels_cuda_emu PROPERTIES SOURCES "${AMSP_CUDA_EMU_LIB_SOURCES}")
 
 add_executable(amsp_emu_nccl_check ${CMAKE_CURRENT_LIST_DIR}/nccl_check.cpp)
 target_compile_options(amsp_emu_nccl_check PRIVATE ${AMSP_WARNINGS})
