@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/api.h"
@@ -219,6 +220,25 @@ TEST(CudaEmuHistory, WholeWritesKeepItSmall) {
   EXPECT_EQ(c->earlier.tick, tick);
   EXPECT_EQ(c->begin, 100u);
   EXPECT_EQ(c->end, 200u);
+}
+
+// Host threads issuing on their own streams at once share the checker's state.
+TEST(CudaEmu, ThreadsIssueConcurrently) {
+  const int64_t before = amsp::emu::hb_checked();
+  auto work = [] {
+    cudaStream_t s = nullptr;
+    void* p = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&p, 256), cudaSuccess);
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(cudaMemsetAsync(p, i, 256, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(cudaFree(p), cudaSuccess);
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  };
+  std::thread a(work), b(work);
+  a.join();
+  b.join();
+  EXPECT_EQ(amsp::emu::hb_checked() - before, 2000);
 }
 
 // ---- the runtime itself ---------------------------------------------------------------
