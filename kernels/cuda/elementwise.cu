@@ -1,0 +1,133 @@
+// Conversions, additions, the end of bf16 products and the sum of squares
+// (kernels/cuda/ops.h). One thread per element in grid-stride loops; the
+// arithmetic per element is the CPU backend's, so results are bit-identical.
+#include "kernels/common/math.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace amsp::kernels::cuda {
+namespace {
+
+// Elementwise values in fp32: fp32 as is, bf16 widened (exact).
+AMSP_DEVICE_INLINE float load(float x) { return x; }
+AMSP_DEVICE_INLINE float load(bf16 x) { return bf16_to_float(x); }
+// Stores an fp32 value in the destination's dtype, rounding bf16 to nearest even.
+AMSP_DEVICE_INLINE void store(float* p, float x) { *p = x; }
+AMSP_DEVICE_INLINE void store(bf16* p, float x) { *p = float_to_bf16(x); }
+
+AMSP_DEVICE_INLINE int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+AMSP_DEVICE_INLINE int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// AMSP_LAUNCH is a macro: a kernel's template arguments must hold no comma, so
+// the two dtypes of a kernel travel as one type.
+template <typename A, typename B>
+struct Dtypes {
+  using First = A;
+  using Second = B;
+};
+using F32F32 = Dtypes<float, float>;
+using F32Bf16 = Dtypes<float, bf16>;
+using Bf16F32 = Dtypes<bf16, float>;
+using Bf16Bf16 = Dtypes<bf16, bf16>;
+
+// y = x in y's dtype; T: Dtypes<x's, y's>.
+template <typename T>
+__global__ void convert_kernel(const typename T::First* x, typename T::Second* y, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) store(y + i, load(x[i]));
+}
+
+__global__ void round_values_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = round_bf16(x[i]);
+}
+
+// dst += src in fp32, stored in dst's dtype; T: Dtypes<dst's, src's>.
+template <typename T>
+__global__ void add_kernel(typename T::First* dst, const typename T::Second* src, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    store(dst + i, load(dst[i]) + load(src[i]));
+}
+
+__global__ void finish_product_kernel(const float* p, float* y, int64_t n, float beta) {
+  // beta == 0 must not read y (it may hold garbage, as with BLAS).
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    y[i] = beta == 0.0f ? round_bf16(p[i]) : round_bf16(p[i]) + beta * y[i];
+}
+
+// One block per chunk of kSumSquaresChunk elements.
+template <typename T>
+__global__ void chunk_squares_kernel(const T* x, int64_t n, double* partials) {
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * kSumSquaresChunk;
+  const int64_t hi = lo + kSumSquaresChunk < n ? lo + kSumSquaresChunk : n;
+  double s = 0.0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const double v = load(x[i]);
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// The chunks in order, by one thread: the order the CPU backend sums them in.
+__global__ void sum_chunks_kernel(const double* partials, int64_t chunks, double* out) {
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) total += partials[c];
+  *out = total;
+}
+
+template <typename T>
+void sum_squares_impl(const T* x, int64_t n, double* partials, double* out, cudaStream_t s) {
+  const int64_t chunks = sum_squares_chunks(n);
+  if (chunks > 0)
+    AMSP_LAUNCH(chunk_squares_kernel<T>, static_cast<unsigned>(chunks), kBlockThreads, 0, s)(
+        x, n, partials);
+  // n == 0 still stores the total (0), so the caller's read is defined.
+  AMSP_LAUNCH(sum_chunks_kernel, 1, 1, 0, s)(partials, chunks, out);
+}
+
+}  // namespace
+
+void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(convert_kernel<F32Bf16>, grid_for(n), kBlockThreads, 0, s)(x, y, n);
+}
+
+void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(convert_kernel<Bf16F32>, grid_for(n), kBlockThreads, 0, s)(x, y, n);
+}
+
+void round_bf16_values(const float* x, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(round_values_kernel, grid_for(n), kBlockThreads, 0, s)(x, y, n);
+}
+
+void add(float* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(add_kernel<F32F32>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+}
+
+void add(float* dst, const bf16* src, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(add_kernel<F32Bf16>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+}
+
+void add(bf16* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(add_kernel<Bf16F32>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+}
+
+void add(bf16* dst, const bf16* src, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(add_kernel<Bf16Bf16>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+}
+
+void finish_bf16_product(const float* p, float* y, int64_t n, float beta, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(finish_product_kernel, grid_for(n), kBlockThreads, 0, s)(p, y, n, beta);
+}
+
+int64_t sum_squares_chunks(int64_t n) { return (n + kSumSquaresChunk - 1) / kSumSquaresChunk; }
+
+void sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s) {
+  sum_squares_impl(x, n, partials, out, s);
+}
+
+void sum_squares(const bf16* x, int64_t n, double* partials, double* out, cudaStream_t s) {
+  sum_squares_impl(x, n, partials, out, s);
+}
+
+}  // namespace amsp::kernels::cuda

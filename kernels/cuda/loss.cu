@@ -1,0 +1,81 @@
+// Cross-entropy over the vocabulary (kernels/cuda/ops.h). Forward: one block
+// per row, the max and the sum of exp(z - max) as block reductions (the sum in
+// double, as the CPU does, in a fixed tree order: lse may differ from the CPU's
+// in the last bit). Backward: elementwise, the CPU's arithmetic.
+#include <cmath>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace amsp::kernels::cuda {
+namespace {
+
+__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets,
+                                             float* lse, float* losses, int32_t* bad_row,
+                                             int64_t rows, int64_t V) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* z = logits + r * V;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = MaxOp{}(mx, z[j]);
+    mx = block_max(mx);
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += fast_exp(z[j] - mx);
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) {
+      const double l = static_cast<double>(mx) + log(sum);
+      lse[r] = static_cast<float>(l);
+      const int32_t t = targets[r];
+      if (t >= V) {
+        // Never read past the row; the caller learns the first bad row.
+        atomicMin(bad_row, static_cast<int>(r));
+        losses[r] = 0.0f;
+      } else {
+        losses[r] = t < 0 ? 0.0f : static_cast<float>(l - static_cast<double>(z[t]));
+      }
+    }
+  }
+}
+
+// z := scale * exp(z - lse), then the target's entry minus scale, as the CPU
+// writes then subtracts; ignored rows become 0.
+__global__ void cross_entropy_backward_kernel(float* logits, const int32_t* targets,
+                                              const float* lse, int64_t rows, int64_t V,
+                                              float scale) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float* z = logits + r * V;
+    const int32_t t = targets[r];
+    const float l = lse[r];
+    for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < V;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      if (t < 0) {
+        z[j] = 0.0f;
+        continue;
+      }
+      const float p = scale * fast_exp(z[j] - l);
+      z[j] = j == t ? p - scale : p;
+    }
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(const float* logits, const int32_t* targets, float* lse,
+                           float* losses, int32_t* bad_row, int64_t rows, int64_t V,
+                           cudaStream_t s) {
+  if (rows > 0 && V > 0)
+    AMSP_LAUNCH(cross_entropy_forward_kernel, grid_for(rows, 1), kBlockThreads, 0, s)(
+        logits, targets, lse, losses, bad_row, rows, V);
+}
+
+void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse, int64_t rows,
+                            int64_t V, float scale, cudaStream_t s) {
+  if (rows > 0 && V > 0) {
+    // Rows along y (at most 65535 per pass), the vocabulary along x.
+    const dim3 grid(grid_for(V, kBlockThreads, 64), grid_for(rows, 1, 65535));
+    AMSP_LAUNCH(cross_entropy_backward_kernel, grid, kBlockThreads, 0, s)(
+        logits, targets, lse, rows, V, scale);
+  }
+}
+
+}  // namespace amsp::kernels::cuda

@@ -1,0 +1,125 @@
+// RMSNorm forward, recomputation and backward (kernels/cuda/ops.h), with the
+// CPU backend's arithmetic: row sums of squares and of w*dy*x in double, the
+// per-element math of kernels/common/math.h. The row sums are block
+// reductions (a fixed tree order, not the CPU's), so inv_rms and dx may differ
+// from the CPU in the last bit; y and dw follow the CPU's order exactly.
+#include "kernels/common/math.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace amsp::kernels::cuda {
+namespace {
+
+AMSP_DEVICE_INLINE float widen(float x) { return x; }
+AMSP_DEVICE_INLINE float widen(bf16 x) { return bf16_to_float(x); }
+
+// One block per row (grid-stride over rows); every thread of a block takes
+// part in the reduction, however short the row.
+template <typename W>
+__global__ void rmsnorm_forward_kernel(const float* x, const W* w, float* y, float* inv_rms,
+                                       int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * dim;
+    double ss = 0.0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      ss += static_cast<double>(xr[j]) * xr[j];
+    const float inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
+    if (threadIdx.x == 0) inv_rms[r] = inv;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      y[r * dim + j] = rmsnorm_element(xr[j], widen(w[j]), inv);
+  }
+}
+
+template <typename W>
+__global__ void rmsnorm_apply_kernel(const float* x, const W* w, const float* inv_rms, float* y,
+                                     int64_t rows, int64_t dim) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float inv = inv_rms[r];
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      y[r * dim + j] = rmsnorm_element(x[r * dim + j], widen(w[j]), inv);
+  }
+}
+
+// dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row.
+template <typename W>
+__global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const W* w,
+                                  const float* inv_rms, float* dx, int64_t rows, int64_t dim) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * dim;
+    const float* dyr = dy + r * dim;
+    const float inv = inv_rms[r];
+    double c = 0.0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      c += static_cast<double>(widen(w[j]) * dyr[j]) * xr[j];
+    c = block_sum(c);
+    const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      dx[r * dim + j] += rmsnorm_dx_element(xr[j], widen(w[j]), dyr[j], inv, coef);
+  }
+}
+
+AMSP_DEVICE_INLINE void add_to(float* dst, float c) { *dst += c; }
+AMSP_DEVICE_INLINE void add_to(bf16* dst, float c) {
+  *dst = float_to_bf16(bf16_to_float(*dst) + c);
+}
+
+// dw[j] += sum over rows of dy * (x * inv): one thread per column walks the
+// rows in order in double, as the CPU does, then adds once.
+template <typename DW>
+__global__ void rmsnorm_dw_kernel(const float* dy, const float* x, const float* inv_rms, DW* dw,
+                                  int64_t rows, int64_t dim) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < rows; ++r)
+      acc += static_cast<double>(dy[r * dim + j] * (x[r * dim + j] * inv_rms[r]));
+    add_to(dw + j, static_cast<float>(acc));
+  }
+}
+
+}  // namespace
+
+template <typename W>
+void rmsnorm_forward(const float* x, const W* w, float* y, float* inv_rms, int64_t rows,
+                     int64_t dim, float eps, cudaStream_t s) {
+  if (rows > 0)
+    AMSP_LAUNCH(rmsnorm_forward_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
+        x, w, y, inv_rms, rows, dim, eps);
+}
+
+template <typename W>
+void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, float* y, int64_t rows,
+                   int64_t dim, cudaStream_t s) {
+  if (rows > 0 && dim > 0)
+    AMSP_LAUNCH(rmsnorm_apply_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
+        x, w, inv_rms, y, rows, dim);
+}
+
+template <typename W, typename DW>
+void rmsnorm_backward(const float* dy, const float* x, const W* w, const float* inv_rms,
+                      float* dx, DW* dw, int64_t rows, int64_t dim, cudaStream_t s) {
+  if (rows == 0 || dim == 0) return;
+  AMSP_LAUNCH(rmsnorm_dx_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
+      dy, x, w, inv_rms, dx, rows, dim);
+  AMSP_LAUNCH(rmsnorm_dw_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(
+      dy, x, inv_rms, dw, rows, dim);
+}
+
+template void rmsnorm_forward(const float*, const float*, float*, float*, int64_t, int64_t, float,
+                              cudaStream_t);
+template void rmsnorm_forward(const float*, const bf16*, float*, float*, int64_t, int64_t, float,
+                              cudaStream_t);
+template void rmsnorm_apply(const float*, const float*, const float*, float*, int64_t, int64_t,
+                            cudaStream_t);
+template void rmsnorm_apply(const float*, const bf16*, const float*, float*, int64_t, int64_t,
+                            cudaStream_t);
+template void rmsnorm_backward(const float*, const float*, const float*, const float*, float*,
+                               float*, int64_t, int64_t, cudaStream_t);
+template void rmsnorm_backward(const float*, const float*, const float*, const float*, float*,
+                               bf16*, int64_t, int64_t, cudaStream_t);
+template void rmsnorm_backward(const float*, const float*, const bf16*, const float*, float*,
+                               float*, int64_t, int64_t, cudaStream_t);
+template void rmsnorm_backward(const float*, const float*, const bf16*, const float*, float*,
+                               bf16*, int64_t, int64_t, cudaStream_t);
+
+}  // namespace amsp::kernels::cuda
