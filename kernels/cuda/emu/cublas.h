@@ -2,7 +2,13 @@
 // names and signatures, implemented on the CPU with OpenBLAS (cublas.cpp).
 // GemmEx with bf16 inputs widens them exactly and multiplies in fp32, as
 // cuBLAS's CUBLAS_COMPUTE_32F does (in another order of summation).
-// Column-major, as cuBLAS is.
+// Column-major, as cuBLAS is. GemmEx takes A and B both fp32 (C fp32) or both
+// bf16 (C fp32 or bf16, rounded once), scalars as host floats. A product reads
+// A and B and, unless beta is 0, C, then writes C, on the handle's stream, for
+// the happens-before checker; like the copies of runtime.h, the two products
+// take the caller's file and line as defaulted trailing arguments. Pointers
+// that are not device memory end the process with a message (on a GPU they
+// are an illegal address).
 #pragma once
 
 #include "kernels/cuda/emu/runtime.h"
@@ -29,11 +35,13 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float* alpha,
                            const float* A, int lda, const float* B, int ldb, const float* beta,
-                           float* C, int ldc);
+                           float* C, int ldc, const char* file = __builtin_FILE(),
+                           int line = __builtin_LINE());
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cublasOperation_t transb, int m, int n, int k, const void* alpha,
                             const void* A, cudaDataType Atype, int lda, const void* B,
                             cudaDataType Btype, int ldb, const void* beta, void* C,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
-                            cublasGemmAlgo_t algo);
+                            cublasGemmAlgo_t algo, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE());
 const char* cublasGetStatusString(cublasStatus_t status);

@@ -65,10 +65,16 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocHost(void** ptr, size_t bytes);
 cudaError_t cudaFreeHost(void* ptr);
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+// The copies and sets take the caller's file and line as defaulted trailing
+// arguments (an emulation-only addition; calls read as CUDA's), so that the
+// checker can name them.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                       const char* file = __builtin_FILE(), int line = __builtin_LINE());
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream);
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream);
+                            cudaStream_t stream = nullptr, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE());
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr,
+                            const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
@@ -102,6 +108,25 @@ void hb_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, c
 // Happens-before accounting for the tests: accesses checked so far.
 int64_t hb_checked();
 
-// The emulated device's name and memory (for cudaGetDeviceProperties):
-// AMSP_EMU_DEVICE_MEMORY bytes, default 16 GiB; the name says it is emulated.
+// Makes `error` what cudaGetLastError returns next, as a failed launch would
+// (for the emulated kernel launcher).
+void set_last_error(cudaError_t error);
+
+// Devices: cudaGetDeviceCount is AMSP_EMU_DEVICES (default 8, so that every
+// rank of an MPI job on one host can select its own), each named "emulated
+// CUDA device (CPU)" with AMSP_EMU_DEVICE_MEMORY bytes (default 16 GiB; a
+// number of bytes, or with a K, M, G or T suffix, binary). cudaMalloc fails
+// with cudaErrorMemoryAllocation past that, and fills new blocks with 0xff
+// bytes (NaN as fp32 and bf16) so that a read of memory nobody wrote shows.
+//
+// Ordering, as CUDA's: the legacy default stream (nullptr) waits for the work
+// issued so far on every live blocking stream, and blocking streams wait for
+// the work issued so far on it; cudaStreamNonBlocking streams do neither.
+// cudaMemcpy is a copy on the legacy stream followed by a host synchronisation
+// with it. A successful cudaEventQuery or cudaStreamQuery synchronises the host
+// as cudaEventSynchronize does (work runs at issue, so they always succeed).
+// Stricter than CUDA: cudaFree does not synchronise; freeing a block that a
+// stream accessed after the host's last synchronisation with that access is a
+// violation. Pinned host memory (cudaMallocHost) is device-accessible but not
+// tracked: the host touches it without telling the checker.
 }  // namespace amsp::emu

@@ -1,0 +1,390 @@
+// The emulated NCCL (kernels/cuda/emu/nccl.cpp) under mpiexec -n 4: every op
+// in fp32, bf16, int32 and fp64, out of place and in place, on the world and on two
+// generations of groups of 2, against references computed here; sums must be
+// the rank-order sums (bf16: in fp32, rounded once) bit for bit on every rank.
+// Then the error paths: a group whose members disagree fails on all of them,
+// an aborted communicator refuses work. With AMSP_EMU_NCCL_FAIL set it checks
+// instead that the injected failure happens where asked.
+//
+// Not a gtest program: it needs MPI and 4 ranks (emu/tests.cmake runs it).
+// Prints "<n> failed" on rank 0.
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/api.h"
+
+namespace {
+
+using Bytes = std::vector<char>;
+
+int g_failed = 0;
+int g_world_rank = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (ok) return;
+  ++g_failed;
+  std::fprintf(stderr, "nccl_check: rank %d: FAILED: %s\n", g_world_rank, what.c_str());
+}
+
+struct Group {
+  std::string name;
+  int rank = 0, size = 0;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// A communicator over the ranks of `mpi`, made the way NcclCommunicator does.
+Group make_group(MPI_Comm mpi, const std::string& name) {
+  Group g;
+  g.name = name;
+  MPI_Comm_rank(mpi, &g.rank);
+  MPI_Comm_size(mpi, &g.size);
+  ncclUniqueId id{};
+  if (g.rank == 0) ncclGetUniqueId(&id);
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi);
+  expect(ncclCommInitRank(&g.comm, g.size, id, g.rank) == ncclSuccess, name + ": init");
+  cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking);
+  return g;
+}
+
+void free_group(Group& g) {
+  expect(ncclCommDestroy(g.comm) == ncclSuccess, g.name + ": destroy");
+  cudaStreamDestroy(g.stream);
+}
+
+// ---- data and references --------------------------------------------------------------
+
+const char* type_name(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt32: return "int32";
+    case ncclFloat32: return "fp32";
+    case ncclFloat64: return "fp64";
+    case ncclBfloat16: return "bf16";
+  }
+  return "?";
+}
+
+size_t type_bytes(ncclDataType_t t) { return t == ncclBfloat16 ? 2 : t == ncclFloat64 ? 8 : 4; }
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Group rank r's input: n values spread over 2^-10 .. 2^10 so that the order
+// of summation shows in the last bits.
+Bytes input(ncclDataType_t t, int r, size_t n, uint64_t salt) {
+  Bytes b(n * type_bytes(t));
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t x = mix(salt * 1000003 + static_cast<uint64_t>(r) * 7919 + i);
+    const double v = std::ldexp((static_cast<double>(x % 2000001) - 1e6) / 1e6,
+                                static_cast<int>((x >> 32) % 21) - 10);
+    char* at = b.data() + i * type_bytes(t);
+    if (t == ncclFloat32) {
+      const float f = static_cast<float>(v);
+      std::memcpy(at, &f, 4);
+    }
+    if (t == ncclFloat64) std::memcpy(at, &v, 8);
+    if (t == ncclInt32) {
+      const int32_t k = static_cast<int32_t>(x >> 7);
+      std::memcpy(at, &k, 4);
+    }
+    if (t == ncclBfloat16) {
+      const uint16_t h = amsp::kernels::float_to_bf16(static_cast<float>(v));
+      std::memcpy(at, &h, 2);
+    }
+  }
+  return b;
+}
+
+// Element i of the sum of parts[order[0]], parts[order[1]], ... (each from
+// element offset `off`), accumulated as the emulation promises.
+void sum_element(ncclDataType_t t, const std::vector<Bytes>& parts, const std::vector<int>& order,
+                 size_t off, size_t i, char* out) {
+  const size_t eb = type_bytes(t), at = (off + i) * eb;
+  if (t == ncclFloat32 || t == ncclBfloat16) {
+    float acc = 0;
+    for (size_t k = 0; k < order.size(); ++k) {
+      const char* p = parts[order[k]].data() + at;
+      float v;
+      if (t == ncclFloat32) {
+        std::memcpy(&v, p, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        v = amsp::kernels::bf16_to_float(h);
+      }
+      acc = k == 0 ? v : acc + v;
+    }
+    if (t == ncclFloat32)
+      std::memcpy(out, &acc, 4);
+    else {
+      const uint16_t h = amsp::kernels::float_to_bf16(acc);
+      std::memcpy(out, &h, 2);
+    }
+  } else if (t == ncclFloat64) {
+    double acc = 0;
+    for (size_t k = 0; k < order.size(); ++k) {
+      double v;
+      std::memcpy(&v, parts[order[k]].data() + at, 8);
+      acc = k == 0 ? v : acc + v;
+    }
+    std::memcpy(out, &acc, 8);
+  } else {
+    uint32_t acc = 0;
+    for (int r : order) {
+      int32_t v;
+      std::memcpy(&v, parts[r].data() + at, 4);
+      acc += static_cast<uint32_t>(v);
+    }
+    const int32_t s = static_cast<int32_t>(acc);
+    std::memcpy(out, &s, 4);
+  }
+}
+
+int64_t g_order_matters = 0;  // elements whose reversed-order sum has other bits
+
+// The rank-order sum of count elements of every rank's part from `off`.
+Bytes reference_sum(ncclDataType_t t, const std::vector<Bytes>& parts, size_t off, size_t count) {
+  const size_t eb = type_bytes(t);
+  std::vector<int> order(parts.size()), reversed(parts.size());
+  for (size_t r = 0; r < parts.size(); ++r) order[r] = reversed[parts.size() - 1 - r] = int(r);
+  Bytes out(count * eb), other(eb);
+  for (size_t i = 0; i < count; ++i) {
+    sum_element(t, parts, order, off, i, out.data() + i * eb);
+    sum_element(t, parts, reversed, off, i, other.data());
+    g_order_matters += std::memcmp(other.data(), out.data() + i * eb, eb) != 0;
+  }
+  return out;
+}
+
+std::vector<Bytes> all_inputs(ncclDataType_t t, const Group& g, size_t n, uint64_t salt) {
+  std::vector<Bytes> parts;
+  for (int r = 0; r < g.size; ++r) parts.push_back(input(t, r, n, salt));
+  return parts;
+}
+
+// ---- device buffers ---------------------------------------------------------------------
+
+char* device(size_t bytes) {
+  void* p = nullptr;
+  expect(cudaMalloc(&p, bytes) == cudaSuccess, "cudaMalloc");
+  return static_cast<char*>(p);
+}
+
+void upload(char* d, const Bytes& b) {
+  expect(cudaMemcpy(d, b.data(), b.size(), cudaMemcpyHostToDevice) == cudaSuccess, "upload");
+}
+
+Bytes download(const Group& g, const char* d, size_t bytes) {
+  Bytes b(bytes);
+  expect(cudaStreamSynchronize(g.stream) == cudaSuccess, "sync");  // before the legacy stream reads
+  expect(cudaMemcpy(b.data(), d, bytes, cudaMemcpyDeviceToHost) == cudaSuccess, "download");
+  return b;
+}
+
+// ---- the ops ----------------------------------------------------------------------------
+
+std::string label(const Group& g, const char* op, ncclDataType_t t, size_t n, bool in_place) {
+  return g.name + " " + op + " " + type_name(t) + " count " + std::to_string(n) +
+         (in_place ? " in place" : "");
+}
+
+void check_all_reduce(const Group& g, ncclDataType_t t, size_t n, bool in_place, uint64_t salt) {
+  const size_t bytes = n * type_bytes(t);
+  const auto parts = all_inputs(t, g, n, salt);
+  char* send = device(bytes);
+  char* recv = in_place ? send : device(bytes);
+  upload(send, parts[g.rank]);
+  const std::string what = label(g, "all-reduce", t, n, in_place);
+  expect(ncclAllReduce(send, recv, n, t, ncclSum, g.comm, g.stream) == ncclSuccess, what);
+  expect(download(g, recv, bytes) == reference_sum(t, parts, 0, n), what + ": values");
+  cudaFree(send);
+  if (!in_place) cudaFree(recv);
+}
+
+void check_reduce_scatter(const Group& g, ncclDataType_t t, size_t n, bool in_place,
+                          uint64_t salt) {
+  const size_t bytes = n * type_bytes(t);
+  const auto parts = all_inputs(t, g, n * g.size, salt);
+  char* send = device(bytes * g.size);
+  char* recv = in_place ? send + g.rank * bytes : device(bytes);
+  upload(send, parts[g.rank]);
+  const std::string what = label(g, "reduce-scatter", t, n, in_place);
+  expect(ncclReduceScatter(send, recv, n, t, ncclSum, g.comm, g.stream) == ncclSuccess, what);
+  expect(download(g, recv, bytes) == reference_sum(t, parts, g.rank * n, n), what + ": values");
+  cudaFree(send);
+  if (!in_place) cudaFree(recv);
+}
+
+void check_all_gather(const Group& g, ncclDataType_t t, size_t n, bool in_place, uint64_t salt) {
+  const size_t bytes = n * type_bytes(t);
+  const auto parts = all_inputs(t, g, n, salt);
+  char* recv = device(bytes * g.size);
+  char* send = in_place ? recv + g.rank * bytes : device(bytes);
+  upload(send, parts[g.rank]);
+  const std::string what = label(g, "all-gather", t, n, in_place);
+  expect(ncclAllGather(send, recv, n, t, g.comm, g.stream) == ncclSuccess, what);
+  Bytes want;
+  for (const Bytes& p : parts) want.insert(want.end(), p.begin(), p.end());
+  expect(download(g, recv, bytes * g.size) == want, what + ": values");
+  cudaFree(recv);
+  if (!in_place) cudaFree(send);
+}
+
+void check_broadcast(const Group& g, ncclDataType_t t, size_t n, bool in_place, uint64_t salt) {
+  const size_t bytes = n * type_bytes(t);
+  const int root = static_cast<int>(salt % g.size);
+  const auto parts = all_inputs(t, g, n, salt);
+  char* send = device(bytes);
+  char* recv = in_place ? send : device(bytes);
+  upload(send, parts[g.rank]);
+  const std::string what = label(g, "broadcast", t, n, in_place) + " root " + std::to_string(root);
+  expect(ncclBroadcast(send, recv, n, t, root, g.comm, g.stream) == ncclSuccess, what);
+  expect(download(g, recv, bytes) == parts[root], what + ": values");
+  cudaFree(send);
+  if (!in_place) cudaFree(recv);
+}
+
+void check_ops(const Group& g) {
+  uint64_t salt = 1;
+  for (ncclDataType_t t : {ncclFloat32, ncclBfloat16, ncclInt32, ncclFloat64})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{1003}})
+      for (bool in_place : {false, true}) {
+        check_all_reduce(g, t, n, in_place, ++salt);
+        check_reduce_scatter(g, t, n, in_place, ++salt);
+        check_all_gather(g, t, n, in_place, ++salt);
+        check_broadcast(g, t, n, in_place, ++salt);
+      }
+}
+
+// ---- error paths ------------------------------------------------------------------------
+
+void check_errors(int world_size) {
+  // Members that disagree on nranks all fail, none hangs.
+  ncclUniqueId id{};
+  if (g_world_rank == 0) ncclGetUniqueId(&id);
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t bad = nullptr;
+  expect(ncclCommInitRank(&bad, world_size + 1, id, g_world_rank) == ncclInvalidUsage,
+         "init with the wrong nranks fails");
+
+  Group g = make_group(MPI_COMM_WORLD, "aborted");
+  std::vector<float> host(4);
+  char* d = device(16);
+  expect(ncclAllReduce(host.data(), host.data(), 4, ncclFloat32, ncclSum, g.comm, g.stream) ==
+             ncclInvalidArgument,
+         "host buffers are refused");
+  expect(ncclGroupEnd() == ncclInvalidUsage, "ncclGroupEnd without start");
+  expect(ncclGroupStart() == ncclSuccess, "ncclGroupStart");
+  expect(ncclAllReduce(d, d, 0, ncclFloat32, ncclSum, g.comm, g.stream) == ncclSuccess,
+         "an op inside a group");
+  expect(ncclGroupEnd() == ncclSuccess, "ncclGroupEnd");
+  expect(ncclCommAbort(g.comm) == ncclSuccess, "abort");
+  expect(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, g.comm, g.stream) == ncclInvalidUsage,
+         "an aborted communicator refuses work");
+  ncclResult_t async = ncclInternalError;
+  expect(ncclCommGetAsyncError(g.comm, &async) == ncclSuccess && async == ncclSuccess,
+         "no async error after abort");
+  expect(std::string(ncclGetErrorString(ncclRemoteError)).find("remote") != std::string::npos,
+         "error string");
+  cudaStreamSynchronize(g.stream);
+  cudaFree(d);
+  cudaStreamDestroy(g.stream);
+}
+
+// With a timeout, an op whose peer comes late returns ncclRemoteError.
+void check_timeout() {
+  Group g = make_group(MPI_COMM_WORLD, "late");
+  amsp::emu::nccl_set_timeout(0.5);
+  char* d = device(16);
+  if (g.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const ncclResult_t rc = ncclBroadcast(d, d, 4, ncclFloat32, 0, g.comm, g.stream);
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(g.comm, &async);
+  if (g.rank != 0)
+    expect(rc == ncclRemoteError && async == ncclRemoteError, "a late peer times the op out");
+  amsp::emu::nccl_set_timeout(0);
+  MPI_Barrier(MPI_COMM_WORLD);  // the root's message is delivered; nothing is left pending
+  ncclCommAbort(g.comm);
+  cudaStreamSynchronize(g.stream);
+  cudaFree(d);
+  cudaStreamDestroy(g.stream);
+}
+
+// AMSP_EMU_NCCL_FAIL=allreduce:<n>[:async]: calls 1..n-1 succeed, call n fails
+// as asked.
+void check_injection(const std::string& spec) {
+  const size_t c1 = spec.find(':');
+  const long nth = std::atol(spec.c_str() + c1 + 1);
+  const bool async = spec.find(":async") != std::string::npos;
+  expect(spec.substr(0, c1) == "allreduce" && nth >= 1, "nccl_check knows allreduce:<n> only");
+  Group g = make_group(MPI_COMM_WORLD, "injected");
+  char* d = device(16);
+  for (long k = 1; k < nth; ++k)
+    expect(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, g.comm, g.stream) == ncclSuccess,
+           "calls before the injected one");
+  const ncclResult_t rc = ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, g.comm, g.stream);
+  ncclResult_t err = ncclSuccess;
+  expect(ncclCommGetAsyncError(g.comm, &err) == ncclSuccess, "ncclCommGetAsyncError");
+  if (async) {
+    expect(rc == ncclSuccess && err == ncclRemoteError, "async injected failure");
+  } else {
+    expect(rc == ncclSystemError && err == ncclSuccess, "injected failure");
+  }
+  cudaStreamSynchronize(g.stream);
+  cudaFree(d);
+  free_group(g);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int devices = 1;
+  cudaGetDeviceCount(&devices);
+  cudaSetDevice(g_world_rank % devices);
+  const char* inject = std::getenv("AMSP_EMU_NCCL_FAIL");
+  if (inject && *inject) {
+    check_injection(inject);
+  } else {
+    expect(size >= 3 && size % 2 == 0, "run with an even number of ranks >= 4 (mpiexec -n 4)");
+    Group world = make_group(MPI_COMM_WORLD, "world");
+    check_ops(world);
+    expect(g_order_matters > 0, "the data makes the order of summation show");
+    // Two generations of groups of 2, created in the same order on every rank.
+    MPI_Comm pairs = MPI_COMM_NULL, strided = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / 2, g_world_rank, &pairs);
+    MPI_Comm_split(MPI_COMM_WORLD, g_world_rank % 2, g_world_rank, &strided);
+    Group pair = make_group(pairs, "pairs"), stride = make_group(strided, "strided");
+    check_ops(pair);
+    check_ops(stride);
+    free_group(pair);
+    free_group(stride);
+    free_group(world);
+    check_errors(size);
+    check_timeout();
+    MPI_Comm_free(&pairs);
+    MPI_Comm_free(&strided);
+  }
+  int failed = 0;
+  MPI_Allreduce(&g_failed, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_world_rank == 0) std::printf("nccl_check: %d ranks, %d failed\n", size, failed);
+  MPI_Finalize();
+  return failed ? 1 : 0;
+}

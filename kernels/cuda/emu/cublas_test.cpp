@@ -1,0 +1,183 @@
+// The emulation's cuBLAS products against a naive triple loop, and their
+// accesses seen by the happens-before checker.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/api.h"
+
+namespace {
+
+using amsp::kernels::bf16_to_float;
+using amsp::kernels::float_to_bf16;
+
+struct Case {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  float beta;
+};
+
+// Column-major op(X)[r, c] of a matrix stored with leading dimension ld.
+float at(const std::vector<float>& x, int ld, bool t, int r, int c) {
+  return t ? x[static_cast<size_t>(r) * ld + c] : x[static_cast<size_t>(c) * ld + r];
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed, bool bf16_exact) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16_exact ? amsp::kernels::round_bf16(u(rng)) : u(rng);
+  return v;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& host) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return d;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_bf16(v[i]);
+  return h;
+}
+
+enum class Kind { kSgemm, kGemmExF32, kGemmExBf16, kGemmExBf16Out };
+
+// Runs one product on the emulation and checks every element of C, and that
+// the padding rows of C are left alone.
+void check(const Case& c, Kind kind) {
+  SCOPED_TRACE(::testing::Message()
+               << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m << " n=" << c.n << " k=" << c.k
+               << " beta=" << c.beta << " kind=" << static_cast<int>(kind));
+  const bool ta = c.ta == CUBLAS_OP_T, tb = c.tb == CUBLAS_OP_T;
+  const int lda = (ta ? c.k : c.m) + 2, ldb = (tb ? c.n : c.k) + 1, ldc = c.m + 3;
+  const bool bf16_in = kind == Kind::kGemmExBf16 || kind == Kind::kGemmExBf16Out;
+  const bool bf16_out = kind == Kind::kGemmExBf16Out;
+  auto a = random_values(static_cast<size_t>(lda) * (ta ? c.m : c.k), 1, bf16_in);
+  auto b = random_values(static_cast<size_t>(ldb) * (tb ? c.k : c.n), 2, bf16_in);
+  auto c0 = random_values(static_cast<size_t>(ldc) * c.n, 3, bf16_out);
+  if (c.beta == 0)
+    for (float& x : c0) x = NAN;  // beta 0 must not read C
+  const float alpha = 0.75f;
+
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  void* da = bf16_in ? static_cast<void*>(to_device(to_bf16(a))) : to_device(a);
+  void* db = bf16_in ? static_cast<void*>(to_device(to_bf16(b))) : to_device(b);
+  void* dc = bf16_out ? static_cast<void*>(to_device(to_bf16(c0))) : to_device(c0);
+  const cudaDataType in = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType out = bf16_out ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasStatus_t rc =
+      kind == Kind::kSgemm
+          ? cublasSgemm(h, c.ta, c.tb, c.m, c.n, c.k, &alpha, static_cast<float*>(da), lda,
+                        static_cast<float*>(db), ldb, &c.beta, static_cast<float*>(dc), ldc)
+          : cublasGemmEx(h, c.ta, c.tb, c.m, c.n, c.k, &alpha, da, in, lda, db, in, ldb, &c.beta,
+                         dc, out, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  ASSERT_EQ(rc, CUBLAS_STATUS_SUCCESS);
+
+  std::vector<float> got(c0.size());
+  if (bf16_out) {
+    std::vector<uint16_t> bits(c0.size());
+    ASSERT_EQ(cudaMemcpy(bits.data(), dc, bits.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < bits.size(); ++i) got[i] = bf16_to_float(bits[i]);
+  } else {
+    ASSERT_EQ(cudaMemcpy(got.data(), dc, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  for (int j = 0; j < c.n; ++j) {
+    for (int i = 0; i < ldc; ++i) {
+      const size_t idx = static_cast<size_t>(j) * ldc + i;
+      if (i >= c.m) {  // padding: untouched
+        if (!std::isnan(c0[idx]) || !std::isnan(got[idx])) {
+          ASSERT_EQ(got[idx], c0[idx]);
+        }
+        continue;
+      }
+      double want = 0;
+      for (int p = 0; p < c.k; ++p) want += double(at(a, lda, ta, i, p)) * at(b, ldb, tb, p, j);
+      want = alpha * want + (c.beta == 0 ? 0.0 : double(c.beta) * c0[idx]);
+      const double tol = bf16_out ? std::abs(want) * 0x1p-8 + 1e-6 : 1e-6 * (c.k + 1);
+      ASSERT_NEAR(got[idx], want, tol) << "C[" << i << ", " << j << "]";
+    }
+  }
+  ASSERT_EQ(cudaFree(da), cudaSuccess);
+  ASSERT_EQ(cudaFree(db), cudaSuccess);
+  ASSERT_EQ(cudaFree(dc), cudaSuccess);
+  ASSERT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+}
+
+TEST(CudaEmuCublas, ProductsMatchTheTripleLoop) {
+  const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {17, 9, 13}, {4, 3, 0}, {33, 1, 65}};
+  for (auto kind : {Kind::kSgemm, Kind::kGemmExF32, Kind::kGemmExBf16, Kind::kGemmExBf16Out})
+    for (auto ta : {CUBLAS_OP_N, CUBLAS_OP_T})
+      for (auto tb : {CUBLAS_OP_N, CUBLAS_OP_T})
+        for (const auto& s : shapes)
+          for (float beta : {0.0f, 1.0f}) check({ta, tb, s[0], s[1], s[2], beta}, kind);
+}
+
+TEST(CudaEmuCublas, RejectsBadArguments) {
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 64 * sizeof(float)), cudaSuccess);
+  const float one = 1, zero = 0;
+  EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, 3, d, 4, &zero, d, 4),
+            CUBLAS_STATUS_INVALID_VALUE);  // lda < m
+  EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, 4, 4, &one, d, 4, d, 4, &zero, d, 4),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(
+      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, d, CUDA_R_32F, 2, d, CUDA_R_16BF, 2,
+                   &zero, d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_NOT_SUPPORTED);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cublasSetStream(h, s), CUBLAS_STATUS_INVALID_VALUE);
+  ASSERT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_STREQ(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+}
+
+TEST(CudaEmuCublasDeath, ProductReadingUnorderedInputDies) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  float *a = nullptr, *c = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&a), 16 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&c), 16 * sizeof(float)), cudaSuccess);
+  cudaStream_t producer = nullptr, consumer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(h, consumer), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaMemsetAsync(a, 0, 16 * sizeof(float), producer), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(c, 0, 16 * sizeof(float), consumer), cudaSuccess);
+  const float one = 1;
+  EXPECT_DEATH(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 4, 4, &one, a, 4, a, 4, &one, c, 4),
+               "read by stream [0-9]+ at .*cublas_test.cpp:[0-9]+ \\(cublasSgemm\\) is not "
+               "ordered after the write by stream [0-9]+ at .*\\(cudaMemsetAsync\\)");
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, producer), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(consumer, e, 0), cudaSuccess);
+  EXPECT_EQ(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 4, 4, &one, a, 4, a, 4, &one, c, 4),
+            CUBLAS_STATUS_SUCCESS);
+  std::vector<float> host(16, 1.0f);
+  EXPECT_DEATH(
+      cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, 4, 4, 4, &one, host.data(), 4, a, 4, &one, c, 4),
+      "A .* is not device memory");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaEventDestroy(e), cudaSuccess);
+  ASSERT_EQ(cudaFree(a), cudaSuccess);
+  ASSERT_EQ(cudaFree(c), cudaSuccess);
+}
+
+}  // namespace
