@@ -1,6 +1,6 @@
 // AMSP_HD marks per-element math that both the CPU kernels and the CUDA kernels
 // call: one source for both, which the CPU tests exercise. (The CUDA kernels
-// compile against it; no GPU run has checked them yet.)
+// call the same functions; doc/gpu.md says what has run where.)
 #pragma once
 
 #if defined(__CUDACC__)

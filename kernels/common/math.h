@@ -1,7 +1,7 @@
 // Per-element math written once for the CPU kernels and the CUDA kernels
 // (AMSP_HD: host and device). The CPU tests exercise these functions; the CUDA
-// kernels in kernels/cuda compile against them but are not yet run by the
-// trainer, and nothing on a GPU has been checked against them.
+// kernels in kernels/cuda call the same functions (on the GPU, and on the CPU
+// under the emulation the tests use: doc/gpu.md).
 // Everything is fp32 and free of library calls that would not vectorise: the
 // CPU loops calling these compile to SIMD code.
 #pragma once

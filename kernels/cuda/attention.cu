@@ -15,17 +15,19 @@
 // kv group in head order.
 //
 // Why a self-written kernel and not cuDNN's fused attention. The toolkit here
-// ships cuDNN 9.19 (cudnn_graph.h and the engine libraries), whose fused
-// scaled-dot-product attention would be the fast path on a GPU. It was not
-// chosen because (1) its flash-attention engines take fp16/bf16 q, k, v, while
-// this trainer's activations are fp32, so every call would add conversions
-// and change the numbers the CPU reference checks; (2) it is a closed binary
-// library: the CPU emulation (kernels/cuda/emu) could not execute it, so CI,
-// which has no GPU, could test nothing of it, whereas this file is one source
-// that nvcc compiles for the GPU and the host compiler compiles for the
-// emulation; (3) the trainer promises bitwise-deterministic reductions, which
-// this kernel guarantees by construction. It is slower than cuDNN or
-// FlashAttention's tensor-core kernels: fp32 FMAs in CUDA cores, no mma.
+// ships cuDNN 9.19 (cudnn_graph.h and the engine libraries; not the C++
+// cudnn_frontend, whose SDPA node is the documented way in), and its
+// FlashAttention-2 SDPA would be the fast path on a GPU. It was not chosen
+// because (1) it takes fp16/bf16 (and fp8 on Hopper) q, k, v, and this
+// trainer's activations are fp32: every call would add conversions and change
+// the numbers the CPU reference checks; on Ampere its backward also stops at
+// D = 128; (2) it is a closed binary library: the CPU emulation
+// (kernels/cuda/emu) could not execute it, so CI, which has no GPU, could test
+// none of it, whereas this file is one source that nvcc compiles for the GPU
+// and the host compiler for the emulation, and the same code that runs on the
+// GPU is what the tests check. (cuDNN's backward does have a deterministic
+// mode, so determinism alone would not have decided it.) The price: fp32 FMAs
+// on CUDA cores, no tensor cores; nothing here has been timed on a GPU.
 //
 // Work layout inside a block (4 warps). Each warp owns 4 rows of the block's
 // tile ("own" rows: queries in forward and dq, keys in dk/dv). The other
@@ -36,10 +38,12 @@
 // The weights (probabilities, or their gradients) go to a small [16][S] tile in
 // shared memory; then lane l, which owns features l, l + 32, ... of the warp's
 // 4 own rows, adds weight(c) * streamed[c][feature] for c in order. (A shared
-// tile and a __syncthreads rather than 4 * S shuffles: the same on a GPU, much
-// cheaper in the emulation, where every shuffle switches 32 fibers.) Tile sizes
-// follow D so that shared memory stays under 48 KiB, which every GPU grants
-// without opt-in: S is the largest of 32, 16, 8, 4 that fits.
+// tile and a __syncwarp rather than 4 * S shuffles: about the same on a GPU,
+// much cheaper in the emulation, where every shuffle switches 32 fibers.)
+// Tile sizes follow D so that shared memory stays under 48 KiB, which every
+// GPU grants without opt-in: S is the largest of 32, 16, 8, 4 that fits
+// (D = 64: 32 everywhere; D = 128: 32 forward, 16 backward; D = 256: 8
+// forward, 4 backward).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,13 +52,13 @@
 
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/simt.h"
 
 namespace amsp::kernels::cuda {
 namespace {
 
 constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kOwnPerWarp = 4;
@@ -83,19 +87,10 @@ AMSP_DEVICE_INLINE Lanes lanes_of(int streamed) {
   return Lanes{lane / per_col, lane % per_col, per_col};
 }
 
-AMSP_DEVICE_INLINE float warp_max(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
-AMSP_DEVICE_INLINE float warp_sum(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-// Sum over each aligned group of `width` lanes (a power of two).
+// Sum over each aligned group of `width` lanes (a power of two): reduce.cuh's
+// butterfly, cut short.
 AMSP_DEVICE_INLINE float group_sum(float v, int width) {
-  for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullWarp, v, o);
   return v;
 }
 
@@ -207,15 +202,15 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
       // Key 0 is in the first tile and every row sees it, so m_new is finite
       // from the first tile on; exp(-inf - m_new) = 0 for masked keys and the
       // first rescale.
-      const float m_new = fmaxf(m[i], warp_max(score));
+      const float m_new = fmaxf(m[i], warp_reduce(score, MaxOp{}));
       const float rescale = fast_exp(m[i] - m_new);
       p[i] = seen ? fast_exp(score - m_new) : 0.0f;
-      l[i] = l[i] * rescale + warp_sum(lanes.part == 0 ? p[i] : 0.0f);
+      l[i] = l[i] * rescale + warp_reduce(lanes.part == 0 ? p[i] : 0.0f, SumOp{});
       m[i] = m_new;
       for (int j = 0; j < kPerLane; ++j) acc[i][j] *= rescale;
     }
     stage_weights(p_s, S, p, lanes);
-    __syncthreads();
+    __syncwarp();  // the weights are this warp's own
     accumulate(acc, p_s, S, v_s, ld_kv, D);
   }
 
@@ -237,10 +232,9 @@ __global__ void attention_delta_kernel(const float* out, const float* dout, floa
   float sum = 0.0f;
   for (int d = threadIdx.x % kWarpSize; d < sh.D; d += kWarpSize)
     sum += dout[row * sh.D + d] * out[row * sh.D + d];
-  sum = warp_sum(sum);
+  sum = warp_reduce(sum, SumOp{});
   if (threadIdx.x % kWarpSize == 0) delta[(b * sh.H + h) * sh.T + t] = sum;
 }
-
 
 // dq = scale * sum over keys of p * (dp - delta) * k, with p = exp(score - lse)
 // recomputed and dp = dout . v. Block (b*H + h, query tile). Shared memory:
@@ -288,7 +282,7 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
       ds[i] = p * (dp[i] - row_delta[i]);
     }
     stage_weights(ds_s, S, ds, lanes);
-    __syncthreads();
+    __syncwarp();
     accumulate(acc, ds_s, S, k_s, ld_kv, D);
   }
   store_rows(dq + hd.q_off, hd.ldq, row0, sh.T, D, acc, sh.scale);
@@ -347,7 +341,7 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
       }
       stage_weights(p_s, S, p, lanes);
       stage_weights(ds_s, S, ds, lanes);
-      __syncthreads();
+      __syncwarp();
       accumulate(dv_acc, p_s, S, do_s, ld_q, D);
       accumulate(dk_acc, ds_s, S, q_s, ld_q, D);
     }
@@ -403,7 +397,8 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const cha
     std::abort();
   }
   const int d = static_cast<int>(D);
-  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, 1.0f / std::sqrt(static_cast<float>(d))};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }

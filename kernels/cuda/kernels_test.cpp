@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,7 +31,16 @@
 #include "backend/cpu_backend.h"
 #include "kernels/common/math.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/emu/simt.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace amsp::emu::simt {
+// The schedule's name in gtest's messages.
+inline void PrintTo(Order order, std::ostream* os) {
+  *os << (order == Order::kForward ? "forward" : order == Order::kReverse ? "reverse" : "lowest-first");
+}
+}  // namespace amsp::emu::simt
 
 namespace {
 
@@ -136,11 +146,54 @@ std::string shape(const char* name, std::initializer_list<int64_t> dims) {
   return s;
 }
 
+// Every test runs under each of the SIMT emulation's schedules: a missing
+// barrier reads shared memory too early in one of them.
+using amsp::emu::simt::Order;
+class CudaKernels : public ::testing::TestWithParam<Order> {
+ protected:
+  void SetUp() override { amsp::emu::simt::set_order(GetParam()); }
+  void TearDown() override { amsp::emu::simt::set_order(Order::kForward); }
+};
+INSTANTIATE_TEST_SUITE_P(Order, CudaKernels,
+                         ::testing::Values(Order::kForward, Order::kReverse, Order::kLowestFirst),
+                         [](const ::testing::TestParamInfo<Order>& info) {
+                           return info.param == Order::kForward   ? "forward"
+                                  : info.param == Order::kReverse ? "reverse"
+                                                                  : "lowest_first";
+                         });
+
+// ---- the reductions of reduce.cuh -------------------------------------------------------
+
+// Two block reductions back to back share their shared slots: the second may
+// only write them once every warp has read the first's.
+__global__ void back_to_back_kernel(const float* x, float* out, int n) {
+  const int i = static_cast<int>(threadIdx.x);
+  const float a = cuda::block_sum(i < n ? x[i] : 0.0f);
+  const float b = cuda::block_sum(i < n ? 2.0f * x[i] : 0.0f);
+  out[i] = a;
+  out[blockDim.x + threadIdx.x] = b;
+}
+
+TEST_P(CudaKernels, BlockReductionsBackToBack) {
+  for (int threads : {32, 64, 256, 1024}) {
+    const int n = threads - 5;
+    std::vector<float> x(threads), out(2 * threads);
+    for (int i = 0; i < threads; ++i) x[i] = static_cast<float>(i % 5);  // exact sums
+    AMSP_LAUNCH(back_to_back_kernel, 1, threads, 0, nullptr)(x.data(), out.data(), n);
+    float want = 0.0f;
+    for (int i = 0; i < n; ++i) want += x[i];
+    for (int i = 0; i < threads; ++i) {
+      ASSERT_EQ(out[i], want) << threads << " threads, thread " << i;
+      ASSERT_EQ(out[threads + i], 2.0f * want) << threads << " threads, thread " << i;
+    }
+  }
+}
+
 // ---- conversions, add, finish, sum of squares ----------------------------------------
 
 const int64_t kSizes[] = {0, 1, 31, 255, 256, 257, 1000, 2 * cuda::kSumSquaresChunk + 17};
 
-TEST(CudaKernels, ConversionsAndRounding) {
+TEST_P(CudaKernels, ConversionsAndRounding) {
   CpuBackend ref(DType::kF32);
   for (int64_t n : kSizes) {
     std::vector<float> x = random_floats(n, 1, 3.0f), back(n), want_back(n), rounded(n);
@@ -158,7 +211,7 @@ TEST(CudaKernels, ConversionsAndRounding) {
   }
 }
 
-TEST(CudaKernels, AddAllDtypes) {
+TEST_P(CudaKernels, AddAllDtypes) {
   CpuBackend ref(DType::kF32);
   for (int64_t n : kSizes) {
     const std::vector<float> a = random_floats(n, 2), b = random_floats(n, 3);
@@ -180,7 +233,7 @@ TEST(CudaKernels, AddAllDtypes) {
   }
 }
 
-TEST(CudaKernels, FinishBf16Product) {
+TEST_P(CudaKernels, FinishBf16Product) {
   for (int64_t n : kSizes) {
     const std::vector<float> p = random_floats(n, 4), y0 = random_floats(n, 5);
     for (float beta : {0.0f, 1.0f, 0.5f}) {
@@ -198,7 +251,7 @@ TEST(CudaKernels, FinishBf16Product) {
   }
 }
 
-TEST(CudaKernels, SumSquares) {
+TEST_P(CudaKernels, SumSquares) {
   CpuBackend ref(DType::kF32);
   double worst = 0.0;
   for (int64_t n : kSizes) {
@@ -235,7 +288,7 @@ std::vector<int32_t> random_tokens(int64_t rows, int64_t vocab, uint32_t seed) {
   return t;
 }
 
-TEST(CudaKernels, EmbeddingForward) {
+TEST_P(CudaKernels, EmbeddingForward) {
   CpuBackend ref(DType::kF32);
   for (const EmbeddingShape& s : kEmbeddingShapes) {
     std::vector<int32_t> tokens = random_tokens(s.rows, s.vocab, 7);
@@ -252,7 +305,7 @@ TEST(CudaKernels, EmbeddingForward) {
   }
 }
 
-TEST(CudaKernels, EmbeddingBackward) {
+TEST_P(CudaKernels, EmbeddingBackward) {
   CpuBackend ref(DType::kF32);
   for (const EmbeddingShape& s : kEmbeddingShapes) {
     std::vector<int32_t> tokens = random_tokens(s.rows, s.vocab, 9);
@@ -314,8 +367,8 @@ void check_rmsnorm_forward(const char* dtype) {
   }
 }
 
-TEST(CudaKernels, RmsnormForwardF32) { check_rmsnorm_forward<float>("f32"); }
-TEST(CudaKernels, RmsnormForwardBf16) { check_rmsnorm_forward<bf16>("bf16"); }
+TEST_P(CudaKernels, RmsnormForwardF32) { check_rmsnorm_forward<float>("f32"); }
+TEST_P(CudaKernels, RmsnormForwardBf16) { check_rmsnorm_forward<bf16>("bf16"); }
 
 template <typename W, typename DW>
 void check_rmsnorm_backward(const char* dtypes) {
@@ -346,16 +399,16 @@ void check_rmsnorm_backward(const char* dtypes) {
   }
 }
 
-TEST(CudaKernels, RmsnormBackwardF32F32) { check_rmsnorm_backward<float, float>("w f32 dw f32"); }
-TEST(CudaKernels, RmsnormBackwardF32Bf16) { check_rmsnorm_backward<float, bf16>("w f32 dw bf16"); }
-TEST(CudaKernels, RmsnormBackwardBf16F32) { check_rmsnorm_backward<bf16, float>("w bf16 dw f32"); }
-TEST(CudaKernels, RmsnormBackwardBf16Bf16) {
+TEST_P(CudaKernels, RmsnormBackwardF32F32) { check_rmsnorm_backward<float, float>("w f32 dw f32"); }
+TEST_P(CudaKernels, RmsnormBackwardF32Bf16) { check_rmsnorm_backward<float, bf16>("w f32 dw bf16"); }
+TEST_P(CudaKernels, RmsnormBackwardBf16F32) { check_rmsnorm_backward<bf16, float>("w bf16 dw f32"); }
+TEST_P(CudaKernels, RmsnormBackwardBf16Bf16) {
   check_rmsnorm_backward<bf16, bf16>("w bf16 dw bf16");
 }
 
 // ---- RoPE -----------------------------------------------------------------------------
 
-TEST(CudaKernels, Rope) {
+TEST_P(CudaKernels, Rope) {
   struct Shape {
     int64_t B, T, heads, head_dim, row_stride;
   };
@@ -383,7 +436,7 @@ TEST(CudaKernels, Rope) {
 
 // ---- SwiGLU ---------------------------------------------------------------------------
 
-TEST(CudaKernels, Swiglu) {
+TEST_P(CudaKernels, Swiglu) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{65537}}) {
     const std::vector<float> gate = random_floats(n, 20, 4.0f), up = random_floats(n, 21),
                              dout = random_floats(n, 22);
@@ -414,7 +467,7 @@ std::vector<int32_t> loss_targets(int64_t rows, int64_t V, uint32_t seed) {
   return t;
 }
 
-TEST(CudaKernels, CrossEntropyForward) {
+TEST_P(CudaKernels, CrossEntropyForward) {
   for (const RowsDim& s : kLossShapes) {
     const std::vector<float> logits = random_floats(s.rows * s.dim, 23, 3.0f);
     const std::vector<int32_t> targets = loss_targets(s.rows, s.dim, 24);
@@ -440,7 +493,7 @@ TEST(CudaKernels, CrossEntropyForward) {
   }
 }
 
-TEST(CudaKernels, CrossEntropyBadTargetIsReportedNotRead) {
+TEST_P(CudaKernels, CrossEntropyBadTargetIsReportedNotRead) {
   const int64_t rows = 6, V = 7;
   const std::vector<float> logits = random_floats(rows * V, 25);
   // Rows 1 and 4 are bad; a read of logits[row, INT32_MAX - 1] would fault.
@@ -455,7 +508,7 @@ TEST(CudaKernels, CrossEntropyBadTargetIsReportedNotRead) {
   EXPECT_GT(losses[0], 0.0f);
 }
 
-TEST(CudaKernels, CrossEntropyBackward) {
+TEST_P(CudaKernels, CrossEntropyBackward) {
   for (const RowsDim& s : kLossShapes) {
     const std::vector<float> logits = random_floats(s.rows * s.dim, 26, 3.0f);
     const std::vector<int32_t> targets = loss_targets(s.rows, s.dim, 27);
@@ -472,7 +525,7 @@ TEST(CudaKernels, CrossEntropyBackward) {
 
 // ---- AdamW ----------------------------------------------------------------------------
 
-TEST(CudaKernels, AdamWMultiTensor) {
+TEST_P(CudaKernels, AdamWMultiTensor) {
   // 21 tensors: two launches of 16 and one of 5, with every grad and copy
   // dtype and empty tensors among them.
   const int64_t sizes[] = {1, 257, 0, 5000, 31, 1000, 3, 70000, 2, 256, 255,

@@ -18,7 +18,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/common/math.h"

@@ -18,7 +18,7 @@
 // runtime.h's copies do); buffers must be cudaMalloc'd or cudaMallocHost'd.
 // ncclGroupStart/End only nest: ops run at issue. ncclCommAbort marks the
 // communicator aborted (it cannot interrupt a peer's MPI call): later ops on
-// it return ncclInvalidUsage, and ncclCommDestroy is not needed after it.
+// it return ncclInvalidUsage, ncclCommDestroy included (the handle stays valid).
 // A peer that never arrives blocks an op in MPI forever unless
 // amsp::emu::nccl_set_timeout was given a limit: past it the op returns
 // ncclRemoteError, and ncclCommGetAsyncError reports it too.

@@ -3,9 +3,11 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/api.h"
+#include "kernels/cuda/emu/hb.h"
 
 namespace {
 
@@ -187,6 +189,56 @@ TEST_F(HbDeath, KernelOnHostMemoryOrPastTheEndDies) {
   ASSERT_EQ(cudaMallocHost(&pinned, 64), cudaSuccess);
   READS(a_, pinned, 64);  // pinned memory is device-accessible
   ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+
+// The history of a buffer written whole, again and again, stays one segment;
+// slices read in between split it, and the next whole write joins it again.
+TEST(CudaEmuHistory, WholeWritesKeepItSmall) {
+  amsp::emu::History h;
+  uint64_t tick = 0;
+  auto next = [&](bool write) {
+    ++tick;
+    return amsp::emu::Access{1, tick, write, "test", "here", 0};
+  };
+  for (int k = 0; k < 100; ++k) {
+    const auto a = next(true);
+    ASSERT_FALSE(h.access(0, 4096, a, {0, tick}));
+  }
+  EXPECT_EQ(h.segments(), 1u);
+  for (size_t i = 0; i < 256; ++i) {
+    const auto a = next(false);
+    ASSERT_FALSE(h.access(i * 16, i * 16 + 16, a, {0, tick}));
+  }
+  EXPECT_EQ(h.segments(), 256u);
+  const auto w = next(true);
+  ASSERT_FALSE(h.access(0, 4096, w, {0, tick}));
+  EXPECT_EQ(h.segments(), 1u);
+  // Stream 2 has seen stream 1 up to the last write but one: it conflicts.
+  const auto late = amsp::emu::Access{2, 1, false, "test", "there", 0};
+  const auto c = h.access(100, 200, late, {0, tick - 1, 1});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->earlier.tick, tick);
+  EXPECT_EQ(c->begin, 100u);
+  EXPECT_EQ(c->end, 200u);
+}
+
+// Host threads issuing on their own streams at once share the checker's state.
+TEST(CudaEmu, ThreadsIssueConcurrently) {
+  const int64_t before = amsp::emu::hb_checked();
+  auto work = [] {
+    cudaStream_t s = nullptr;
+    void* p = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&p, 256), cudaSuccess);
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(cudaMemsetAsync(p, i, 256, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(cudaFree(p), cudaSuccess);
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  };
+  std::thread a(work), b(work);
+  a.join();
+  b.join();
+  EXPECT_EQ(amsp::emu::hb_checked() - before, 2000);
 }
 
 // ---- the runtime itself ---------------------------------------------------------------

@@ -9,6 +9,8 @@
 #include <boost/context/protected_fixedsize_stack.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -160,12 +162,27 @@ void start_threads(Block& b, const ThreadInfo& shape) {
                            " finished, of " + std::to_string(b.threads.size()));
 }
 
-// Round-robin over the threads until all finished. A full pass without a
+Order order_from_environment() {
+  const char* e = std::getenv("AMSP_SIMT_ORDER");
+  if (e == nullptr || std::strcmp(e, "forward") == 0) return Order::kForward;
+  if (std::strcmp(e, "reverse") == 0) return Order::kReverse;
+  if (std::strcmp(e, "lowest-first") == 0) return Order::kLowestFirst;
+  throw std::runtime_error(std::string("SIMT emulation: AMSP_SIMT_ORDER is \"") + e +
+                           "\"; expected forward, reverse or lowest-first");
+}
+
+thread_local Order schedule_order = order_from_environment();
+
+// Round-robin over the threads until all finished (lowest-first: the scan
+// starts again from thread 0 after every resume). A full pass without a
 // runnable thread is a deadlock.
 void schedule(Block& b) {
   const size_t n = b.threads.size();
+  const bool reverse = schedule_order == Order::kReverse;
+  const bool restart = schedule_order == Order::kLowestFirst;
   size_t live = n, idle = 0;
-  for (size_t i = 0; live > 0; i = i + 1 == n ? 0 : i + 1) {
+  for (size_t k = 0; live > 0; k = k + 1 == n ? 0 : k + 1) {
+    const size_t i = reverse ? n - 1 - k : k;
     Thread& t = b.threads[i];
     if (t.done || (t.generation != nullptr && *t.generation == t.seen)) {
       if (++idle > n) fail_divergence(b);
@@ -183,6 +200,7 @@ void schedule(Block& b) {
       t.done = true;
       --live;
     }
+    if (restart) k = n - 1;  // the loop's step wraps it to 0
   }
 }
 
@@ -296,6 +314,9 @@ uint64_t exchange(unsigned mask, uint64_t value, int src) {
   sync_warp(mask);
   return got;
 }
+
+void set_order(Order o) { schedule_order = o; }
+Order order() { return schedule_order; }
 
 int64_t switch_count() { return switches; }
 int64_t fiber_count() { return fibers_started; }

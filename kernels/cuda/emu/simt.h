@@ -9,11 +9,17 @@
 //   - __syncwarp and the shuffles wait until every lane named in the mask has
 //     arrived. A shuffle is two rendezvous: each lane deposits its value, all
 //     read, and only after the second may a slot be reused.
+// Two other schedules (set_order, or AMSP_SIMT_ORDER in the environment) make
+// races show that the forward round-robin hides: reverse resumes the threads
+// from the last; lowest-first always resumes the lowest runnable thread, so
+// the first warp runs as far ahead of the others as the barriers let it. A
+// kernel that lacks a barrier reads shared memory too early in one of them.
 // When no thread of a block can run and not all have finished (some exited or
 // wait at a warp op while others wait at __syncthreads, or a mask names a lane
 // that exited), the launch fails with std::runtime_error naming the kernel and
 // the block; so does a mask naming a lane the block does not have, a shuffle
-// reading a lane outside its mask, or a launch configuration CUDA rejects.
+// reading a lane outside its mask, lanes of one warp meeting with different
+// masks, or a launch configuration CUDA rejects.
 //
 // Memory: __shared__ is `static thread_local` (one copy per OS thread, shared by
 // the fibers of the block that runs; blocks run one at a time, and like CUDA's,
@@ -22,11 +28,10 @@
 // before each block so that reads of unwritten shared memory show. At most
 // kMaxDynamicShared bytes, CUDA's limit without an opt-in attribute.
 //
-// What it does not emulate: concurrency between blocks (a kernel whose blocks
-// wait on one another deadlocks on a GPU and passes here), memory ordering
-// (there is none to get wrong on one OS thread), independent thread scheduling
-// beyond the barriers, float atomics (amsp has none), and __shared__ variables
-// of a block seeing another OS thread's launch (each OS thread has its own).
+// What it does not emulate: blocks running at the same time (a block spinning
+// on another block's flag hangs here), memory ordering and races between
+// threads beyond what the three schedules expose (one OS thread runs them
+// all), and the hardware's own scheduling between barriers.
 #pragma once
 
 #include <cmath>
@@ -83,6 +88,13 @@ void sync_warp(unsigned mask);
 // the value lane `src` deposited (src is a lane of this warp, 0..31), then
 // rendezvous again.
 uint64_t exchange(unsigned mask, uint64_t value, int src);
+
+// The order in which a block's threads are resumed, for launches from this OS
+// thread; the default is AMSP_SIMT_ORDER's ("forward", "reverse" or
+// "lowest-first"), else forward.
+enum class Order { kForward, kReverse, kLowestFirst };
+void set_order(Order order);
+Order order();
 
 // Counters for the cost figures of the tests: fiber switches and fibers
 // started on this OS thread since it began.
@@ -168,7 +180,8 @@ Launch(const char*, void (*)(Params...), dim3, dim3, size_t, cudaStream_t)
 inline void __syncthreads() { ::amsp::emu::simt::sync_block(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::amsp::emu::simt::sync_warp(mask); }
 
-// Shuffles of 4- and 8-byte values (float, int, unsigned, double, long long).
+// Shuffles of 4- and 8-byte values (float, int, unsigned, double, long long):
+// __shfl_sync, __shfl_up_sync, __shfl_down_sync, __shfl_xor_sync.
 // `width` splits the warp into segments as CUDA does.
 template <typename T>
 T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
@@ -184,6 +197,15 @@ T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
   // Past the end of its segment a lane reads its own value.
   const int src = (lane % width) + static_cast<int>(delta) < width
                       ? lane + static_cast<int>(delta) : lane;
+  return ::amsp::emu::simt::from_slot<T>(
+      ::amsp::emu::simt::exchange(mask, ::amsp::emu::simt::to_slot(var), src));
+}
+
+template <typename T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+  const int lane = ::amsp::emu::simt::lane_id();
+  // Before the start of its segment a lane reads its own value.
+  const int src = (lane % width) >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane;
   return ::amsp::emu::simt::from_slot<T>(
       ::amsp::emu::simt::exchange(mask, ::amsp::emu::simt::to_slot(var), src));
 }

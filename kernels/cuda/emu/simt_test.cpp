@@ -4,7 +4,7 @@
 // bounds, and barrier divergence fails loudly instead of passing by luck.
 #include <gtest/gtest.h>
 
-#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <numeric>
 #include <stdexcept>
@@ -49,19 +49,22 @@ TEST(Simt, BlockSumByShufflesAndSharedMemory) {
   }
 }
 
-__global__ void shuffle_kinds_kernel(double* d, int* k) {
+__global__ void shuffle_kinds_kernel(double* d, int* k, unsigned* u) {
   const int lane = static_cast<int>(threadIdx.x);
   d[lane] = __shfl_down_sync(0xffffffffu, 0.5 + lane, 3);      // past 31: own value
   k[lane] = __shfl_xor_sync(0xffffffffu, 100 + lane, 1, 16);  // neighbour in 16-lane halves
+  u[lane] = __shfl_up_sync(0xffffffffu, 200u + lane, 2, 8);    // before a segment: own value
 }
 
 TEST(Simt, ShufflesOfDoubleAndInt) {
   std::vector<double> d(32);
   std::vector<int> k(32);
-  AMSP_LAUNCH(shuffle_kinds_kernel, 1, 32, 0, nullptr)(d.data(), k.data());
+  std::vector<unsigned> u(32);
+  AMSP_LAUNCH(shuffle_kinds_kernel, 1, 32, 0, nullptr)(d.data(), k.data(), u.data());
   for (int lane = 0; lane < 32; ++lane) {
     EXPECT_EQ(d[lane], 0.5 + (lane + 3 < 32 ? lane + 3 : lane));
     EXPECT_EQ(k[lane], 100 + (lane ^ 1));
+    EXPECT_EQ(u[lane], 200u + static_cast<unsigned>(lane % 8 >= 2 ? lane - 2 : lane));
   }
 }
 
@@ -85,6 +88,31 @@ TEST(Simt, DynamicSharedMemoryAndPartialLastBlock) {
     EXPECT_EQ(y[i], src < n ? src : -1) << i;
   }
   for (int i = n; i < n + 8; ++i) EXPECT_EQ(y[i], 12345) << "written past n at " << i;
+}
+
+// Reads its lower neighbour's shared slot with no barrier between the write
+// and the read: a race. Resumed in forward order every neighbour has written
+// already, so it passes by luck; in reverse order it reads unwritten memory.
+__global__ void racy_shift_kernel(int* y) {
+  AMSP_DYNAMIC_SHARED(int, buf);
+  const unsigned i = threadIdx.x;
+  buf[i] = static_cast<int>(i);
+  y[i] = i > 0 ? buf[i - 1] : -1;
+}
+
+TEST(Simt, ReverseOrderExposesAMissingBarrier) {
+  using amsp::emu::simt::Order;
+  auto wrong = [](Order order) {
+    amsp::emu::simt::set_order(order);
+    std::vector<int> y(64);
+    AMSP_LAUNCH(racy_shift_kernel, 1, 64, 64 * sizeof(int), nullptr)(y.data());
+    amsp::emu::simt::set_order(Order::kForward);
+    int bad = 0;
+    for (int i = 1; i < 64; ++i) bad += y[i] != i - 1;
+    return bad;
+  };
+  EXPECT_EQ(wrong(Order::kForward), 0);
+  EXPECT_EQ(wrong(Order::kReverse), 63);
 }
 
 __global__ void coords_kernel(int* out, int width) {
@@ -174,31 +202,48 @@ __global__ void row_sum_kernel(const float* x, float* out, int dim) {
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+// CPU time of this thread: the machine running the tests is often shared, and
+// wall time would measure the neighbours.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+__global__ void barriers_kernel(int rounds) {
+  for (int r = 0; r < rounds; ++r) __syncthreads();
 }
 
 // Not a check: prints what emulation costs, for the documentation.
 TEST(Simt, Cost) {
+  const int64_t b0 = amsp::emu::simt::switch_count();
+  const double tb = cpu_seconds();
+  AMSP_LAUNCH(barriers_kernel, 1, 256, 0, nullptr)(2000);
+  const double barrier_seconds = cpu_seconds() - tb;
+  const int64_t resumes = amsp::emu::simt::switch_count() - b0;
+  std::printf("SIMT emulation: %.1f M fiber resumes/s at __syncthreads (each a switch in and out)\n",
+              static_cast<double>(resumes) / barrier_seconds / 1e6);
+
   const int n = 1 << 20, threads = 256;
   std::vector<float> x(n, 1.0f), y(n);
   const int64_t s0 = amsp::emu::simt::switch_count();
-  auto t0 = std::chrono::steady_clock::now();
+  double t0 = cpu_seconds();
   AMSP_LAUNCH(scale_kernel, n / threads, threads, 0, nullptr)(x.data(), y.data(), n);
-  const double elementwise = seconds_since(t0);
+  const double elementwise = cpu_seconds() - t0;
   EXPECT_EQ(y[n - 1], 2.0f);
 
   const int rows = 1024, dim = 1024;  // the same 1M elements, one block per row
   std::vector<float> sums(rows);
   const int64_t s1 = amsp::emu::simt::switch_count();
-  t0 = std::chrono::steady_clock::now();
+  t0 = cpu_seconds();
   AMSP_LAUNCH(row_sum_kernel, rows, threads, 0, nullptr)(x.data(), sums.data(), dim);
-  const double reduction = seconds_since(t0);
+  const double reduction = cpu_seconds() - t0;
   const int64_t switches = amsp::emu::simt::switch_count() - s1;
   EXPECT_EQ(sums[rows - 1], static_cast<float>(dim));
   std::printf(
-      "SIMT emulation cost: 1M-element elementwise kernel %.3f s (%lld fiber resumes); "
-      "block reduction of 1024 rows x 1024 (256 threads) %.3f s, %lld resumes = %.2f M/s\n",
+      "SIMT emulation cost (CPU time): 1M-element elementwise kernel (4096 blocks of 256) "
+      "%.3f s, %lld fiber resumes; block reduction of 1024 rows of 1024 (blocks of 256) %.3f s, "
+      "%lld resumes, %.1f M resumes/s\n",
       elementwise, static_cast<long long>(s1 - s0), reduction, static_cast<long long>(switches),
       static_cast<double>(switches) / reduction / 1e6);
 }

@@ -1,13 +1,11 @@
-# The emulated NCCL's check under MPI (nccl_check.cpp: a plain main, not
-# gtest, since it needs 4 ranks). Included from kernels/cuda/CMakeLists.txt
-# after the amsp_kernels_cuda_emu library is defined.
+# The emulated NCCL's check under MPI (check/nccl_check.cpp: a plain main, not
+# gtest, since it needs 4 ranks; in a directory of its own so that globs of
+# emu/*.cpp for the library do not take its main). Included from
+# kernels/cuda/CMakeLists.txt after the amsp_kernels_cuda_emu library is defined.
 #
 #   ctest -L mpi -R emu_nccl   runs it under mpiexec on this machine
 
-# What the emulation itself needs: nccl.cpp runs over MPI, cublas.cpp over OpenBLAS.
-target_link_libraries(amsp_kernels_cuda_emu PUBLIC MPI::MPI_C amsp_openblas)
-
-add_executable(amsp_emu_nccl_check ${CMAKE_CURRENT_LIST_DIR}/nccl_check.cpp)
+add_executable(amsp_emu_nccl_check ${CMAKE_CURRENT_LIST_DIR}/check/nccl_check.cpp)
 target_compile_options(amsp_emu_nccl_check PRIVATE ${AMSP_WARNINGS})
 target_link_libraries(amsp_emu_nccl_check PRIVATE amsp_kernels_cuda_emu)
 

@@ -1,12 +1,13 @@
-// The emulated NCCL (nccl.cpp) under mpiexec -n 4: every op in fp32, bf16,
-// int32 and fp64, out of place and in place, on the world and on two
+// The emulated NCCL (kernels/cuda/emu/nccl.cpp) under mpiexec -n 4: every op
+// in fp32, bf16, int32 and fp64, out of place and in place, on the world and on two
 // generations of groups of 2, against references computed here; sums must be
 // the rank-order sums (bf16: in fp32, rounded once) bit for bit on every rank.
 // Then the error paths: a group whose members disagree fails on all of them,
 // an aborted communicator refuses work. With AMSP_EMU_NCCL_FAIL set it checks
 // instead that the injected failure happens where asked.
 //
-// Not a gtest program: it needs MPI and 4 ranks. Prints "<n> failed" on rank 0.
+// Not a gtest program: it needs MPI and 4 ranks (emu/tests.cmake runs it).
+// Prints "<n> failed" on rank 0.
 #include <mpi.h>
 
 #include <chrono>
