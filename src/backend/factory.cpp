@@ -36,7 +36,9 @@ void check_device_usable(Device device) {
 int cuda_device_for(int gpu_info_device, int local_rank) {
   if (gpu_info_device >= 0) return gpu_info_device;
   int count = 0;
-  AMSP_CUDA_CHECK(cudaGetDeviceCount(&count));
+  // No driver or no device is the user's to fix (another --device), not a crash.
+  if (const cudaError_t rc = cudaGetDeviceCount(&count); rc != cudaSuccess)
+    fail_usage("--device cuda: no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(rc), ")");
   if (count <= 0) fail_usage("--device cuda: no CUDA device is visible to this process");
   return local_rank % count;
 }
