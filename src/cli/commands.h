@@ -10,6 +10,7 @@ int run_eval(int argc, char** argv);
 int run_data_prepare(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_comm_bench(int argc, char** argv);
+int run_backend_check(int argc, char** argv);
 int run_ckpt_inspect(int argc, char** argv);
 int run_ckpt_verify(int argc, char** argv);
 

@@ -28,7 +28,7 @@ PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
   topology.require_equal_tasks_per_node(cat("shard plan ", plan_text));
   const plan::MeshShape shape{topology.local_size, topology.num_nodes};
   const plan::ShardPlan plan = plan::parse_shard_plan(plan_text, shape);
-  PlanGroups pg{plan::Mesh(plan, shape), topology.position(), {}, {}};
+  PlanGroups pg{plan::Mesh(plan, shape), topology.position(), {}, {}, {}};
 
   const std::vector<int> ranks_in_order = topology.ranks_in_order();
   for (plan::GroupKind kind : plan::kAllGroups)
