@@ -4,14 +4,53 @@
 #include <iostream>
 #include <sstream>
 
+#include "backend/factory.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "comm/bench.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/mpi_check.h"
 
 namespace amsp::cli {
 namespace {
+
+// Device memory and NCCL communicators, through the CUDA backend: values cross
+// with to_host/from_host, which convert between fp32 and the message dtype.
+class BackendMessages final : public comm::MessageSpace {
+ public:
+  explicit BackendMessages(std::unique_ptr<backend::Backend> be) : be_(std::move(be)) {}
+  std::unique_ptr<comm::Communicator> communicator(comm::Group group) override {
+    return be_->make_communicator(std::move(group));
+  }
+  std::shared_ptr<void> alloc(DType t, int64_t count) override {
+    auto buffer = std::make_shared<backend::Buffer>(be_->alloc(t, count));
+    return std::shared_ptr<void>(buffer, buffer->data());  // keeps the buffer alive
+  }
+  void write(const float* values, void* dst, DType t, int64_t count) override {
+    be_->from_host(values, view(dst, t, count));
+    be_->synchronize();
+  }
+  void read(const void* src, float* values, DType t, int64_t count) override {
+    be_->to_host(view(const_cast<void*>(src), t, count), values);
+  }
+
+ private:
+  backend::View view(void* p, DType t, int64_t count) const {
+    return backend::View{p, t, count, be_->device()};
+  }
+  std::unique_ptr<backend::Backend> be_;
+};
+
+// The node-local rank, for choosing this rank's GPU.
+int local_rank() {
+  MPI_Comm node;
+  AMSP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int rank = 0;
+  AMSP_MPI_CHECK(MPI_Comm_rank(node, &rank));
+  AMSP_MPI_CHECK(MPI_Comm_free(&node));
+  return rank;
+}
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
@@ -26,7 +65,7 @@ std::vector<std::string> split_list(const std::string& text) {
 int run_comm_bench(int argc, char** argv) {
   comm::BenchOptions o;
   std::string ops = "all_gather,reduce_scatter,all_reduce,broadcast", groups = "node,cross,world";
-  std::string min_bytes = "1K", max_bytes = "256M", dtype = "fp32";
+  std::string min_bytes = "1K", max_bytes = "256M", dtype = "fp32", backend_name = "mpi";
   po::options_description desc("Options");
   desc.add_options()
       ("ops", po::value<std::string>(&ops)->default_value(ops)->value_name("LIST"),
@@ -37,6 +76,8 @@ int run_comm_bench(int argc, char** argv) {
            "smallest message (nccl-tests' size: the whole gathered/reduced buffer), e.g. 1K")
       ("max-bytes", po::value<std::string>(&max_bytes)->default_value(max_bytes)->value_name("SIZE"),
            "largest message, e.g. 256M or 1G")
+      ("backend", po::value<std::string>(&backend_name)->default_value(backend_name)->value_name("mpi|nccl"),
+           "mpi: host memory and MPI; nccl: GPU memory and NCCL (one GPU per rank, by node-local rank)")
       ("dtype", po::value<std::string>(&dtype)->default_value(dtype)->value_name("TYPE"),
            "element type of the messages: fp32 or bf16 (bf16 sums accumulate in fp32)")
       ("step-factor", po::value<int64_t>(&o.step_factor)->default_value(2)->value_name("INT"),
@@ -92,8 +133,16 @@ int run_comm_bench(int argc, char** argv) {
   require(o.max_seconds_per_size >= 0, "max-seconds", o.max_seconds_per_size, "seconds >= 0");
   require(o.ranks_per_node >= 0, "ranks-per-node", o.ranks_per_node, "an integer >= 0");
 
+  require(backend_name == "mpi" || backend_name == "nccl", "backend", backend_name, "mpi or nccl");
+  if (backend_name == "nccl") backend::check_device_usable(Device::kCuda);
+
   comm::MpiSession session(&argc, &argv);
-  const auto space = comm::host_message_space();
+  std::unique_ptr<comm::MessageSpace> space;
+  if (backend_name == "nccl")
+    space = std::make_unique<BackendMessages>(backend::make_backend(
+        Device::kCuda, DType::kF32, backend::cuda_device_for(-1, local_rank())));
+  else
+    space = comm::host_message_space();
   const int64_t wrong = comm::run_bench(o, *space, std::cout);
   return wrong == 0 ? kExitOk : kExitFailure;
 }
