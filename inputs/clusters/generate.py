@@ -24,10 +24,23 @@ beta (asymptotic bus bandwidth, bytes/s):
                            NVLink. A ring that leaves a node crosses its NICs once per
                            direction; the engine runs the R / p0 groups of one kind at the
                            same time, so each gets p0 / R of the node's NICs.
-alpha (latency):
-  inside a node:           10 us + 1 us per extra rank
-  ring ops across nodes:   20 us + 4 us per extra node (all-gather, reduce-scatter, broadcast)
-  all-reduce across nodes: 20 us + 8 us per doubling of nodes (NCCL's tree at small sizes)
+alpha (latency), after NCCL's own tuning model: a ring over n ranks on p1 nodes runs
+n - 1 steps (all-reduce 2(n - 1)), p1 - 1 of them (2(p1 - 1)) across the network, and
+every step pays one hop's latency. Two protocols, NCCL taking the faster for each size:
+  LL:     3.6 us + 0.47 us per NVLink step + 5 us per network step, half the bandwidth
+          (8-byte lines carrying 4 bytes of data)
+  Simple: 8.4 us + 3.4 us per NVLink step + 14 us per network step, full bandwidth
+All-reduce across nodes may instead take NCCL's tree: 2 x ((p0 - 1) NVLink steps +
+log2(p1) network steps), the same bandwidth; the faster of ring and tree is used.
+At 1024 ranks (8 x 128) a Simple ring all-gather pays 8.4 + 896 x 3.4 + 127 x 14 us =
+4.8 ms of latency: many small collectives at scale are latency-bound, which is what
+makes bucket sizes matter.
+
+effects (read by `amsp plan`; doc/planner.md, "What the model adds"):
+  contention         compute runs 1/(1 + c) as fast while a collective runs beside it
+  jitter_1024        the slowest of 1024 ranks reaches a collective this fraction late
+  nodes_per_switch, oversubscription   the leaf-spine fabric
+  memory_bandwidth_GBps, memory_efficiency   HBM, for the optimizer step
 
 Run: python3 inputs/clusters/generate.py   (rewrites both files next to this script)
 """
@@ -50,10 +63,21 @@ CLUSTERS = {
         "gpu_memory": "80GiB",
         "peak_tflops_bf16": 312.0,   # A100/A800 SXM dense bf16 tensor core
         "peak_tflops_fp32": 19.5,    # non-tensor-core fp32
-        "achievable_fraction": 0.55,  # matmul-heavy LLaMA layers with FlashAttention-2
+        # The paper's cleanest compute measurement: ZeRO-1 on LLaMA-7B, 8 GPUs, 4M
+        # tokens = 128 micro-batches per step, whose once-a-step communication is
+        # under 1% of the step: 63% MFU. The matmuls reach that fraction of peak.
+        "achievable_fraction": 0.64,
         "nvlink_busbw": 160e9,        # 200 GB/s per direction x 0.8
         "node_network": 100e9,        # 4 x 200 Gb/s
         "network_efficiency": 0.85,
+        "effects": {
+            "contention": 0.15,           # NCCL's kernels take SMs and HBM beside the GEMMs
+            "jitter_1024": 0.03,          # a few percent late per collective at 1024 GPUs
+            "nodes_per_switch": 16,       # 40-port HDR leaf: 16 nodes down, the rest up
+            "oversubscription": 1.0,      # non-blocking spine (rail-optimised fabrics are)
+            "memory_bandwidth_GBps": 2039,  # A800-80GB HBM2e
+            "memory_efficiency": 0.8,     # a streaming multi-tensor kernel
+        },
     },
     "h100": {
         "description": "8x H100-80GB SXM per node, NVLink 4 (900 GB/s bidirectional per GPU), "
@@ -66,6 +90,14 @@ CLUSTERS = {
         "nvlink_busbw": 360e9,        # 450 GB/s per direction x 0.8
         "node_network": 400e9,        # 8 x 400 Gb/s
         "network_efficiency": 0.85,
+        "effects": {
+            "contention": 0.15,
+            "jitter_1024": 0.03,
+            "nodes_per_switch": 32,       # 64-port NDR leaf: 32 nodes down, 32 up
+            "oversubscription": 1.0,
+            "memory_bandwidth_GBps": 3350,  # H100 SXM HBM3
+            "memory_efficiency": 0.8,
+        },
     },
 }
 
@@ -85,12 +117,27 @@ def beta(c, p0, p1):
     return min(c["nvlink_busbw"], net)
 
 
-def alpha(op, p0, p1):
-    if p1 == 1:
-        return 10e-6 + 1e-6 * (p0 - 1)
-    if op == "all_reduce":
-        return 20e-6 + 8e-6 * math.log2(p1)
-    return 20e-6 + 4e-6 * (p1 - 1)
+PROTOCOLS = {  # base, per NVLink step, per network step (seconds), bandwidth efficiency
+    "LL": (3.6e-6, 0.47e-6, 5.0e-6, 0.5),
+    "Simple": (8.4e-6, 3.4e-6, 14.0e-6, 1.0),
+}
+
+
+def latency(op, p0, p1, proto):
+    base, nvlink, net, _ = PROTOCOLS[proto]
+    n = p0 * p1
+    rounds = 2 if op == "all_reduce" else 1
+    ring = base + rounds * ((n - p1) * nvlink + (p1 - 1) * net)
+    if op == "all_reduce" and p1 > 1:
+        tree = base + 2 * ((p0 - 1) * nvlink + math.log2(p1) * net)
+        return min(ring, tree)
+    return ring
+
+
+def time(c, op, p0, p1, size):
+    f = factor(op, p0 * p1)
+    return min(latency(op, p0, p1, proto) + size * f / (beta(c, p0, p1) * eff)
+               for proto, (_, _, _, eff) in PROTOCOLS.items())
 
 
 def rows(c):
@@ -100,7 +147,7 @@ def rows(c):
             n = p0 * p1
             f = factor(op, n)
             for s in SIZES:
-                t = alpha(op, p0, p1) + s * f / beta(c, p0, p1)
+                t = time(c, op, p0, p1, s)
                 yield {"op": op, "ranks_per_node": p0, "nodes": p1, "bytes": s,
                        "time_us": float(f"{t * 1e6:.6g}"),
                        "algbw_GBps": float(f"{s / t / 1e9:.6g}"),
@@ -125,6 +172,7 @@ def write(name, c):
         "peak_tflops_fp32": c["peak_tflops_fp32"],
         "achievable_fraction": c["achievable_fraction"],
         "model": {k: c[k] for k in ("nvlink_busbw", "node_network", "network_efficiency")},
+        "effects": c["effects"],
     }
     text = json.dumps(header, indent=2)[:-2] + ',\n  "entries": [\n'
     text += ",\n".join("    " + json.dumps(r) for r in rows(c))

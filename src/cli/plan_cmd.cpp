@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/plan_calibrate.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "plan/search.h"
@@ -41,6 +42,9 @@ ordered_json eval_json(const Evaluation& e) {
   j["memory"] = {{"params", e.memory.params},       {"grads", e.memory.grads},
                  {"optimizer", e.memory.optimizer}, {"activations", e.memory.activations},
                  {"gathered", e.memory.gathered},   {"buckets", e.memory.buckets}};
+  j["node_nic_sent"] = e.cost.node.nic_sent;
+  j["node_nic_received"] = e.cost.node.nic_received;
+  j["node_intra"] = e.cost.node.intra;
   j["bytes_intra"] = e.cost.sent_intra;
   j["bytes_inter"] = e.cost.sent_inter;
   j["received_intra"] = e.cost.received_intra;
@@ -48,20 +52,11 @@ ordered_json eval_json(const Evaluation& e) {
   j["compute_s"] = e.cost.compute_s;
   j["comm_s"] = e.cost.comm_s;
   j["exposed_comm_s"] = e.cost.exposed_s;
+  j["optimizer_s"] = e.cost.optimizer_s;
   j["step_time_s"] = e.cost.step_s;
   j["mfu"] = e.cost.mfu;
+  j["hfu"] = e.cost.hfu;
   return j;
-}
-
-// The same plan in the paper's formulation (all-reduce + select, broadcasts).
-Evaluation paper_eval(const PlanInput& in, const Evaluation& e) {
-  Evaluation p = e;
-  p.collectives = paper_formulation(e.collectives);
-  time_collectives(p.collectives, in.bandwidth);
-  p.cost = step_cost(in.workload, p.collectives,
-                     micro_batches_per_step(in.global_batch_tokens, in.workload, in.mesh.world()),
-                     in.compute);
-  return p;
 }
 
 std::string group_label(const Collective& c) {
@@ -118,29 +113,27 @@ void print_collectives(std::ostream& os, const std::vector<Collective>& list) {
   }
 }
 
+// Per node and step: NIC bytes out and in, bytes between the node's GPUs.
 const char* kPlanHeader =
-    "p      g      os       memory = P     + G     + OS    + act   + tmp   intra GB  inter GB"
-    "   comm s  exposed s   step s    MFU";
+    "p      g      os        memory  NIC out GB  NIC in GB  intra GB   comm s  exposed s"
+    "  optim s   step s    MFU";
 
 std::string plan_row(const Evaluation& e) {
-  const MemoryBreakdown& m = e.memory;
   return pad(to_string(e.plan.p), 7, false) + pad(to_string(e.plan.g), 7, false) +
-         pad(to_string(e.plan.os), 7, false) + pad(gib(m.total()), 8) + pad(gib(m.params), 8) +
-         pad(gib(m.grads), 8) + pad(gib(m.optimizer), 8) + pad(gib(m.activations), 8) +
-         pad(gib(m.temporaries()), 8) + pad(gb(e.cost.sent_intra), 10) +
-         pad(gb(e.cost.sent_inter), 10) + pad(fmt("%.3f", e.cost.comm_s), 9) +
-         pad(fmt("%.3f", e.cost.exposed_s), 11) + pad(fmt("%.3f", e.cost.step_s), 9) +
-         pad(fmt("%.1f%%", 100 * e.cost.mfu), 7);
+         pad(to_string(e.plan.os), 7, false) + pad(gib(e.memory.total()), 8) +
+         pad(gb(e.cost.node.nic_sent), 12) + pad(gb(e.cost.node.nic_received), 11) +
+         pad(gb(e.cost.node.intra), 10) + pad(fmt("%.3f", e.cost.comm_s), 9) +
+         pad(fmt("%.3f", e.cost.exposed_s), 11) + pad(fmt("%.3f", e.cost.optimizer_s), 9) +
+         pad(fmt("%.3f", e.cost.step_s), 9) + pad(fmt("%.1f%%", 100 * e.cost.mfu), 7);
 }
 
 void print_paper(std::ostream& os, const Evaluation& amsp, const Evaluation& paper) {
-  os << "  " << pad("formulation", 38, false) << pad("sent intra GB", 14) << pad("sent inter GB", 14)
-     << pad("recv GB", 10) << pad("comm s", 9) << pad("exposed s", 11) << pad("step s", 9)
+  os << "  " << pad("formulation", 38, false) << pad("NIC out GB", 11) << pad("NIC in GB", 10)
+     << pad("intra GB", 10) << pad("comm s", 9) << pad("exposed s", 11) << pad("step s", 9)
      << pad("MFU", 7) << "\n";
   auto row = [&](const char* name, const Evaluation& e) {
-    os << "  " << pad(name, 38, false) << pad(gb(e.cost.sent_intra), 14)
-       << pad(gb(e.cost.sent_inter), 14)
-       << pad(gb(e.cost.received_intra + e.cost.received_inter), 10)
+    os << "  " << pad(name, 38, false) << pad(gb(e.cost.node.nic_sent), 11)
+       << pad(gb(e.cost.node.nic_received), 10) << pad(gb(e.cost.node.intra), 10)
        << pad(fmt("%.3f", e.cost.comm_s), 9) << pad(fmt("%.3f", e.cost.exposed_s), 11)
        << pad(fmt("%.3f", e.cost.step_s), 9) << pad(fmt("%.1f%%", 100 * e.cost.mfu), 7) << "\n";
   };
@@ -153,9 +146,9 @@ void print_paper(std::ostream& os, const Evaluation& amsp, const Evaluation& pap
 // The command line as given.
 struct PlanArgs {
   std::string model_name, cluster_name, bandwidth_path, gpu_memory, precision, recompute,
-      global_batch, shard;
+      global_batch, shard, overlap;
   int64_t nodes = 1, gpus_per_node = 0, ranks_per_node = 0, seq_len = 0, micro_batch = 0, top = 0;
-  double peak_tflops = 0, achievable = 0;
+  double peak_tflops = 0, achievable = 0, memory_margin = 0;
   bool json = false;
 };
 
@@ -195,6 +188,11 @@ po::options_description plan_options(PlanArgs& a) {
       ("shard", po::value<std::string>(&a.shard)->default_value("auto")->value_name("PLAN"),
            "auto searches; a plan (ddp, zero1, zero2, zero3, fsdp, mics:K, p=AxB,g=..,os=..) "
            "is evaluated alone with its collectives")
+      ("memory-margin", po::value<double>(&a.memory_margin)->default_value(kMemoryMargin)->value_name("F"),
+           "fraction of --gpu-memory a plan may not use (CUDA context, NCCL buffers, fragmentation)")
+      ("overlap", po::value<std::string>(&a.overlap)->default_value("on")->value_name("on|off"),
+           "communication beside compute (on: the engine's schedule) or after it")
+      ("calibrate", "print the model beside the AMSP paper's published MFU (for --cluster)")
       ("json", "print one JSON object instead of tables");
   desc.add(model_field_options());
   return desc;
@@ -208,6 +206,9 @@ void check_args(const PlanArgs& a, const po::variables_map& vm) {
   require(a.top >= 1, "top", a.top, "an integer >= 1");
   require(a.precision == "bf16" || a.precision == "fp32", "precision", a.precision, "bf16 or fp32");
   require(a.recompute == "none" || a.recompute == "full", "recompute", a.recompute, "none or full");
+  require(a.overlap == "on" || a.overlap == "off", "overlap", a.overlap, "on or off");
+  require(a.memory_margin >= 0 && a.memory_margin < 1, "memory-margin", a.memory_margin,
+          "a fraction in [0, 1)");
   if (vm.count("peak-tflops")) require(a.peak_tflops > 0, "peak-tflops", a.peak_tflops, "a number > 0");
   if (vm.count("achievable"))
     require(a.achievable > 0 && a.achievable <= 1, "achievable", a.achievable, "a number in (0, 1]");
@@ -249,7 +250,9 @@ PlanSetup plan_setup(const PlanArgs& a, const po::variables_map& vm) {
                                                         : s.cluster.gpus_per_node;
   in.memory_per_rank = vm.count("gpu-memory") ? parse_memory_size(a.gpu_memory, "gpu-memory")
                                               : s.cluster.gpu_memory;
+  in.memory_margin = a.memory_margin;
   use_cluster(in, s.cluster);
+  in.schedule.overlap = a.overlap == "on";
   s.measured = vm.count("bandwidth") > 0;
   if (s.measured) in.bandwidth = load_bandwidth_table(a.bandwidth_path, "bandwidth");
   if (vm.count("peak-tflops")) in.compute.peak_flops_per_s = a.peak_tflops * 1e12;
@@ -271,6 +274,9 @@ ordered_json input_json(const PlanArgs& a, const PlanSetup& s) {
   input["gpus_per_node"] = s.in.mesh.ranks_per_node;
   input["world"] = s.in.mesh.world();
   input["gpu_memory_bytes"] = s.in.memory_per_rank;
+  input["memory_margin"] = s.in.memory_margin;
+  input["usable_memory_bytes"] = s.in.usable_memory();
+  input["overlap"] = s.in.schedule.overlap;
   input["cluster"] = s.cluster.name;
   input["bandwidth"] = s.measured ? a.bandwidth_path : s.cluster.source;
   input["bandwidth_modelled"] = !s.measured && s.cluster.modelled;
@@ -291,7 +297,9 @@ void print_header(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   const Cluster& cluster = s.cluster;
   os << "amsp plan: " << w.model.name << " (" << fmt("%.2f", w.model.num_parameters() / 1e9)
      << " B parameters) on " << a.nodes << " nodes x " << in.mesh.ranks_per_node << " GPUs = "
-     << in.mesh.world() << " ranks, " << format_gib(in.memory_per_rank) << " per GPU\n";
+     << in.mesh.world() << " ranks, " << format_gib(in.memory_per_rank) << " per GPU (plans may use "
+     << format_gib(in.usable_memory()) << ", a " << fmt("%.0f%%", 100 * in.memory_margin)
+     << " margin)\n";
   os << "cluster " << cluster.name << ": " << cluster.description << "\n";
   if (s.measured)
     os << "bandwidth: measured table " << a.bandwidth_path << " (memory and peak from cluster "
@@ -305,7 +313,15 @@ void print_header(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
      << precision_name(w.precision) << ", recompute " << recompute_name(w.recompute) << "\n";
   os << "compute: " << fmt("%.4g", in.compute.flops_per_s / 1e12) << " TFLOP/s per rank ("
      << fmt("%.4g", in.compute.peak_flops_per_s / 1e12) << " peak x " << fmt("%.2f", s.fraction)
-     << "); bytes are sent per rank per step (GB = 10^9), memory per rank in GiB\n\n";
+     << "); bytes per node per step (GB = 10^9), memory per rank in GiB\n";
+  const Effects& f = in.effects;
+  os << "effects: contention " << fmt("%.2f", f.contention) << ", stragglers "
+     << fmt("%.1f%%", 100 * f.jitter_1024) << " at 1024 ranks, "
+     << (f.nodes_per_switch > 0 ? std::to_string(f.nodes_per_switch) + " nodes per leaf switch"
+                                : std::string("one switch"))
+     << ", spine " << fmt("%.3g", f.oversubscription) << ":1, optimizer at "
+     << fmt("%.4g", f.memory_bytes_per_s / 1e9) << " GB/s"
+     << (in.schedule.overlap ? "" : "; overlap OFF") << "\n\n";
 }
 
 // --shard PLAN: one plan, with its collectives and the paper's formulation.
@@ -313,7 +329,7 @@ void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   const PlanInput& in = s.in;
   const ShardPlan plan = parse_shard_plan(a.shard, in.mesh);
   const Evaluation e = evaluate(in, plan);
-  const Evaluation paper = paper_eval(in, e);
+  const Evaluation paper = evaluate_paper(in, e);
   if (a.json) {
     ordered_json j;
     j["input"] = input_json(a, s);
@@ -329,14 +345,15 @@ void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   os << "plan " << plan.name << ": " << to_string(plan) << "\n" << kPlanHeader << "\n"
      << plan_row(e) << "\n";
   if (!e.fits)
-    os << "does not fit: needs " << format_gib(e.memory.total()) << " per GPU, has "
-       << format_gib(in.memory_per_rank) << "\n";
+    os << "does not fit: needs " << format_gib(e.memory.total()) << " per GPU, may use "
+       << format_gib(in.usable_memory()) << "\n";
   os << "memory per rank: params " << format_gib(e.memory.params) << ", grads "
      << format_gib(e.memory.grads) << ", optimizer " << format_gib(e.memory.optimizer)
      << ", activations " << format_gib(e.memory.activations) << ", gathered units "
      << format_gib(e.memory.gathered) << ", gradient buckets " << format_gib(e.memory.buckets)
      << "\ncompute " << fmt("%.3f", e.cost.compute_s) << " s + exposed communication "
-     << fmt("%.3f", e.cost.exposed_s) << " s = step " << fmt("%.3f", e.cost.step_s) << " s\n\n"
+     << fmt("%.3f", e.cost.exposed_s) << " s + optimizer " << fmt("%.3f", e.cost.optimizer_s)
+     << " s = step " << fmt("%.3f", e.cost.step_s) << " s\n\n"
      << "collectives per step (summed over units):\n";
   print_collectives(os, e.collectives);
   os << "\nthe paper's formulation of this plan:\n";
@@ -377,7 +394,7 @@ void print_search_json(std::ostream& os, const PlanArgs& a, const PlanSetup& s, 
   j["named"] = nj;
   if (const Evaluation* best = r.best()) {
     j["chosen"] = to_string(best->plan);
-    j["paper"] = eval_json(paper_eval(s.in, *best));
+    j["paper"] = eval_json(evaluate_paper(s.in, *best));
   }
   os << j.dump(2) << "\n";
 }
@@ -385,7 +402,8 @@ void print_search_json(std::ostream& os, const PlanArgs& a, const PlanSetup& s, 
 // The best candidates, then the named plans with their rank or why excluded.
 void print_candidates(std::ostream& os, const PlanArgs& a, const PlanSetup& s, const SearchResult& r) {
   os << r.ranked.size() << " valid plans, " << r.fitting << " fit in "
-     << format_gib(s.in.memory_per_rank) << "; best first:\n";
+     << format_gib(s.in.usable_memory()) << "; best first (least exposed communication, then "
+        "fewest NIC bytes per node, then least memory):\n";
   os << "rank  " << kPlanHeader << "\n";
   for (int64_t i = 0; i < std::min<int64_t>(a.top, r.fitting); ++i)
     os << pad(std::to_string(i + 1), 4) << "  " << plan_row(r.ranked[static_cast<size_t>(i)]) << "\n";
@@ -411,20 +429,15 @@ void print_choice(std::ostream& os, const PlanInput& in, const SearchResult& r, 
   os << "\nchosen: " << to_string(best.plan) << ", predicted step " << fmt("%.3f", best.cost.step_s)
      << " s, MFU " << fmt("%.1f%%", 100 * best.cost.mfu) << ", "
      << format_gib(best.memory.total()) << " per GPU\n";
-  const Evaluation* fastest = &best;
-  for (const Evaluation& e : r.ranked)
-    if (e.fits && e.cost.step_s < fastest->cost.step_s) fastest = &e;
-  if (fastest == &best) {
-    os << "why: the fastest predicted step of the " << r.fitting << " plans that fit";
-  } else {
-    os << "why: within " << fmt("%.1f%%", 100 * kTieResolution)
-       << " of compute time of the fastest predicted step (" << to_string(fastest->plan) << ", "
-       << fmt("%.3f", fastest->cost.step_s) << " s, " << format_gib(fastest->memory.total())
-       << "), a difference the model cannot resolve, and the least memory among those";
-  }
-  os << "; it sends " << gb(best.cost.sent_inter) << " GB across nodes and "
-     << gb(best.cost.sent_intra) << " GB inside nodes per rank per step, "
-     << fmt("%.3f", best.cost.exposed_s) << " s of it not hidden by compute\n";
+  if (r.fitting > 1)
+    os << "why: against the runner-up (" << to_string(r.ranked[1].plan) << "), "
+       << why_better(best, r.ranked[1]) << "\n";
+  else
+    os << "why: the only plan that fits\n";
+  os << "per step each node sends " << gb(best.cost.node.nic_sent) << " GB and receives "
+     << gb(best.cost.node.nic_received) << " GB through its NICs and moves "
+     << gb(best.cost.node.intra) << " GB between its GPUs; " << fmt("%.3f", best.cost.exposed_s)
+     << " s of " << fmt("%.3f", best.cost.comm_s) << " s of communication is not hidden\n";
   for (const NamedResult& n : r.named)
     if (n.eval && n.excluded.empty() && n.rank > 1)
       os << "  " << n.name << " is rank " << n.rank << ": step " << fmt("%.3f", n.eval->cost.step_s)
@@ -432,7 +445,7 @@ void print_choice(std::ostream& os, const PlanInput& in, const SearchResult& r, 
          << format_gib(n.eval->memory.total()) << "\n";
 
   os << "\nthe paper's formulation of the chosen plan:\n";
-  print_paper(os, best, paper_eval(in, best));
+  print_paper(os, best, evaluate_paper(in, best));
 }
 
 // --shard auto: the search, as JSON or as tables.
@@ -449,7 +462,7 @@ void report_search(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
     return;
   }
   const Evaluation& smallest = r.ranked.front();
-  os << "\nno plan fits " << format_gib(s.in.memory_per_rank) << " per GPU; the smallest ("
+  os << "\nno plan fits " << format_gib(s.in.usable_memory()) << " per GPU; the smallest ("
      << to_string(smallest.plan) << ") needs " << format_gib(smallest.memory.total())
      << ": add nodes, shorten --seq-len or --micro-batch, or --recompute full\n";
 }
@@ -467,6 +480,8 @@ int run_plan(int argc, char** argv) {
     return 0;
   a.json = vm.count("json") > 0;
   check_args(a, vm);
+  if (vm.count("calibrate"))
+    return print_calibration(std::cout, load_cluster(a.cluster_name, "cluster"), a.json);
   const PlanSetup setup = plan_setup(a, vm);
   if (a.shard != "auto")
     report_one_plan(std::cout, a, setup);

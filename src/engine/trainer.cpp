@@ -147,9 +147,9 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
                                      [](const plan::Evaluation& e) { return e.fits; });
   char why[512];
   std::snprintf(why, sizeof why,
-                "auto: fastest predicted of %ld plans that fit %.1f GiB per rank: step %.1f ms, "
-                "exposed communication %.1f ms, bandwidth from %s",
-                static_cast<long>(fitting), in.memory_per_rank / double(1 << 30), best.cost.step_s * 1e3,
+                "auto: least exposed communication of %ld plans that fit %.1f GiB per rank: "
+                "step %.1f ms, exposed communication %.1f ms, bandwidth from %s",
+                static_cast<long>(fitting), in.usable_memory() / double(1 << 30), best.cost.step_s * 1e3,
                 best.cost.exposed_s * 1e3, table.c_str());
   return {plan::to_string(best.plan), why};
 }

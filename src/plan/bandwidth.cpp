@@ -80,6 +80,32 @@ double get_number(const json& j, const char* key, const std::string& where) {
   return j[key].get<double>();
 }
 
+// An optional number in [lo, hi]; `fallback` when absent.
+double optional_number(const json& j, const char* key, double lo, double hi, double fallback,
+                       const std::string& where) {
+  if (!j.contains(key)) return fallback;
+  if (!j[key].is_number() || j[key].get<double>() < lo || j[key].get<double>() > hi)
+    fail_usage(where, ": field 'effects.", key, "' must be a number from ", lo, " to ", hi);
+  return j[key].get<double>();
+}
+
+// The optional "effects" object (doc/planner.md, "What the model adds").
+Effects read_effects(const json& j, const std::string& where) {
+  Effects e;
+  if (!j.contains("effects")) return e;
+  if (!j["effects"].is_object()) fail_usage(where, ": field 'effects' must be an object");
+  const json& f = j["effects"];
+  e.contention = optional_number(f, "contention", 0, 10, 0, where);
+  e.jitter_1024 = optional_number(f, "jitter_1024", 0, 10, 0, where);
+  e.nodes_per_switch =
+      static_cast<int64_t>(optional_number(f, "nodes_per_switch", 0, 1 << 20, 0, where));
+  e.oversubscription = optional_number(f, "oversubscription", 1, 100, 1, where);
+  const double gbps = optional_number(f, "memory_bandwidth_GBps", 0, 1e6, 0, where);
+  const double efficiency = optional_number(f, "memory_efficiency", 0.01, 1, 1, where);
+  e.memory_bytes_per_s = gbps * 1e9 * efficiency;
+  return e;
+}
+
 std::string read_text(const std::string& path, const std::string& option) {
   std::ifstream in(path);
   if (!in) fail_usage("--", option, " ", path, ": cannot open the file");
@@ -143,6 +169,7 @@ Cluster load_cluster(const std::string& name_or_path, const std::string& option)
   c.peak_tflops_fp32 = get_number(j, "peak_tflops_fp32", where);
   c.achievable = get_number(j, "achievable_fraction", where);
   if (c.achievable > 1) fail_usage(where, ": field 'achievable_fraction' must be at most 1");
+  c.effects = read_effects(j, where);
   if (j.contains("description") && j["description"].is_string())
     c.description = j["description"].get<std::string>();
   c.modelled = j.contains("modelled") && j["modelled"].is_boolean() && j["modelled"].get<bool>();

@@ -50,6 +50,16 @@ class BandwidthTable {
 // `option` and the file.
 BandwidthTable load_bandwidth_table(const std::string& path, const std::string& option);
 
+// What a cluster adds to the bare collective times (doc/planner.md, "What the
+// model adds"). Zero for each: not modelled.
+struct Effects {
+  double contention = 0;          // compute runs 1/(1 + contention) as fast beside a collective
+  double jitter_1024 = 0;         // straggler delay per collective over 1024 ranks, a fraction
+  int64_t nodes_per_switch = 0;   // nodes under one leaf switch; 0 = one switch
+  double oversubscription = 1;    // leaf uplink oversubscription (2 = 2:1)
+  double memory_bytes_per_s = 0;  // what the optimizer streams, per rank; 0 = not modelled
+};
+
 // A cluster: node shape, memory, compute peak and a bandwidth table.
 struct Cluster {
   std::string name;
@@ -60,6 +70,7 @@ struct Cluster {
   int64_t gpu_memory = 0;   // bytes
   double peak_tflops_bf16 = 0, peak_tflops_fp32 = 0;
   double achievable = 0.55;  // fraction of peak the matmuls reach
+  Effects effects;
   BandwidthTable bandwidth;
 };
 

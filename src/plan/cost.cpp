@@ -1,6 +1,7 @@
 #include "plan/cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "model/llama.h"
@@ -30,15 +31,75 @@ int64_t micro_batches_per_step(int64_t global_batch_tokens, const Workload& w, i
   return global_batch_tokens / per;
 }
 
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Elements of the collective's whole buffer (nccl-tests' size, in elements).
+int64_t bench_elements(const Collective& c) {
+  return comm::bench_size_bytes(c.op, c.count, c.group_size, c.elem_bytes) / c.elem_bytes;
+}
+
+// Leaf switches under which the nodes of a group of this kind sit (the one
+// holding position 0; every group of a kind has the same stride). Nodes are
+// ordered by switch path, so node k sits under switch k / nodes_per_switch.
+int64_t group_switches(const Mesh& mesh, GroupKind kind, int64_t nodes_per_switch) {
+  if (nodes_per_switch <= 0 || mesh.group_nodes(kind) <= 1) return 1;
+  const int64_t R = mesh.shape().ranks_per_node;
+  int64_t count = 0, last = -1;
+  for (int64_t pos : mesh.group_members(kind, 0)) {
+    const int64_t sw = pos / R / nodes_per_switch;
+    if (sw != last) ++count;  // members are in position order
+    last = sw;
+  }
+  return count;
+}
+
+// Bytes through one node's NICs for one group, per occurrence (all calls):
+// what must cross the node boundary, as a ring or a hierarchical algorithm
+// moves it. All-gather and reduce-scatter: the p0·c elements of each of the
+// other p1 - 1 nodes' members, in and out; all-reduce of c elements:
+// 2(p1 - 1)/p1 · c (reduce-scatter and all-gather across the nodes, each
+// node's p0 ranks taking a slice); the paper's broadcasts as the all-gather.
+int64_t nic_bytes_per_group(const Collective& c) {
+  const int64_t p1 = c.group_nodes, p0 = c.ranks_per_node();
+  if (p1 <= 1) return 0;
+  if (c.op == Op::kAllReduce) return 2 * (p1 - 1) * c.count * c.elem_bytes / p1;
+  const int64_t per_call = (p1 - 1) * p0 * c.count * c.elem_bytes;
+  return c.op == Op::kBroadcast ? per_call * c.calls / c.group_size : per_call;
+}
+
+// The node's bytes of one collective from its per-rank traffic: the R/p0
+// groups of its kind with members on a node all run at once.
+void account_node(Collective& c) {
+  const int64_t nic = nic_bytes_per_group(c);
+  const int64_t ranks_sent = c.ranks_per_node() * c.traffic.sent;
+  c.node.nic_sent = c.node.nic_received = c.groups_per_node * nic;
+  c.node.intra = c.groups_per_node * std::max<int64_t>(0, ranks_sent - nic);
+}
+
+// The per-rank traffic and the node's bytes of a newly issued collective.
+void account(Collective& c, const MeshShape& shape) {
+  c.traffic = comm::traffic_bytes(c.op, c.count, c.group_size, 0, 0, c.elem_bytes);
+  c.groups_per_node = shape.ranks_per_node / c.ranks_per_node();
+  account_node(c);
+}
+
+}  // namespace
+
 std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& plan,
-                                         const MeshShape& shape, int64_t micro_batches) {
+                                         const MeshShape& shape, int64_t micro_batches,
+                                         const Schedule& schedule, int64_t nodes_per_switch) {
   const Mesh mesh(plan, shape);
   // Parameters and gradients travel in the compute dtype, bP bytes: in bf16
   // the gradient reductions send bf16 although the G-shard accumulates in fp32.
   const int64_t wire = state_bytes(w.precision).p;
   const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
-  int64_t nodes[5];
-  for (GroupKind k : kAllGroups) nodes[static_cast<int>(k)] = mesh.group_nodes(k);
+  int64_t nodes[5], switches[5];
+  for (GroupKind k : kAllGroups) {
+    nodes[static_cast<int>(k)] = mesh.group_nodes(k);
+    switches[static_cast<int>(k)] = group_switches(mesh, k, nodes_per_switch);
+  }
 
   std::vector<Collective> list;
   auto issue = [&](Phase phase, int unit, Op op, GroupKind group, int64_t count, int64_t elem,
@@ -53,7 +114,10 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
     c.count = count;
     c.elem_bytes = elem;
     c.per_step = per_step;
-    c.traffic = comm::traffic_bytes(op, count, c.group_size, 0, 0, elem);
+    const int64_t bucket = op == Op::kAllGather ? schedule.gather_bucket : schedule.reduce_bucket;
+    c.buckets = bucket > 0 ? ceil_div(bench_elements(c), bucket) : 1;
+    c.switches = switches[static_cast<int>(group)];
+    account(c, shape);
     list.push_back(c);
   };
 
@@ -90,7 +154,8 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
     c.group_nodes = shape.nodes;
     c.count = 1;
     c.elem_bytes = 8;
-    c.traffic = comm::traffic_bytes(Op::kAllReduce, 1, d, 0, 0, 8);
+    c.switches = nodes_per_switch > 0 ? ceil_div(shape.nodes, nodes_per_switch) : 1;
+    account(c, shape);
     list.push_back(c);
   }
   if (sos > sp)
@@ -117,17 +182,36 @@ std::vector<Collective> paper_formulation(const std::vector<Collective>& amsp) {
         c.traffic.received += t.received;
       }
     }
+    account_node(c);
     c.seconds = 0;
     out.push_back(c);
   }
   return out;
 }
 
-void time_collectives(std::vector<Collective>& list, const BandwidthTable& table) {
+double straggler_factor(int64_t ranks, const Effects& effects) {
+  if (ranks < 2 || effects.jitter_1024 <= 0) return 1.0;
+  // The slowest of n ranks arriving with independent Gaussian jitter is late
+  // by about sigma·sqrt(2 ln n): scaled so that n = 1024 pays jitter_1024.
+  return 1.0 + effects.jitter_1024 * std::sqrt(std::log(static_cast<double>(ranks)) /
+                                               std::log(1024.0));
+}
+
+void time_collectives(std::vector<Collective>& list, const BandwidthTable& table,
+                      const Effects& effects) {
   for (Collective& c : list) {
+    const int64_t p0 = c.ranks_per_node(), p1 = c.group_nodes;
     const int64_t size = comm::bench_size_bytes(c.op, c.count, c.group_size, c.elem_bytes);
-    c.seconds = static_cast<double>(c.calls) *
-                table.seconds(c.op, size, c.ranks_per_node(), c.group_nodes);
+    const int64_t call_size = std::max<int64_t>(1, size / c.buckets);
+    double t = table.seconds(c.op, call_size, p0, p1);
+    if (c.switches > 1 && effects.oversubscription > 1) {
+      // Crossing the spine: the bandwidth part slows by the oversubscription,
+      // the latency floor (the table's smallest size) does not.
+      const double floor = std::min(t, table.seconds(c.op, 1, p0, p1));
+      t = floor + (t - floor) * effects.oversubscription;
+    }
+    c.seconds = static_cast<double>(c.calls * c.buckets) * t *
+                straggler_factor(c.group_size, effects);
   }
 }
 
@@ -145,17 +229,51 @@ std::vector<double> unit_forward_flops(const Workload& w) {
   return flops;
 }
 
+double optimizer_seconds(const Workload& w, const ShardPlan& plan, const Effects& effects) {
+  if (effects.memory_bytes_per_s <= 0) return 0.0;
+  // Per OS-shard element, AdamW reads the gradient, the master parameter, m
+  // and v and writes the last three back, plus (bf16) the compute copy; the
+  // gradient norm reads the gradient once more. bf16: 4·4 + 3·4 + 2 + 4 = 34
+  // bytes; fp32: 4·4 + 3·4 + 4 = 32.
+  const double bytes = w.precision == Precision::kBf16 ? 34.0 : 32.0;
+  double elements = 0;
+  for (int64_t n : unit_numels(w.model))
+    elements += static_cast<double>(padded_numel(n, plan.os.size()) / plan.os.size());
+  return elements * bytes / effects.memory_bytes_per_s;
+}
+
+namespace {
+
+// One window: compute `comp` with collectives `comm` beside it on the one
+// communication stream. Overlapped, compute runs 1/(1 + k) as fast while a
+// collective runs (SMs and memory bandwidth taken by the communication
+// kernels): the window lasts max(comm, comp + comm·k/(1 + k)). Without
+// overlap the two run one after the other. Returns what exceeds `comp`.
+double window_excess(double comm, double comp, const Schedule& schedule, const Effects& e) {
+  if (!schedule.overlap) return comm;
+  const double k = e.contention;
+  return std::max(comm, comp + comm * k / (1.0 + k)) - comp;
+}
+
+}  // namespace
+
 StepCost step_cost(const Workload& w, const std::vector<Collective>& timed, int64_t M,
-                   const Compute& compute) {
+                   const Compute& compute, const Schedule& schedule, const Effects& effects,
+                   double optimizer_s) {
   const std::vector<double> flops = unit_forward_flops(w);
   const int U = static_cast<int>(flops.size());
   std::vector<double> cf(U), cb(U);
   StepCost s;
+  double executed_flops = 0;
   for (int u = 0; u < U; ++u) {
     cf[u] = flops[u] / compute.flops_per_s;
     cb[u] = 2 * cf[u];
+    executed_flops += 3 * flops[u];
     // Full recomputation runs each layer's forward again inside backward.
-    if (w.recompute == Recompute::kFull && u > 0 && u < U - 1) cb[u] += cf[u];
+    if (w.recompute == Recompute::kFull && u > 0 && u < U - 1) {
+      cb[u] += cf[u];
+      executed_flops += flops[u];
+    }
     s.compute_s += static_cast<double>(M) * (cf[u] + cb[u]);
   }
 
@@ -168,6 +286,9 @@ StepCost step_cost(const Workload& w, const std::vector<Collective>& timed, int6
     const int64_t sent = c.per_step * c.traffic.sent, received = c.per_step * c.traffic.received;
     (c.inter_node() ? s.sent_inter : s.sent_intra) += sent;
     (c.inter_node() ? s.received_inter : s.received_intra) += received;
+    s.node.nic_sent += c.per_step * c.node.nic_sent;
+    s.node.nic_received += c.per_step * c.node.nic_received;
+    s.node.intra += c.per_step * c.node.intra;
     switch (c.phase) {
       case Phase::kForwardGather: fg[c.unit] += t; break;
       case Phase::kBackwardGather: bg[c.unit] += t; break;
@@ -182,7 +303,7 @@ StepCost step_cost(const Workload& w, const std::vector<Collective>& timed, int6
   // compute and the collectives that run beside it on the one communication
   // stream; what exceeds the compute is exposed.
   auto exposed = [&](bool first, bool last) {
-    auto over = [](double comm, double comp) { return std::max(0.0, comm - comp); };
+    auto over = [&](double comm, double comp) { return window_excess(comm, comp, schedule, effects); };
     double e = 0;
     // Forward: unit u+1's gathers run while unit u computes; unit 0's run
     // before anything (the previous step's optimizer gather feeds the first
@@ -209,10 +330,13 @@ StepCost step_cost(const Workload& w, const std::vector<Collective>& timed, int6
     s.exposed_s = exposed(true, false) + static_cast<double>(M - 2) * exposed(false, false) +
                   exposed(false, true);
   }
-  s.step_s = s.compute_s + s.exposed_s;
+  s.optimizer_s = optimizer_s;
+  s.step_s = s.compute_s + s.exposed_s + s.optimizer_s;
   const double model_flops = model::Llama::flops_per_token(w.model, w.seq_len) *
                              static_cast<double>(w.tokens_per_micro_batch() * M);
-  s.mfu = s.step_s > 0 ? model_flops / (s.step_s * compute.peak_flops_per_s) : 0;
+  const double peak_time = s.step_s * compute.peak_flops_per_s;
+  s.mfu = peak_time > 0 ? model_flops / peak_time : 0;
+  s.hfu = peak_time > 0 ? static_cast<double>(M) * executed_flops / peak_time : 0;
   return s;
 }
 

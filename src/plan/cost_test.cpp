@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "model/llama.h"
 
@@ -194,6 +196,124 @@ TEST(Cost, OverlapByHand) {
   for (auto& c : list) c.per_step = 2;
   w.recompute = Recompute::kNone;
   EXPECT_NEAR(step_cost(w, list, 2, compute).exposed_s, 2 * s.exposed_s, 1e-12);
+}
+
+NodeBytes node_bytes(const std::string& plan, int64_t M = 1) {
+  NodeBytes b;
+  for (const Collective& c : step_collectives(odd_workload(), parse_shard_plan(plan, k2x2), k2x2, M)) {
+    b.nic_sent += c.per_step * c.node.nic_sent;
+    b.nic_received += c.per_step * c.node.nic_received;
+    b.intra += c.per_step * c.node.intra;
+  }
+  return b;
+}
+
+// A node's bytes by hand, 2 ranks x 2 nodes, bf16 (2 bytes), one micro-batch.
+// Padded to 4 the units hold 147 elements per rank; to 2, 291.
+TEST(Cost, NodeBytesByHand) {
+  // zero1: the OS reduce-scatter and the optimizer all-gather over the world
+  // (2 per node x 2 nodes): each node's NICs carry the other node's 2·147
+  // elements, in and out: 588 bytes each; the fp64 norm 2·(2-1)/2·8 = 8.
+  // The node's ranks send 2·3·147·2 = 1764 per collective, 588 of it out.
+  const NodeBytes z1 = node_bytes("zero1");
+  EXPECT_EQ(z1.nic_sent, 588 + 588 + 8);
+  EXPECT_EQ(z1.nic_received, z1.nic_sent);
+  EXPECT_EQ(z1.intra, 2 * (1764 - 588) + (2 * 48 - 8));
+  // mics:2: P, G and OS inside the node (no NIC bytes); the replica
+  // all-reduce over the two nodes runs as 2 groups of 1 rank per node, each
+  // 2·(2-1)/2 of its 291·2 bytes: 2·582 = 1164; + the norm.
+  const NodeBytes m2 = node_bytes("mics:2");
+  EXPECT_EQ(m2.nic_sent, 1164 + 8);
+  // ddp all-reduces whole units, unpadded (582 elements, 1164 bytes): each
+  // node's NICs carry 2·(2-1)/2 of them, as many as zero1's reduce-scatter
+  // and all-gather together less the padding.
+  EXPECT_EQ(node_bytes("ddp").nic_sent, 1164 + 8);
+  // Per micro-batch collectives count M times.
+  EXPECT_EQ(node_bytes("zero2", 3).nic_sent - node_bytes("zero2", 1).nic_sent, 2 * 588);
+}
+
+// Collectives that share the GPU slow compute: with contention k, a window of
+// compute c and communication m lasts max(m, c + m·k/(1 + k)); without
+// overlap, c + m. OverlapByHand's model with 0.1 s gathers.
+TEST(Cost, ContentionAndNoOverlapByHand) {
+  Workload w = odd_workload();
+  const std::vector<double> flops = unit_forward_flops(w);
+  Compute compute;
+  compute.flops_per_s = flops[1] / 0.25;
+  compute.peak_flops_per_s = compute.flops_per_s;
+  std::vector<Collective> list;
+  for (int u = 0; u < 4; ++u) {
+    Collective c;
+    c.phase = Phase::kForwardGather;
+    c.unit = u;
+    c.seconds = 0.1;
+    list.push_back(c);
+  }
+  const double embed = flops[0] / compute.flops_per_s;  // 0: a lookup
+  ASSERT_EQ(embed, 0.0);
+  // Unit 0's gather and unit 1's (behind the embedding) are exposed; units 2
+  // and 3 hide behind the layers.
+  EXPECT_NEAR(step_cost(w, list, 1, compute).exposed_s, 0.2, 1e-12);
+  Effects effects;
+  effects.contention = 1.0;  // half speed beside a collective: each layer loses 0.05 s
+  EXPECT_NEAR(step_cost(w, list, 1, compute, {}, effects).exposed_s, 0.2 + 2 * 0.05, 1e-12);
+  Schedule serial;
+  serial.overlap = false;
+  EXPECT_NEAR(step_cost(w, list, 1, compute, serial, effects).exposed_s, 0.4, 1e-12);
+}
+
+TEST(Cost, OptimizerStreamsTheOsShard) {
+  Workload w = odd_workload();
+  Effects effects;
+  EXPECT_EQ(optimizer_seconds(w, parse_shard_plan("zero1", k2x2), effects), 0.0);  // not modelled
+  effects.memory_bytes_per_s = 1000;
+  // bf16: 34 bytes per element; zero1 over 4 ranks: 147 elements.
+  EXPECT_NEAR(optimizer_seconds(w, parse_shard_plan("zero1", k2x2), effects), 147 * 34 / 1000.0, 1e-12);
+  // ddp: every (unpadded) element, 582.
+  EXPECT_NEAR(optimizer_seconds(w, parse_shard_plan("ddp", k2x2), effects), 582 * 34 / 1000.0, 1e-12);
+  w.precision = Precision::kFp32;
+  EXPECT_NEAR(optimizer_seconds(w, parse_shard_plan("ddp", k2x2), effects), 582 * 32 / 1000.0, 1e-12);
+}
+
+// Stragglers, the spine and buckets, on LLaMA-7B over 32 nodes of 8 with 16
+// nodes per leaf switch.
+TEST(Cost, StragglersSpineAndBuckets) {
+  Effects effects;
+  effects.jitter_1024 = 0.03;
+  EXPECT_NEAR(straggler_factor(1024, effects), 1.03, 1e-12);
+  EXPECT_NEAR(straggler_factor(2, effects), 1 + 0.03 * std::sqrt(std::log(2.0) / std::log(1024.0)), 1e-12);
+  EXPECT_EQ(straggler_factor(1, effects), 1.0);
+
+  Workload w;
+  w.model = model::load_config("llama-7b");
+  w.seq_len = 4096;
+  const MeshShape mesh{8, 32};
+  const BandwidthTable table = load_cluster("a800", "cluster").bandwidth;
+  auto gather_seconds = [&](const char* plan, const Effects& e, const Schedule& schedule) {
+    auto list = step_collectives(w, parse_shard_plan(plan, mesh), mesh, 1, schedule, 16);
+    time_collectives(list, table, e);
+    for (const Collective& c : list)
+      if (c.phase == Phase::kForwardGather && c.unit == 1) return std::make_pair(c.switches, c.seconds);
+    return std::make_pair(int64_t{0}, 0.0);
+  };
+  Effects spine;
+  spine.oversubscription = 2;
+  // zero3's P group spans all 32 nodes, two leaves: it pays the spine.
+  const auto [sw3, t3] = gather_seconds("zero3", {}, {});
+  EXPECT_EQ(sw3, 2);
+  EXPECT_GT(gather_seconds("zero3", spine, {}).second, 1.9 * t3);
+  // mics:128 keeps each group under one leaf (16 nodes): no spine.
+  const auto [sw128, t128] = gather_seconds("mics:128", {}, {});
+  EXPECT_EQ(sw128, 1);
+  EXPECT_EQ(gather_seconds("mics:128", spine, {}).second, t128);
+  // Buckets of a tenth of a layer: ten calls of a tenth of the size, each
+  // paying the ring's latency once more.
+  Schedule buckets;
+  buckets.gather_bucket = 20'238'336;  // a 7B layer is 202,383,360 elements
+  const double t_buckets = gather_seconds("zero3", {}, buckets).second;
+  const int64_t layer_bytes = 202'383'360 * 2;
+  EXPECT_NEAR(t_buckets, 10 * table.seconds(comm::Op::kAllGather, layer_bytes / 10, 8, 32), 1e-12);
+  EXPECT_GT(t_buckets, t3 + 9 * table.seconds(comm::Op::kAllGather, 1, 8, 32));
 }
 
 }  // namespace

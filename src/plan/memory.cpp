@@ -150,4 +150,10 @@ std::string format_gib(int64_t bytes) {
   return buf;
 }
 
+std::string format_fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
 }  // namespace amsp::plan

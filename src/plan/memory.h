@@ -89,5 +89,7 @@ int64_t parse_memory_size(const std::string& text, const std::string& option);
 
 // 80 GiB -> "80.0 GiB"
 std::string format_gib(int64_t bytes);
+// "%.*f": a number for a message.
+std::string format_fixed(double v, int digits);
 
 }  // namespace amsp::plan

@@ -10,8 +10,13 @@
 
 namespace amsp::plan {
 
+int64_t PlanInput::usable_memory() const {
+  return static_cast<int64_t>(static_cast<double>(memory_per_rank) * (1.0 - memory_margin));
+}
+
 void use_cluster(PlanInput& in, const Cluster& cluster) {
   in.bandwidth = cluster.bandwidth;
+  in.effects = cluster.effects;
   const double peak = 1e12 * (in.workload.precision == Precision::kBf16 ? cluster.peak_tflops_bf16
                                                                         : cluster.peak_tflops_fp32);
   in.compute.peak_flops_per_s = peak;
@@ -40,16 +45,35 @@ std::vector<ShardPlan> enumerate_plans(const MeshShape& mesh) {
   return plans;
 }
 
+namespace {
+
+// Times e's collectives and costs the step.
+void cost(const PlanInput& in, Evaluation& e) {
+  const int64_t M = micro_batches_per_step(in.global_batch_tokens, in.workload, in.mesh.world());
+  time_collectives(e.collectives, in.bandwidth, in.effects);
+  e.cost = step_cost(in.workload, e.collectives, M, in.compute, in.schedule, in.effects,
+                     optimizer_seconds(in.workload, e.plan, in.effects));
+}
+
+}  // namespace
+
 Evaluation evaluate(const PlanInput& in, const ShardPlan& plan) {
   const int64_t M = micro_batches_per_step(in.global_batch_tokens, in.workload, in.mesh.world());
   Evaluation e;
   e.plan = plan;
   e.memory = memory_per_rank(in.workload, plan, in.mesh.world());
-  e.fits = e.memory.total() <= in.memory_per_rank;
-  e.collectives = step_collectives(in.workload, plan, in.mesh, M);
-  time_collectives(e.collectives, in.bandwidth);
-  e.cost = step_cost(in.workload, e.collectives, M, in.compute);
+  e.fits = e.memory.total() <= in.usable_memory();
+  e.collectives = step_collectives(in.workload, plan, in.mesh, M, in.schedule,
+                                   in.effects.nodes_per_switch);
+  cost(in, e);
   return e;
+}
+
+Evaluation evaluate_paper(const PlanInput& in, const Evaluation& amsp) {
+  Evaluation p = amsp;
+  p.collectives = paper_formulation(amsp.collectives);
+  cost(in, p);
+  return p;
 }
 
 double exposed_ticks(const Evaluation& e) {
@@ -62,8 +86,8 @@ double exposed_ticks(const Evaluation& e) {
 
 bool better(const Evaluation& a, const Evaluation& b) {
   auto key = [](const Evaluation& e) {
-    return std::make_tuple(exposed_ticks(e), e.memory.total(), e.cost.sent_inter,
-                           e.cost.sent_intra, e.cost.step_s, e.plan.p.s1, e.plan.p.s0,
+    return std::make_tuple(exposed_ticks(e), e.cost.nic_bytes(), e.memory.total(),
+                           e.cost.node.intra, e.cost.step_s, e.plan.p.s1, e.plan.p.s0,
                            e.plan.g.s1, e.plan.g.s0, e.plan.os.s1, e.plan.os.s0);
   };
   return key(a) < key(b);
@@ -85,8 +109,10 @@ Evaluation choose_plan(const PlanInput& in) {
   std::vector<Evaluation> ranked = search(in);
   if (ranked.empty() || !ranked.front().fits) {
     const int64_t least = ranked.empty() ? 0 : ranked.front().memory.total();
-    fail_usage("--shard auto: no shard plan fits ", format_gib(in.memory_per_rank),
-               " per rank; the smallest (", ranked.empty() ? "none" : to_string(ranked.front().plan),
+    fail_usage("--shard auto: no shard plan fits ", format_gib(in.usable_memory()),
+               " per rank (", format_gib(in.memory_per_rank), " less the ",
+               static_cast<int>(std::lround(100 * in.memory_margin)),
+               "% margin); the smallest (", ranked.empty() ? "none" : to_string(ranked.front().plan),
                ") needs ", format_gib(least),
                " (shard over more ranks, shorten --seq-len or --micro-batch, or recompute)");
   }
@@ -128,12 +154,31 @@ std::vector<NamedResult> named_results(const PlanInput& in, const std::vector<Ev
     r.eval->plan.name = name;
     if (!r.eval->fits) {
       r.rank = 0;
-      r.excluded = cat("needs ", format_gib(r.eval->memory.total()), " per GPU, has ",
-                       format_gib(in.memory_per_rank));
+      r.excluded = cat("needs ", format_gib(r.eval->memory.total()), " per GPU, may use ",
+                       format_gib(in.usable_memory()));
     }
     out.push_back(r);
   }
   return out;
+}
+
+std::string why_better(const Evaluation& a, const Evaluation& b) {
+  auto secs = [](double s) { return cat(format_fixed(s, 3), " s"); };
+  auto gbs = [](int64_t bytes) { return cat(format_fixed(static_cast<double>(bytes) / 1e9, 2), " GB"); };
+  if (exposed_ticks(a) != exposed_ticks(b))
+    return cat("it exposes less communication: ", secs(a.cost.exposed_s), " against ",
+               secs(b.cost.exposed_s), " per step");
+  const std::string tie = cat("both expose ", secs(a.cost.exposed_s), " and ", secs(b.cost.exposed_s),
+                              " (a tie: under ", format_fixed(1000 * kTieResolution, 0),
+                              " ms per second of compute apart); ");
+  if (a.cost.nic_bytes() != b.cost.nic_bytes())
+    return cat(tie, "it moves fewer bytes through each node's NICs: ", gbs(a.cost.nic_bytes()),
+               " against ", gbs(b.cost.nic_bytes()), " per step");
+  if (a.memory.total() != b.memory.total())
+    return cat(tie, "the same NIC bytes (", gbs(a.cost.nic_bytes()), "); it needs less memory: ",
+               format_gib(a.memory.total()), " against ", format_gib(b.memory.total()));
+  return cat(tie, "the same NIC bytes and memory; it moves fewer bytes inside the node: ",
+             gbs(a.cost.node.intra), " against ", gbs(b.cost.node.intra));
 }
 
 int64_t parse_token_count(const std::string& text, const std::string& option) {

@@ -15,13 +15,21 @@
 
 namespace amsp::plan {
 
+inline constexpr double kMemoryMargin = 0.08;
+
 struct PlanInput {
   Workload workload;
   MeshShape mesh;
   int64_t global_batch_tokens = 0;  // tokens per optimizer step, all ranks
-  int64_t memory_per_rank = 0;      // bytes a rank may use
+  int64_t memory_per_rank = 0;      // bytes of a GPU (or a rank's share of host memory)
+  // The fraction of memory_per_rank a plan may not use: the CUDA context, NCCL's
+  // buffers and the allocator's fragmentation, which memory_per_rank does not count.
+  double memory_margin = kMemoryMargin;
   BandwidthTable bandwidth;
   Compute compute;
+  Schedule schedule;
+  Effects effects;
+  int64_t usable_memory() const;
 };
 
 // Fills bandwidth and compute from a cluster (peak for the workload's precision).
@@ -41,11 +49,16 @@ std::vector<ShardPlan> enumerate_plans(const MeshShape& mesh);
 // One plan, fully costed. Throws UsageError on a bad --global-batch.
 Evaluation evaluate(const PlanInput& in, const ShardPlan& plan);
 
-// Ranking: predicted step time, then memory, then inter-node and intra-node
-// bytes, then the factors (so the order is total and deterministic). Step
-// times whose exposed communication differs by less than kTieResolution of
-// the compute time (identical for all plans of one input) are ties: the model
-// cannot resolve them, and the smaller plan leaves room for larger batches.
+// The same plan in the paper's formulation (cost.h, paper_formulation):
+// all-reduce and select for gradients, broadcasts for parameters.
+Evaluation evaluate_paper(const PlanInput& in, const Evaluation& amsp);
+
+// Ranking, the AMSP objective: among plans that fit, least exposed
+// communication; then fewest bytes through a node's NICs (sent + received);
+// then least memory; then intra-node bytes, step time and the factors (so the
+// order is total and deterministic). Exposed times that differ by less than
+// kTieResolution of the compute time (identical for all plans of one input)
+// are ties: the model cannot resolve them.
 inline constexpr double kTieResolution = 1e-3;
 bool better(const Evaluation& a, const Evaluation& b);
 // floor(exposed / (kTieResolution x compute)): the first ranking key.
@@ -70,6 +83,10 @@ struct NamedResult {
   int rank = 0;                    // 1-based place among fitting plans, 0 if excluded
 };
 std::vector<NamedResult> named_results(const PlanInput& in, const std::vector<Evaluation>& ranked);
+
+// One line on why `winner` ranks above `runner_up`: the first ranking key
+// that tells them apart, with both values.
+std::string why_better(const Evaluation& winner, const Evaluation& runner_up);
 
 // Tokens: "4194304", "4M" (= 4·2^20, as LLM papers count batch tokens), "4Mi",
 // "512K", "1G". Throws UsageError naming `option`.

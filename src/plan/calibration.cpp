@@ -1,0 +1,93 @@
+#include "plan/calibration.h"
+
+#include "model/config.h"
+
+namespace amsp::plan {
+
+const char* system_name(System system) {
+  switch (system) {
+    case System::kAmsp: return "AMSP";
+    case System::kAmspNoOverlap: return "AMSP, no overlap";
+    case System::kDeepSpeedZero1: return "DeepSpeed ZeRO-1";
+    case System::kDeepSpeedZero3: return "DeepSpeed ZeRO-3";
+  }
+  return "?";
+}
+
+std::vector<PublishedPoint> published_points() {
+  std::vector<PublishedPoint> points;
+  // Table V: 64 GPUs, M micro-batches per step, with and without overlap.
+  const double v13[2][4] = {{0.53, 0.58, 0.61, 0.62}, {0.42, 0.43, 0.44, 0.46}};
+  const double v30[2][4] = {{0.48, 0.50, 0.50, 0.51}, {0.33, 0.38, 0.39, 0.42}};
+  const int64_t ms[4] = {1, 2, 4, 8};
+  for (int overlap = 0; overlap < 2; ++overlap)
+    for (int i = 0; i < 4; ++i) {
+      const System system = overlap == 0 ? System::kAmsp : System::kAmspNoOverlap;
+      points.push_back({"Table V", "llama-13b", 64, ms[i], false, system, v13[overlap][i]});
+      points.push_back({"Table V", "llama-30b", 64, ms[i], true, system, v30[overlap][i]});
+    }
+  // The headline figures: 4M-token batches from 8 to 1024 GPUs.
+  points.push_back({"Fig. 1", "llama-7b", 8, 0, false, System::kDeepSpeedZero1, 0.63});
+  points.push_back({"Fig. 1", "llama-7b", 1024, 0, false, System::kDeepSpeedZero1, 0.36});
+  points.push_back({"Fig. 1", "llama-13b", 8, 0, false, System::kDeepSpeedZero3, 0.47});
+  points.push_back({"Fig. 1", "llama-13b", 1024, 0, false, System::kDeepSpeedZero3, 0.04});
+  points.push_back({"abstract", "llama-13b", 1024, 0, false, System::kAmsp, 0.52});
+  return points;
+}
+
+PlanInput calibration_input(const PublishedPoint& point, const Cluster& cluster) {
+  PlanInput in;
+  Workload& w = in.workload;
+  w.model = model::load_config(point.model);
+  w.seq_len = 4096;
+  w.micro_batch = 1;
+  w.precision = Precision::kBf16;
+  w.recompute = point.recompute ? Recompute::kFull : Recompute::kNone;
+  in.mesh.ranks_per_node = cluster.gpus_per_node;
+  in.mesh.nodes = point.gpus / cluster.gpus_per_node;
+  in.memory_per_rank = cluster.gpu_memory;
+  use_cluster(in, cluster);
+  const int64_t M = point.micro_batches > 0 ? point.micro_batches
+                                            : (int64_t{4} << 20) / (w.seq_len * point.gpus);
+  in.global_batch_tokens = M * w.seq_len * point.gpus;
+  if (point.system == System::kDeepSpeedZero1) in.schedule = {false, 500'000'000, 500'000'000};
+  if (point.system == System::kDeepSpeedZero3) in.schedule = {false, 50'000'000, 500'000'000};
+  return in;
+}
+
+namespace {
+
+// The planner's plan for a point. Table V is an ablation: one configuration
+// per model, M and overlap varied; the plan is the one chosen for its first
+// setting (M = 1, overlapped) and held for the others.
+ShardPlan amsp_plan(const PublishedPoint& point, const Cluster& cluster) {
+  PublishedPoint first = point;
+  first.system = System::kAmsp;
+  return search(calibration_input(first, cluster)).front().plan;
+}
+
+}  // namespace
+
+std::vector<CalibrationRow> calibrate(const Cluster& cluster) {
+  std::vector<CalibrationRow> rows;
+  for (const PublishedPoint& point : published_points()) {
+    PlanInput in = calibration_input(point, cluster);
+    CalibrationRow row;
+    row.point = point;
+    switch (point.system) {
+      case System::kAmsp: row.eval = evaluate(in, amsp_plan(point, cluster)); break;
+      case System::kAmspNoOverlap:
+        in.schedule.overlap = false;
+        row.eval = evaluate(in, amsp_plan(point, cluster));
+        break;
+      case System::kDeepSpeedZero1: row.eval = evaluate(in, parse_shard_plan("zero1", in.mesh)); break;
+      case System::kDeepSpeedZero3: row.eval = evaluate(in, parse_shard_plan("zero3", in.mesh)); break;
+    }
+    row.fits = row.eval.fits;
+    row.predicted = row.eval.cost.mfu;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace amsp::plan

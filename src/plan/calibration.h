@@ -1,0 +1,52 @@
+// Calibration: the cost model against the MFU the AMSP paper (Chen et al.,
+// arXiv 2311.00257) measured on its A800 cluster, with one set of cluster
+// parameters (inputs/clusters/a800.json). doc/planner.md, "Calibration",
+// says how each setting was read from the paper.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/search.h"
+
+namespace amsp::plan {
+
+// The systems the paper measured, as the planner models them.
+enum class System {
+  kAmsp,           // the planner's plan, amsp's schedule
+  kAmspNoOverlap,  // the same plan, communication after compute
+  kDeepSpeedZero1, // zero1 with DeepSpeed's buckets (5e8 elements), no overlap (its stage-1 default)
+  kDeepSpeedZero3, // zero3 with DeepSpeed's buckets (gathers 5e7, reductions 5e8), overlapped
+};
+const char* system_name(System system);
+
+struct PublishedPoint {
+  std::string source;      // where in the paper
+  std::string model;       // preset name
+  int64_t gpus = 0;
+  int64_t micro_batches = 0;  // per rank per step (the paper's M); 0: the 4M-token batch
+  bool recompute = false;
+  System system = System::kAmsp;
+  double mfu = 0;          // published
+};
+
+// Every published figure the calibration compares against.
+std::vector<PublishedPoint> published_points();
+
+struct CalibrationRow {
+  PublishedPoint point;
+  Evaluation eval;         // the plan as evaluated for this point
+  double predicted = 0;    // MFU as the paper counts it (recomputation counted, see .cpp)
+  bool fits = false;
+};
+
+// Evaluates every published point on `cluster` (GPUs per node, memory, peak,
+// table and effects as the cluster gives them).
+std::vector<CalibrationRow> calibrate(const Cluster& cluster);
+
+// The input of one point on `cluster`: 8 ranks per node, sequence 4096,
+// micro-batch 1, bf16, the point's batch and recomputation.
+PlanInput calibration_input(const PublishedPoint& point, const Cluster& cluster);
+
+}  // namespace amsp::plan
