@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/plan_sweep.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "plan/search.h"
@@ -153,7 +154,7 @@ void print_paper(std::ostream& os, const Evaluation& amsp, const Evaluation& pap
 // The command line as given.
 struct PlanArgs {
   std::string model_name, cluster_name, bandwidth_path, gpu_memory, precision, recompute,
-      global_batch, shard;
+      global_batch, shard, sweep, plot;
   int64_t nodes = 1, gpus_per_node = 0, ranks_per_node = 0, seq_len = 0, micro_batch = 0, top = 0;
   double peak_tflops = 0, achievable = 0;
   bool json = false;
@@ -195,6 +196,11 @@ po::options_description plan_options(PlanArgs& a) {
       ("shard", po::value<std::string>(&a.shard)->default_value("auto")->value_name("PLAN"),
            "auto searches; a plan (ddp, zero1, zero2, zero3, fsdp, mics:K, p=AxB,g=..,os=..) "
            "is evaluated alone with its collectives")
+      ("sweep", po::value<std::string>(&a.sweep)->value_name("GPUS"),
+           "GPU counts, e.g. 8,16,32,64: ZeRO-1/2/3, MiCS, FSDP hybrid and the planner's choice "
+           "at each, one table (MFU, tokens/s per GPU); replaces --nodes")
+      ("plot", po::value<std::string>(&a.plot)->value_name("FILE.png"),
+           "with --sweep: plot MFU against GPUs (needs python3-matplotlib)")
       ("json", "print one JSON object instead of tables");
   desc.add(model_field_options());
   return desc;
@@ -216,6 +222,20 @@ void check_args(const PlanArgs& a, const po::variables_map& vm) {
   if (vm.count("gpus-per-node") && vm.count("ranks-per-node") && a.gpus_per_node != a.ranks_per_node)
     fail_usage("--ranks-per-node ", a.ranks_per_node, ": contradicts --gpus-per-node ", a.gpus_per_node,
                " (they are the same option)");
+  if (vm.count("sweep")) {
+    if (!vm["nodes"].defaulted())
+      fail_usage("--nodes ", a.nodes, ": not with --sweep, whose GPU counts set the nodes");
+    if (a.shard != "auto")
+      fail_usage("--shard ", a.shard, ": not with --sweep, which evaluates its own systems");
+    check_sweep(a.sweep,
+                vm.count("gpus-per-node")    ? a.gpus_per_node
+                : vm.count("ranks-per-node") ? a.ranks_per_node
+                                             : load_cluster(a.cluster_name, "cluster").gpus_per_node,
+                vm.count("global-batch") ? parse_token_count(a.global_batch, "global-batch") : 0,
+                a.seq_len * a.micro_batch);
+  } else if (vm.count("plot")) {
+    fail_usage("--plot ", a.plot, ": expected with --sweep (it plots the sweep)");
+  }
 }
 
 // What the planner is given, and where its numbers came from.
@@ -468,6 +488,9 @@ int run_plan(int argc, char** argv) {
   a.json = vm.count("json") > 0;
   check_args(a, vm);
   const PlanSetup setup = plan_setup(a, vm);
+  if (vm.count("sweep"))
+    return run_sweep(std::cout, {setup.in, setup.cluster, setup.measured ? a.bandwidth_path : "",
+                                 a.sweep, vm.count("global-batch") > 0, a.plot, a.json});
   if (a.shard != "auto")
     report_one_plan(std::cout, a, setup);
   else
