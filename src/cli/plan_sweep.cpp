@@ -113,7 +113,9 @@ Scale evaluate_scale(const SweepRequest& r, int64_t gpus) {
   in.mesh.nodes = s.nodes;
   if (!r.fixed_batch) in.global_batch_tokens = in.workload.tokens_per_micro_batch() * gpus;
   s.global_batch_tokens = in.global_batch_tokens;
-  s.micro_batches = micro_batches_per_step(in.global_batch_tokens, in.workload, gpus);
+  // A whole number: check_sweep said so. Computed here to need no more of the cost model
+  // than evaluate and search.
+  s.micro_batches = in.global_batch_tokens / (in.workload.tokens_per_micro_batch() * gpus);
   const std::string rx1 = std::to_string(R) + "x1";
   s.points[0] = named_point(in, "zero1");
   s.points[1] = named_point(in, "zero2");
