@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/plan_calibrate.h"
+#include "cli/plan_sweep.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "plan/search.h"
@@ -146,7 +147,7 @@ void print_paper(std::ostream& os, const Evaluation& amsp, const Evaluation& pap
 // The command line as given.
 struct PlanArgs {
   std::string model_name, cluster_name, bandwidth_path, gpu_memory, precision, recompute,
-      global_batch, shard, overlap;
+      global_batch, shard, overlap, sweep, plot;
   int64_t nodes = 1, gpus_per_node = 0, ranks_per_node = 0, seq_len = 0, micro_batch = 0, top = 0;
   double peak_tflops = 0, achievable = 0, memory_margin = 0;
   bool json = false;
@@ -193,6 +194,11 @@ po::options_description plan_options(PlanArgs& a) {
       ("overlap", po::value<std::string>(&a.overlap)->default_value("on")->value_name("on|off"),
            "communication beside compute (on: the engine's schedule) or after it")
       ("calibrate", "print the model beside the AMSP paper's published MFU (for --cluster)")
+      ("sweep", po::value<std::string>(&a.sweep)->value_name("GPUS"),
+           "GPU counts, e.g. 8,16,32,64: ZeRO-1/2/3, MiCS, FSDP hybrid and the planner's choice "
+           "at each, one table (MFU, tokens/s per GPU); replaces --nodes")
+      ("plot", po::value<std::string>(&a.plot)->value_name("FILE.png"),
+           "with --sweep: plot MFU against GPUs (needs python3-matplotlib)")
       ("json", "print one JSON object instead of tables");
   desc.add(model_field_options());
   return desc;
@@ -217,6 +223,20 @@ void check_args(const PlanArgs& a, const po::variables_map& vm) {
   if (vm.count("gpus-per-node") && vm.count("ranks-per-node") && a.gpus_per_node != a.ranks_per_node)
     fail_usage("--ranks-per-node ", a.ranks_per_node, ": contradicts --gpus-per-node ", a.gpus_per_node,
                " (they are the same option)");
+  if (vm.count("sweep")) {
+    if (!vm["nodes"].defaulted())
+      fail_usage("--nodes ", a.nodes, ": not with --sweep, whose GPU counts set the nodes");
+    if (a.shard != "auto")
+      fail_usage("--shard ", a.shard, ": not with --sweep, which evaluates its own systems");
+    check_sweep(a.sweep,
+                vm.count("gpus-per-node")    ? a.gpus_per_node
+                : vm.count("ranks-per-node") ? a.ranks_per_node
+                                             : load_cluster(a.cluster_name, "cluster").gpus_per_node,
+                vm.count("global-batch") ? parse_token_count(a.global_batch, "global-batch") : 0,
+                a.seq_len * a.micro_batch);
+  } else if (vm.count("plot")) {
+    fail_usage("--plot ", a.plot, ": expected with --sweep (it plots the sweep)");
+  }
 }
 
 // What the planner is given, and where its numbers came from.
@@ -483,6 +503,9 @@ int run_plan(int argc, char** argv) {
   if (vm.count("calibrate"))
     return print_calibration(std::cout, load_cluster(a.cluster_name, "cluster"), a.json);
   const PlanSetup setup = plan_setup(a, vm);
+  if (vm.count("sweep"))
+    return run_sweep(std::cout, {setup.in, setup.cluster, setup.measured ? a.bandwidth_path : "",
+                                 a.sweep, vm.count("global-batch") > 0, a.plot, a.json});
   if (a.shard != "auto")
     report_one_plan(std::cout, a, setup);
   else

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """System tests of `amsp plan` (stdlib only): the issue's llama-13b command as text and
-as JSON (schema, ranking, named plans), --shard details, a measured bandwidth table, and
-bad input (exit 2, one line naming the option).
+as JSON (schema, ranking, named plans), --shard details, a measured bandwidth table,
+bad input (exit 2, one line naming the option), and the scaling sweep (--sweep: table,
+JSON, bad lists, --plot's PNG and its error when matplotlib is missing).
 
 usage: plan_test.py AMSP_BINARY SOURCE_DIR
 """
 import json
 import math
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 AMSP, SRC = sys.argv[1], sys.argv[2]
 ISSUE = ["plan", "--model", "llama-13b", "--nodes", "128", "--gpus-per-node", "8",
@@ -25,8 +28,9 @@ def check(ok, what):
         print("FAIL:", what)
 
 
-def run(args):
-    return subprocess.run([AMSP] + args, capture_output=True, text=True, timeout=120)
+def run(args, env=None):
+    return subprocess.run([AMSP] + args, capture_output=True, text=True, timeout=120,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def plan_fields(x, where, memory):
@@ -216,6 +220,140 @@ with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
           and "effects.contention" in r.stderr, f"bad effects.contention: {r.stderr.strip()}")
 r = run(["plan", "--precision", "fp32", "--recompute", "full"])
 check(r.returncode == 2 and "--recompute" in r.stderr, "fp32 with recompute full is refused")
+
+# --- the scaling sweep: --sweep ---------------------------------------------------
+SCALES = [8, 16, 32, 64, 128, 256, 512, 1024]
+SWEEP = ["plan", "--model", "llama-13b", "--cluster", "a800", "--global-batch", "4M",
+         "--sweep", ",".join(map(str, SCALES))]
+LABELS = ["ZeRO-1", "ZeRO-2", "ZeRO-3", "MiCS", "FSDP-hybrid", "amsp"]
+IDS = ["zero1", "zero2", "zero3", "mics", "fsdp_hybrid", "amsp"]
+r = run(SWEEP)
+check(r.returncode == 0, f"--sweep exits 0 (got {r.returncode}: {r.stderr.strip()})")
+print(r.stdout)
+lines = r.stdout.splitlines()
+header = [i for i, line in enumerate(lines) if line.split()[:1] == ["GPUs"]]
+check(len(header) == 1, "the sweep table has one 'GPUs' header line")
+if header:
+    h = header[0]
+    check(lines[h - 1].split() == LABELS, f"systems header is {LABELS}: {lines[h - 1].split()}")
+    check(lines[h].split() == ["GPUs"] + ["MFU", "tok/s/GPU"] * len(LABELS),
+          f"columns: GPUs, then MFU and tok/s/GPU per system: {lines[h].split()}")
+    rows = []
+    for line in lines[h + 1:]:
+        if not line.strip():
+            break
+        rows.append(line.split())
+    check([int(x[0]) for x in rows] == SCALES, f"one row per scale: {[x[0] for x in rows]}")
+    CELL = re.compile(r"^([0-9]+\.[0-9]%) ([0-9]+)$|^OOM$|^-$")
+    for row in rows:
+        # Cells: "MFU tokens" or a lone OOM / -; rejoin them to count.
+        cells, rest = [], row[1:]
+        while rest:
+            if rest[0] in ("OOM", "-"):
+                cells.append(rest.pop(0))
+            else:
+                cells.append(" ".join(rest[:2]))
+                rest = rest[2:]
+        check(len(cells) == len(LABELS) and all(CELL.match(c) for c in cells),
+              f"{row[0]} GPUs: a cell per system, each 'MFU% tok/s', OOM or -: {cells}")
+        if len(cells) == len(LABELS):
+            check(cells[2] not in ("OOM", "-"), f"{row[0]} GPUs: ZeRO-3 has an MFU")
+    check(rows and rows[0][1] == "OOM", "8 GPUs: ZeRO-1 does not fit (13B, 18 bytes a parameter)")
+for needle in ("llama-13b", "a800", "modelled", "4194304 tokens per step at every scale", "MiCS mics:"):
+    check(needle in r.stdout, f"sweep text mentions {needle!r}")
+
+r = run(SWEEP + ["--json"])
+check(r.returncode == 0, "--sweep --json exits 0")
+sw = json.loads(r.stdout) if r.returncode == 0 else {"scales": [], "systems": [], "input": {}}
+check([x["id"] for x in sw["systems"]] == IDS and [x["label"] for x in sw["systems"]] == LABELS,
+      "JSON systems in table order")
+check([x["gpus"] for x in sw["scales"]] == SCALES, "JSON: one entry per scale")
+check(sw["input"].get("bandwidth_kind") == "modelled", "JSON: the a800 table is modelled")
+for x in sw["scales"]:
+    g = x["gpus"]
+    check(x["nodes"] * 8 == g and x["global_batch_tokens"] == 4 * 2**20,
+          f"{g} GPUs: nodes = GPUs / 8, 4M tokens")
+    check(set(x["systems"]) == set(IDS), f"{g} GPUs: every system")
+    z3 = x["systems"].get("zero3", {})
+    check(isinstance(z3.get("mfu"), float) and 0 < z3["mfu"] <= 1, f"{g} GPUs: ZeRO-3's MFU is a number")
+    check(z3.get("plan") == f"p=8x{g // 8},g=8x{g // 8},os=8x{g // 8}", f"{g} GPUs: ZeRO-3 is all ranks")
+    check(x["systems"]["fsdp_hybrid"].get("plan") == "p=8x1,g=8x1,os=8x1",
+          f"{g} GPUs: FSDP-hybrid shards inside a node")
+    for sid, y in x["systems"].items():
+        check(y["status"] in ("ok", "oom", "invalid"), f"{g} GPUs {sid}: status")
+        if y["status"] == "ok":
+            want = 4 * 2**20 / g / y["step_time_s"]
+            check(abs(y["tokens_per_s_per_gpu"] - want) <= 1e-6 * want,
+                  f"{g} GPUs {sid}: tokens/s per GPU = tokens per rank / step time")
+        else:
+            check(y["mfu"] is None, f"{g} GPUs {sid}: no MFU when not ok")
+    # MiCS: the smallest whole number of nodes that fits.
+    mics = x["systems"]["mics"]
+    k = int(mics.get("name", "mics:0").split(":")[1])
+    check(k % 8 == 0 and (g // 8) % (k // 8) == 0, f"{g} GPUs: MiCS group {k} is whole nodes")
+    if mics["status"] == "ok" and k > 8:
+        smaller = run(["plan", "--model", "llama-13b", "--nodes", str(g // 8), "--global-batch",
+                       "4M", "--shard", f"mics:{k // 2}", "--json"])
+        check(smaller.returncode == 0 and not json.loads(smaller.stdout)["plan"]["fits"],
+              f"{g} GPUs: mics:{k // 2} does not fit, so MiCS takes mics:{k}")
+# The planner's own choice is the search's at that scale.
+chosen = run(["plan", "--model", "llama-13b", "--nodes", "4", "--global-batch", "4M", "--json"])
+at32 = [x for x in sw["scales"] if x["gpus"] == 32]
+check(chosen.returncode == 0 and at32 and
+      json.loads(chosen.stdout)["chosen"] == at32[0]["systems"]["amsp"]["plan"],
+      "the sweep's amsp column is the search's choice")
+
+# Bad sweeps: exit 2, one line naming the option, nothing on stdout.
+SWEEP_BASE = ["plan", "--model", "llama-13b"]
+bad_sweeps = [
+    (["--sweep", ""], "--sweep"),
+    (["--sweep", "abc"], "--sweep"),
+    (["--sweep", "8,,16"], "--sweep"),
+    (["--sweep", "8,x"], "--sweep"),
+    (["--sweep", "0,8"], "--sweep"),
+    (["--sweep", "-8"], "--sweep"),
+    (["--sweep", "12"], "--sweep"),          # not a whole number of 8-GPU nodes
+    (["--sweep", "4"], "--sweep"),           # less than one node
+    (["--sweep", "16,8"], "--sweep"),        # not increasing
+    (["--sweep", "8,16", "--nodes", "2"], "--nodes"),
+    (["--sweep", "8,16", "--shard", "zero3"], "--shard"),
+    (["--sweep", "8,1024", "--global-batch", "3M"], "1024"),  # 3M is not 4096 x 1024 x k
+    (["--plot", "x.png"], "--plot"),
+    (["--sweep", "8", "--plot", "/nonexistent-dir/x.png"], "--plot"),
+]
+for extra, needle in bad_sweeps:
+    r = run(SWEEP_BASE + extra)
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 2, f"{extra}: exit 2 (got {r.returncode})")
+    check(len(lines) == 1 and needle in lines[0], f"{extra}: one line naming {needle}: {lines}")
+    check(r.stdout == "", f"{extra}: nothing on stdout")
+
+# --plot: a real PNG; matplotlib missing is one line naming what to install.
+with tempfile.TemporaryDirectory() as tmp:
+    png = os.path.join(tmp, "sweep.png")
+    r = run(SWEEP + ["--plot", png], env={"TMPDIR": tmp})
+    check(r.returncode == 0, f"--plot exits 0 ({r.stderr.strip()})")
+    data = open(png, "rb").read() if os.path.exists(png) else b""
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", "--plot writes a PNG (signature)")
+    check(len(data) > 5000, f"--plot's PNG is an image, not a stub ({len(data)} bytes)")
+    check(f"plot: {png}" in r.stdout, "the table says where the plot went")
+    leftovers = [f for f in os.listdir(tmp) if f != "sweep.png"]
+    check(not leftovers, f"no temporary files left in TMPDIR: {leftovers}")
+
+    nomatplotlib = os.path.join(tmp, "python-without-site")
+    with open(nomatplotlib, "w") as f:
+        f.write("#!/bin/sh\nexec python3 -S \"$@\"\n")  # no site: no dist-packages
+    os.chmod(nomatplotlib, 0o755)
+    for python, needle in ((nomatplotlib, "apt-get install python3-matplotlib"),
+                           (os.path.join(tmp, "no-such-python"), "apt-get install python3-matplotlib")):
+        png2 = os.path.join(tmp, "other.png")
+        r = run(SWEEP + ["--plot", png2], env={"AMSP_PYTHON": python, "TMPDIR": tmp})
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1, f"AMSP_PYTHON={python}: exit 1 (got {r.returncode})")
+        check(len(lines) == 1 and needle in lines[0] and "--plot" in lines[0],
+              f"AMSP_PYTHON={python}: one line naming what to install: {lines}")
+        check("GPUs" in r.stdout, "the table is printed before the plot fails")
+        check(not os.path.exists(png2), "no PNG without matplotlib")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)
