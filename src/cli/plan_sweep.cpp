@@ -2,12 +2,8 @@
 
 #include "cli/plan_sweep.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,10 +11,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #include "core/error.h"
+#include "core/subprocess.h"
+#include "plan/calibration.h"
 
-extern char** environ;
 
 namespace amsp::cli {
 namespace {
@@ -29,12 +27,12 @@ using namespace amsp::plan;
 
 // --- the systems ----------------------------------------------------------------
 
-struct System {
+struct SweepSystem {
   const char* id;     // JSON key
   const char* label;  // table column and plot legend
 };
-const System kSystems[] = {
-    {"zero1", "ZeRO-1"}, {"zero2", "ZeRO-2"}, {"zero3", "ZeRO-3"},
+const SweepSystem kSystems[] = {
+    {"zero1", "DS-ZeRO-1"}, {"zero2", "DS-ZeRO-2"}, {"zero3", "DS-ZeRO-3"},
     {"mics", "MiCS"},    {"fsdp_hybrid", "FSDP-hybrid"}, {"amsp", "amsp"},
 };
 constexpr size_t kNumSystems = sizeof kSystems / sizeof kSystems[0];
@@ -117,9 +115,12 @@ Scale evaluate_scale(const SweepRequest& r, int64_t gpus) {
   // than evaluate and search.
   s.micro_batches = in.global_batch_tokens / (in.workload.tokens_per_micro_batch() * gpus);
   const std::string rx1 = std::to_string(R) + "x1";
-  s.points[0] = named_point(in, "zero1");
-  s.points[1] = named_point(in, "zero2");
-  s.points[2] = named_point(in, "zero3");
+  // ZeRO as the paper measured it: DeepSpeed's buckets and overlap defaults.
+  for (int stage = 1; stage <= 3; ++stage) {
+    PlanInput ds = in;
+    ds.schedule = deepspeed_schedule(stage);
+    s.points[stage - 1] = named_point(ds, "zero" + std::to_string(stage));
+  }
   s.points[3] = mics_point(in);
   // HYBRID_SHARD: everything sharded inside one node, replicated across nodes.
   s.points[4] = named_point(in, "p=" + rx1 + ",g=" + rx1 + ",os=" + rx1);
@@ -165,7 +166,7 @@ ordered_json sweep_json(const SweepRequest& r, const std::vector<Scale>& scales)
   ordered_json j;
   j["input"] = input;
   j["systems"] = ordered_json::array();
-  for (const System& s : kSystems) j["systems"].push_back({{"id", s.id}, {"label", s.label}});
+  for (const SweepSystem& s : kSystems) j["systems"].push_back({{"id", s.id}, {"label", s.label}});
   j["scales"] = ordered_json::array();
   for (const Scale& s : scales) {
     ordered_json x;
@@ -229,7 +230,7 @@ void print_table(std::ostream& os, const SweepRequest& r, const std::vector<Scal
 
   const size_t cell = kMfuWidth + kTokWidth;
   os << pad("", kGpuWidth);
-  for (const System& s : kSystems) os << "  " << pad(s.label, cell);
+  for (const SweepSystem& s : kSystems) os << "  " << pad(s.label, cell);
   os << "\n" << pad("GPUs", kGpuWidth);
   for (size_t i = 0; i < kNumSystems; ++i) os << "  " << pad("MFU", kMfuWidth) << pad("tok/s/GPU", kTokWidth);
   os << "\n";
@@ -263,27 +264,11 @@ void print_table(std::ostream& os, const SweepRequest& r, const std::vector<Scal
 
 // --- the plot -----------------------------------------------------------------------
 
-// Exit status of a program run with argv, or -1 if it could not be started.
-// Its stdout and stderr go to `output` if given ("/dev/null" to silence it).
-int run_program(const std::vector<std::string>& args, const std::string& output = "") {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (!output.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  }
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
-  if (!WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status) == 127 ? -1 : WEXITSTATUS(status);  // 127: exec failed in the child
+// Runs a program found on PATH (through /usr/bin/env, as run_child takes a
+// path), with a deadline: its exit status (127: not found) and its output.
+ChildResult run_program(std::vector<std::string> args) {
+  args.insert(args.begin(), "/usr/bin/env");
+  return run_child(args, 300);
 }
 
 // The Python that can import matplotlib: $AMSP_PYTHON if set (and only it), else
@@ -298,9 +283,9 @@ std::string find_python(const std::string& plot) {
     candidates = {"python3", "/usr/bin/python3"};
   bool any = false;
   for (const std::string& py : candidates) {
-    const int rc = run_program({py, "-c", "import matplotlib"}, "/dev/null");
-    if (rc == 0) return py;
-    any = any || rc > 0;
+    const ChildResult r = run_program({py, "-c", "import matplotlib"});
+    if (r.ok()) return py;
+    any = any || r.exit_code != 127;
   }
   const std::string which = env && *env ? std::string("AMSP_PYTHON=") + env : "python3";
   if (!any)
@@ -332,11 +317,11 @@ std::string temp_path(const std::string& plot) {
   return path;
 }
 
-// The last non-empty line of a file (the script's one-line error).
-std::string last_line(const std::string& path) {
-  std::ifstream f(path);
+// The last non-empty line of a program's output (the script's one-line error).
+std::string last_line(const std::string& output) {
+  std::istringstream in(output);
   std::string line, last;
-  while (std::getline(f, line))
+  while (std::getline(in, line))
     if (!line.empty()) last = line;
   return last;
 }
@@ -345,16 +330,15 @@ std::string last_line(const std::string& path) {
 void write_plot(const std::string& plot, const ordered_json& data) {
   const std::string python = find_python(plot);
   const std::string script = find_plot_script(plot);
-  const std::string input = temp_path(plot), log = temp_path(plot);
+  const std::string input = temp_path(plot);
   {
     std::ofstream f(input);
     f << data.dump() << "\n";
   }
-  const int rc = run_program({python, script, input, plot}, log);
-  const std::string why = last_line(log);
+  const ChildResult r = run_program({python, script, input, plot});
   std::remove(input.c_str());
-  std::remove(log.c_str());
-  if (rc != 0) fail("--plot ", plot, ": ", why.empty() ? script + " failed" : why);
+  const std::string why = last_line(r.output);
+  if (!r.ok()) fail("--plot ", plot, ": ", why.empty() ? script + " " + r.describe(300) : why);
 }
 
 }  // namespace

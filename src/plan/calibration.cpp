@@ -14,6 +14,14 @@ const char* system_name(System system) {
   return "?";
 }
 
+Schedule deepspeed_schedule(int stage) {
+  Schedule s;
+  s.overlap = false;
+  s.gather_bucket = stage == 3 ? 50'000'000 : 500'000'000;
+  s.reduce_bucket = 500'000'000;
+  return s;
+}
+
 std::vector<PublishedPoint> published_points() {
   std::vector<PublishedPoint> points;
   // Table V: 64 GPUs, M micro-batches per step, with and without overlap.
@@ -50,8 +58,8 @@ PlanInput calibration_input(const PublishedPoint& point, const Cluster& cluster)
   const int64_t M = point.micro_batches > 0 ? point.micro_batches
                                             : (int64_t{4} << 20) / (w.seq_len * point.gpus);
   in.global_batch_tokens = M * w.seq_len * point.gpus;
-  if (point.system == System::kDeepSpeedZero1) in.schedule = {false, 500'000'000, 500'000'000};
-  if (point.system == System::kDeepSpeedZero3) in.schedule = {false, 50'000'000, 500'000'000};
+  if (point.system == System::kDeepSpeedZero1) in.schedule = deepspeed_schedule(1);
+  if (point.system == System::kDeepSpeedZero3) in.schedule = deepspeed_schedule(3);
   return in;
 }
 

@@ -21,6 +21,13 @@ enum class System {
 };
 const char* system_name(System system);
 
+// How DeepSpeed runs ZeRO stage 1, 2 or 3 with its default configuration, as
+// the calibration models it: buckets of reduce_bucket_size = 5e8 elements
+// (stage 3 gathers by stage3_prefetch_bucket_size = 5e7), and communication
+// not overlapped (overlap_comm is off by default for stages 1 and 2; for
+// stage 3 the paper's own 8-GPU figure says it did not hide, doc/planner.md).
+Schedule deepspeed_schedule(int stage);
+
 struct PublishedPoint {
   std::string source;      // where in the paper
   std::string model;       // preset name
