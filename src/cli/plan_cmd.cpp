@@ -374,7 +374,7 @@ void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
      << "\ncompute " << fmt("%.3f", e.cost.compute_s) << " s + exposed communication "
      << fmt("%.3f", e.cost.exposed_s) << " s + optimizer " << fmt("%.3f", e.cost.optimizer_s)
      << " s = step " << fmt("%.3f", e.cost.step_s) << " s\n\n"
-     << "collectives per step (summed over units):\n";
+     << "collectives per step (summed over units; bytes per rank):\n";
   print_collectives(os, e.collectives);
   os << "\nthe paper's formulation of this plan:\n";
   print_paper(os, e, paper);

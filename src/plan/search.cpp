@@ -169,8 +169,8 @@ std::string why_better(const Evaluation& a, const Evaluation& b) {
     return cat("it exposes less communication: ", secs(a.cost.exposed_s), " against ",
                secs(b.cost.exposed_s), " per step");
   const std::string tie = cat("both expose ", secs(a.cost.exposed_s), " and ", secs(b.cost.exposed_s),
-                              " (a tie: under ", format_fixed(1000 * kTieResolution, 0),
-                              " ms per second of compute apart); ");
+                              " (a tie: within ", format_fixed(100 * kTieResolution, 1),
+                              "% of the compute time); ");
   if (a.cost.nic_bytes() != b.cost.nic_bytes())
     return cat(tie, "it moves fewer bytes through each node's NICs: ", gbs(a.cost.nic_bytes()),
                " against ", gbs(b.cost.nic_bytes()), " per step");
