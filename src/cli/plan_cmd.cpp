@@ -10,6 +10,7 @@
 #include "cli/options.h"
 #include "cli/plan_calibrate.h"
 #include "cli/plan_sweep.h"
+#include "cli/text.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "plan/search.h"
@@ -20,17 +21,8 @@ namespace {
 using nlohmann::ordered_json;
 using namespace amsp::plan;
 
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
 std::string gib(int64_t bytes) { return fmt("%.1f", static_cast<double>(bytes) / 1073741824.0); }
 std::string gb(int64_t bytes) { return fmt("%.2f", static_cast<double>(bytes) / 1e9); }
-std::string pad(std::string s, size_t width, bool right = true) {
-  if (s.size() >= width) return s;
-  return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
-}
 
 ordered_json eval_json(const Evaluation& e) {
   ordered_json j;

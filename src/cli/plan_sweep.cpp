@@ -1,6 +1,7 @@
 // amsp plan --sweep: see plan_sweep.h and doc/planner.md, "Scaling sweep".
 
 #include "cli/plan_sweep.h"
+#include "cli/text.h"
 
 #include <unistd.h>
 
@@ -131,15 +132,6 @@ Scale evaluate_scale(const SweepRequest& r, int64_t gpus) {
 
 // --- printing ---------------------------------------------------------------------
 
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-std::string pad(std::string s, size_t width, bool right = true) {
-  if (s.size() >= width) return s;
-  return right ? std::string(width - s.size(), ' ') + s : s + std::string(width - s.size(), ' ');
-}
 
 const char* bandwidth_kind(const SweepRequest& r) {
   return !r.measured_table.empty() ? "measured" : r.cluster.modelled ? "modelled" : "measured";

@@ -257,86 +257,115 @@ double window_excess(double comm, double comp, const Schedule& schedule, const E
 
 }  // namespace
 
-StepCost step_cost(const Workload& w, const std::vector<Collective>& timed, int64_t M,
-                   const Compute& compute, const Schedule& schedule, const Effects& effects,
-                   double optimizer_s) {
-  const std::vector<double> flops = unit_forward_flops(w);
-  const int U = static_cast<int>(flops.size());
-  std::vector<double> cf(U), cb(U);
-  StepCost s;
-  double executed_flops = 0;
-  for (int u = 0; u < U; ++u) {
-    cf[u] = flops[u] / compute.flops_per_s;
-    cb[u] = 2 * cf[u];
-    executed_flops += 3 * flops[u];
-    // Full recomputation runs each layer's forward again inside backward.
-    if (w.recompute == Recompute::kFull && u > 0 && u < U - 1) {
-      cb[u] += cf[u];
-      executed_flops += flops[u];
-    }
-    s.compute_s += static_cast<double>(M) * (cf[u] + cb[u]);
-  }
+namespace {
 
-  // Communication seconds per unit and phase, and the totals.
-  std::vector<double> fg(U), bg(U), br(U), lr(U), og(U);
+// Seconds of forward and backward per unit and micro-batch (backward twice
+// the forward; with full recomputation, each layer's forward once more).
+struct UnitTimes {
+  std::vector<double> forward, backward;
+  double executed_flops = 0;  // per micro-batch, recomputation included
+};
+
+UnitTimes unit_times(const Workload& w, const Compute& compute) {
+  const std::vector<double> flops = unit_forward_flops(w);
+  const size_t U = flops.size();
+  UnitTimes t;
+  t.forward.resize(U);
+  t.backward.resize(U);
+  for (size_t u = 0; u < U; ++u) {
+    t.forward[u] = flops[u] / compute.flops_per_s;
+    t.backward[u] = 2 * t.forward[u];
+    t.executed_flops += 3 * flops[u];
+    if (w.recompute == Recompute::kFull && u > 0 && u + 1 < U) {
+      t.backward[u] += t.forward[u];
+      t.executed_flops += flops[u];
+    }
+  }
+  return t;
+}
+
+// Communication seconds per unit and phase (one occurrence each).
+struct PhaseTimes {
+  std::vector<double> fg, bg, br, lr, og;  // forward gather .. optimizer gather
   double norm = 0;
+};
+
+// Sorts the timed collectives into PhaseTimes and adds their totals (time,
+// bytes per rank and per node) to `s`.
+PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s) {
+  PhaseTimes p{std::vector<double>(units), std::vector<double>(units), std::vector<double>(units),
+               std::vector<double>(units), std::vector<double>(units), 0};
   for (const Collective& c : timed) {
     const double t = c.seconds;
     s.comm_s += static_cast<double>(c.per_step) * t;
-    const int64_t sent = c.per_step * c.traffic.sent, received = c.per_step * c.traffic.received;
-    (c.inter_node() ? s.sent_inter : s.sent_intra) += sent;
-    (c.inter_node() ? s.received_inter : s.received_intra) += received;
+    (c.inter_node() ? s.sent_inter : s.sent_intra) += c.per_step * c.traffic.sent;
+    (c.inter_node() ? s.received_inter : s.received_intra) += c.per_step * c.traffic.received;
     s.node.nic_sent += c.per_step * c.node.nic_sent;
     s.node.nic_received += c.per_step * c.node.nic_received;
     s.node.intra += c.per_step * c.node.intra;
     switch (c.phase) {
-      case Phase::kForwardGather: fg[c.unit] += t; break;
-      case Phase::kBackwardGather: bg[c.unit] += t; break;
-      case Phase::kBackwardReduce: br[c.unit] += t; break;
-      case Phase::kLastReduce: lr[c.unit] += t; break;
-      case Phase::kGradNorm: norm += t; break;
-      case Phase::kOptimizerGather: og[c.unit] += t; break;
+      case Phase::kForwardGather: p.fg[c.unit] += t; break;
+      case Phase::kBackwardGather: p.bg[c.unit] += t; break;
+      case Phase::kBackwardReduce: p.br[c.unit] += t; break;
+      case Phase::kLastReduce: p.lr[c.unit] += t; break;
+      case Phase::kGradNorm: p.norm += t; break;
+      case Phase::kOptimizerGather: p.og[c.unit] += t; break;
     }
   }
+  return p;
+}
 
-  // Exposed communication of one micro-batch. Each window is a stretch of
-  // compute and the collectives that run beside it on the one communication
-  // stream; what exceeds the compute is exposed.
-  auto exposed = [&](bool first, bool last) {
-    auto over = [&](double comm, double comp) { return window_excess(comm, comp, schedule, effects); };
-    double e = 0;
-    // Forward: unit u+1's gathers run while unit u computes; unit 0's run
-    // before anything (the previous step's optimizer gather feeds the first
-    // micro-batch).
-    e += over(fg[0] + (first ? og[0] : 0), 0);
-    for (int u = 0; u < U; ++u) {
-      const double comm = u + 1 < U ? fg[u + 1] + (first ? og[u + 1] : 0) : 0;
-      e += over(comm, cf[u]);
-    }
-    // Backward, head first: unit u's backward hides the gather of unit u-1
-    // and the reductions of unit u+1 (issued when its backward finished).
-    for (int u = U - 1; u >= 0; --u) {
-      double comm = u > 0 ? bg[u - 1] : 0;
-      if (u + 1 < U) comm += br[u + 1] + (last ? lr[u + 1] : 0);
-      e += over(comm, cb[u]);
-    }
-    // Then the embedding's reductions and the norm, with nothing to hide behind.
-    e += br[0] + (last ? lr[0] + norm : 0);
-    return e;
-  };
-  if (M == 1) {
-    s.exposed_s = exposed(true, true);
-  } else {
-    s.exposed_s = exposed(true, false) + static_cast<double>(M - 2) * exposed(false, false) +
-                  exposed(false, true);
+// Exposed communication of one micro-batch (the first carries the previous
+// step's optimizer gathers, the last the once-a-step reductions). Each
+// window is a stretch of compute and the collectives that run beside it on
+// the one communication stream.
+double exposed_micro_batch(const UnitTimes& c, const PhaseTimes& p, bool first, bool last,
+                           const Schedule& schedule, const Effects& effects) {
+  auto over = [&](double comm, double comp) { return window_excess(comm, comp, schedule, effects); };
+  const int U = static_cast<int>(c.forward.size());
+  double e = 0;
+  // Forward: unit u+1's gathers run while unit u computes; unit 0's run
+  // before anything (the previous step's optimizer gather feeds the first
+  // micro-batch).
+  e += over(p.fg[0] + (first ? p.og[0] : 0), 0);
+  for (int u = 0; u < U; ++u) {
+    const double comm = u + 1 < U ? p.fg[u + 1] + (first ? p.og[u + 1] : 0) : 0;
+    e += over(comm, c.forward[u]);
   }
+  // Backward, head first: unit u's backward hides the gather of unit u-1
+  // and the reductions of unit u+1 (issued when its backward finished).
+  for (int u = U - 1; u >= 0; --u) {
+    double comm = u > 0 ? p.bg[u - 1] : 0;
+    if (u + 1 < U) comm += p.br[u + 1] + (last ? p.lr[u + 1] : 0);
+    e += over(comm, c.backward[u]);
+  }
+  // Then the embedding's reductions and the norm, with nothing to hide behind.
+  return e + p.br[0] + (last ? p.lr[0] + p.norm : 0);
+}
+
+}  // namespace
+
+StepCost step_cost(const Workload& w, const std::vector<Collective>& timed, int64_t M,
+                   const Compute& compute, const Schedule& schedule, const Effects& effects,
+                   double optimizer_s) {
+  const UnitTimes c = unit_times(w, compute);
+  StepCost s;
+  for (size_t u = 0; u < c.forward.size(); ++u)
+    s.compute_s += static_cast<double>(M) * (c.forward[u] + c.backward[u]);
+  const PhaseTimes p = tally(timed, c.forward.size(), s);
+  auto exposed = [&](bool first, bool last) {
+    return exposed_micro_batch(c, p, first, last, schedule, effects);
+  };
+  s.exposed_s = M == 1 ? exposed(true, true)
+                       : exposed(true, false) + static_cast<double>(M - 2) * exposed(false, false) +
+                             exposed(false, true);
   s.optimizer_s = optimizer_s;
   s.step_s = s.compute_s + s.exposed_s + s.optimizer_s;
   const double model_flops = model::Llama::flops_per_token(w.model, w.seq_len) *
                              static_cast<double>(w.tokens_per_micro_batch() * M);
   const double peak_time = s.step_s * compute.peak_flops_per_s;
   s.mfu = peak_time > 0 ? model_flops / peak_time : 0;
-  s.hfu = peak_time > 0 ? static_cast<double>(M) * executed_flops / peak_time : 0;
+  s.hfu = peak_time > 0 ? static_cast<double>(M) * c.executed_flops / peak_time : 0;
   return s;
 }
 

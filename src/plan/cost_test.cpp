@@ -165,6 +165,19 @@ TEST(Cost, UnitFlopsAddUpToTheModelFigure) {
   }
 }
 
+// One forward gather per unit of the 4-unit model, each taking `seconds`.
+std::vector<Collective> forward_gathers(double seconds) {
+  std::vector<Collective> list;
+  for (int u = 0; u < 4; ++u) {
+    Collective c;
+    c.phase = Phase::kForwardGather;
+    c.unit = u;
+    c.seconds = seconds;
+    list.push_back(c);
+  }
+  return list;
+}
+
 // Overlap by hand: only forward gathers of 1 s each on a 4-unit model whose
 // decoder layers take 0.25 s forward and whose embedding and head take (close
 // to) nothing. Unit 0's gather and unit 1's (behind the embedding) are fully
@@ -175,14 +188,7 @@ TEST(Cost, OverlapByHand) {
   Compute compute;
   compute.flops_per_s = flops[1] / 0.25;
   compute.peak_flops_per_s = compute.flops_per_s;
-  std::vector<Collective> list;
-  for (int u = 0; u < 4; ++u) {
-    Collective c;
-    c.phase = Phase::kForwardGather;
-    c.unit = u;
-    c.seconds = 1.0;
-    list.push_back(c);
-  }
+  std::vector<Collective> list = forward_gathers(1.0);
   const double head_fwd = flops[3] / compute.flops_per_s;
   const StepCost s = step_cost(w, list, 1, compute);
   EXPECT_NEAR(s.exposed_s, 1 + 1 + 0.75 + std::max(0.0, 1 - 0.25), 1e-12);
@@ -241,14 +247,7 @@ TEST(Cost, ContentionAndNoOverlapByHand) {
   Compute compute;
   compute.flops_per_s = flops[1] / 0.25;
   compute.peak_flops_per_s = compute.flops_per_s;
-  std::vector<Collective> list;
-  for (int u = 0; u < 4; ++u) {
-    Collective c;
-    c.phase = Phase::kForwardGather;
-    c.unit = u;
-    c.seconds = 0.1;
-    list.push_back(c);
-  }
+  const std::vector<Collective> list = forward_gathers(0.1);
   const double embed = flops[0] / compute.flops_per_s;  // 0: a lookup
   ASSERT_EQ(embed, 0.0);
   // Unit 0's gather and unit 1's (behind the embedding) are exposed; units 2
