@@ -121,6 +121,10 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "after the last step, write every parameter as raw float32 in layout order (tests)")
       ("param-trace", po::value<std::string>(&o.param_trace_path)->value_name("FILE"),
            "after every step, append every parameter as raw float32 in layout order (tests)")
+      ("recompute", po::value<std::string>(&o.recompute)->default_value("auto")->value_name("none|full|auto"),
+           "activation recomputation: keep only each layer's input and rebuild the layer in "
+           "backward (the same gradients, less memory, a third more compute); auto: with --shard "
+           "auto the planner weighs it, otherwise none")
       ("init-from", po::value<std::string>(&o.init_from)->value_name("DIR"),
            "start from a Hugging Face model directory (config.json and safetensors) instead of "
            "random weights; the model comes from its config.json")
@@ -134,6 +138,8 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
 // before a model config or an --init-from directory is read.
 void check_ranges(const TrainArgs& a) {
   const engine::TrainOptions& o = a.o;
+  require(o.recompute == "none" || o.recompute == "full" || o.recompute == "auto", "recompute",
+          o.recompute, "none, full or auto");
   require(o.steps >= 1, "steps", o.steps, "an integer >= 1");
   require(o.batch_size >= 1, "batch-size", o.batch_size, "an integer >= 1");
   require(o.seq_len >= 2, "seq-len", o.seq_len, "an integer >= 2");

@@ -56,6 +56,7 @@ void MetricsSink::step(const StepMetrics& m) {
     if (m.val_loss) j["val_loss"] = *m.val_loss;
     j["model_state_bytes"] = m.model_state_bytes;
     j["temporary_bytes"] = m.temporary_bytes;
+    j["activation_bytes"] = m.activation_bytes;
     nlohmann::json groups = nlohmann::json::object();
     double in_flight_ms = 0, exposed_ms = 0;
     int64_t bytes_sent = 0;

@@ -26,6 +26,7 @@ struct StepMetrics {
   int64_t tokens = 0;       // tokens consumed so far
   int64_t model_state_bytes = 0;   // this rank's P-, G- and OS-shards
   int64_t temporary_bytes = 0;     // its gathered units and reduction slots
+  int64_t activation_bytes = 0;    // what its model allocated for activations
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
   std::optional<double> val_loss;
 };

@@ -503,7 +503,7 @@ ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend&
       seq_len_(seq_len),
       tokens_(static_cast<size_t>(batch * seq_len)),
       targets_(static_cast<size_t>(batch * seq_len)),
-      model_(config, backend, batch, seq_len),
+      model_(config, backend, batch, seq_len, options.recompute),
       shards_(plan::unit_shards(model_.units(), groups.mesh, groups.position)) {
   if (options.prefetch < 1 || options.max_reductions < 1)
     fail_usage("engine: prefetch and max_reductions must be >= 1");

@@ -50,6 +50,7 @@ struct EngineOptions {
   int prefetch = 2;          // gathered units in flight ahead of the one computing
   int max_reductions = 2;    // outstanding gradient reductions
   bool overlap = true;       // false: wait for every collective as soon as it is issued
+  bool recompute = false;    // rebuild each layer's activations in backward (model/llama.h)
   AdamWOptions adamw;
   double grad_clip = 1.0;    // 0: no clipping
   double comm_timeout_s = 0; // a collective waited on longer ends the job; 0: the comm default
@@ -106,6 +107,7 @@ class ShardedEngine {
   // from the buffers), and of its temporaries (gathered units, reduction slots).
   int64_t model_state_bytes() const;
   int64_t temporary_bytes() const;
+  int64_t activation_bytes() const { return model_.activation_bytes(); }
   // Per group (those with more than one rank), plus "world" for the norm.
   std::vector<comm::Stats> comm_stats() const;
   void reset_comm_stats();

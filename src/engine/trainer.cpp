@@ -15,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -119,16 +120,48 @@ int64_t available_memory_bytes() {
   return int64_t{8} << 30;
 }
 
-// The plan to train with, and one line saying why.
-std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const topology::Topology& topo,
-                                                double peak_flops) {
-  if (o.shard != "auto") return {o.shard, "given with --shard"};
+// The plan to train with, whether to recompute, and one line saying why.
+struct PlanChoice {
+  std::string plan;
+  bool recompute = false;
+  std::string reason;
+};
+
+// With --recompute auto, the planner weighs recomputation: its extra forward
+// against the memory it frees. Recompute only when no plan fits without it,
+// or when the plan it makes room for is faster even after paying for it.
+std::pair<plan::Evaluation, std::string> weigh_recompute(plan::PlanInput in) {
+  auto best_of = [&](plan::Recompute r) {
+    in.workload.recompute = r;
+    const std::vector<plan::Evaluation> ranked = plan::search(in);
+    return !ranked.empty() && ranked.front().fits ? std::optional(ranked.front()) : std::nullopt;
+  };
+  const auto none = best_of(plan::Recompute::kNone), full = best_of(plan::Recompute::kFull);
+  if (!none && !full) return {plan::choose_plan(in), ""};  // throws: nothing fits
+  if (!none) return {*full, "recompute full: no plan fits without it"};
+  char why[200];
+  if (full && full->cost.step_s < none->cost.step_s * (1 - plan::kTieResolution)) {
+    std::snprintf(why, sizeof why, "recompute full: the plan it makes room for is faster, step %.1f ms "
+                  "against %.1f ms without", full->cost.step_s * 1e3, none->cost.step_s * 1e3);
+    return {*full, why};
+  }
+  if (!full) return {*none, "recompute none"};
+  std::snprintf(why, sizeof why, "recompute none: a plan fits without it, step %.1f ms against %.1f ms "
+                "with it", none->cost.step_s * 1e3, full->cost.step_s * 1e3);
+  return {*none, why};
+}
+
+PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops) {
+  if (o.shard != "auto")
+    return {o.shard, o.recompute == "full",
+            o.recompute == "full" ? "given with --shard; recompute full" : "given with --shard"};
   topo.require_equal_tasks_per_node("--shard auto");
   plan::PlanInput in;
   in.workload.model = o.model;
   in.workload.seq_len = o.seq_len;
   in.workload.micro_batch = o.batch_size;
   in.workload.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
+  in.workload.recompute = o.recompute == "full" ? plan::Recompute::kFull : plan::Recompute::kNone;
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
   in.memory_per_rank = o.memory_per_rank > 0 ? o.memory_per_rank
@@ -139,19 +172,23 @@ std::pair<std::string, std::string> choose_plan(const TrainOptions& o, const top
   in.bandwidth = plan::load_bandwidth_table(table, "--bandwidth");
   in.compute.peak_flops_per_s = peak_flops;
   in.compute.flops_per_s = peak_flops * kAssumedMatmulEfficiency;
-  // search ranks the plans that fit first, best first; choose_plan is only
-  // called for its error when none fits.
-  const std::vector<plan::Evaluation> ranked = plan::search(in);
-  const plan::Evaluation best = !ranked.empty() && ranked.front().fits ? ranked.front() : plan::choose_plan(in);
-  const auto fitting = std::count_if(ranked.begin(), ranked.end(),
-                                     [](const plan::Evaluation& e) { return e.fits; });
-  char why[512];
+  std::string recompute_why = cat("recompute ", o.recompute);
+  plan::Evaluation best;
+  if (o.recompute == "auto") {
+    std::tie(best, recompute_why) = weigh_recompute(in);
+  } else {
+    // search ranks the plans that fit first, best first; choose_plan is only
+    // called for its error when none fits.
+    const std::vector<plan::Evaluation> ranked = plan::search(in);
+    best = !ranked.empty() && ranked.front().fits ? ranked.front() : plan::choose_plan(in);
+  }
+  char why[640];
   std::snprintf(why, sizeof why,
-                "auto: least exposed communication of %ld plans that fit %.1f GiB per rank: "
-                "step %.1f ms, exposed communication %.1f ms, bandwidth from %s",
-                static_cast<long>(fitting), in.usable_memory() / double(1 << 30), best.cost.step_s * 1e3,
-                best.cost.exposed_s * 1e3, table.c_str());
-  return {plan::to_string(best.plan), why};
+                "auto: least exposed communication of the plans that fit %.1f MiB per rank: "
+                "step %.1f ms, exposed communication %.1f ms, bandwidth from %s; %s",
+                in.usable_memory() / double(1 << 20), best.cost.step_s * 1e3,
+                best.cost.exposed_s * 1e3, table.c_str(), recompute_why.c_str());
+  return {plan::to_string(best.plan), recompute_why.rfind("recompute full", 0) == 0, why};
 }
 
 // Every rank's backend description, gathered on rank 0 (empty elsewhere).
@@ -384,6 +421,7 @@ class Run {
   std::vector<std::string> devices;  // every rank's describe(), on rank 0
   double peak_flops = 0;
   std::string plan_text, reason;
+  bool recompute = false;
   std::unique_ptr<PlanGroups> pg;
   std::unique_ptr<Trace> trace;
   int64_t trace_first = 0, trace_last = 0;
@@ -456,7 +494,10 @@ void Run::set_up_ranks() {
 
 void Run::set_up_plan() {
   collectively([&] {
-    std::tie(plan_text, reason) = choose_plan(o, topo, peak_flops);
+    const PlanChoice choice = choose_plan(o, topo, peak_flops);
+    plan_text = choice.plan;
+    recompute = choice.recompute;
+    reason = choice.reason;
     pg = std::make_unique<PlanGroups>(make_plan_groups(MPI_COMM_WORLD, topo, plan_text));
   });
   if (!root) return;
@@ -478,6 +519,7 @@ void Run::set_up_engine() {
   eo.adamw = o.adamw;
   eo.grad_clip = o.grad_clip;
   eo.overlap = o.overlap;
+  eo.recompute = recompute;
   eo.comm_timeout_s = o.comm_timeout_s;
   eo.trace = trace.get();
   engine = std::make_unique<ShardedEngine>(o.model, *be, o.batch_size, o.seq_len, *pg, o.seed, eo);
@@ -530,6 +572,7 @@ void Run::write_run_record_start() {
             {"topology", topology_json(topo)},
             {"plan", plan::to_string(pg->mesh.plan())},
             {"plan_reason", reason},
+            {"recompute", recompute ? "full" : "none"},
             {"groups", pg->placement},
             {"backend", device_name(o.device)},
             {"devices", devices},
@@ -543,6 +586,7 @@ void Run::write_run_record_start() {
             {"peak_flops_per_rank", peak_flops},
             {"model_state_bytes", engine->model_state_bytes()},
             {"temporary_bytes", engine->temporary_bytes()},
+            {"activation_bytes", engine->activation_bytes()},
             {"resumed_from", null_or(start_point.from)},
             {"first_step", start_point.first_step},
             {"init_from", null_or(o.init_from)},
@@ -610,6 +654,7 @@ StepMetrics Run::train_step(int64_t step) {
   m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
   m.model_state_bytes = engine->model_state_bytes();
   m.temporary_bytes = engine->temporary_bytes();
+  m.activation_bytes = engine->activation_bytes();
   m.comm = engine->comm_stats();
   if (!std::isfinite(m.loss))
     comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));

@@ -33,6 +33,8 @@ struct Llama::Impl {
   LlamaConfig cfg;
   std::vector<UnitSpec> units;
   int64_t max_batch, max_seq_len;
+  bool recompute = false;  // one LayerActs for all layers, rebuilt in backward
+  int64_t allocated = 0;   // bytes allocate() took from the backend
   int64_t hidden, kv_dim, inter, vocab, heads, kv_heads, head_dim, layers;
   float eps;
 
@@ -62,6 +64,7 @@ struct Llama::Impl {
   }
 
   void allocate();
+  LayerActs& layer_acts(int layer) { return acts[recompute ? 0 : static_cast<size_t>(layer)]; }
   void forward_decoder(int u, const View& p);
   void backward_decoder(int u, const View& p, const View& g);
   void forward_head(int u, const View& p);
@@ -69,6 +72,7 @@ struct Llama::Impl {
 };
 
 void Llama::Impl::allocate() {
+  const int64_t before = be.memory().in_use;
   const int64_t Nmax = max_batch * max_seq_len;
   tokens = be.alloc(DType::kI32, Nmax);
   targets = be.alloc(DType::kI32, Nmax);
@@ -76,7 +80,7 @@ void Llama::Impl::allocate() {
   rope_sin = f32(max_seq_len * head_dim / 2);
   be.rope_table(rope_cos.view(), rope_sin.view(), max_seq_len, head_dim, cfg.rope_theta);
   for (int64_t l = 0; l <= layers; ++l) resid.push_back(f32(Nmax * hidden));
-  acts.resize(static_cast<size_t>(layers));
+  acts.resize(static_cast<size_t>(recompute ? 1 : layers));
   for (auto& a : acts) {
     a.q = f32(Nmax * hidden);
     a.k = f32(Nmax * kv_dim);
@@ -97,10 +101,11 @@ void Llama::Impl::allocate() {
   dv = f32(Nmax * kv_dim);
   act = f32(Nmax * inter);
   dact = f32(Nmax * inter);
+  allocated = be.memory().in_use - before;
 }
 
 Llama::Llama(const LlamaConfig& config, backend::Backend& backend, int64_t max_batch,
-             int64_t max_seq_len)
+             int64_t max_seq_len, bool recompute)
     : impl_(new Impl(backend)) {
   Impl& m = *impl_;
   config.validate();
@@ -111,6 +116,7 @@ Llama::Llama(const LlamaConfig& config, backend::Backend& backend, int64_t max_b
   m.units = build_layout(config);
   m.max_batch = max_batch;
   m.max_seq_len = max_seq_len;
+  m.recompute = recompute;
   m.hidden = config.hidden_size;
   m.kv_dim = config.kv_dim();
   m.inter = config.intermediate_size;
@@ -128,6 +134,7 @@ Llama::~Llama() { delete impl_; }
 const LlamaConfig& Llama::config() const { return impl_->cfg; }
 const std::vector<UnitSpec>& Llama::units() const { return impl_->units; }
 int Llama::num_units() const { return static_cast<int>(impl_->units.size()); }
+int64_t Llama::activation_bytes() const { return impl_->allocated; }
 
 void Llama::set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                       float grad_scale) {
@@ -191,7 +198,7 @@ void Llama::backward(int unit, const View& params, const View& grads) {
 
 void Llama::Impl::forward_decoder(int u, const View& p) {
   const int l = units[u].layer;
-  LayerActs& a = acts[l];
+  LayerActs& a = layer_acts(l);
   const View x = rows(resid[l], hidden), out = rows(resid[l + 1], hidden);
   const View nn = rows(n, hidden), q = rows(a.q, hidden), k = rows(a.k, kv_dim),
              v = rows(a.v, kv_dim), attn = rows(a.attn, hidden), h = rows(a.h, hidden),
@@ -220,7 +227,10 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
 
 void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   const int l = units[u].layer;
-  LayerActs& a = acts[l];
+  // Recomputation: rebuild the layer's activations from its kept input. It
+  // also rewrites resid[l + 1] with the same bits, which no later backward reads.
+  if (recompute) forward_decoder(u, p);
+  LayerActs& a = layer_acts(l);
   const View x = rows(resid[l], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
              dr = rows(dres, hidden), h = rows(a.h, hidden), gate = rows(a.gate, inter),
              up = rows(a.up, inter), ac = rows(act, inter), dac = rows(dact, inter),

@@ -29,8 +29,11 @@ class Llama {
  public:
   // Allocates activations on `backend` (which must outlive the model) for
   // micro-batches of up to max_batch sequences of up to max_seq_len tokens.
+  // With recompute, forward keeps only each decoder layer's input and one
+  // layer's working set; backward runs the layer's forward again first (the
+  // same kernels on the same inputs: the same bits) and then its backward.
   Llama(const LlamaConfig& config, backend::Backend& backend, int64_t max_batch,
-        int64_t max_seq_len);
+        int64_t max_seq_len, bool recompute = false);
   ~Llama();
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
@@ -58,6 +61,10 @@ class Llama {
   // After the head's forward: logits [B*T, vocab_size] on the device (fp32).
   // Backward overwrites them with d(loss)/d(logits), so read them before.
   backend::View logits() const;
+
+  // Bytes the model allocated on its backend: activations kept for backward,
+  // scratch, RoPE tables, token ids (plan::cpu_activation_floats counts them).
+  int64_t activation_bytes() const;
 
   // Model FLOPs of one forward+backward over B*T tokens (matmuls, and attention
   // scores with the causal half), the numerator of MFU. See doc/metrics.md.

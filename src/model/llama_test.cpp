@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -212,6 +214,33 @@ TEST(Llama, GradientsAccumulateAndScale) {
       ASSERT_NEAR(g12[u][i], s, 1e-5f * (1 + std::fabs(s))) << u << " " << i;
       ASSERT_NEAR(g1s[u][i], 0.25f * g1[u][i], 1e-6f * (1 + std::fabs(g1[u][i]))) << u << " " << i;
     }
+}
+
+// Full recomputation runs each layer's forward again in backward: the same
+// kernels on the same inputs, so the same loss and the same gradients, bit
+// for bit, while one layer's activations are kept instead of every layer's.
+TEST(Llama, RecomputationGivesTheSameBits) {
+  LlamaConfig c = micro_config();
+  c.num_hidden_layers = 3;
+  const int64_t B = 2, T = 5;
+  backend::Backend* be = cpu();
+  const int64_t before = be->memory().in_use;
+  Llama keep(c, *be, B, T);
+  const int64_t kept = be->memory().in_use - before;
+  Llama rebuild(c, *be, B, T, /*recompute=*/true);
+  const int64_t rebuilt = be->memory().in_use - before - kept;
+  EXPECT_LT(rebuilt, kept);  // two layers' activations fewer
+  const Buffers p = make_params(keep, 7, 1.0f);
+  const auto tok = random_tokens(B * T, c.vocab_size, 30), tgt = random_tokens(B * T, c.vocab_size, 31);
+  Buffers g_keep = zeros_like(p), g_rebuild = zeros_like(p);
+  for (int step = 0; step < 2; ++step) {  // accumulation too
+    run_step(keep, p, g_keep, tok, tgt, B, T);
+    run_step(rebuild, p, g_rebuild, tok, tgt, B, T);
+    EXPECT_EQ(keep.loss_sum(), rebuild.loss_sum());
+  }
+  for (size_t u = 0; u < p.size(); ++u)
+    ASSERT_EQ(0, std::memcmp(g_keep[u].data(), g_rebuild[u].data(), g_keep[u].size() * sizeof(float)))
+        << "unit " << u;
 }
 
 TEST(Llama, IgnoredTargetsContributeNothing) {

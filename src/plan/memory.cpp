@@ -28,7 +28,7 @@ std::vector<int64_t> unit_numels(const model::LlamaConfig& config) {
 
 int64_t padded_numel(int64_t numel, int64_t s_os) { return comm::padded_count(numel, s_os); }
 
-int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T) {
+int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T, bool recompute) {
   // Mirrors Llama::Llama's allocations, buffer by buffer.
   const int64_t N = B * T, h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size,
                 V = c.vocab_size, L = c.num_hidden_layers, heads = c.num_attention_heads;
@@ -42,7 +42,8 @@ int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T)
   const int64_t head = N + N * V + N;                    // 1/rms, logits, log-sum-exp
   const int64_t scratch = 5 * N * h + 2 * N * kv + 2 * N * I;  // n, dn, dres, dattn, dq; dk, dv; act, dact
   const int64_t ids = 2 * N;                             // token ids and targets (int32, 4 bytes)
-  return ids + rope + resid + L * per_layer + head + scratch;
+  // Recomputation keeps every layer's input (resid) and one layer's working set.
+  return ids + rope + resid + (recompute ? 1 : L) * per_layer + head + scratch;
 }
 
 int64_t gpu_layer_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
@@ -66,7 +67,7 @@ int64_t gpu_head_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
 int64_t activation_bytes(const Workload& w) {
   const model::LlamaConfig& c = w.model;
   if (w.precision == Precision::kFp32)
-    return 4 * cpu_activation_floats(c, w.micro_batch, w.seq_len);
+    return 4 * cpu_activation_floats(c, w.micro_batch, w.seq_len, w.recompute == Recompute::kFull);
   const int64_t N = w.tokens_per_micro_batch(), L = c.num_hidden_layers;
   const int64_t layer = gpu_layer_activation_bytes(c, N), head = gpu_head_activation_bytes(c, N);
   if (w.recompute == Recompute::kNone) return L * layer + head;

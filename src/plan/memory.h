@@ -67,9 +67,11 @@ struct MemoryBreakdown {
 
 // Floats the CPU model (model::Llama, fp32) allocates for micro-batches of B
 // sequences of T tokens: activations kept for backward, scratch and RoPE
-// tables. Kept in step with src/model/llama.cpp; a test compares it with the
+// tables; with recompute, one layer's working set instead of every layer's.
+// Kept in step with src/model/llama.cpp; a test compares it with the
 // allocation Llama actually makes.
-int64_t cpu_activation_floats(const model::LlamaConfig& config, int64_t B, int64_t T);
+int64_t cpu_activation_floats(const model::LlamaConfig& config, int64_t B, int64_t T,
+                              bool recompute = false);
 
 // Activation bytes of one decoder layer in bf16 on GPU (Korthikanti et al.
 // 2022 adapted to LLaMA, FlashAttention-2): tokens·(12h + 4·kv + 6·I + 8) +

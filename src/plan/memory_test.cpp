@@ -170,8 +170,12 @@ TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {
   for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 4}, {3, 16}, {2, 64}}) {
     model::LlamaConfig c = model::load_config("tiny");
     const auto be = backend::make_cpu_backend(DType::kF32);
-    model::Llama llama(c, *be, B, T);
-    EXPECT_EQ(be->memory().in_use, 4 * cpu_activation_floats(c, B, T)) << B << "x" << T;
+    for (bool recompute : {false, true}) {
+      const int64_t before = be->memory().in_use;
+      model::Llama llama(c, *be, B, T, recompute);
+      EXPECT_EQ(be->memory().in_use - before, 4 * cpu_activation_floats(c, B, T, recompute))
+          << B << "x" << T << (recompute ? " recompute" : "");
+    }
   }
 }
 
