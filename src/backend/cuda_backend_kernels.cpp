@@ -131,65 +131,47 @@ void CudaBackend::accumulate(const View& dst, const float* c, int64_t n) {
   AMSP_CUDA_CHECK_LAUNCH("add");
 }
 
-// Row-major y[M, out] = x[M, in] W^T is column-major y^T = W x^T: W^T's
-// storage read transposed, x^T's read as it is.
-void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,
-                                 float beta) {
-  const char* kn = "linear_forward";
-  check.linear(kn, M, in, out, x, "x", in, w, y, "y", out);
-  if (M == 0 || out == 0) return;
-  const View xv = x.at(0, M * in), wv = w.at(0, out * in), yv = y.at(0, M * out);
-  const int64_t n = M * out;
+// Row-major y[M, n] = a[M, k] op(W) is column-major y^T = op(W)^T a^T: for
+// linear_forward (y = x W^T, W[n, k]) W^T's storage read transposed, for
+// linear_backward_input (dx = dy W, W[k, n]) W's read as it is; a^T read as it is.
+void CudaBackend::linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
+                                 bool w_transposed, float beta) {
+  if (M == 0 || n == 0) return;
+  const View av = a.at(0, M * k), wv = w.at(0, n * k), yv = y.at(0, M * n);
+  const int64_t ny = M * n;
   const bool bf = compute() == DType::kBF16;
-  Scratch sx = scratch(bf && in > 0 ? M * in * 2 : 0);
-  Scratch sw = scratch(in > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
-                           ? out * in * (bf ? 2 : 4) : 0);
-  Scratch sp = scratch(bf && beta != 0.0f ? n * 4 : 0);
+  Scratch sa = scratch(bf && k > 0 ? M * k * 2 : 0);
+  Scratch sw = scratch(k > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
+                           ? n * k * (bf ? 2 : 4) : 0);
+  Scratch sp = scratch(bf && beta != 0.0f ? ny * 4 : 0);
   float* p = bf ? (beta == 0.0f ? f32w(yv) : sp.as<float>()) : f32w(yv);
-  if (in == 0 && bf) {
+  if (k == 0 && bf) {
     // An empty sum: the product is zero.
-    writes(p, n * 4);
-    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, stream_));
+    writes(p, ny * 4);
+    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(ny) * 4, stream_));
   } else {
     const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
-    const void* B = bf ? static_cast<const void*>(as_bf16(xv, sx)) : f32p(xv);
-    reads(A, out * in * (bf ? 2 : 4));
-    reads(B, M * in * (bf ? 2 : 4));
-    if (!bf && beta != 0.0f) reads(p, n * 4);
-    writes(p, n * 4);
-    gemm(true, false, out, M, in, A, bf, std::max<int64_t>(in, 1), B, bf, std::max<int64_t>(in, 1),
-         bf ? 0.0f : beta, p, out);
+    const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
+    reads(A, n * k * (bf ? 2 : 4));
+    reads(B, M * k * (bf ? 2 : 4));
+    if (!bf && beta != 0.0f) reads(p, ny * 4);
+    writes(p, ny * 4);
+    gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
+         std::max<int64_t>(k, 1), bf ? 0.0f : beta, p, n);
   }
-  if (bf) finish_linear(yv, n, beta, p);
+  if (bf) finish_linear(yv, ny, beta, p);
 }
 
-// dx[M, in] = dy[M, out] W[out, in] is column-major dx^T = W^T dy^T.
+void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,
+                                 float beta) {
+  check.linear("linear_forward", M, in, out, x, "x", in, w, y, "y", out);
+  linear_product(x, w, y, M, in, out, true, beta);
+}
+
 void CudaBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                                         int64_t out, float beta) {
-  const char* kn = "linear_backward_input";
-  check.linear(kn, M, in, out, dy, "dy", out, w, dx, "dx", in);
-  if (M == 0 || in == 0) return;
-  const View dyv = dy.at(0, M * out), wv = w.at(0, out * in), dxv = dx.at(0, M * in);
-  const int64_t n = M * in;
-  const bool bf = compute() == DType::kBF16;
-  Scratch sdy = scratch(bf && out > 0 ? M * out * 2 : 0);
-  Scratch sw = scratch(out > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
-                           ? out * in * (bf ? 2 : 4) : 0);
-  Scratch sp = scratch(bf && beta != 0.0f ? n * 4 : 0);
-  float* p = bf ? (beta == 0.0f ? f32w(dxv) : sp.as<float>()) : f32w(dxv);
-  if (out == 0 && bf) {
-    writes(p, n * 4);
-    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, stream_));
-  } else {
-    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
-    const void* B = bf ? static_cast<const void*>(as_bf16(dyv, sdy)) : f32p(dyv);
-    reads(A, out * in * (bf ? 2 : 4));
-    reads(B, M * out * (bf ? 2 : 4));
-    if (!bf && beta != 0.0f) reads(p, n * 4);
-    writes(p, n * 4);
-    gemm(false, false, in, M, out, A, bf, in, B, bf, std::max<int64_t>(out, 1), bf ? 0.0f : beta, p, in);
-  }
-  if (bf) finish_linear(dxv, n, beta, p);
+  check.linear("linear_backward_input", M, in, out, dy, "dy", out, w, dx, "dx", in);
+  linear_product(dy, w, dx, M, out, in, false, beta);
 }
 
 // dw[out, in] += dy^T x is column-major dw^T += x^T dy.
