@@ -164,6 +164,33 @@ AMSP_DEVICE_INLINE Heads heads_of(int64_t b, int64_t h, const Shape& sh) {
   return Heads{b, h, kvh, b * sh.T * ldq + h * sh.D, b * sh.T * ldk + kvh * sh.D, ldq, ldk};
 }
 
+// The block (b*H + h, query tile) of the forward and dq kernels: its head, its
+// tile's first and last rows (q_last below T), and this warp's first own row.
+// The last tiles see the most keys: they are started first.
+struct QueryTile {
+  Heads hd;
+  int64_t q0, q_last;
+  int warp;
+  int64_t row0;
+};
+
+AMSP_DEVICE_INLINE QueryTile query_tile(const Shape& sh) {
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kOwnTile;
+  const int warp = threadIdx.x / kWarpSize;
+  return QueryTile{heads_of(blockIdx.x / sh.H, blockIdx.x % sh.H, sh), q0,
+                   (q0 + kOwnTile < sh.T ? q0 + kOwnTile : sh.T) - 1, warp, q0 + warp * kOwnPerWarp};
+}
+
+// The key and value rows [k0, k0 + S) of the tile's kv head into k_s and v_s,
+// once every warp is done with the previous ones.
+AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const float* k, const float* v,
+                                      const Heads& hd, int64_t k0, const Shape& sh) {
+  __syncthreads();
+  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D);
+  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D);
+  __syncthreads();
+}
+
 // Forward: block (b*H + h, query tile). Shared memory: the query tile
 // [16][D], a key and a value tile [S][D + 1] (padded so the lanes of the
 // dot-product phase, reading down a column, hit different banks), and the
@@ -177,22 +204,14 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
   float* k_s = q_s + kOwnTile * D;
   float* v_s = k_s + S * ld_kv;
   float* p_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;  // this warp's rows
-  const Heads hd = heads_of(blockIdx.x / sh.H, blockIdx.x % sh.H, sh);
-  // The last tiles see the most keys: start them first.
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kOwnTile;
-  const int64_t q_last = (q0 + kOwnTile < sh.T ? q0 + kOwnTile : sh.T) - 1;
-  const int warp = threadIdx.x / kWarpSize;
-  const int64_t row0 = q0 + warp * kOwnPerWarp;
+  const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
   load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D);
 
   float m[kOwnPerWarp], l[kOwnPerWarp], acc[kOwnPerWarp][kPerLane] = {};
   for (int i = 0; i < kOwnPerWarp; ++i) m[i] = -INFINITY, l[i] = 0.0f;
   for (int64_t k0 = 0; k0 <= q_last; k0 += S) {  // causal: tiles left of the diagonal
-    __syncthreads();  // every warp is done with the previous tiles
-    load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, S, sh.T, D);
-    load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, S, sh.T, D);
-    __syncthreads();
+    load_kv_tiles(k_s, v_s, ld_kv, k, v, hd, k0, sh);
     float s[kOwnPerWarp], p[kOwnPerWarp];
     tile_dots(q_s + warp * kOwnPerWarp * D, D, k_s, ld_kv, D, lanes, s);
     const int64_t key = k0 + lanes.col;
@@ -251,11 +270,7 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
   float* k_s = do_s + kOwnTile * D;
   float* v_s = k_s + S * ld_kv;
   float* ds_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;
-  const Heads hd = heads_of(blockIdx.x / sh.H, blockIdx.x % sh.H, sh);
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kOwnTile;
-  const int64_t q_last = (q0 + kOwnTile < sh.T ? q0 + kOwnTile : sh.T) - 1;
-  const int warp = threadIdx.x / kWarpSize;
-  const int64_t row0 = q0 + warp * kOwnPerWarp;
+  const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
   load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D);
   load_rows(do_s, D, dout + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D);
@@ -268,10 +283,7 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
 
   float acc[kOwnPerWarp][kPerLane] = {};
   for (int64_t k0 = 0; k0 <= q_last; k0 += S) {
-    __syncthreads();
-    load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, S, sh.T, D);
-    load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, S, sh.T, D);
-    __syncthreads();
+    load_kv_tiles(k_s, v_s, ld_kv, k, v, hd, k0, sh);
     float s[kOwnPerWarp], dp[kOwnPerWarp], ds[kOwnPerWarp];
     tile_dots(q_s + warp * kOwnPerWarp * D, D, k_s, ld_kv, D, lanes, s);
     tile_dots(do_s + warp * kOwnPerWarp * D, D, v_s, ld_kv, D, lanes, dp);

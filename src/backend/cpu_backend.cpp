@@ -14,7 +14,9 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu_checks.h"
+#include "backend/checks.h"
+#include "backend/cpu_convert.h"
+#include "core/error.h"
 #include "kernels/cpu/ops.h"
 
 namespace amsp::backend {
@@ -22,6 +24,8 @@ namespace amsp::backend {
 using namespace cpu;
 
 namespace {
+
+constexpr Checks check(Device::kCpu);
 
 constexpr int64_t kAlign = 64;
 
@@ -42,8 +46,7 @@ struct CpuBackend::Counters {
 };
 
 CpuBackend::CpuBackend(DType compute) : Backend(compute), counters_(std::make_shared<Counters>()) {
-  if (compute != DType::kF32 && compute != DType::kBF16)
-    fail("cpu backend: compute dtype ", dtype_name(compute), " is not fp32 or bf16");
+  check.compute(compute);
 }
 
 CpuBackend::~CpuBackend() {
@@ -59,9 +62,8 @@ std::string CpuBackend::describe() const {
 // ---- memory ----------------------------------------------------------------------
 
 Buffer CpuBackend::alloc(DType dtype, int64_t count) {
-  if (count < 0) fail("alloc: count ", count, " is negative");
+  const int64_t bytes = check.alloc_bytes(dtype, count);
   if (count == 0) return Buffer(View{nullptr, dtype, 0, Device::kCpu}, {});
-  const int64_t bytes = product("alloc", {count, dtype_bytes(dtype)});
   void* p = aligned_or_fail(bytes, cat(count, " ", dtype_name(dtype), " elements").c_str());
   std::memset(p, 0, static_cast<size_t>(bytes));
   const int64_t now = counters_->in_use.fetch_add(bytes) + bytes;
@@ -97,7 +99,7 @@ int64_t CpuBackend::workspace_bytes() const {
 }
 
 void CpuBackend::to_host(const View& src, float* dst) {
-  expect_float("to_host", "src", src);
+  check.expect_float("to_host", "src", src);
   if (src.count == 0) return;
   if (src.dtype == DType::kF32)
     std::memcpy(dst, src.data, static_cast<size_t>(src.bytes()));
@@ -106,7 +108,7 @@ void CpuBackend::to_host(const View& src, float* dst) {
 }
 
 void CpuBackend::from_host(const float* src, const View& dst) {
-  expect_float("from_host", "dst", dst);
+  check.expect_float("from_host", "dst", dst);
   if (dst.count == 0) return;
   if (dst.dtype == DType::kF32)
     std::memcpy(dst.data, src, static_cast<size_t>(dst.bytes()));
@@ -115,7 +117,7 @@ void CpuBackend::from_host(const float* src, const View& dst) {
 }
 
 void CpuBackend::from_host(const int32_t* src, const View& dst) {
-  expect("from_host", "dst", dst, DType::kI32);
+  check.expect("from_host", "dst", dst, DType::kI32);
   if (dst.count > 0) std::memcpy(dst.data, src, static_cast<size_t>(dst.bytes()));
 }
 
@@ -124,8 +126,7 @@ void CpuBackend::from_host(const int32_t* src, const View& dst) {
 Event CpuBackend::record() { return Event{++last_event_}; }
 
 void CpuBackend::wait(const Event& event) {
-  if (event.id > last_event_)
-    fail("wait: event ", event.id, " was not recorded by this backend (last: ", last_event_, ")");
+  check.event(event.id, last_event_);
 }
 
 void CpuBackend::synchronize() {}
@@ -151,20 +152,18 @@ double CpuBackend::peak_flops() {
 // ---- elementwise and reductions ----------------------------------------------------
 
 void CpuBackend::fill_zero(const View& x) {
-  check_device("fill_zero", "x", x);
+  check.device("fill_zero", "x", x);
   if (x.count > 0) std::memset(x.data, 0, static_cast<size_t>(x.bytes()));
 }
 
 void CpuBackend::copy(const View& src, const View& dst) {
-  check_device("copy", "src", src);
-  check_device("copy", "dst", dst);
-  if (src.count != dst.count) fail("copy: src holds ", src.count, " elements, dst ", dst.count);
+  check.copy(src, dst);
   if (src.dtype == dst.dtype) {
     if (src.count > 0) std::memmove(dst.data, src.data, static_cast<size_t>(src.bytes()));
     return;
   }
-  expect_float("copy", "src", src);
-  expect_float("copy", "dst", dst);
+  check.expect_float("copy", "src", src);
+  check.expect_float("copy", "dst", dst);
   if (src.dtype == DType::kF32)
     round_to_bf16(src.f32(), dst.bf16(), src.count);
   else
@@ -172,9 +171,7 @@ void CpuBackend::copy(const View& src, const View& dst) {
 }
 
 void CpuBackend::add(const View& dst, const View& src) {
-  expect_float("add", "dst", dst);
-  expect_float("add", "src", src);
-  if (src.count != dst.count) fail("add: dst holds ", dst.count, " elements, src ", src.count);
+  check.add(dst, src);
   const int64_t n = dst.count;
   if (dst.dtype == DType::kF32 && src.dtype == DType::kF32) {
     kernels::add_inplace(dst.f32(), src.f32(), n);
@@ -221,7 +218,7 @@ double chunked_sum_squares(int64_t n, Load load) {
 }  // namespace
 
 double CpuBackend::sum_squares(const View& x) {
-  expect_float("sum_squares", "x", x);
+  check.expect_float("sum_squares", "x", x);
   if (x.dtype == DType::kF32) {
     const float* p = x.f32();
     return chunked_sum_squares(x.count, [p](int64_t i) { return static_cast<double>(p[i]); });
@@ -233,85 +230,34 @@ double CpuBackend::sum_squares(const View& x) {
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-namespace {
-
-void check_head_dim(const char* kernel, int64_t head_dim) {
-  if (head_dim % 2 != 0) fail(kernel, ": head_dim ", head_dim, " is odd");
-}
-
-void check_rope(const char* kernel, const View& x, const View& cos, const View& sin, int64_t B,
-                int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check_sizes(
-      kernel,
-      {{"B", B}, {"T", T}, {"heads", heads}, {"head_dim", head_dim}, {"row_stride", row_stride}});
-  check_head_dim(kernel, head_dim);
-  expect(kernel, "x", x, DType::kF32);
-  expect(kernel, "cos", cos, DType::kF32);
-  expect(kernel, "sin", sin, DType::kF32);
-  const int64_t width = product(kernel, {heads, head_dim}), rows = product(kernel, {B, T});
-  if (width > row_stride)
-    fail(kernel, ": ", heads, " heads of ", head_dim, " do not fit in rows of ", row_stride);
-  need(kernel, "cos", cos, product(kernel, {T, head_dim / 2}));
-  need(kernel, "sin", sin, product(kernel, {T, head_dim / 2}));
-  if (rows > 0) need(kernel, "x", x, product(kernel, {rows - 1, row_stride}) + width);
-}
-
-}  // namespace
-
 void CpuBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
                             double theta) {
-  const char* k = "rope_table";
-  check_sizes(k, {{"max_T", max_T}, {"head_dim", head_dim}});
-  check_head_dim(k, head_dim);
-  expect(k, "cos", cos, DType::kF32);
-  expect(k, "sin", sin, DType::kF32);
-  need(k, "cos", cos, product(k, {max_T, head_dim / 2}));
-  need(k, "sin", sin, product(k, {max_T, head_dim / 2}));
+  check.rope_table(cos, sin, max_T, head_dim);
   kernels::rope_table(cos.f32(), sin.f32(), max_T, head_dim, theta);
 }
 
 void CpuBackend::rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
                               int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check_rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
+  check.rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
   kernels::rope_forward(x.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
 }
 
 void CpuBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B,
                                int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check_rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
+  check.rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
   kernels::rope_backward(dx.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
 }
 
 // ---- attention ------------------------------------------------------------------------
 
 int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const {
-  return product("attention_saved_count", {B, H, T, T});
+  return Checks::product("attention_saved_count", {B, H, T, T});
 }
-
-namespace {
-
-void check_attention_shape(const char* kernel, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D) {
-  check_sizes(kernel, {{"B", B}, {"T", T}});
-  if (H <= 0 || KV <= 0 || D <= 0)
-    fail(kernel, ": H = ", H, ", KV = ", KV, " and D = ", D, " must be positive");
-  if (H % KV != 0) fail(kernel, ": ", H, " query heads do not share ", KV, " kv heads evenly");
-}
-
-}  // namespace
 
 void CpuBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
                                    int64_t D) {
-  const char* kn = "attention_forward";
-  check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}});
-  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
-  need(kn, "q", q, nq);
-  need(kn, "k", k, nkv);
-  need(kn, "v", v, nkv);
-  need(kn, "saved", saved, attention_saved_count(B, T, H));
-  need(kn, "out", out, nq);
+  check.attention_forward(*this, q, k, v, saved, out, B, T, H, KV, D);
   kernels::attention_forward(q.f32(), k.f32(), v.f32(), saved.f32(), out.f32(), B, T, H, KV, D);
 }
 
@@ -319,26 +265,7 @@ void CpuBackend::attention_backward(const View& q, const View& k, const View& v,
                                     const View& /*out: not needed*/, const View& dout,
                                     const View& dq, const View& dk, const View& dv, int64_t B,
                                     int64_t T, int64_t H, int64_t KV, int64_t D) {
-  const char* kn = "attention_backward";
-  check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32,
-             {{"q", q},
-              {"k", k},
-              {"v", v},
-              {"saved", saved},
-              {"dout", dout},
-              {"dq", dq},
-              {"dk", dk},
-              {"dv", dv}});
-  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
-  need(kn, "q", q, nq);
-  need(kn, "k", k, nkv);
-  need(kn, "v", v, nkv);
-  need(kn, "saved", saved, attention_saved_count(B, T, H));
-  need(kn, "dout", dout, nq);
-  need(kn, "dq", dq, nq);
-  need(kn, "dk", dk, nkv);
-  need(kn, "dv", dv, nkv);
+  check.attention_backward(*this, q, k, v, saved, nullptr, dout, dq, dk, dv, B, T, H, KV, D);
   kernels::attention_backward(q.f32(), k.f32(), v.f32(), saved.f32(), dout.f32(), dq.f32(),
                               dk.f32(), dv.f32(), B, T, H, KV, D);
 }
@@ -346,50 +273,21 @@ void CpuBackend::attention_backward(const View& q, const View& k, const View& v,
 // ---- SwiGLU ---------------------------------------------------------------------------
 
 void CpuBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
-  const char* k = "swiglu_forward";
-  expect(k, "gate", gate, DType::kF32);
-  expect(k, "up", up, DType::kF32);
-  expect(k, "out", out, DType::kF32);
-  if (up.count != gate.count || out.count != gate.count)
-    fail(k, ": gate, up and out hold ", gate.count, ", ", up.count, " and ", out.count,
-         " elements; they must be equal");
+  check.swiglu_forward(gate, up, out);
   kernels::swiglu_forward(gate.f32(), up.f32(), out.f32(), gate.count);
 }
 
 void CpuBackend::swiglu_backward(const View& gate, const View& up, const View& dout,
                                  const View& dgate, const View& dup) {
-  const char* k = "swiglu_backward";
-  const std::initializer_list<Arg> args = {
-      {"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}};
-  expect_all(k, DType::kF32, args);
-  for (const Arg& a : args)
-    if (a.view.count != gate.count)
-      fail(k, ": ", a.name, " holds ", a.view.count, " elements, gate ", gate.count,
-           "; they must be equal");
+  check.swiglu_backward(gate, up, dout, dgate, dup);
   kernels::swiglu_backward(gate.f32(), up.f32(), dout.f32(), dgate.f32(), dup.f32(), gate.count);
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------
 
-namespace {
-
-void check_cross_entropy(const char* k, const View& logits, const View& targets, const View& lse,
-                         int64_t rows, int64_t V) {
-  check_sizes(k, {{"rows", rows}});
-  if (V <= 0) fail(k, ": vocabulary size ", V, " must be positive");
-  expect(k, "logits", logits, DType::kF32);
-  expect(k, "targets", targets, DType::kI32);
-  expect(k, "lse", lse, DType::kF32);
-  need(k, "logits", logits, product(k, {rows, V}));
-  need(k, "targets", targets, rows);
-  need(k, "lse", lse, rows);
-}
-
-}  // namespace
-
 LossSum CpuBackend::cross_entropy_forward(const View& logits, const View& targets, const View& lse,
                                           int64_t rows, int64_t V) {
-  check_cross_entropy("cross_entropy_forward", logits, targets, lse, rows, V);
+  check.cross_entropy("cross_entropy_forward", logits, targets, lse, rows, V);
   LossSum loss;
   loss.sum =
       kernels::cross_entropy_forward(logits.f32(), targets.i32(), lse.f32(), rows, V, &loss.count);
@@ -398,7 +296,7 @@ LossSum CpuBackend::cross_entropy_forward(const View& logits, const View& target
 
 void CpuBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse,
                                         int64_t rows, int64_t V, float scale) {
-  check_cross_entropy("cross_entropy_backward", logits, targets, lse, rows, V);
+  check.cross_entropy("cross_entropy_backward", logits, targets, lse, rows, V);
   // The forward rejected targets >= V; a backward called without it must too.
   const int32_t* t = targets.i32();
   for (int64_t r = 0; r < rows; ++r)

@@ -7,13 +7,21 @@
 #include <type_traits>
 
 #include "backend/cpu_backend.h"
-#include "backend/cpu_checks.h"
+#include "backend/checks.h"
+#include "backend/cpu_convert.h"
+#include "core/error.h"
 #include "kernels/cpu/ops.h"
 
 namespace amsp::backend {
 
 using namespace cpu;
 namespace k = amsp::kernels;
+
+namespace {
+
+constexpr Checks check(Device::kCpu);
+
+}  // namespace
 
 // ---- conversion helpers ------------------------------------------------------------
 
@@ -49,17 +57,12 @@ void CpuBackend::accumulate_gradient(const View& dst, const float* c, int64_t n)
 
 namespace {
 
-// Checks an embedding call; returns the table's number of rows (the vocabulary).
+// Checks an embedding call, and its tokens (on the host, so the CPU backend can);
+// returns the table's number of rows (the vocabulary).
 int64_t check_embedding(const char* kn, const View& tokens, const View& table,
                         const char* table_name, const View& rows_view, const char* rows_name,
                         int64_t rows, int64_t dim) {
-  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
-  expect(kn, "tokens", tokens, DType::kI32);
-  expect_float(kn, table_name, table);
-  expect(kn, rows_name, rows_view, DType::kF32);
-  need(kn, "tokens", tokens, rows);
-  need(kn, rows_name, rows_view, product(kn, {rows, dim}));
-  const int64_t vocab = dim == 0 ? 0 : table.count / dim;
+  const int64_t vocab = check.embedding(kn, tokens, table, table_name, rows_view, rows_name, rows, dim);
   const int32_t* t = tokens.i32();
   for (int64_t r = 0; r < rows; ++r)
     if (t[r] < 0 || (dim > 0 && t[r] >= vocab))
@@ -164,25 +167,12 @@ void finish_bf16_product(const float* p, float* y, int64_t n, float beta) {
   }
 }
 
-void check_linear(const char* kn, const View& a, const char* a_name, int64_t a_count, const View& w,
-                  const char* w_name, int64_t w_count, const View& y, const char* y_name,
-                  int64_t y_count) {
-  expect(kn, a_name, a, DType::kF32);
-  expect_float(kn, w_name, w);
-  need(kn, a_name, a, a_count);
-  need(kn, w_name, w, w_count);
-  need(kn, y_name, y, y_count);
-}
-
 }  // namespace
 
 void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                                 int64_t out, float beta) {
   const char* kn = "linear_forward";
-  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  expect(kn, "y", y, DType::kF32);
-  check_linear(kn, x, "x", product(kn, {M, in}), w, "w", product(kn, {out, in}), y, "y",
-               product(kn, {M, out}));
+  check.linear(kn, M, in, out, x, "x", in, w, y, "y", out);
   if (compute() == DType::kF32) {
     k::linear_forward(x.f32(), f32_values(w.at(0, out * in), kSlotW), y.f32(), M, in, out, beta);
     return;
@@ -203,10 +193,7 @@ void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int
 void CpuBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
                                        int64_t in, int64_t out, float beta) {
   const char* kn = "linear_backward_input";
-  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  expect(kn, "dx", dx, DType::kF32);
-  check_linear(kn, dy, "dy", product(kn, {M, out}), w, "w", product(kn, {out, in}), dx, "dx",
-               product(kn, {M, in}));
+  check.linear(kn, M, in, out, dy, "dy", out, w, dx, "dx", in);
   if (compute() == DType::kF32) {
     k::linear_backward_input(dy.f32(), f32_values(w.at(0, out * in), kSlotW), dx.f32(), M, in, out,
                              beta);
@@ -227,14 +214,7 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
 
 void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
                                         int64_t in, int64_t out) {
-  const char* kn = "linear_backward_weight";
-  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  expect(kn, "dy", dy, DType::kF32);
-  expect(kn, "x", x, DType::kF32);
-  expect_float(kn, "dw", dw);
-  need(kn, "dy", dy, product(kn, {M, out}));
-  need(kn, "x", x, product(kn, {M, in}));
-  need(kn, "dw", dw, product(kn, {out, in}));
+  check.linear_backward_weight(dy, x, dw, M, in, out);
   if (compute() == DType::kF32 && dw.dtype == DType::kF32) {
     k::linear_backward_weight(dy.f32(), x.f32(), dw.f32(), M, in, out);
     return;
@@ -258,45 +238,22 @@ void CpuBackend::linear_backward_weight(const View& dy, const View& x, const Vie
 
 // ---- RMSNorm -----------------------------------------------------------------------------
 
-namespace {
-
-void check_rmsnorm(const char* kn, const View& x, const View& w, const View& y, const char* y_name,
-                   const View& inv_rms, int64_t rows, int64_t dim) {
-  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
-  expect(kn, "x", x, DType::kF32);
-  expect_float(kn, "w", w);
-  expect(kn, y_name, y, DType::kF32);
-  expect(kn, "inv_rms", inv_rms, DType::kF32);
-  const int64_t n = product(kn, {rows, dim});
-  need(kn, "x", x, n);
-  need(kn, "w", w, dim);
-  need(kn, y_name, y, n);
-  need(kn, "inv_rms", inv_rms, rows);
-}
-
-}  // namespace
-
 void CpuBackend::rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
                                  int64_t rows, int64_t dim, float eps) {
-  check_rmsnorm("rmsnorm_forward", x, w, y, "y", inv_rms, rows, dim);
+  check.rmsnorm("rmsnorm_forward", x, w, y, "y", inv_rms, rows, dim);
   k::rmsnorm_forward(x.f32(), f32_values(w.at(0, dim), kSlotW), y.f32(), inv_rms.f32(), rows, dim,
                      eps);
 }
 
 void CpuBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y,
                                int64_t rows, int64_t dim) {
-  check_rmsnorm("rmsnorm_apply", x, w, y, "y", inv_rms, rows, dim);
+  check.rmsnorm("rmsnorm_apply", x, w, y, "y", inv_rms, rows, dim);
   k::rmsnorm_apply(x.f32(), f32_values(w.at(0, dim), kSlotW), inv_rms.f32(), y.f32(), rows, dim);
 }
 
 void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                                   const View& dx, const View& dw, int64_t rows, int64_t dim) {
-  const char* kn = "rmsnorm_backward";
-  check_rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
-  expect(kn, "dy", dy, DType::kF32);
-  expect_float(kn, "dw", dw);
-  need(kn, "dy", dy, rows * dim);
-  need(kn, "dw", dw, dim);
+  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim);
   const float* wf = f32_values(w.at(0, dim), kSlotW);
   if (dw.dtype == DType::kF32) {
     k::rmsnorm_backward(dy.f32(), x.f32(), wf, inv_rms.f32(), dx.f32(), dw.f32(), rows, dim);
@@ -353,15 +310,8 @@ void adamw_with_grad(float* p, float* m, float* v, const Grad* g, const View& co
 
 void CpuBackend::adamw(const View& master, const View& m, const View& v, const View& grad,
                        const View& param_copy, const AdamWStep& step) {
-  const char* kn = "adamw";
-  expect_all(kn, DType::kF32, {{"master", master}, {"m", m}, {"v", v}});
-  expect_float(kn, "grad", grad);
-  if (!param_copy.empty()) expect_float(kn, "param_copy", param_copy);
+  check.adamw(master, m, v, grad, param_copy);
   const int64_t n = master.count;
-  for (const Arg& a : {Arg{"m", m}, Arg{"v", v}, Arg{"grad", grad}})
-    if (a.view.count != n) fail(kn, ": ", a.name, " holds ", a.view.count, " elements, master ", n);
-  if (!param_copy.empty() && param_copy.count != n)
-    fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
   if (grad.dtype == DType::kF32)
     adamw_with_grad(master.f32(), m.f32(), v.f32(), grad.f32(), param_copy, n, step);
   else

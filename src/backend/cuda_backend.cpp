@@ -5,20 +5,25 @@
 
 #include <cstring>
 
-#include "backend/cuda_checks.h"
+#include "backend/checks.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "core/error.h"
 #include "gpu/check.h"
 #include "kernels/cuda/ops.h"
 
 namespace amsp::backend {
 
-using namespace cuda_checks;
 namespace kc = amsp::kernels::cuda;
+
+namespace {
+
+constexpr Checks check(Device::kCuda);
+
+}  // namespace
 
 CudaBackend::CudaBackend(DType compute, int device)
     : Backend(compute), device_(device), allocator_(std::make_shared<CachingAllocator>(cat("cuda:", device))) {
-  if (compute != DType::kF32 && compute != DType::kBF16)
-    fail("cuda backend: compute dtype ", dtype_name(compute), " is not fp32 or bf16");
+  check.compute(compute);
   int count = 0;
   AMSP_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count)
@@ -78,9 +83,8 @@ void CudaBackend::writes(const void* p, int64_t bytes, const char* file, int lin
 // ---- memory ----------------------------------------------------------------------
 
 Buffer CudaBackend::alloc(DType dtype, int64_t count) {
-  if (count < 0) fail("alloc: count ", count, " is negative");
+  const int64_t bytes = check.alloc_bytes(dtype, count);
   if (count == 0) return Buffer(View{nullptr, dtype, 0, Device::kCuda}, {});
-  const int64_t bytes = product("alloc", {count, dtype_bytes(dtype)});
   void* p = allocator_->allocate(bytes);
   writes(p, bytes);
   AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_));
@@ -112,7 +116,7 @@ const void* CudaBackend::download(const void* src, int64_t bytes) {
 }
 
 void CudaBackend::to_host(const View& src, float* dst) {
-  expect_float("to_host", "src", src);
+  check.expect_float("to_host", "src", src);
   if (src.count == 0) return;
   const int64_t bytes = src.count * int64_t{sizeof(float)};
   if (src.dtype == DType::kF32) {
@@ -128,7 +132,7 @@ void CudaBackend::to_host(const View& src, float* dst) {
 }
 
 void CudaBackend::from_host(const float* src, const View& dst) {
-  expect_float("from_host", "dst", dst);
+  check.expect_float("from_host", "dst", dst);
   if (dst.count == 0) return;
   const int64_t bytes = dst.count * int64_t{sizeof(float)};
   void* host = staging(bytes);
@@ -148,7 +152,7 @@ void CudaBackend::from_host(const float* src, const View& dst) {
 }
 
 void CudaBackend::from_host(const int32_t* src, const View& dst) {
-  expect("from_host", "dst", dst, DType::kI32);
+  check.expect("from_host", "dst", dst, DType::kI32);
   if (dst.count == 0) return;
   void* host = staging(dst.bytes());
   std::memcpy(host, src, static_cast<size_t>(dst.bytes()));
@@ -184,8 +188,7 @@ Event CudaBackend::record() {
 }
 
 void CudaBackend::wait(const Event& event) {
-  if (event.id > last_event_)
-    fail("wait: event ", event.id, " was not recorded by this backend (last: ", last_event_, ")");
+  check.event(event.id, last_event_);
   const auto it = events_.find(event.id);
   if (it == events_.end()) return;  // already known complete
   AMSP_CUDA_CHECK(cudaEventSynchronize(it->second));
@@ -209,20 +212,18 @@ std::unique_ptr<comm::Communicator> CudaBackend::make_communicator(comm::Group g
 // ---- elementwise and reductions ----------------------------------------------------
 
 void CudaBackend::fill_zero(const View& x) {
-  check_device("fill_zero", "x", x);
+  check.device("fill_zero", "x", x);
   if (x.count == 0) return;
   writes(x);
   AMSP_CUDA_CHECK(cudaMemsetAsync(x.data, 0, static_cast<size_t>(x.bytes()), stream_));
 }
 
 void CudaBackend::copy(const View& src, const View& dst) {
-  check_device("copy", "src", src);
-  check_device("copy", "dst", dst);
-  if (src.count != dst.count) fail("copy: src holds ", src.count, " elements, dst ", dst.count);
+  check.copy(src, dst);
   if (src.count == 0) return;
   if (src.dtype != dst.dtype) {
-    expect_float("copy", "src", src);
-    expect_float("copy", "dst", dst);
+    check.expect_float("copy", "src", src);
+    check.expect_float("copy", "dst", dst);
   }
   reads(src);
   writes(dst);
@@ -239,9 +240,7 @@ void CudaBackend::copy(const View& src, const View& dst) {
 }
 
 void CudaBackend::add(const View& dst, const View& src) {
-  expect_float("add", "dst", dst);
-  expect_float("add", "src", src);
-  if (src.count != dst.count) fail("add: dst holds ", dst.count, " elements, src ", src.count);
+  check.add(dst, src);
   if (dst.count == 0) return;
   reads(src);
   reads(dst);
@@ -257,7 +256,7 @@ void CudaBackend::add(const View& dst, const View& src) {
 }
 
 double CudaBackend::sum_squares(const View& x) {
-  expect_float("sum_squares", "x", x);
+  check.expect_float("sum_squares", "x", x);
   if (x.count == 0) return 0.0;
   const int64_t chunks = kc::sum_squares_chunks(x.count);
   Scratch partials = scratch(chunks * int64_t{sizeof(double)});

@@ -190,6 +190,10 @@ class CudaBackend final : public Backend {
             bool a_bf16, int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta,
             float* C, int64_t ldc);
   void finish_linear(const View& y, int64_t n, float beta, const float* product);
+  // y[M, n] = a[M, k] op(w) + beta y, op(w) = w^T for w[n, k] (w_transposed,
+  // linear_forward) or w for w[k, n] (linear_backward_input).
+  void linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
+                      bool w_transposed, float beta);
   void accumulate(const View& dst, const float* contribution, int64_t n);
 
   int device_ = 0;

@@ -1,24 +1,32 @@
 // The CUDA backend's model kernels: embedding, linear (cuBLAS), RMSNorm, RoPE,
 // attention, SwiGLU, cross-entropy and AdamW. cuda_backend.h states the
-// semantics; the checks are the CPU backend's (cuda_checks.h).
+// semantics; the argument checks are shared with the CPU backend (checks.h).
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "backend/checks.h"
 #include "backend/cuda_backend.h"
-#include "backend/cuda_checks.h"
+#include "core/error.h"
 #include "gpu/check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 
 namespace amsp::backend {
 
-using namespace cuda_checks;
 namespace kc = amsp::kernels::cuda;
 using bf16_t = uint16_t;
 
 namespace {
+
+constexpr Checks check(Device::kCuda);
+
+// cuBLAS takes int dimensions.
+int gemm_dim(const char* kernel, const char* name, int64_t n) {
+  if (n > 0x7fffffff) fail(kernel, ": ", name, " = ", n, " exceeds cuBLAS's int dimensions");
+  return static_cast<int>(n);
+}
 
 const float* f32p(const View& v) { return static_cast<const float*>(v.data); }
 float* f32w(const View& v) { return static_cast<float*>(v.data); }
@@ -30,27 +38,10 @@ const int32_t* i32p(const View& v) { return static_cast<const int32_t*>(v.data);
 
 // ---- embedding ---------------------------------------------------------------------
 
-namespace {
-
-// Returns the table's rows (the vocabulary). Token values are the model's to
-// check (cuda_backend.h).
-int64_t check_embedding(const char* kn, const View& tokens, const View& table, const char* table_name,
-                        const View& rows_view, const char* rows_name, int64_t rows, int64_t dim) {
-  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
-  expect(kn, "tokens", tokens, DType::kI32);
-  expect_float(kn, table_name, table);
-  expect(kn, rows_name, rows_view, DType::kF32);
-  need(kn, "tokens", tokens, rows);
-  need(kn, rows_name, rows_view, product(kn, {rows, dim}));
-  return dim == 0 ? 0 : table.count / dim;
-}
-
-}  // namespace
-
 void CudaBackend::embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
                                     int64_t dim) {
   const char* kn = "embedding_forward";
-  check_embedding(kn, tokens, table, "table", out, "out", rows, dim);
+  check.embedding(kn, tokens, table, "table", out, "out", rows, dim);
   if (rows == 0 || dim == 0) return;
   reads(tokens.data, rows * 4);
   reads(table);
@@ -65,7 +56,7 @@ void CudaBackend::embedding_forward(const View& tokens, const View& table, const
 void CudaBackend::embedding_backward(const View& tokens, const View& dout, const View& dtable, int64_t rows,
                                      int64_t dim) {
   const char* kn = "embedding_backward";
-  const int64_t vocab = check_embedding(kn, tokens, dtable, "dtable", dout, "dout", rows, dim);
+  const int64_t vocab = check.embedding(kn, tokens, dtable, "dtable", dout, "dout", rows, dim);
   if (rows == 0 || dim == 0) return;
   Scratch ws = scratch(kc::embedding_backward_workspace(rows, vocab) * int64_t{sizeof(int32_t)});
   reads(tokens.data, rows * 4);
@@ -140,95 +131,53 @@ void CudaBackend::accumulate(const View& dst, const float* c, int64_t n) {
   AMSP_CUDA_CHECK_LAUNCH("add");
 }
 
-namespace {
-
-void check_linear(const char* kn, const View& a, const char* a_name, int64_t a_count, const View& w,
-                  const char* w_name, int64_t w_count, const View& y, const char* y_name, int64_t y_count) {
-  expect(kn, a_name, a, DType::kF32);
-  expect_float(kn, w_name, w);
-  expect(kn, y_name, y, DType::kF32);
-  need(kn, a_name, a, a_count);
-  need(kn, w_name, w, w_count);
-  need(kn, y_name, y, y_count);
+// Row-major y[M, n] = a[M, k] op(W) is column-major y^T = op(W)^T a^T: for
+// linear_forward (y = x W^T, W[n, k]) W^T's storage read transposed, for
+// linear_backward_input (dx = dy W, W[k, n]) W's read as it is; a^T read as it is.
+void CudaBackend::linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
+                                 bool w_transposed, float beta) {
+  if (M == 0 || n == 0) return;
+  const View av = a.at(0, M * k), wv = w.at(0, n * k), yv = y.at(0, M * n);
+  const int64_t ny = M * n;
+  const bool bf = compute() == DType::kBF16;
+  Scratch sa = scratch(bf && k > 0 ? M * k * 2 : 0);
+  Scratch sw = scratch(k > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
+                           ? n * k * (bf ? 2 : 4) : 0);
+  Scratch sp = scratch(bf && beta != 0.0f ? ny * 4 : 0);
+  float* p = bf ? (beta == 0.0f ? f32w(yv) : sp.as<float>()) : f32w(yv);
+  if (k == 0 && bf) {
+    // An empty sum: the product is zero.
+    writes(p, ny * 4);
+    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(ny) * 4, stream_));
+  } else {
+    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
+    const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
+    reads(A, n * k * (bf ? 2 : 4));
+    reads(B, M * k * (bf ? 2 : 4));
+    if (!bf && beta != 0.0f) reads(p, ny * 4);
+    writes(p, ny * 4);
+    gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
+         std::max<int64_t>(k, 1), bf ? 0.0f : beta, p, n);
+  }
+  if (bf) finish_linear(yv, ny, beta, p);
 }
 
-}  // namespace
-
-// Row-major y[M, out] = x[M, in] W^T is column-major y^T = W x^T: W^T's
-// storage read transposed, x^T's read as it is.
 void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,
                                  float beta) {
-  const char* kn = "linear_forward";
-  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  check_linear(kn, x, "x", product(kn, {M, in}), w, "w", product(kn, {out, in}), y, "y", product(kn, {M, out}));
-  if (M == 0 || out == 0) return;
-  const View xv = x.at(0, M * in), wv = w.at(0, out * in), yv = y.at(0, M * out);
-  const int64_t n = M * out;
-  const bool bf = compute() == DType::kBF16;
-  Scratch sx = scratch(bf && in > 0 ? M * in * 2 : 0);
-  Scratch sw = scratch(in > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
-                           ? out * in * (bf ? 2 : 4) : 0);
-  Scratch sp = scratch(bf && beta != 0.0f ? n * 4 : 0);
-  float* p = bf ? (beta == 0.0f ? f32w(yv) : sp.as<float>()) : f32w(yv);
-  if (in == 0 && bf) {
-    // An empty sum: the product is zero.
-    writes(p, n * 4);
-    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, stream_));
-  } else {
-    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
-    const void* B = bf ? static_cast<const void*>(as_bf16(xv, sx)) : f32p(xv);
-    reads(A, out * in * (bf ? 2 : 4));
-    reads(B, M * in * (bf ? 2 : 4));
-    if (!bf && beta != 0.0f) reads(p, n * 4);
-    writes(p, n * 4);
-    gemm(true, false, out, M, in, A, bf, std::max<int64_t>(in, 1), B, bf, std::max<int64_t>(in, 1),
-         bf ? 0.0f : beta, p, out);
-  }
-  if (bf) finish_linear(yv, n, beta, p);
+  check.linear("linear_forward", M, in, out, x, "x", in, w, y, "y", out);
+  linear_product(x, w, y, M, in, out, true, beta);
 }
 
-// dx[M, in] = dy[M, out] W[out, in] is column-major dx^T = W^T dy^T.
 void CudaBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                                         int64_t out, float beta) {
-  const char* kn = "linear_backward_input";
-  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  check_linear(kn, dy, "dy", product(kn, {M, out}), w, "w", product(kn, {out, in}), dx, "dx",
-               product(kn, {M, in}));
-  if (M == 0 || in == 0) return;
-  const View dyv = dy.at(0, M * out), wv = w.at(0, out * in), dxv = dx.at(0, M * in);
-  const int64_t n = M * in;
-  const bool bf = compute() == DType::kBF16;
-  Scratch sdy = scratch(bf && out > 0 ? M * out * 2 : 0);
-  Scratch sw = scratch(out > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
-                           ? out * in * (bf ? 2 : 4) : 0);
-  Scratch sp = scratch(bf && beta != 0.0f ? n * 4 : 0);
-  float* p = bf ? (beta == 0.0f ? f32w(dxv) : sp.as<float>()) : f32w(dxv);
-  if (out == 0 && bf) {
-    writes(p, n * 4);
-    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * 4, stream_));
-  } else {
-    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
-    const void* B = bf ? static_cast<const void*>(as_bf16(dyv, sdy)) : f32p(dyv);
-    reads(A, out * in * (bf ? 2 : 4));
-    reads(B, M * out * (bf ? 2 : 4));
-    if (!bf && beta != 0.0f) reads(p, n * 4);
-    writes(p, n * 4);
-    gemm(false, false, in, M, out, A, bf, in, B, bf, std::max<int64_t>(out, 1), bf ? 0.0f : beta, p, in);
-  }
-  if (bf) finish_linear(dxv, n, beta, p);
+  check.linear("linear_backward_input", M, in, out, dy, "dy", out, w, dx, "dx", in);
+  linear_product(dy, w, dx, M, out, in, false, beta);
 }
 
 // dw[out, in] += dy^T x is column-major dw^T += x^T dy.
 void CudaBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
                                          int64_t out) {
-  const char* kn = "linear_backward_weight";
-  check_sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  expect(kn, "dy", dy, DType::kF32);
-  expect(kn, "x", x, DType::kF32);
-  expect_float(kn, "dw", dw);
-  need(kn, "dy", dy, product(kn, {M, out}));
-  need(kn, "x", x, product(kn, {M, in}));
-  need(kn, "dw", dw, product(kn, {out, in}));
+  check.linear_backward_weight(dy, x, dw, M, in, out);
   if (M == 0 || in == 0 || out == 0) return;
   const View dyv = dy.at(0, M * out), xv = x.at(0, M * in), dwv = dw.at(0, out * in);
   const int64_t n = out * in;
@@ -261,28 +210,10 @@ void CudaBackend::linear_backward_weight(const View& dy, const View& x, const Vi
 
 // ---- RMSNorm -----------------------------------------------------------------------------
 
-namespace {
-
-void check_rmsnorm(const char* kn, const View& x, const View& w, const View& y, const char* y_name,
-                   const View& inv_rms, int64_t rows, int64_t dim) {
-  check_sizes(kn, {{"rows", rows}, {"dim", dim}});
-  expect(kn, "x", x, DType::kF32);
-  expect_float(kn, "w", w);
-  expect(kn, y_name, y, DType::kF32);
-  expect(kn, "inv_rms", inv_rms, DType::kF32);
-  const int64_t n = product(kn, {rows, dim});
-  need(kn, "x", x, n);
-  need(kn, "w", w, dim);
-  need(kn, y_name, y, n);
-  need(kn, "inv_rms", inv_rms, rows);
-}
-
-}  // namespace
-
 void CudaBackend::rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms, int64_t rows,
                                   int64_t dim, float eps) {
   const char* kn = "rmsnorm_forward";
-  check_rmsnorm(kn, x, w, y, "y", inv_rms, rows, dim);
+  check.rmsnorm(kn, x, w, y, "y", inv_rms, rows, dim);
   if (rows == 0 || dim == 0) return;
   reads(x.data, rows * dim * 4);
   reads(w.data, dim * dtype_bytes(w.dtype));
@@ -298,7 +229,7 @@ void CudaBackend::rmsnorm_forward(const View& x, const View& w, const View& y, c
 void CudaBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y, int64_t rows,
                                 int64_t dim) {
   const char* kn = "rmsnorm_apply";
-  check_rmsnorm(kn, x, w, y, "y", inv_rms, rows, dim);
+  check.rmsnorm(kn, x, w, y, "y", inv_rms, rows, dim);
   if (rows == 0 || dim == 0) return;
   reads(x.data, rows * dim * 4);
   reads(w.data, dim * dtype_bytes(w.dtype));
@@ -314,11 +245,7 @@ void CudaBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rm
 void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                                    const View& dx, const View& dw, int64_t rows, int64_t dim) {
   const char* kn = "rmsnorm_backward";
-  check_rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
-  expect(kn, "dy", dy, DType::kF32);
-  expect_float(kn, "dw", dw);
-  need(kn, "dy", dy, rows * dim);
-  need(kn, "dw", dw, dim);
+  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim);
   if (rows == 0 || dim == 0) return;
   const int64_t n = rows * dim * 4, wb = dim * dtype_bytes(w.dtype), dwb = dim * dtype_bytes(dw.dtype);
   reads(dy.data, n);
@@ -343,34 +270,9 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
-namespace {
-
-void check_rope(const char* kn, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
-                int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check_sizes(kn, {{"B", B}, {"T", T}, {"heads", heads}, {"head_dim", head_dim}, {"row_stride", row_stride}});
-  if (head_dim % 2 != 0) fail(kn, ": head_dim ", head_dim, " is odd");
-  expect(kn, "x", x, DType::kF32);
-  expect(kn, "cos", cos, DType::kF32);
-  expect(kn, "sin", sin, DType::kF32);
-  const int64_t width = product(kn, {heads, head_dim}), rows = product(kn, {B, T});
-  if (width > row_stride) fail(kn, ": ", heads, " heads of ", head_dim, " do not fit in rows of ", row_stride);
-  need(kn, "cos", cos, product(kn, {T, head_dim / 2}));
-  need(kn, "sin", sin, product(kn, {T, head_dim / 2}));
-  if (rows > 0) need(kn, "x", x, product(kn, {rows - 1, row_stride}) + width);
-}
-
-}  // namespace
-
 // On the host with the CPU kernel, so both backends rotate by the same angles.
 void CudaBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim, double theta) {
-  const char* kn = "rope_table";
-  check_sizes(kn, {{"max_T", max_T}, {"head_dim", head_dim}});
-  if (head_dim % 2 != 0) fail(kn, ": head_dim ", head_dim, " is odd");
-  expect(kn, "cos", cos, DType::kF32);
-  expect(kn, "sin", sin, DType::kF32);
-  const int64_t n = product(kn, {max_T, head_dim / 2});
-  need(kn, "cos", cos, n);
-  need(kn, "sin", sin, n);
+  const int64_t n = check.rope_table(cos, sin, max_T, head_dim);
   std::vector<float> c(static_cast<size_t>(n)), s(static_cast<size_t>(n));
   kernels::rope_table(c.data(), s.data(), max_T, head_dim, theta);
   from_host(c.data(), cos.at(0, n));
@@ -379,7 +281,7 @@ void CudaBackend::rope_table(const View& cos, const View& sin, int64_t max_T, in
 
 void CudaBackend::rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
                                int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check_rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
+  check.rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
   if (B * T == 0 || heads * head_dim == 0) return;
   const int64_t xb = ((B * T - 1) * row_stride + heads * head_dim) * 4, tb = T * head_dim / 2 * 4;
   reads(cos.data, tb);
@@ -392,7 +294,7 @@ void CudaBackend::rope_forward(const View& x, const View& cos, const View& sin, 
 
 void CudaBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B, int64_t T,
                                 int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check_rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
+  check.rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
   if (B * T == 0 || heads * head_dim == 0) return;
   const int64_t xb = ((B * T - 1) * row_stride + heads * head_dim) * 4, tb = T * head_dim / 2 * 4;
   reads(cos.data, tb);
@@ -406,32 +308,15 @@ void CudaBackend::rope_backward(const View& dx, const View& cos, const View& sin
 // ---- attention ----------------------------------------------------------------------------------
 
 int64_t CudaBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const {
-  product("attention_saved_count", {B, H, T});
+  Checks::product("attention_saved_count", {B, H, T});
   return kc::attention_saved_count(B, T, H);
 }
-
-namespace {
-
-void check_attention_shape(const char* kn, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  check_sizes(kn, {{"B", B}, {"T", T}});
-  if (H <= 0 || KV <= 0 || D <= 0) fail(kn, ": H = ", H, ", KV = ", KV, " and D = ", D, " must be positive");
-  if (H % KV != 0) fail(kn, ": ", H, " query heads do not share ", KV, " kv heads evenly");
-}
-
-}  // namespace
 
 void CudaBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
                                     const View& out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_forward";
-  check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}});
-  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
-  const int64_t ns = attention_saved_count(B, T, H);
-  need(kn, "q", q, nq);
-  need(kn, "k", k, nkv);
-  need(kn, "v", v, nkv);
-  need(kn, "saved", saved, ns);
-  need(kn, "out", out, nq);
+  check.attention_forward(*this, q, k, v, saved, out, B, T, H, KV, D);
+  const int64_t nq = B * T * H * D, nkv = B * T * KV * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
   reads(q.data, nq * 4);
   reads(k.data, nkv * 4);
@@ -446,21 +331,8 @@ void CudaBackend::attention_backward(const View& q, const View& k, const View& v
                                      const View& out, const View& dout, const View& dq, const View& dk,
                                      const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_backward";
-  check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32,
-             {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}, {"dout", dout}, {"dq", dq},
-              {"dk", dk}, {"dv", dv}});
-  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
-  const int64_t ns = attention_saved_count(B, T, H);
-  need(kn, "q", q, nq);
-  need(kn, "k", k, nkv);
-  need(kn, "v", v, nkv);
-  need(kn, "saved", saved, ns);
-  need(kn, "out", out, nq);
-  need(kn, "dout", dout, nq);
-  need(kn, "dq", dq, nq);
-  need(kn, "dk", dk, nkv);
-  need(kn, "dv", dv, nkv);
+  check.attention_backward(*this, q, k, v, saved, &out, dout, dq, dk, dv, B, T, H, KV, D);
+  const int64_t nq = B * T * H * D, nkv = B * T * KV * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
   const int64_t nw = kc::attention_backward_workspace(B, T, H);
   Scratch ws = scratch(nw * 4);
@@ -480,10 +352,7 @@ void CudaBackend::attention_backward(const View& q, const View& k, const View& v
 
 void CudaBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
   const char* kn = "swiglu_forward";
-  expect_all(kn, DType::kF32, {{"gate", gate}, {"up", up}, {"out", out}});
-  if (up.count != gate.count || out.count != gate.count)
-    fail(kn, ": gate, up and out hold ", gate.count, ", ", up.count, " and ", out.count,
-         " elements; they must be equal");
+  check.swiglu_forward(gate, up, out);
   if (gate.count == 0) return;
   reads(gate);
   reads(up);
@@ -495,11 +364,7 @@ void CudaBackend::swiglu_forward(const View& gate, const View& up, const View& o
 void CudaBackend::swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
                                   const View& dup) {
   const char* kn = "swiglu_backward";
-  const std::initializer_list<Arg> args = {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}};
-  cuda_checks::expect_all(kn, DType::kF32, args);
-  for (const Arg& a : args)
-    if (a.view.count != gate.count)
-      fail(kn, ": ", a.name, " holds ", a.view.count, " elements, gate ", gate.count, "; they must be equal");
+  check.swiglu_backward(gate, up, dout, dgate, dup);
   if (gate.count == 0) return;
   reads(gate);
   reads(up);
@@ -512,28 +377,12 @@ void CudaBackend::swiglu_backward(const View& gate, const View& up, const View& 
 
 // ---- cross-entropy ------------------------------------------------------------------------------
 
-namespace {
-
-void check_cross_entropy(const char* kn, const View& logits, const View& targets, const View& lse, int64_t rows,
-                         int64_t V) {
-  check_sizes(kn, {{"rows", rows}});
-  if (V <= 0) fail(kn, ": vocabulary size ", V, " must be positive");
-  expect(kn, "logits", logits, DType::kF32);
-  expect(kn, "targets", targets, DType::kI32);
-  expect(kn, "lse", lse, DType::kF32);
-  need(kn, "logits", logits, product(kn, {rows, V}));
-  need(kn, "targets", targets, rows);
-  need(kn, "lse", lse, rows);
-}
-
-}  // namespace
-
 // The per-row losses, the targets and the bad-row flag come back in one
 // download; the sum is taken on the host in double, in row order.
 LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targets, const View& lse, int64_t rows,
                                            int64_t V) {
   const char* kn = "cross_entropy_forward";
-  check_cross_entropy(kn, logits, targets, lse, rows, V);
+  check.cross_entropy(kn, logits, targets, lse, rows, V);
   if (rows == 0) return {};
   // [losses: rows floats][targets: rows int32][bad_row: one int32]
   const int64_t bytes = rows * 8 + 4;
@@ -576,7 +425,7 @@ LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targe
 void CudaBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse, int64_t rows,
                                          int64_t V, float scale) {
   const char* kn = "cross_entropy_backward";
-  check_cross_entropy(kn, logits, targets, lse, rows, V);
+  check.cross_entropy(kn, logits, targets, lse, rows, V);
   if (rows == 0) return;
   reads(targets.data, rows * 4);
   reads(lse.data, rows * 4);
@@ -591,14 +440,8 @@ void CudaBackend::cross_entropy_backward(const View& logits, const View& targets
 void CudaBackend::adamw(const View& master, const View& m, const View& v, const View& grad, const View& param_copy,
                         const AdamWStep& s) {
   const char* kn = "adamw";
-  expect_all(kn, DType::kF32, {{"master", master}, {"m", m}, {"v", v}});
-  expect_float(kn, "grad", grad);
-  if (!param_copy.empty()) expect_float(kn, "param_copy", param_copy);
+  check.adamw(master, m, v, grad, param_copy);
   const int64_t n = master.count;
-  for (const Arg& a : {Arg{"m", m}, Arg{"v", v}, Arg{"grad", grad}})
-    if (a.view.count != n) fail(kn, ": ", a.name, " holds ", a.view.count, " elements, master ", n);
-  if (!param_copy.empty() && param_copy.count != n)
-    fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
   if (n == 0) return;
   for (const View* x : {&master, &m, &v}) {
     reads(*x);

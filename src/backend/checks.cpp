@@ -1,0 +1,270 @@
+// The backends' argument checks: checks.h.
+#include "backend/checks.h"
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace amsp::backend {
+
+// ---- sizes ----------------------------------------------------------------------------
+
+void Checks::sizes(const char* kernel, std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [name, value] : sizes)
+    if (value < 0) fail(kernel, ": ", name, " = ", value, " is negative");
+}
+
+int64_t Checks::product(const char* kernel, std::initializer_list<int64_t> sizes) {
+  int64_t p = 1;
+  for (int64_t s : sizes)
+    if (__builtin_mul_overflow(p, s, &p)) fail(kernel, ": sizes overflow 64 bits");
+  return p;
+}
+
+void Checks::need(const char* kernel, const char* name, const View& v, int64_t n) {
+  if (v.count < n) fail(kernel, ": ", name, " holds ", v.count, " elements, needs ", n);
+}
+
+// ---- views ----------------------------------------------------------------------------
+
+void Checks::device(const char* kernel, const char* name, const View& v) const {
+  if (v.device == device_ || (device_ != Device::kCpu && v.count == 0)) return;
+  fail(kernel, ": ", name, " is ", device_name(v.device), " memory; the ", device_name(device_),
+       " backend reads ", device_ == Device::kCpu ? "host" : "device", " memory only");
+}
+
+void Checks::expect(const char* kernel, const char* name, const View& v, DType t) const {
+  device(kernel, name, v);
+  if (v.dtype != t)
+    fail(kernel, ": ", name, " is ", dtype_name(v.dtype), ", expected ", dtype_name(t));
+}
+
+void Checks::expect_all(const char* kernel, DType t, std::initializer_list<Arg> args) const {
+  for (const Arg& a : args) expect(kernel, a.name, a.view, t);
+}
+
+void Checks::expect_float(const char* kernel, const char* name, const View& v) const {
+  device(kernel, name, v);
+  if (v.dtype != DType::kF32 && v.dtype != DType::kBF16)
+    fail(kernel, ": ", name, " is ", dtype_name(v.dtype), ", expected fp32 or bf16");
+}
+
+// ---- the backend ----------------------------------------------------------------------
+
+void Checks::compute(DType dtype) const {
+  if (dtype != DType::kF32 && dtype != DType::kBF16)
+    fail(device_name(device_), " backend: compute dtype ", dtype_name(dtype), " is not fp32 or bf16");
+}
+
+int64_t Checks::alloc_bytes(DType dtype, int64_t count) {
+  if (count < 0) fail("alloc: count ", count, " is negative");
+  return product("alloc", {count, dtype_bytes(dtype)});
+}
+
+void Checks::event(int64_t id, int64_t last) {
+  if (id > last) fail("wait: event ", id, " was not recorded by this backend (last: ", last, ")");
+}
+
+// ---- elementwise ----------------------------------------------------------------------
+
+void Checks::copy(const View& src, const View& dst) const {
+  device("copy", "src", src);
+  device("copy", "dst", dst);
+  if (src.count != dst.count) fail("copy: src holds ", src.count, " elements, dst ", dst.count);
+}
+
+void Checks::add(const View& dst, const View& src) const {
+  expect_float("add", "dst", dst);
+  expect_float("add", "src", src);
+  if (src.count != dst.count) fail("add: dst holds ", dst.count, " elements, src ", src.count);
+}
+
+// ---- embedding and linear -------------------------------------------------------------
+
+int64_t Checks::embedding(const char* kn, const View& tokens, const View& table, const char* table_name,
+                          const View& rows_view, const char* rows_name, int64_t rows, int64_t dim) const {
+  sizes(kn, {{"rows", rows}, {"dim", dim}});
+  expect(kn, "tokens", tokens, DType::kI32);
+  expect_float(kn, table_name, table);
+  expect(kn, rows_name, rows_view, DType::kF32);
+  need(kn, "tokens", tokens, rows);
+  need(kn, rows_name, rows_view, product(kn, {rows, dim}));
+  return dim == 0 ? 0 : table.count / dim;
+}
+
+void Checks::linear(const char* kn, int64_t M, int64_t in, int64_t out, const View& a, const char* a_name,
+                    int64_t a_cols, const View& w, const View& y, const char* y_name, int64_t y_cols) const {
+  sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  expect(kn, y_name, y, DType::kF32);
+  const int64_t na = product(kn, {M, a_cols}), nw = product(kn, {out, in}), ny = product(kn, {M, y_cols});
+  expect(kn, a_name, a, DType::kF32);
+  expect_float(kn, "w", w);
+  need(kn, a_name, a, na);
+  need(kn, "w", w, nw);
+  need(kn, y_name, y, ny);
+}
+
+void Checks::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
+                                    int64_t out) const {
+  const char* kn = "linear_backward_weight";
+  sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  expect(kn, "dy", dy, DType::kF32);
+  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "dw", dw);
+  need(kn, "dy", dy, product(kn, {M, out}));
+  need(kn, "x", x, product(kn, {M, in}));
+  need(kn, "dw", dw, product(kn, {out, in}));
+}
+
+// ---- RMSNorm and RoPE -----------------------------------------------------------------
+
+void Checks::rmsnorm(const char* kn, const View& x, const View& w, const View& y, const char* y_name,
+                     const View& inv_rms, int64_t rows, int64_t dim) const {
+  sizes(kn, {{"rows", rows}, {"dim", dim}});
+  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "w", w);
+  expect(kn, y_name, y, DType::kF32);
+  expect(kn, "inv_rms", inv_rms, DType::kF32);
+  const int64_t n = product(kn, {rows, dim});
+  need(kn, "x", x, n);
+  need(kn, "w", w, dim);
+  need(kn, y_name, y, n);
+  need(kn, "inv_rms", inv_rms, rows);
+}
+
+void Checks::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
+                              const View& dx, const View& dw, int64_t rows, int64_t dim) const {
+  const char* kn = "rmsnorm_backward";
+  rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
+  expect(kn, "dy", dy, DType::kF32);
+  expect_float(kn, "dw", dw);
+  need(kn, "dy", dy, rows * dim);
+  need(kn, "dw", dw, dim);
+}
+
+namespace {
+
+void check_head_dim(const char* kernel, int64_t head_dim) {
+  if (head_dim % 2 != 0) fail(kernel, ": head_dim ", head_dim, " is odd");
+}
+
+}  // namespace
+
+int64_t Checks::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim) const {
+  const char* kn = "rope_table";
+  sizes(kn, {{"max_T", max_T}, {"head_dim", head_dim}});
+  check_head_dim(kn, head_dim);
+  expect(kn, "cos", cos, DType::kF32);
+  expect(kn, "sin", sin, DType::kF32);
+  const int64_t n = product(kn, {max_T, head_dim / 2});
+  need(kn, "cos", cos, n);
+  need(kn, "sin", sin, n);
+  return n;
+}
+
+void Checks::rope(const char* kn, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                  int64_t heads, int64_t head_dim, int64_t row_stride) const {
+  sizes(kn, {{"B", B}, {"T", T}, {"heads", heads}, {"head_dim", head_dim}, {"row_stride", row_stride}});
+  check_head_dim(kn, head_dim);
+  expect(kn, "x", x, DType::kF32);
+  expect(kn, "cos", cos, DType::kF32);
+  expect(kn, "sin", sin, DType::kF32);
+  const int64_t width = product(kn, {heads, head_dim}), rows = product(kn, {B, T});
+  if (width > row_stride) fail(kn, ": ", heads, " heads of ", head_dim, " do not fit in rows of ", row_stride);
+  need(kn, "cos", cos, product(kn, {T, head_dim / 2}));
+  need(kn, "sin", sin, product(kn, {T, head_dim / 2}));
+  if (rows > 0) need(kn, "x", x, product(kn, {rows - 1, row_stride}) + width);
+}
+
+// ---- attention ------------------------------------------------------------------------
+
+namespace {
+
+void check_attention_shape(const char* kn, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  Checks::sizes(kn, {{"B", B}, {"T", T}});
+  if (H <= 0 || KV <= 0 || D <= 0) fail(kn, ": H = ", H, ", KV = ", KV, " and D = ", D, " must be positive");
+  if (H % KV != 0) fail(kn, ": ", H, " query heads do not share ", KV, " kv heads evenly");
+}
+
+}  // namespace
+
+void Checks::attention_forward(const Backend& backend, const View& q, const View& k, const View& v,
+                               const View& saved, const View& out, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t D) const {
+  const char* kn = "attention_forward";
+  check_attention_shape(kn, B, T, H, KV, D);
+  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}});
+  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
+  need(kn, "q", q, nq);
+  need(kn, "k", k, nkv);
+  need(kn, "v", v, nkv);
+  need(kn, "saved", saved, backend.attention_saved_count(B, T, H));
+  need(kn, "out", out, nq);
+}
+
+void Checks::attention_backward(const Backend& backend, const View& q, const View& k, const View& v,
+                                const View& saved, const View* out, const View& dout, const View& dq,
+                                const View& dk, const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                int64_t D) const {
+  const char* kn = "attention_backward";
+  check_attention_shape(kn, B, T, H, KV, D);
+  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}});
+  if (out) expect(kn, "out", *out, DType::kF32);
+  expect_all(kn, DType::kF32, {{"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
+  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
+  need(kn, "q", q, nq);
+  need(kn, "k", k, nkv);
+  need(kn, "v", v, nkv);
+  need(kn, "saved", saved, backend.attention_saved_count(B, T, H));
+  if (out) need(kn, "out", *out, nq);
+  need(kn, "dout", dout, nq);
+  need(kn, "dq", dq, nq);
+  need(kn, "dk", dk, nkv);
+  need(kn, "dv", dv, nkv);
+}
+
+// ---- SwiGLU, cross-entropy and AdamW --------------------------------------------------
+
+void Checks::swiglu_forward(const View& gate, const View& up, const View& out) const {
+  const char* kn = "swiglu_forward";
+  expect_all(kn, DType::kF32, {{"gate", gate}, {"up", up}, {"out", out}});
+  if (up.count != gate.count || out.count != gate.count)
+    fail(kn, ": gate, up and out hold ", gate.count, ", ", up.count, " and ", out.count,
+         " elements; they must be equal");
+}
+
+void Checks::swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
+                             const View& dup) const {
+  const char* kn = "swiglu_backward";
+  const std::initializer_list<Arg> args = {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}};
+  expect_all(kn, DType::kF32, args);
+  for (const Arg& a : args)
+    if (a.view.count != gate.count)
+      fail(kn, ": ", a.name, " holds ", a.view.count, " elements, gate ", gate.count, "; they must be equal");
+}
+
+void Checks::cross_entropy(const char* kn, const View& logits, const View& targets, const View& lse,
+                           int64_t rows, int64_t V) const {
+  sizes(kn, {{"rows", rows}});
+  if (V <= 0) fail(kn, ": vocabulary size ", V, " must be positive");
+  expect(kn, "logits", logits, DType::kF32);
+  expect(kn, "targets", targets, DType::kI32);
+  expect(kn, "lse", lse, DType::kF32);
+  need(kn, "logits", logits, product(kn, {rows, V}));
+  need(kn, "targets", targets, rows);
+  need(kn, "lse", lse, rows);
+}
+
+void Checks::adamw(const View& master, const View& m, const View& v, const View& grad,
+                   const View& param_copy) const {
+  const char* kn = "adamw";
+  expect_all(kn, DType::kF32, {{"master", master}, {"m", m}, {"v", v}});
+  expect_float(kn, "grad", grad);
+  if (!param_copy.empty()) expect_float(kn, "param_copy", param_copy);
+  const int64_t n = master.count;
+  for (const Arg& a : {Arg{"m", m}, Arg{"v", v}, Arg{"grad", grad}})
+    if (a.view.count != n) fail(kn, ": ", a.name, " holds ", a.view.count, " elements, master ", n);
+  if (!param_copy.empty() && param_copy.count != n)
+    fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
+}
+
+}  // namespace amsp::backend
