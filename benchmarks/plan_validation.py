@@ -1,0 +1,544 @@
+#!/usr/bin/env python3
+"""The planner's predicted step time against measured runs on this machine.
+
+For each layout (mpi4: `mpiexec -n 4`, one node; slurm2x2: `srun -N 2
+--ntasks-per-node=2` on the local Slurm cluster, which this script starts and always
+stops) and each shard plan of the engine's equivalence tests for that layout
+(validation/engine/equivalence_test.py), on the tests' workload (tiny model, seq 32,
+one sequence per rank, one micro-batch; all adjustable):
+
+  1. measures a bandwidth table for the layout on the spot (`amsp comm-bench
+     --output-table`), launched exactly like the training runs;
+  2. measures the compute throughput under the same conditions: as many concurrent
+     one-rank `amsp train --shard ddp` processes as the layout has ranks (they share
+     the cores as the ranks do, and have no communication), traced; per-rank FLOP/s =
+     the planner's FLOPs of one rank's step / the traced forward + backward time. Done
+     before and after the layout's plans; the mean is fed to the planner, both are shown;
+  3. predicts each plan with `amsp plan --shard PLAN --json --precision fp32
+     --bandwidth TABLE --peak-tflops X --achievable 1 ...` on the same model and batch;
+  4. runs `amsp train` with that plan (--metrics and --trace), drops the first
+     --warmup steps, and takes the median of the rest: step time, comm in flight and
+     exposed (metrics), and from the trace the forward + backward time, the
+     optimizer, and the time at least one collective was in flight (busy);
+  5. prints one table (and writes it as Markdown with --markdown FILE, all figures as
+     JSON to WORK/results.json).
+
+A benchmark, not a test: it never fails on a timing. Exit code 1 only if something
+could not run at all (a failed comm-bench, calibration or every plan of a layout).
+doc/planner-validation.md has the measured table and the analysis.
+
+usage: benchmarks/plan_validation.py [--amsp build/amsp] [--data CORPUS.h5] [--work DIR]
+           [--layouts mpi4,slurm2x2] [--plans all|P1,P2] [--steps 40] [--warmup 5]
+           [--model tiny] [--seq-len 32] [--batch-size 1] [--grad-accum 1]
+           [--plan-arg=--OPTION=VALUE ...] [--markdown FILE]
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "validation", "engine"))
+sys.path.insert(0, os.path.join(REPO, "validation", "slurm"))
+import equivalence_test as eq  # noqa: E402  (the plans, run(), clean_env())
+import local_cluster as lc     # noqa: E402  (the local Slurm cluster, deadline())
+
+# This script's cluster ports: distinct from start.sh's defaults (16817, 17001) and
+# from every test's (16917/17101, 17017/17201, 17317/17401, 17517/17601).
+CTLD_PORT, NODE_PORT = "17717", "17801"
+RUN_TIMEOUT = 300
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# --- layouts and plans -------------------------------------------------------------
+class Layout:
+    """mpiR: mpiexec -n R on this machine (one node); slurmNxR: N nodes x R tasks."""
+
+    def __init__(self, name):
+        self.name = name
+        if name.startswith("mpi") and name[3:].isdigit():
+            self.kind, self.nodes, self.per_node = "mpi", 1, int(name[3:])
+        elif name.startswith("slurm") and "x" in name:
+            n, r = name[5:].split("x", 1)
+            self.kind, self.nodes, self.per_node = "slurm", int(n), int(r)
+        else:
+            raise SystemExit(f"plan_validation.py: error: --layouts: {name!r} is not mpiR or slurmNxR")
+        self.world = self.nodes * self.per_node
+        self.env = None  # set when the layout's launcher is ready
+
+    def plans(self):
+        """The equivalence tests' plans on this layout (fp32 cases), in their order."""
+        cases = eq.MPI_CASES if self.kind == "mpi" else eq.SLURM_CASES
+        seen = []
+        for per_node, nodes, plan, _, _ in cases:
+            if (per_node, nodes) == (self.per_node, self.nodes) and plan not in seen:
+                seen.append(plan)
+        return seen or ["ddp", "zero1", "zero2", "zero3"]
+
+    def launcher(self, args):
+        if self.kind == "mpi":
+            return [args.mpiexec, "-n", str(self.world)]
+        return ["srun", "--mpi=pmi2", "--time=10", "-N", str(self.nodes),
+                f"--ntasks-per-node={self.per_node}"]
+
+
+# --- running amsp -------------------------------------------------------------------
+def run(cmd, env, what, log):
+    rc, out, err, secs = eq.run(cmd, env, timeout=RUN_TIMEOUT)
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + f"\n# exit {rc}, {secs:.1f} s\n--- stdout\n{out}--- stderr\n{err}")
+    if rc != 0:
+        tail = " | ".join(err.strip().splitlines()[-3:])
+        raise RuntimeError(f"{what} failed (exit {rc}, log {log}): {tail[:400]}")
+    return out, secs
+
+
+def train_args(args, shard, metrics, trace):
+    return [args.amsp, "train", "--model", args.model, "--data", args.data,
+            "--steps", str(args.steps), "--seq-len", str(args.seq_len),
+            "--batch-size", str(args.batch_size), "--grad-accum", str(args.grad_accum),
+            "--shard", shard, "--eval-every", "0", "--eval-windows", "8",
+            "--peak-tflops", "1", "--threads", "1", "--comm-timeout", "120",
+            "--metrics", metrics, "--trace", trace, "--trace-steps", str(args.steps - 1)]
+
+
+def read_metrics(path, warmup):
+    rows = [json.loads(line) for line in open(path) if '"step_ms"' in line]
+    return [r for r in rows if r["step"] > warmup]
+
+
+def union_ms(spans, lo, hi):
+    """Length of the union of [start, end) spans clipped to [lo, hi), in ms (us in)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total / 1e3
+
+
+def trace_steps(path, first_step, warmup):
+    """Per rank, per measured step (> warmup): forward + backward, optimizer, waits and
+    comm busy (union of collectives in flight), in ms. A step's window runs from the end
+    of the previous step's optimizer to the end of its own; the trace starts at
+    `first_step`, so the first traced step has no window and is never measured
+    (warmup >= first_step)."""
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    per_rank = {}
+    for rank in sorted({e["pid"] for e in events}):
+        ev = [e for e in events if e["pid"] == rank]
+        ends = sorted(e["ts"] + e["dur"] for e in ev if e["name"] == "optimizer")
+        steps = []
+        for k in range(1, len(ends)):
+            if first_step + k <= warmup:
+                continue
+            lo, hi = ends[k - 1], ends[k]
+            inside = [e for e in ev if lo <= e["ts"] < hi]
+            steps.append({
+                "compute": sum(e["dur"] for e in inside if e["name"].startswith(("fwd ", "bwd "))) / 1e3,
+                "optimizer": sum(e["dur"] for e in inside if e["name"] == "optimizer") / 1e3,
+                "wait": sum(e["dur"] for e in inside if e["cat"] == "wait") / 1e3,
+                "busy": union_ms([(e["ts"], e["ts"] + e["dur"]) for e in ev if e["cat"].startswith("comm")],
+                                 lo, hi),
+            })
+        per_rank[rank] = steps
+    return per_rank
+
+
+def trace_summary(per_rank):
+    """Median over the steps of each rank, then the mean over ranks."""
+    keys = ("compute", "optimizer", "wait", "busy")
+    return {k: mean([median([s[k] for s in steps]) for steps in per_rank.values() if steps]) for k in keys}
+
+
+def plan_json(args, layout, shard, table, peak_tflops):
+    tokens = args.seq_len * args.batch_size * args.grad_accum * layout.world
+    cmd = [args.amsp, "plan", "--shard", shard, "--json", "--precision", "fp32",
+           "--peak-tflops", repr(peak_tflops), "--achievable", "1", "--model", args.model,
+           "--nodes", str(layout.nodes), "--gpus-per-node", str(layout.per_node),
+           "--seq-len", str(args.seq_len), "--micro-batch", str(args.batch_size),
+           "--global-batch", str(tokens), "--gpu-memory", "64GiB"]
+    if table:
+        cmd += ["--bandwidth", table]
+    cmd += args.plan_arg
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"amsp plan failed (exit {p.returncode}): {p.stderr.strip()[:400]}  [{' '.join(cmd)}]")
+    j = json.loads(p.stdout)
+    return j["plan"], cmd
+
+
+# --- the three measurements -------------------------------------------------------------
+def comm_bench(args, layout, work):
+    table = os.path.join(work, "bandwidth.json")
+    cmd = layout.launcher(args) + [args.amsp, "comm-bench", "--output-table", table,
+                                   "--max-bytes", args.max_bytes, "--max-seconds", "0.5",
+                                   "--cluster", f"{platform.node()}-{layout.name}"]
+    _, secs = run(cmd, layout.env, "comm-bench", os.path.join(work, "comm-bench.log"))
+    return table, secs, cmd
+
+
+def calibrate(args, layout, work, tag):
+    """`world` concurrent one-rank ddp runs: forward + backward ms, optimizer ms and
+    step ms of one rank's step (median over steps, mean over processes)."""
+    env = eq.clean_env()
+    procs = []
+    for i in range(layout.world):
+        m, t = (os.path.join(work, f"{tag}-{i}.{x}") for x in ("jsonl", "trace.json"))
+        cmd = train_args(args, "ddp", m, t)
+        log = open(os.path.join(work, f"{tag}-{i}.log"), "w")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True), m, t, log, cmd))
+    t0 = time.time()
+    results = []
+    try:
+        for p, m, t, log, cmd in procs:
+            rc = p.wait(timeout=max(1, RUN_TIMEOUT - (time.time() - t0)))
+            log.close()
+            if rc != 0:
+                raise RuntimeError(f"calibration run failed (exit {rc}): {' '.join(cmd)} (log {log.name})")
+            # The last 2 steps are left out too: the processes do not end at the same moment.
+            tail = args.steps - 2
+            steps = [s for s in trace_steps(t, 2, args.warmup)[0]][:max(1, tail - args.warmup)]
+            rows = [r for r in read_metrics(m, args.warmup) if r["step"] <= tail] or read_metrics(m, args.warmup)
+            results.append({"compute": median([s["compute"] for s in steps]),
+                            "optimizer": median([s["optimizer"] for s in steps]),
+                            "step": median([r["step_ms"] for r in rows])})
+    finally:
+        for p, *_ in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    return {k: mean([r[k] for r in results]) for k in ("compute", "optimizer", "step")} | {
+        "per_process_compute": [round(r["compute"], 2) for r in results], "seconds": time.time() - t0}
+
+
+def measure(args, layout, plan, work):
+    tag = plan.replace(":", "").replace(",", "_").replace("=", "")
+    m, t = (os.path.join(work, f"train-{tag}.{x}") for x in ("jsonl", "trace.json"))
+    for path in (m, t):
+        if os.path.exists(path):
+            os.remove(path)
+    cmd = layout.launcher(args) + train_args(args, plan, m, t)
+    out, secs = run(cmd, layout.env, f"amsp train --shard {plan}", os.path.join(work, f"train-{tag}.log"))
+    rows = read_metrics(m, args.warmup)
+    first = out.splitlines()[0] if out else ""
+    tr = trace_summary(trace_steps(t, 2, args.warmup))
+    by_op = {f"{g} {op}": {"exposed": median([r["comm"].get(g, {}).get(op, {}).get("exposed_ms", 0.0) for r in rows]),
+                           "in_flight": median([r["comm"].get(g, {}).get(op, {}).get("in_flight_ms", 0.0) for r in rows])}
+             for g in rows[0]["comm"] for op in rows[0]["comm"][g]}
+    return {"step": median([r["step_ms"] for r in rows]), "by_op": by_op,
+            "step_min": min(r["step_ms"] for r in rows), "step_max": max(r["step_ms"] for r in rows),
+            "in_flight": median([r["comm_in_flight_ms"] for r in rows]),
+            "exposed": median([r["comm_exposed_ms"] for r in rows]),
+            "bytes_sent": rows[-1]["comm_bytes_sent"], "steps": len(rows),
+            "factors": first.split()[1] if first.startswith("plan: ") else "",
+            "seconds": secs, "cmd": " ".join(cmd), **{"trace_" + k: v for k, v in tr.items()}}
+
+
+# --- one layout -----------------------------------------------------------------------
+def run_layout(args, layout, plans, results):
+    work = os.path.join(args.work, layout.name)
+    os.makedirs(work, exist_ok=True)
+    info = {"layout": layout.name, "load_start": os.getloadavg()[0], "rows": []}
+    results["layouts"].append(info)
+    print(f"\n== {layout.name}: {layout.world} ranks ({layout.per_node} per node x {layout.nodes} node(s)), "
+          f"load average {info['load_start']:.1f}", flush=True)
+
+    table, secs, cmd = comm_bench(args, layout, work)
+    info["comm_bench"] = {"table": table, "seconds": secs, "cmd": " ".join(cmd)}
+    print(f"   comm-bench: {table} ({secs:.0f} s)", flush=True)
+
+    # The planner's FLOPs of one rank's step: its compute time at 1 TFLOP/s.
+    flops = plan_json(args, Layout("mpi1"), "ddp", None, 1.0)[0]["compute_s"] * 1e12
+    before = calibrate(args, layout, work, "calib-before")
+    print(f"   compute, {layout.world} concurrent 1-rank runs: fwd+bwd {before['compute']:.1f} ms, "
+          f"optimizer {before['optimizer']:.1f} ms, step {before['step']:.1f} ms "
+          f"({before['seconds']:.0f} s)", flush=True)
+
+    measured = {}
+    for plan in plans:
+        try:
+            measured[plan] = measure(args, layout, plan, work)
+            r = measured[plan]
+            print(f"   {plan:22s} {r['factors']:20s} step {r['step']:7.1f} ms (min {r['step_min']:.1f}), "
+                  f"exposed {r['exposed']:6.1f} ms, fwd+bwd {r['trace_compute']:6.1f} ms, "
+                  f"optimizer {r['trace_optimizer']:6.1f} ms  ({r['seconds']:.0f} s)", flush=True)
+        except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            measured[plan] = {"error": str(e)}
+            print(f"   {plan:22s} FAILED: {e}", flush=True)
+
+    after = calibrate(args, layout, work, "calib-after")
+    compute_ms = (before["compute"] + after["compute"]) / 2
+    peak = flops / (compute_ms / 1e3) / 1e12
+    info["calibration"] = {"flops_per_rank_step": flops, "before": before, "after": after,
+                           "compute_ms": compute_ms, "peak_tflops": peak,
+                           "optimizer_ms_1rank": (before["optimizer"] + after["optimizer"]) / 2,
+                           "step_ms_1rank": (before["step"] + after["step"]) / 2}
+    print(f"   compute, after the plans: fwd+bwd {after['compute']:.1f} ms, optimizer {after['optimizer']:.1f} ms; "
+          f"mean {compute_ms:.1f} ms for {flops / 1e6:.1f} MFLOP: {peak * 1e3:.3f} GFLOP/s per rank", flush=True)
+
+    for plan in plans:
+        row = {"layout": layout.name, "plan": plan, "measured": measured[plan]}
+        try:
+            pred, cmd = plan_json(args, layout, plan, table, peak)
+            row["predicted"] = pred
+            row["plan_cmd"] = " ".join(cmd)
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            row["predicted"] = {"error": str(e)}
+        info["rows"].append(row)
+    info["load_end"] = os.getloadavg()[0]
+    return any("error" not in measured[p] for p in plans)
+
+
+# --- the table --------------------------------------------------------------------------
+KNOWN = {"compute_s", "comm_s", "exposed_comm_s", "step_time_s"}
+HEAD = ["layout", "plan", "factors", "pred step", "meas step", "meas/pred", "pred comm", "in flight",
+        "busy", "pred exp", "meas exp", "pred compute", "fwd+bwd", "pred opt", "optimizer", "rest"]
+
+
+def fmt(x, digits=1):
+    return "-" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def table_rows(results):
+    rows = []
+    for info in results["layouts"]:
+        for row in info["rows"]:
+            p, m = row["predicted"], row["measured"]
+            if "error" in m or "error" in p:
+                rows.append([row["layout"], row["plan"], "failed: " + (m.get("error") or p.get("error"))[:120]]
+                            + [""] * (len(HEAD) - 3))
+                continue
+            ms = lambda k: p[k] * 1e3 if k in p else None  # noqa: E731
+            extra = {k: v * 1e3 for k, v in p.items() if k.endswith("_s") and k not in KNOWN}
+            pred_opt = extra.pop("optimizer_s", None)
+            rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["exposed"]
+            rows.append([row["layout"], row["plan"], p.get("plan", ""), fmt(ms("step_time_s")), fmt(m["step"]),
+                         fmt(m["step"] / (p["step_time_s"] * 1e3), 2), fmt(ms("comm_s")), fmt(m["in_flight"]),
+                         fmt(m["trace_busy"]), fmt(ms("exposed_comm_s")), fmt(m["exposed"]),
+                         fmt(ms("compute_s")), fmt(m["trace_compute"]), fmt(pred_opt),
+                         fmt(m["trace_optimizer"]), fmt(rest)]
+                        + ([", ".join(f"{k} {v:.1f}" for k, v in extra.items())] if extra else []))
+    return rows
+
+
+BUDGET_HEAD = ["layout", "plan", "meas - pred", "compute", "exposed", "optimizer", "rest", "most exposed op"]
+
+
+def budget_rows(results):
+    """Where the difference between measured and predicted step time goes: the step is
+    compute + exposed (+ optimizer) in the model, fwd+bwd + exposed + optimizer + rest
+    measured, so the four differences add up to the total."""
+    rows = []
+    for info in results["layouts"]:
+        for row in info["rows"]:
+            p, m = row["predicted"], row["measured"]
+            if "error" in m or "error" in p:
+                continue
+            opt = p.get("optimizer_s", 0.0) * 1e3
+            d_compute = m["trace_compute"] - p["compute_s"] * 1e3
+            d_exposed = m["exposed"] - p["exposed_comm_s"] * 1e3
+            d_opt = m["trace_optimizer"] - opt
+            rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["exposed"]
+            # Whatever else the planner adds to step_time_s (e.g. a future term) shows here.
+            unexplained = p["step_time_s"] * 1e3 - (p["compute_s"] + p["exposed_comm_s"]) * 1e3 - opt
+            top = max(m["by_op"].items(), key=lambda kv: kv[1]["exposed"], default=None)
+            rows.append([row["layout"], row["plan"], fmt(m["step"] - p["step_time_s"] * 1e3), fmt(d_compute),
+                         fmt(d_exposed), fmt(d_opt), fmt(rest - unexplained),
+                         f"{top[0]} {top[1]['exposed']:.1f}" if top else "-"])
+    return rows
+
+
+def print_table(head, rows, left=3):
+    full = [r for r in rows if len(r) > left and r[left]]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *[r + [""] * (len(head) - len(r)) for r in full])]
+    print("\n" + "  ".join(h.rjust(w) if i >= left else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths))))
+    for r in rows:
+        if r not in full:
+            print("  ".join(r[:left]))
+            continue
+        print("  ".join(str(x).rjust(w) if i >= left else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
+
+
+def md_table(head, rows, left):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * left + "---:|" * (len(head) - left)]
+    out += ["| " + " | ".join(str(x) for x in r + [""] * (len(head) - len(r))) + " |" for r in rows]
+    return out
+
+
+def binary_info(path):
+    h = hashlib.sha256(open(path, "rb").read()).hexdigest()[:12]
+    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+    version = subprocess.run([path, "--version"], stdout=subprocess.PIPE, text=True).stdout.strip()
+    tree = os.path.dirname(os.path.dirname(path))
+    git = subprocess.run(["git", "-C", tree, "log", "-1", "--format=%h %s"], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--", "src"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    return {"path": path, "sha256": h, "built": mtime.strftime("%Y-%m-%d %H:%M UTC"), "version": version,
+            "tree_head": git, "tree_src_modified": ", ".join(l[3:] for l in dirty.splitlines())}
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def markdown(results, rows):
+    b, w = results["binary"], results["workload"]
+    out = [f"Measured {results['date']} on {results['host']} ({results['cpu']}, {results['cores']} cores), "
+           f"`{b['path']}` ({b['version']}, sha256 {b['sha256']}, built {b['built']}; its tree: "
+           f"{b['tree_head'] or '?'}{', src modified since: ' + b['tree_src_modified'] if b['tree_src_modified'] else ''}).",
+           "",
+           f"Workload: `--model {w['model']}`, seq {w['seq_len']}, batch {w['batch_size']}, "
+           f"{w['grad_accum']} micro-batch(es), fp32, 1 thread per rank, {w['steps']} steps, the first "
+           f"{w['warmup']} left out; medians over the rest. Command: `{results['command']}`", ""]
+    for info in results["layouts"]:
+        c = info.get("calibration")
+        if not c:
+            continue
+        out.append(f"- {info['layout']}: load average {info['load_start']:.1f} at start, {info['load_end']:.1f} at end; "
+                   f"compute ({len(c['before']['per_process_compute'])} concurrent 1-rank runs) fwd+bwd "
+                   f"{c['before']['compute']:.1f} ms before the plans, {c['after']['compute']:.1f} ms after, "
+                   f"for {c['flops_per_rank_step'] / 1e6:.1f} MFLOP: `--peak-tflops {c['peak_tflops']:.6f}` "
+                   f"({c['peak_tflops'] * 1e3:.2f} GFLOP/s per rank); optimizer of the whole model on one rank "
+                   f"{c['optimizer_ms_1rank']:.1f} ms, whole step {c['step_ms_1rank']:.1f} ms.")
+    head = HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else [])
+    out += [""] + md_table(head, rows, 3)
+    out += ["", "Times in ms per step. pred: `amsp plan` (step_time_s, comm_s, exposed_comm_s, compute_s, "
+            "optimizer_s when it reports one). meas step, in flight, meas exp: the metrics' step_ms, "
+            "comm_in_flight_ms, comm_exposed_ms. From the trace (per rank, then the mean over ranks): busy = time "
+            "at least one collective was in flight; fwd+bwd = forward and backward compute; optimizer = the "
+            "AdamW span. rest = meas step - fwd+bwd - optimizer - meas exp (data, the gradient norm's local sum, "
+            "the loss all-reduce, scheduling).", "",
+            "Where the difference goes (ms per step, measured - predicted; the four terms add up to the first):", ""]
+    out += md_table(BUDGET_HEAD, budget_rows(results), 2)
+    out += ["", "compute: traced fwd+bwd - compute_s; exposed: comm_exposed_ms - exposed_comm_s; optimizer: the "
+            "traced AdamW span - optimizer_s (0 when not reported); rest: the measured rest less any other term "
+            "step_time_s holds. most exposed op: the group and collective with the largest median exposed time.", ""]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--amsp", default=os.path.join(REPO, "build", "amsp"))
+    ap.add_argument("--data", default="/tmp/corpus.h5", help="a corpus written by amsp data prepare")
+    ap.add_argument("--work", default="/tmp/plan-validation")
+    ap.add_argument("--layouts", default="mpi4,slurm2x2", help="comma list of mpiR, slurmNxR")
+    ap.add_argument("--plans", default="all", help="plans separated by ';' or spaces (plans contain commas), or all: "
+                    "the equivalence tests' plans for each layout")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=5, help="first steps left out (>= 2)")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--seq-len", type=int, default=eq.SEQ)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--max-bytes", default="4M", help="comm-bench's largest message")
+    ap.add_argument("--plan-arg", action="append", default=[],
+                    help="extra option for amsp plan, e.g. --plan-arg=--contention=0.3 (repeatable)")
+    ap.add_argument("--mpiexec", default=shutil.which("mpiexec") or "mpiexec")
+    ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
+    ap.add_argument("--markdown", help="write the table as Markdown here")
+    ap.add_argument("--deadline", type=int, default=1800, help="seconds for the whole run")
+    args = ap.parse_args()
+    if args.warmup < 2 or args.steps < args.warmup + 3:
+        ap.error("--warmup must be >= 2 and --steps >= warmup + 3")
+    args.amsp, args.data, args.work = (os.path.abspath(p) for p in (args.amsp, args.data, args.work))
+    layouts = [Layout(x) for x in args.layouts.split(",") if x]
+    os.makedirs(args.work, exist_ok=True)
+
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "host": platform.node(), "cpu": cpu_name(), "cores": os.cpu_count(),
+               "binary": binary_info(args.amsp), "command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+               "workload": {k: getattr(args, k) for k in ("model", "seq_len", "batch_size", "grad_accum", "steps",
+                                                          "warmup", "plan_arg")},
+               "layouts": [], "notes": []}
+    print(f"plan validation: {args.amsp} ({results['binary']['version']}), {results['cpu']}, "
+          f"{results['cores']} cores; {args.model}, seq {args.seq_len} x batch {args.batch_size} x "
+          f"{args.grad_accum} micro-batch(es) per rank, {args.steps} steps (first {args.warmup} left out)")
+    code = 0
+    t0 = time.time()
+    try:
+        with lc.deadline(args.deadline):
+            for layout in layouts:
+                plans = layout.plans() if args.plans == "all" else [p for p in args.plans.replace(";", " ").split() if p]
+                if layout.kind == "mpi":
+                    layout.env = eq.clean_env()
+                    try:
+                        code |= not run_layout(args, layout, plans, results)
+                    except RuntimeError as e:
+                        note = f"{layout.name}: {e}"
+                        print("   " + note, flush=True)
+                        results["notes"].append(note)
+                        code = 1
+                    continue
+                why = lc.missing(("srun", "scontrol", "slurmctld", "slurmd", "munged"))
+                if why:
+                    note = f"{layout.name}: the local Slurm cluster cannot be started here (missing: {why}); skipped"
+                    print("   " + note, flush=True)
+                    results["notes"].append(note)
+                    continue
+                try:
+                    with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, layout.name + "-cluster"),
+                                          CTLD_PORT, NODE_PORT) as conf:
+                        layout.env = lc.clean_env({"SLURM_CONF": conf})
+                        code |= not run_layout(args, layout, plans, results)
+                except lc.ClusterError as e:
+                    note = f"{layout.name}: the local Slurm cluster failed: {str(e)[:300]}; skipped"
+                    print("   " + note, flush=True)
+                    results["notes"].append(note)
+                except RuntimeError as e:
+                    note = f"{layout.name}: {e}"
+                    print("   " + note, flush=True)
+                    results["notes"].append(note)
+                    code = 1
+    except lc.Interrupted as e:
+        print(f"stopped: {e}", flush=True)
+        results["notes"].append(f"stopped: {e}")
+        code = 1
+    results["seconds"] = time.time() - t0
+    rows = table_rows(results)
+    print_table(HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else []), rows)
+    print("\nwhere the difference goes (ms per step, measured - predicted):")
+    print_table(BUDGET_HEAD, budget_rows(results), left=2)
+    for note in results["notes"]:
+        print("note: " + note)
+    print(f"({results['seconds']:.0f} s; figures in {os.path.join(args.work, 'results.json')})")
+    with open(os.path.join(args.work, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, rows) + "\n" + "".join(f"\nNote: {n}\n" for n in results["notes"]))
+        print(f"wrote {args.markdown}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
