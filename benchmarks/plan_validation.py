@@ -109,13 +109,19 @@ def run(cmd, env, what, log):
     return out, secs
 
 
-def train_args(args, shard, metrics, trace):
-    return [args.amsp, "train", "--model", args.model, "--data", args.data,
-            "--steps", str(args.steps), "--seq-len", str(args.seq_len),
-            "--batch-size", str(args.batch_size), "--grad-accum", str(args.grad_accum),
-            "--shard", shard, "--eval-every", "0", "--eval-windows", "8",
-            "--peak-tflops", "1", "--threads", "1", "--comm-timeout", "120",
-            "--metrics", metrics, "--trace", trace, "--trace-steps", str(args.steps - 1)]
+def train_args(args, shard, metrics=None, trace=None, steps=None):
+    """The tests' kind of run: no evaluation but the start's and the end's, one thread
+    per rank, the MFU against a nominal peak (no sgemm measurement at start-up)."""
+    cmd = [args.amsp, "train", "--model", args.model, "--data", args.data,
+           "--steps", str(steps or args.steps), "--seq-len", str(args.seq_len),
+           "--batch-size", str(args.batch_size), "--grad-accum", str(args.grad_accum),
+           "--shard", shard, "--eval-every", "0", "--eval-windows", "8",
+           "--peak-tflops", "1", "--threads", "1", "--comm-timeout", "120"]
+    if metrics:
+        cmd += ["--metrics", metrics]
+    if trace:  # every step after the first
+        cmd += ["--trace", trace, "--trace-steps", str(args.steps - 1)]
+    return cmd
 
 
 def read_metrics(path, warmup):
@@ -190,12 +196,32 @@ def plan_json(args, layout, shard, table, peak_tflops):
 
 
 # --- the three measurements -------------------------------------------------------------
-def comm_bench(args, layout, work):
-    table = os.path.join(work, "bandwidth.json")
+def comm_bench(args, layout, work, loaded=False):
+    """The layout's bandwidth table. loaded: measured while as many one-rank training
+    processes as the layout has ranks keep the cores busy, as the ranks' own compute
+    does in a training run (the collectives then get the CPU time compute leaves)."""
+    name = "bandwidth-loaded" if loaded else "bandwidth"
+    table = os.path.join(work, name + ".json")
     cmd = layout.launcher(args) + [args.amsp, "comm-bench", "--output-table", table,
                                    "--max-bytes", args.max_bytes, "--max-seconds", "0.5",
                                    "--cluster", f"{platform.node()}-{layout.name}"]
-    _, secs = run(cmd, layout.env, "comm-bench", os.path.join(work, "comm-bench.log"))
+    load = []
+    try:
+        if loaded:
+            for i in range(layout.world):
+                load.append(subprocess.Popen(
+                    train_args(args, "ddp", steps=1000000),
+                    env=eq.clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True))
+            time.sleep(2)  # past their start-up, into the steps
+            if any(p.poll() is not None for p in load):
+                raise RuntimeError("the load for the loaded comm-bench did not start")
+        _, secs = run(cmd, layout.env, "comm-bench", os.path.join(work, name + ".log"))
+    finally:
+        for p in load:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.wait()
     return table, secs, cmd
 
 
@@ -269,6 +295,11 @@ def run_layout(args, layout, plans, results):
     table, secs, cmd = comm_bench(args, layout, work)
     info["comm_bench"] = {"table": table, "seconds": secs, "cmd": " ".join(cmd)}
     print(f"   comm-bench: {table} ({secs:.0f} s)", flush=True)
+    loaded = None
+    if args.loaded_table:
+        loaded, secs, _ = comm_bench(args, layout, work, loaded=True)
+        info["comm_bench_loaded"] = {"table": loaded, "seconds": secs}
+        print(f"   comm-bench beside {layout.world} busy processes: {loaded} ({secs:.0f} s)", flush=True)
 
     # The planner's FLOPs of one rank's step: its compute time at 1 TFLOP/s.
     flops = plan_json(args, Layout("mpi1"), "ddp", None, 1.0)[0]["compute_s"] * 1e12
@@ -305,6 +336,8 @@ def run_layout(args, layout, plans, results):
             pred, cmd = plan_json(args, layout, plan, table, peak)
             row["predicted"] = pred
             row["plan_cmd"] = " ".join(cmd)
+            if loaded:
+                row["predicted_loaded"] = plan_json(args, layout, plan, loaded, peak)[0]
         except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
             row["predicted"] = {"error": str(e)}
         info["rows"].append(row)
@@ -314,60 +347,65 @@ def run_layout(args, layout, plans, results):
 
 # --- the table --------------------------------------------------------------------------
 KNOWN = {"compute_s", "comm_s", "exposed_comm_s", "step_time_s"}
-HEAD = ["layout", "plan", "factors", "pred step", "meas step", "meas/pred", "pred comm", "in flight",
-        "busy", "pred exp", "meas exp", "pred compute", "fwd+bwd", "pred opt", "optimizer", "rest"]
+HEAD = ["layout", "plan", "factors", "pred step", "meas step", "meas/pred", "pred step (loaded)", "meas/pred",
+        "pred comm", "pred comm (loaded)", "in flight", "busy", "pred exp", "pred exp (loaded)", "meas exp"]
 
 
 def fmt(x, digits=1):
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def table_rows(results):
-    rows = []
+def ms(pred, key):
+    return pred[key] * 1e3 if pred and key in pred else None
+
+
+def ok_rows(results):
     for info in results["layouts"]:
         for row in info["rows"]:
-            p, m = row["predicted"], row["measured"]
-            if "error" in m or "error" in p:
-                rows.append([row["layout"], row["plan"], "failed: " + (m.get("error") or p.get("error"))[:120]]
-                            + [""] * (len(HEAD) - 3))
-                continue
-            ms = lambda k: p[k] * 1e3 if k in p else None  # noqa: E731
-            extra = {k: v * 1e3 for k, v in p.items() if k.endswith("_s") and k not in KNOWN}
-            pred_opt = extra.pop("optimizer_s", None)
-            rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["exposed"]
-            rows.append([row["layout"], row["plan"], p.get("plan", ""), fmt(ms("step_time_s")), fmt(m["step"]),
-                         fmt(m["step"] / (p["step_time_s"] * 1e3), 2), fmt(ms("comm_s")), fmt(m["in_flight"]),
-                         fmt(m["trace_busy"]), fmt(ms("exposed_comm_s")), fmt(m["exposed"]),
-                         fmt(ms("compute_s")), fmt(m["trace_compute"]), fmt(pred_opt),
-                         fmt(m["trace_optimizer"]), fmt(rest)]
-                        + ([", ".join(f"{k} {v:.1f}" for k, v in extra.items())] if extra else []))
+            yield row, "error" not in row["measured"] and "error" not in row["predicted"]
+
+
+def table_rows(results):
+    rows = []
+    for row, ok in ok_rows(results):
+        p, m, pl = row["predicted"], row["measured"], row.get("predicted_loaded")
+        if not ok:
+            rows.append([row["layout"], row["plan"], "failed: " + (m.get("error") or p.get("error"))[:200]]
+                        + [""] * (len(HEAD) - 3))
+            continue
+        extra = {k: v * 1e3 for k, v in p.items() if k.endswith("_s") and k not in KNOWN | {"optimizer_s"}}
+        rows.append([row["layout"], row["plan"], p.get("plan", ""), fmt(ms(p, "step_time_s")), fmt(m["step"]),
+                     fmt(m["step"] / ms(p, "step_time_s"), 2), fmt(ms(pl, "step_time_s")),
+                     fmt(m["step"] / ms(pl, "step_time_s"), 2) if pl else "-",
+                     fmt(ms(p, "comm_s")), fmt(ms(pl, "comm_s")), fmt(m["in_flight"]), fmt(m["trace_busy"]),
+                     fmt(ms(p, "exposed_comm_s")), fmt(ms(pl, "exposed_comm_s")), fmt(m["exposed"])]
+                    + ([", ".join(f"{k} {v:.1f}" for k, v in extra.items())] if extra else []))
     return rows
 
 
-BUDGET_HEAD = ["layout", "plan", "meas - pred", "compute", "exposed", "optimizer", "rest", "most exposed op"]
+BUDGET_HEAD = ["layout", "plan", "meas - pred", "pred compute", "fwd+bwd", "d compute", "d exposed", "pred opt",
+               "optimizer", "d optimizer", "rest", "most exposed op"]
 
 
 def budget_rows(results):
-    """Where the difference between measured and predicted step time goes: the step is
-    compute + exposed (+ optimizer) in the model, fwd+bwd + exposed + optimizer + rest
-    measured, so the four differences add up to the total."""
+    """Where the difference between measured and predicted step time goes. The model's
+    step is compute + exposed (+ optimizer); the measured one fwd+bwd + exposed +
+    optimizer + rest. The four differences add up to the total."""
     rows = []
-    for info in results["layouts"]:
-        for row in info["rows"]:
-            p, m = row["predicted"], row["measured"]
-            if "error" in m or "error" in p:
-                continue
-            opt = p.get("optimizer_s", 0.0) * 1e3
-            d_compute = m["trace_compute"] - p["compute_s"] * 1e3
-            d_exposed = m["exposed"] - p["exposed_comm_s"] * 1e3
-            d_opt = m["trace_optimizer"] - opt
-            rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["exposed"]
-            # Whatever else the planner adds to step_time_s (e.g. a future term) shows here.
-            unexplained = p["step_time_s"] * 1e3 - (p["compute_s"] + p["exposed_comm_s"]) * 1e3 - opt
-            top = max(m["by_op"].items(), key=lambda kv: kv[1]["exposed"], default=None)
-            rows.append([row["layout"], row["plan"], fmt(m["step"] - p["step_time_s"] * 1e3), fmt(d_compute),
-                         fmt(d_exposed), fmt(d_opt), fmt(rest - unexplained),
-                         f"{top[0]} {top[1]['exposed']:.1f}" if top else "-"])
+    for row, ok in ok_rows(results):
+        if not ok:
+            continue
+        p, m = row["predicted"], row["measured"]
+        opt = ms(p, "optimizer_s") or 0.0
+        rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["exposed"]
+        # Whatever else the planner adds to step_time_s (a future term) is taken off the rest.
+        other = ms(p, "step_time_s") - ms(p, "compute_s") - ms(p, "exposed_comm_s") - opt
+        top = max(m["by_op"].items(), key=lambda kv: kv[1]["exposed"], default=None)
+        rows.append([row["layout"], row["plan"], fmt(m["step"] - ms(p, "step_time_s")), fmt(ms(p, "compute_s")),
+                     fmt(m["trace_compute"]), fmt(m["trace_compute"] - ms(p, "compute_s")),
+                     fmt(m["exposed"] - ms(p, "exposed_comm_s")), fmt(ms(p, "optimizer_s")),
+                     fmt(m["trace_optimizer"]), fmt(m["trace_optimizer"] - opt), fmt(rest - other),
+                     f"{top[0]} {top[1]['exposed']:.1f}" if top else "-"])
     return rows
 
 
@@ -432,17 +470,19 @@ def markdown(results, rows):
                    f"{c['optimizer_ms_1rank']:.1f} ms, whole step {c['step_ms_1rank']:.1f} ms.")
     head = HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else [])
     out += [""] + md_table(head, rows, 3)
-    out += ["", "Times in ms per step. pred: `amsp plan` (step_time_s, comm_s, exposed_comm_s, compute_s, "
-            "optimizer_s when it reports one). meas step, in flight, meas exp: the metrics' step_ms, "
-            "comm_in_flight_ms, comm_exposed_ms. From the trace (per rank, then the mean over ranks): busy = time "
-            "at least one collective was in flight; fwd+bwd = forward and backward compute; optimizer = the "
-            "AdamW span. rest = meas step - fwd+bwd - optimizer - meas exp (data, the gradient norm's local sum, "
-            "the loss all-reduce, scheduling).", "",
-            "Where the difference goes (ms per step, measured - predicted; the four terms add up to the first):", ""]
+    out += ["", "Times in ms per step. pred: `amsp plan` with the table measured on idle ranks (step_time_s, "
+            "comm_s, exposed_comm_s); (loaded): the same with the table measured beside busy processes. meas step, "
+            "in flight, meas exp: the metrics' step_ms, comm_in_flight_ms, comm_exposed_ms (rank 0's collectives, "
+            "each from its issue to its completion, so queued collectives overlap). busy: from the trace, the time "
+            "at least one collective was in flight (per rank, then the mean over ranks).", "",
+            "Where the difference goes (ms per step; d = measured - predicted, the idle-rank table; the four d "
+            "terms add up to meas - pred):", ""]
     out += md_table(BUDGET_HEAD, budget_rows(results), 2)
-    out += ["", "compute: traced fwd+bwd - compute_s; exposed: comm_exposed_ms - exposed_comm_s; optimizer: the "
-            "traced AdamW span - optimizer_s (0 when not reported); rest: the measured rest less any other term "
-            "step_time_s holds. most exposed op: the group and collective with the largest median exposed time.", ""]
+    out += ["", "pred compute: compute_s; fwd+bwd: the traced forward and backward spans; d exposed: comm_exposed_ms "
+            "- exposed_comm_s; pred opt: optimizer_s when amsp plan reports one; optimizer: the traced AdamW span; "
+            "rest: meas step - fwd+bwd - optimizer - meas exp (data, the gradient norm's local sum, the loss "
+            "all-reduce, scheduling), less any other term step_time_s holds. most exposed op: the group and "
+            "collective with the largest median exposed time.", ""]
     return "\n".join(out)
 
 
@@ -461,6 +501,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--max-bytes", default="4M", help="comm-bench's largest message")
+    ap.add_argument("--no-loaded-table", dest="loaded_table", action="store_false",
+                    help="skip the second comm-bench table, measured beside busy processes")
     ap.add_argument("--plan-arg", action="append", default=[],
                     help="extra option for amsp plan, e.g. --plan-arg=--contention=0.3 (repeatable)")
     ap.add_argument("--mpiexec", default=shutil.which("mpiexec") or "mpiexec")
