@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -260,8 +261,22 @@ def calibrate(args, layout, work, tag):
         "per_process_compute": [round(r["compute"], 2) for r in results], "seconds": time.time() - t0}
 
 
-def measure(args, layout, plan, work):
-    tag = plan.replace(":", "").replace(",", "_").replace("=", "")
+def combine(runs):
+    """The runs of one plan: the median of each figure over the runs (their mean for
+    two), each run's median step time kept to show the spread."""
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)):
+            out[k] = median([r[k] for r in runs])
+    out["by_op"] = {op: {x: median([r["by_op"].get(op, {}).get(x, 0.0) for r in runs]) for x in ("exposed", "in_flight")}
+                    for op in runs[0]["by_op"]}
+    out["step_runs"] = [r["step"] for r in runs]
+    out["cmd"] = [r["cmd"] for r in runs]
+    return out
+
+
+def measure(args, layout, plan, work, rnd=0):
+    tag = plan.replace(":", "").replace(",", "_").replace("=", "") + f"-{rnd}"
     m, t = (os.path.join(work, f"train-{tag}.{x}") for x in ("jsonl", "trace.json"))
     for path in (m, t):
         if os.path.exists(path):
@@ -308,17 +323,24 @@ def run_layout(args, layout, plans, results):
           f"optimizer {before['optimizer']:.1f} ms, step {before['step']:.1f} ms "
           f"({before['seconds']:.0f} s)", flush=True)
 
-    measured = {}
-    for plan in plans:
-        try:
-            measured[plan] = measure(args, layout, plan, work)
-            r = measured[plan]
-            print(f"   {plan:22s} {r['factors']:20s} step {r['step']:7.1f} ms (min {r['step_min']:.1f}), "
-                  f"exposed {r['exposed']:6.1f} ms, fwd+bwd {r['trace_compute']:6.1f} ms, "
-                  f"optimizer {r['trace_optimizer']:6.1f} ms  ({r['seconds']:.0f} s)", flush=True)
-        except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
-            measured[plan] = {"error": str(e)}
-            print(f"   {plan:22s} FAILED: {e}", flush=True)
+    # Rounds over all plans rather than repeats back to back, so that a burst of
+    # load from other work on the machine hits several plans once, not one plan twice.
+    runs = {plan: [] for plan in plans}
+    errors = {}
+    for rnd in range(args.repeats):
+        for plan in plans:
+            if plan in errors:
+                continue
+            try:
+                r = measure(args, layout, plan, work, rnd)
+                runs[plan].append(r)
+                print(f"   {plan:22s} {r['factors']:20s} step {r['step']:7.1f} ms (min {r['step_min']:.1f}), "
+                      f"exposed {r['exposed']:6.1f} ms, fwd+bwd {r['trace_compute']:6.1f} ms, "
+                      f"optimizer {r['trace_optimizer']:6.1f} ms  ({r['seconds']:.0f} s)", flush=True)
+            except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+                errors[plan] = str(e)
+                print(f"   {plan:22s} FAILED: {e}", flush=True)
+    measured = {plan: {"error": errors[plan]} if plan in errors else combine(runs[plan]) for plan in plans}
 
     after = calibrate(args, layout, work, "calib-after")
     compute_ms = (before["compute"] + after["compute"]) / 2
@@ -347,7 +369,7 @@ def run_layout(args, layout, plans, results):
 
 # --- the table --------------------------------------------------------------------------
 KNOWN = {"compute_s", "comm_s", "exposed_comm_s", "step_time_s"}
-HEAD = ["layout", "plan", "factors", "pred step", "meas step", "meas/pred", "pred step (loaded)", "meas/pred",
+HEAD = ["layout", "plan", "factors", "pred step", "meas step", "runs", "meas/pred", "pred step (loaded)", "meas/pred",
         "pred comm", "pred comm (loaded)", "in flight", "busy", "pred exp", "pred exp (loaded)", "meas exp"]
 
 
@@ -375,7 +397,7 @@ def table_rows(results):
             continue
         extra = {k: v * 1e3 for k, v in p.items() if k.endswith("_s") and k not in KNOWN | {"optimizer_s"}}
         rows.append([row["layout"], row["plan"], p.get("plan", ""), fmt(ms(p, "step_time_s")), fmt(m["step"]),
-                     fmt(m["step"] / ms(p, "step_time_s"), 2), fmt(ms(pl, "step_time_s")),
+                     "/".join(f"{x:.0f}" for x in m["step_runs"]), fmt(m["step"] / ms(p, "step_time_s"), 2), fmt(ms(pl, "step_time_s")),
                      fmt(m["step"] / ms(pl, "step_time_s"), 2) if pl else "-",
                      fmt(ms(p, "comm_s")), fmt(ms(pl, "comm_s")), fmt(m["in_flight"]), fmt(m["trace_busy"]),
                      fmt(ms(p, "exposed_comm_s")), fmt(ms(pl, "exposed_comm_s")), fmt(m["exposed"])]
@@ -434,9 +456,9 @@ def binary_info(path):
     git = subprocess.run(["git", "-C", tree, "log", "-1", "--format=%h %s"], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--", "src"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, text=True).stdout.strip()
+                           stderr=subprocess.DEVNULL, text=True).stdout
     return {"path": path, "sha256": h, "built": mtime.strftime("%Y-%m-%d %H:%M UTC"), "version": version,
-            "tree_head": git, "tree_src_modified": ", ".join(l[3:] for l in dirty.splitlines())}
+            "tree_head": git, "tree_src_modified": ", ".join(l[3:] for l in dirty.splitlines() if l.strip())}
 
 
 def cpu_name():
@@ -456,8 +478,8 @@ def markdown(results, rows):
            f"{b['tree_head'] or '?'}{', src modified since: ' + b['tree_src_modified'] if b['tree_src_modified'] else ''}).",
            "",
            f"Workload: `--model {w['model']}`, seq {w['seq_len']}, batch {w['batch_size']}, "
-           f"{w['grad_accum']} micro-batch(es), fp32, 1 thread per rank, {w['steps']} steps, the first "
-           f"{w['warmup']} left out; medians over the rest. Command: `{results['command']}`", ""]
+           f"{w['grad_accum']} micro-batch(es), fp32, 1 thread per rank, {w['repeats']} run(s) of "
+           f"{w['steps']} steps per plan, the first {w['warmup']} steps left out; medians over the rest. Command: `{results['command']}`", ""]
     for info in results["layouts"]:
         c = info.get("calibration")
         if not c:
@@ -470,7 +492,7 @@ def markdown(results, rows):
                    f"{c['optimizer_ms_1rank']:.1f} ms, whole step {c['step_ms_1rank']:.1f} ms.")
     head = HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else [])
     out += [""] + md_table(head, rows, 3)
-    out += ["", "Times in ms per step. pred: `amsp plan` with the table measured on idle ranks (step_time_s, "
+    out += ["", "Times in ms per step. meas step: the median over the runs of each run's median step (runs: each run's). pred: `amsp plan` with the table measured on idle ranks (step_time_s, "
             "comm_s, exposed_comm_s); (loaded): the same with the table measured beside busy processes. meas step, "
             "in flight, meas exp: the metrics' step_ms, comm_in_flight_ms, comm_exposed_ms (rank 0's collectives, "
             "each from its issue to its completion, so queued collectives overlap). busy: from the trace, the time "
@@ -496,6 +518,7 @@ def main():
                     "the equivalence tests' plans for each layout")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out (>= 2)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each plan, in rounds over the plans")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--seq-len", type=int, default=eq.SEQ)
     ap.add_argument("--batch-size", type=int, default=1)
@@ -515,14 +538,19 @@ def main():
     args.amsp, args.data, args.work = (os.path.abspath(p) for p in (args.amsp, args.data, args.work))
     layouts = [Layout(x) for x in args.layouts.split(",") if x]
     os.makedirs(args.work, exist_ok=True)
+    # One binary for the whole run, even if the build directory is rebuilt meanwhile.
+    binary = binary_info(args.amsp)
+    args.amsp = os.path.join(args.work, "amsp")
+    shutil.copy2(binary["path"], args.amsp)
 
     results = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                "host": platform.node(), "cpu": cpu_name(), "cores": os.cpu_count(),
-               "binary": binary_info(args.amsp), "command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+               "binary": binary, "command": shlex.join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
                "workload": {k: getattr(args, k) for k in ("model", "seq_len", "batch_size", "grad_accum", "steps",
-                                                          "warmup", "plan_arg")},
+                                                          "warmup", "repeats", "plan_arg")},
                "layouts": [], "notes": []}
-    print(f"plan validation: {args.amsp} ({results['binary']['version']}), {results['cpu']}, "
+    print(f"plan validation: {binary['path']} ({binary['version']}, sha256 {binary['sha256']}, copied to "
+          f"{args.amsp}), {results['cpu']}, "
           f"{results['cores']} cores; {args.model}, seq {args.seq_len} x batch {args.batch_size} x "
           f"{args.grad_accum} micro-batch(es) per rank, {args.steps} steps (first {args.warmup} left out)")
     code = 0
