@@ -197,16 +197,33 @@ def plan_json(args, layout, shard, table, peak_tflops):
 
 
 # --- the three measurements -------------------------------------------------------------
+def merge_tables(paths, out):
+    """One table from several comm-bench runs: per entry (op, shape, size) the median
+    time. On a shared machine a single run's entries jump by 2-10x from one size to the
+    next; the median of three is what the planner is given."""
+    tables = [json.load(open(p)) for p in paths]
+    times = {}
+    for t in tables:
+        for e in t["entries"]:
+            times.setdefault((e["op"], e["ranks_per_node"], e["nodes"], e["bytes"]), []).append(e["time_us"])
+    merged = {k: v for k, v in tables[0].items() if k != "entries"}
+    # The bandwidths are derived from the times when absent (inputs/bandwidth/README.md).
+    merged["entries"] = [{"op": op, "ranks_per_node": p0, "nodes": p1, "bytes": size, "time_us": median(ts)}
+                         for (op, p0, p1, size), ts in sorted(times.items())]
+    with open(out, "w") as f:
+        json.dump(merged, f, indent=1)
+    return merged
+
+
 def comm_bench(args, layout, work, loaded=False):
-    """The layout's bandwidth table. loaded: measured while as many one-rank training
-    processes as the layout has ranks keep the cores busy, as the ranks' own compute
-    does in a training run (the collectives then get the CPU time compute leaves)."""
+    """The layout's bandwidth table: --bench-runs comm-bench runs, merged entry by entry
+    (median). loaded: measured while as many one-rank training processes as the layout
+    has ranks keep the cores busy, as the ranks' own compute does in a training run (the
+    collectives then get the CPU time compute leaves)."""
     name = "bandwidth-loaded" if loaded else "bandwidth"
     table = os.path.join(work, name + ".json")
-    cmd = layout.launcher(args) + [args.amsp, "comm-bench", "--output-table", table,
-                                   "--max-bytes", args.max_bytes, "--max-seconds", "0.5",
-                                   "--cluster", f"{platform.node()}-{layout.name}"]
     load = []
+    secs = 0.0
     try:
         if loaded:
             for i in range(layout.world):
@@ -217,12 +234,21 @@ def comm_bench(args, layout, work, loaded=False):
             time.sleep(2)  # past their start-up, into the steps
             if any(p.poll() is not None for p in load):
                 raise RuntimeError("the load for the loaded comm-bench did not start")
-        _, secs = run(cmd, layout.env, "comm-bench", os.path.join(work, name + ".log"))
+        parts = []
+        for k in range(args.bench_runs):
+            part = os.path.join(work, f"{name}-{k}.json")
+            cmd = layout.launcher(args) + [args.amsp, "comm-bench", "--output-table", part,
+                                           "--max-bytes", args.max_bytes, "--max-seconds", "0.3",
+                                           "--cluster", f"{platform.node()}-{layout.name}"]
+            _, t = run(cmd, layout.env, "comm-bench", os.path.join(work, f"{name}-{k}.log"))
+            secs += t
+            parts.append(part)
     finally:
         for p in load:
             if p.poll() is None:
                 os.killpg(p.pid, 9)
             p.wait()
+    merge_tables(parts, table)
     return table, secs, cmd
 
 
@@ -524,6 +550,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--max-bytes", default="4M", help="comm-bench's largest message")
+    ap.add_argument("--bench-runs", type=int, default=3, help="comm-bench runs per table (median per entry)")
     ap.add_argument("--no-loaded-table", dest="loaded_table", action="store_false",
                     help="skip the second comm-bench table, measured beside busy processes")
     ap.add_argument("--plan-arg", action="append", default=[],
