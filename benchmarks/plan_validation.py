@@ -165,7 +165,9 @@ def trace_steps(path, first_step, warmup):
             steps.append({
                 "compute": sum(e["dur"] for e in inside if e["name"].startswith(("fwd ", "bwd "))) / 1e3,
                 "optimizer": sum(e["dur"] for e in inside if e["name"] == "optimizer") / 1e3,
-                "wait": sum(e["dur"] for e in inside if e["cat"] == "wait") / 1e3,
+                # Blocked: waits, and the gradient norm's blocking all-reduce (its own span).
+                "wait": sum(e["dur"] for e in inside if e["cat"] == "wait" or e["name"].startswith("all_reduce (norm)"))
+                / 1e3,
                 "busy": union_ms([(e["ts"], e["ts"] + e["dur"]) for e in ev if e["cat"].startswith("comm")],
                                  lo, hi),
             })
@@ -431,27 +433,28 @@ def table_rows(results):
     return rows
 
 
-BUDGET_HEAD = ["layout", "plan", "meas - pred", "pred compute", "fwd+bwd", "d compute", "d exposed", "pred opt",
-               "optimizer", "d optimizer", "rest", "most exposed op"]
+BUDGET_HEAD = ["layout", "plan", "meas - pred", "pred compute", "fwd+bwd", "d compute", "pred exp", "blocked",
+               "d exposed", "pred opt", "optimizer", "d optimizer", "rest", "most exposed op (rank 0)"]
 
 
 def budget_rows(results):
     """Where the difference between measured and predicted step time goes. The model's
-    step is compute + exposed (+ optimizer); the measured one fwd+bwd + exposed +
-    optimizer + rest. The four differences add up to the total."""
+    step is compute + exposed (+ optimizer); the measured one, from the trace of every
+    rank, fwd+bwd + blocked + optimizer + rest. The four differences add up to the total."""
     rows = []
     for row, ok in ok_rows(results):
         if not ok:
             continue
         p, m = row["predicted"], row["measured"]
         opt = ms(p, "optimizer_s") or 0.0
-        rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["exposed"]
+        rest = m["step"] - m["trace_compute"] - m["trace_optimizer"] - m["trace_wait"]
         # Whatever else the planner adds to step_time_s (a future term) is taken off the rest.
         other = ms(p, "step_time_s") - ms(p, "compute_s") - ms(p, "exposed_comm_s") - opt
         top = max(m["by_op"].items(), key=lambda kv: kv[1]["exposed"], default=None)
         rows.append([row["layout"], row["plan"], fmt(m["step"] - ms(p, "step_time_s")), fmt(ms(p, "compute_s")),
                      fmt(m["trace_compute"]), fmt(m["trace_compute"] - ms(p, "compute_s")),
-                     fmt(m["exposed"] - ms(p, "exposed_comm_s")), fmt(ms(p, "optimizer_s")),
+                     fmt(ms(p, "exposed_comm_s")), fmt(m["trace_wait"]),
+                     fmt(m["trace_wait"] - ms(p, "exposed_comm_s")), fmt(ms(p, "optimizer_s")),
                      fmt(m["trace_optimizer"]), fmt(m["trace_optimizer"] - opt), fmt(rest - other),
                      f"{top[0]} {top[1]['exposed']:.1f}" if top else "-"])
     return rows
@@ -523,14 +526,16 @@ def markdown(results, rows):
             "in flight, meas exp: the metrics' step_ms, comm_in_flight_ms, comm_exposed_ms (rank 0's collectives, "
             "each from its issue to its completion, so queued collectives overlap). busy: from the trace, the time "
             "at least one collective was in flight (per rank, then the mean over ranks).", "",
-            "Where the difference goes (ms per step; d = measured - predicted, the idle-rank table; the four d "
-            "terms add up to meas - pred):", ""]
+            "Where the difference goes (ms per step; d = measured - predicted, with the idle-rank table; the "
+            "d terms and rest add up to meas - pred):", ""]
     out += md_table(BUDGET_HEAD, budget_rows(results), 2)
-    out += ["", "pred compute: compute_s; fwd+bwd: the traced forward and backward spans; d exposed: comm_exposed_ms "
-            "- exposed_comm_s; pred opt: optimizer_s when amsp plan reports one; optimizer: the traced AdamW span; "
-            "rest: meas step - fwd+bwd - optimizer - meas exp (data, the gradient norm's local sum, the loss "
-            "all-reduce, scheduling), less any other term step_time_s holds. most exposed op: the group and "
-            "collective with the largest median exposed time.", ""]
+    out += ["", "From the trace, per rank (median over the steps), then the mean over the ranks: fwd+bwd, the "
+            "forward and backward spans; blocked, the waits for collectives and the gradient norm's blocking "
+            "all-reduce (rank 0's share is meas exp above; ranks block by different amounts); optimizer, the "
+            "AdamW span. pred compute, pred exp, pred opt: compute_s, exposed_comm_s, optimizer_s (when amsp plan "
+            "reports one). rest: meas step - fwd+bwd - blocked - optimizer (data, the norm's local sum, the loss "
+            "all-reduce, issuing collectives, scheduling), less any other term step_time_s holds. most exposed "
+            "op: rank 0's group and collective with the largest median exposed time.", ""]
     return "\n".join(out)
 
 
