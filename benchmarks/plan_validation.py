@@ -8,29 +8,35 @@ stops) and each shard plan of the engine's equivalence tests for that layout
 one sequence per rank, one micro-batch; all adjustable):
 
   1. measures a bandwidth table for the layout on the spot (`amsp comm-bench
-     --output-table`), launched exactly like the training runs;
+     --output-table`, launched exactly like the training runs; the median per entry of
+     --bench-runs runs), and a second one while busy one-rank processes load the cores
+     as the ranks' compute does ("loaded"; --no-loaded-table skips it);
   2. measures the compute throughput under the same conditions: as many concurrent
      one-rank `amsp train --shard ddp` processes as the layout has ranks (they share
      the cores as the ranks do, and have no communication), traced; per-rank FLOP/s =
      the planner's FLOPs of one rank's step / the traced forward + backward time. Done
      before and after the layout's plans; the mean is fed to the planner, both are shown;
   3. predicts each plan with `amsp plan --shard PLAN --json --precision fp32
-     --bandwidth TABLE --peak-tflops X --achievable 1 ...` on the same model and batch;
-  4. runs `amsp train` with that plan (--metrics and --trace), drops the first
-     --warmup steps, and takes the median of the rest: step time, comm in flight and
-     exposed (metrics), and from the trace the forward + backward time, the
-     optimizer, and the time at least one collective was in flight (busy);
-  5. prints one table (and writes it as Markdown with --markdown FILE, all figures as
-     JSON to WORK/results.json).
+     --bandwidth TABLE --peak-tflops X --achievable 1 ...` on the same model and batch,
+     with each table;
+  4. runs `amsp train` with that plan (--metrics and --trace), --repeats times in rounds
+     over the plans, drops the first --warmup steps, and takes the median of the rest:
+     step time, comm in flight and exposed (metrics, rank 0), and from every rank's
+     trace the forward + backward time, the time blocked, the optimizer, and the time
+     at least one collective was in flight (busy);
+  5. prints the table, and a second one that splits measured - predicted into compute,
+     exposed communication, optimizer and the rest (--markdown FILE writes both, all
+     figures go to WORK/results.json).
 
 A benchmark, not a test: it never fails on a timing. Exit code 1 only if something
-could not run at all (a failed comm-bench, calibration or every plan of a layout).
-doc/planner-validation.md has the measured table and the analysis.
+could not run at all (a failed comm-bench or calibration, or every plan of a layout).
+doc/planner-validation.md has the measured tables and the analysis.
 
 usage: benchmarks/plan_validation.py [--amsp build/amsp] [--data CORPUS.h5] [--work DIR]
-           [--layouts mpi4,slurm2x2] [--plans all|P1,P2] [--steps 40] [--warmup 5]
-           [--model tiny] [--seq-len 32] [--batch-size 1] [--grad-accum 1]
-           [--plan-arg=--OPTION=VALUE ...] [--markdown FILE]
+           [--layouts mpi4,slurm2x2] [--plans all|"P1 P2"] [--steps 40] [--warmup 5]
+           [--repeats 2] [--model tiny] [--seq-len 32] [--batch-size 1] [--grad-accum 1]
+           [--bench-runs 3] [--no-loaded-table] [--plan-arg=--OPTION=VALUE ...]
+           [--markdown FILE]
 """
 
 import argparse
