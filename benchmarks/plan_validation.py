@@ -187,13 +187,15 @@ def trace_summary(per_rank):
     return {k: mean([median([s[k] for s in steps]) for steps in per_rank.values() if steps]) for k in keys}
 
 
-def plan_json(args, layout, shard, table, peak_tflops):
+def plan_json(args, layout, shard, table, peak_tflops, cluster=None):
     tokens = args.seq_len * args.batch_size * args.grad_accum * layout.world
     cmd = [args.amsp, "plan", "--shard", shard, "--json", "--precision", "fp32",
            "--peak-tflops", repr(peak_tflops), "--achievable", "1", "--model", args.model,
            "--nodes", str(layout.nodes), "--gpus-per-node", str(layout.per_node),
            "--seq-len", str(args.seq_len), "--micro-batch", str(args.batch_size),
            "--global-batch", str(tokens), "--gpu-memory", "64GiB"]
+    if cluster:
+        cmd += ["--cluster", cluster]
     if table:
         cmd += ["--bandwidth", table]
     cmd += args.plan_arg
@@ -201,7 +203,66 @@ def plan_json(args, layout, shard, table, peak_tflops):
     if p.returncode != 0:
         raise RuntimeError(f"amsp plan failed (exit {p.returncode}): {p.stderr.strip()[:400]}  [{' '.join(cmd)}]")
     j = json.loads(p.stdout)
-    return j["plan"], cmd
+    return j["plan"], cmd, j["input"]
+
+
+# Bytes AdamW and the norm stream per fp32 OS-shard element, as the planner counts them
+# (plan::optimizer_seconds): read gradient, master, m, v; write the last three; the
+# norm reads the gradient again.
+OPTIMIZER_BYTES_FP32 = 32
+
+
+def write_cluster(args, layout, info, work):
+    """This machine as a cluster description for amsp plan: the measured table, the
+    measured compute rate, and as effects only what was measured (the memory bandwidth
+    the optimizer gets with every rank running it), every other effect 0 (not
+    modelled) unless --effects sets it. Without a cluster file amsp plan would take the
+    default preset's effects (a800: GPU contention, stragglers, HBM bandwidth)."""
+    c = info["calibration"]
+    effects = {}
+    if c.get("parameters") and c["optimizer_ms_1rank"] > 0:
+        effects["memory_bandwidth_GBps"] = (c["parameters"] * OPTIMIZER_BYTES_FP32
+                                            / (c["optimizer_ms_1rank"] / 1e3) / 1e9)
+        effects["memory_efficiency"] = 1.0
+    effects.update(json.loads(args.effects) if args.effects else {})
+    table = json.load(open(info["comm_bench"]["table"]))
+    cluster = dict(table, cluster=f"{platform.node()}-{layout.name}", gpus_per_node=layout.per_node,
+                   gpu_memory="64GiB", peak_tflops_bf16=c["peak_tflops"], peak_tflops_fp32=c["peak_tflops"],
+                   achievable_fraction=1.0, effects=effects,
+                   description=f"{platform.node()}, {layout.name}, as measured by benchmarks/plan_validation.py")
+    path = os.path.join(work, "cluster.json")
+    with open(path, "w") as f:
+        json.dump(cluster, f, indent=1)
+    info["cluster_file"] = path
+    info["effects"] = effects
+    return path
+
+
+def predict(args, layout, info, plans, measured, work):
+    """Every plan's prediction with the idle table and, if measured, the loaded one."""
+    c = info["calibration"]
+    table = info["comm_bench"]["table"]
+    cluster = write_cluster(args, layout, info, work)
+    try:
+        plan_json(args, layout, "ddp", table, c["peak_tflops"], cluster)
+    except RuntimeError as e:  # a binary that does not read cluster files with effects
+        note = f"{layout.name}: amsp plan refused the machine's cluster file, predicting without it: {str(e)[:200]}"
+        print("   " + note, flush=True)
+        info.setdefault("notes", []).append(note)
+        cluster = None
+    loaded = info.get("comm_bench_loaded", {}).get("table")
+    info["rows"] = []
+    for plan in plans:
+        row = {"layout": layout.name, "plan": plan, "measured": measured[plan]}
+        try:
+            pred, cmd, _ = plan_json(args, layout, plan, table, c["peak_tflops"], cluster)
+            row["predicted"] = pred
+            row["plan_cmd"] = " ".join(cmd)
+            if loaded:
+                row["predicted_loaded"] = plan_json(args, layout, plan, loaded, c["peak_tflops"], cluster)[0]
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            row["predicted"] = {"error": str(e)}
+        info["rows"].append(row)
 
 
 # --- the three measurements -------------------------------------------------------------
@@ -351,7 +412,8 @@ def run_layout(args, layout, plans, results):
         print(f"   comm-bench beside {layout.world} busy processes: {loaded} ({secs:.0f} s)", flush=True)
 
     # The planner's FLOPs of one rank's step: its compute time at 1 TFLOP/s.
-    flops = plan_json(args, Layout("mpi1"), "ddp", None, 1.0)[0]["compute_s"] * 1e12
+    one, _, one_input = plan_json(args, Layout("mpi1"), "ddp", None, 1.0)
+    flops = one["compute_s"] * 1e12
     before = calibrate(args, layout, work, "calib-before")
     print(f"   compute, {layout.world} concurrent 1-rank runs: fwd+bwd {before['compute']:.1f} ms, "
           f"optimizer {before['optimizer']:.1f} ms, step {before['step']:.1f} ms "
@@ -386,18 +448,9 @@ def run_layout(args, layout, plans, results):
     print(f"   compute, after the plans: fwd+bwd {after['compute']:.1f} ms, optimizer {after['optimizer']:.1f} ms; "
           f"mean {compute_ms:.1f} ms for {flops / 1e6:.1f} MFLOP: {peak * 1e3:.3f} GFLOP/s per rank", flush=True)
 
-    for plan in plans:
-        row = {"layout": layout.name, "plan": plan, "measured": measured[plan]}
-        try:
-            pred, cmd = plan_json(args, layout, plan, table, peak)
-            row["predicted"] = pred
-            row["plan_cmd"] = " ".join(cmd)
-            if loaded:
-                row["predicted_loaded"] = plan_json(args, layout, plan, loaded, peak)[0]
-        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
-            row["predicted"] = {"error": str(e)}
-        info["rows"].append(row)
+    info["calibration"]["parameters"] = one_input["parameters"]
     info["load_end"] = os.getloadavg()[0]
+    predict(args, layout, info, plans, measured, work)
     return any("error" not in measured[p] for p in plans)
 
 
@@ -515,6 +568,10 @@ def markdown(results, rows):
            f"Workload: `--model {w['model']}`, seq {w['seq_len']}, batch {w['batch_size']}, "
            f"{w['grad_accum']} micro-batch(es), fp32, 1 thread per rank, {w['repeats']} run(s) of "
            f"{w['steps']} steps per plan, the first {w['warmup']} steps left out; medians over the rest. Command: `{results['command']}`", ""]
+    if "predicted_by" in results:
+        pb = results["predicted_by"]
+        out += [f"Predictions made again afterwards (`{results['command_predict']}`) with `{pb['path']}` (sha256 "
+                f"{pb['sha256']}, built {pb['built']}), from the same measurements.", ""]
     for info in results["layouts"]:
         c = info.get("calibration")
         if not c:
@@ -524,7 +581,9 @@ def markdown(results, rows):
                    f"{c['before']['compute']:.1f} ms before the plans, {c['after']['compute']:.1f} ms after, "
                    f"for {c['flops_per_rank_step'] / 1e6:.1f} MFLOP: `--peak-tflops {c['peak_tflops']:.6f}` "
                    f"({c['peak_tflops'] * 1e3:.2f} GFLOP/s per rank); optimizer of the whole model on one rank "
-                   f"{c['optimizer_ms_1rank']:.1f} ms, whole step {c['step_ms_1rank']:.1f} ms.")
+                   f"{c['optimizer_ms_1rank']:.1f} ms, whole step {c['step_ms_1rank']:.1f} ms. "
+                   f"Effects in the machine's cluster file: "
+                   f"{', '.join(f'{k} {v:.3g}' for k, v in info.get('effects', {}).items()) or 'none (no cluster file)'}.")
     head = HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else [])
     out += [""] + md_table(head, rows, 3)
     out += ["", "Times in ms per step. meas step: the median over the runs of each run's median step (runs: each run's). pred: `amsp plan` with the table measured on idle ranks (step_time_s, "
@@ -543,6 +602,41 @@ def markdown(results, rows):
             "all-reduce, issuing collectives, scheduling), less any other term step_time_s holds. most exposed "
             "op: rank 0's group and collective with the largest median exposed time.", ""]
     return "\n".join(out)
+
+
+def write_outputs(args, results, rows):
+    print_table(HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else []), rows)
+    print("\nwhere the difference goes (ms per step, measured - predicted):")
+    print_table(BUDGET_HEAD, budget_rows(results), left=2)
+    for note in results["notes"]:
+        print("note: " + note)
+    with open(os.path.join(args.work, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, rows) + "\n" + "".join(f"\nNote: {n}\n" for n in results["notes"]))
+        print(f"wrote {args.markdown}")
+
+
+def predict_only(args):
+    """Predictions again for runs already measured: a new binary, or other effects."""
+    results = json.load(open(os.path.join(args.work, "results.json")))
+    results["predicted_by"] = binary_info(args.amsp)
+    results["command_predict"] = shlex.join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:])
+    w = results["workload"]
+    args.model, args.seq_len, args.batch_size, args.grad_accum = (w["model"], w["seq_len"], w["batch_size"],
+                                                                  w["grad_accum"])
+    for info in results["layouts"]:
+        if "calibration" not in info:
+            continue
+        layout = Layout(info["layout"])
+        c = info["calibration"]
+        if not c.get("parameters"):
+            c["parameters"] = plan_json(args, Layout("mpi1"), "ddp", None, 1.0)[2]["parameters"]
+        predict(args, layout, info, [r["plan"] for r in info["rows"]], {r["plan"]: r["measured"] for r in info["rows"]},
+                os.path.join(args.work, layout.name))
+    write_outputs(args, results, table_rows(results))
+    return 0
 
 
 def main():
@@ -564,6 +658,11 @@ def main():
     ap.add_argument("--bench-runs", type=int, default=3, help="comm-bench runs per table (median per entry)")
     ap.add_argument("--no-loaded-table", dest="loaded_table", action="store_false",
                     help="skip the second comm-bench table, measured beside busy processes")
+    ap.add_argument("--effects", help="JSON object merged into the machine's cluster effects, e.g. "
+                    "'{\"contention\": 0.5}' (default: only the measured memory bandwidth)")
+    ap.add_argument("--predict-only", action="store_true",
+                    help="measure nothing: predict again from WORK/results.json (its tables, calibration and "
+                    "runs) with --amsp and --effects, and write the tables")
     ap.add_argument("--plan-arg", action="append", default=[],
                     help="extra option for amsp plan, e.g. --plan-arg=--contention=0.3 (repeatable)")
     ap.add_argument("--mpiexec", default=shutil.which("mpiexec") or "mpiexec")
@@ -575,6 +674,8 @@ def main():
         ap.error("--warmup must be >= 2 and --steps >= warmup + 3")
     args.amsp, args.data, args.work = (os.path.abspath(p) for p in (args.amsp, args.data, args.work))
     layouts = [Layout(x) for x in args.layouts.split(",") if x]
+    if args.predict_only:
+        return predict_only(args)
     os.makedirs(args.work, exist_ok=True)
     # One binary for the whole run, even if the build directory is rebuilt meanwhile.
     binary = binary_info(args.amsp)
@@ -632,19 +733,8 @@ def main():
         results["notes"].append(f"stopped: {e}")
         code = 1
     results["seconds"] = time.time() - t0
-    rows = table_rows(results)
-    print_table(HEAD + (["other predicted terms"] if any(len(r) > len(HEAD) for r in rows) else []), rows)
-    print("\nwhere the difference goes (ms per step, measured - predicted):")
-    print_table(BUDGET_HEAD, budget_rows(results), left=2)
-    for note in results["notes"]:
-        print("note: " + note)
+    write_outputs(args, results, table_rows(results))
     print(f"({results['seconds']:.0f} s; figures in {os.path.join(args.work, 'results.json')})")
-    with open(os.path.join(args.work, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(results, rows) + "\n" + "".join(f"\nNote: {n}\n" for n in results["notes"]))
-        print(f"wrote {args.markdown}")
     return code
 
 
