@@ -436,7 +436,8 @@ def run_layout(args, layout, plans, results):
             except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
                 errors[plan] = str(e)
                 print(f"   {plan:22s} FAILED: {e}", flush=True)
-    measured = {plan: {"error": errors[plan]} if plan in errors else combine(runs[plan]) for plan in plans}
+    # A plan that failed in a later round keeps the runs it completed.
+    measured = {plan: combine(runs[plan]) if runs[plan] else {"error": errors[plan]} for plan in plans}
 
     after = calibrate(args, layout, work, "calib-after")
     compute_ms = (before["compute"] + after["compute"]) / 2
