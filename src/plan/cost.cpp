@@ -103,8 +103,9 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
 
   std::vector<Collective> list;
   auto issue = [&](Phase phase, int unit, Op op, GroupKind group, int64_t count, int64_t elem,
-                   int64_t per_step) {
+                   int64_t per_step, bool chained = false) {
     Collective c;
+    c.chained = chained;
     c.phase = phase;
     c.unit = unit;
     c.op = op;
@@ -134,14 +135,22 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
     // The head's gathered copy from forward is reused by its backward.
     if (sp > 1 && u != U - 1)
       issue(Phase::kBackwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, wire, M);
-    if (sp > 1)
+    // A unit's reduction stages in order; every stage after the first is chained.
+    bool staged = false;
+    if (sp > 1) {
       issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kP, phi[u] / sp, wire, M);
-    if (sg > sp)
-      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kG, phi[u] / sg, wire, M);
-    if (sos > sg)
-      issue(Phase::kLastReduce, u, Op::kReduceScatter, GroupKind::kOS, phi[u] / sos, wire, 1);
+      staged = true;
+    }
+    if (sg > sp) {
+      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kG, phi[u] / sg, wire, M, staged);
+      staged = true;
+    }
+    if (sos > sg) {
+      issue(Phase::kLastReduce, u, Op::kReduceScatter, GroupKind::kOS, phi[u] / sos, wire, 1, staged);
+      staged = true;
+    }
     if (d / sos > 1)
-      issue(Phase::kLastReduce, u, Op::kAllReduce, GroupKind::kReplica, phi[u] / sos, wire, 1);
+      issue(Phase::kLastReduce, u, Op::kAllReduce, GroupKind::kReplica, phi[u] / sos, wire, 1, staged);
   }
   if (d > 1) {
     // The squared norm, summed in fp64 over one replica: every rank takes part
@@ -288,13 +297,14 @@ UnitTimes unit_times(const Workload& w, const Compute& compute) {
 struct PhaseTimes {
   std::vector<double> fg, bg, br, lr, og;  // forward gather .. optimizer gather
   double norm = 0;
+  double chained = 0, chained_last = 0;    // chained stages: every micro-batch, the last only
 };
 
 // Sorts the timed collectives into PhaseTimes and adds their totals (time,
 // bytes per rank and per node) to `s`.
 PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s) {
   PhaseTimes p{std::vector<double>(units), std::vector<double>(units), std::vector<double>(units),
-               std::vector<double>(units), std::vector<double>(units), 0};
+               std::vector<double>(units), std::vector<double>(units), 0, 0, 0};
   for (const Collective& c : timed) {
     const double t = c.seconds;
     s.comm_s += static_cast<double>(c.per_step) * t;
@@ -303,6 +313,10 @@ PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s
     s.node.nic_sent += c.per_step * c.node.nic_sent;
     s.node.nic_received += c.per_step * c.node.nic_received;
     s.node.intra += c.per_step * c.node.intra;
+    if (c.chained) {
+      (c.phase == Phase::kLastReduce ? p.chained_last : p.chained) += t;
+      continue;
+    }
     switch (c.phase) {
       case Phase::kForwardGather: p.fg[c.unit] += t; break;
       case Phase::kBackwardGather: p.bg[c.unit] += t; break;
@@ -339,8 +353,9 @@ double exposed_micro_batch(const UnitTimes& c, const PhaseTimes& p, bool first, 
     if (u + 1 < U) comm += p.br[u + 1] + (last ? p.lr[u + 1] : 0);
     e += over(comm, c.backward[u]);
   }
-  // Then the embedding's reductions and the norm, with nothing to hide behind.
-  return e + p.br[0] + (last ? p.lr[0] + p.norm : 0);
+  // Then the embedding's reductions and the norm, with nothing to hide behind;
+  // and the chained stages, each waited for as soon as it is issued.
+  return e + p.br[0] + (last ? p.lr[0] + p.norm : 0) + p.chained + (last ? p.chained_last : 0);
 }
 
 }  // namespace

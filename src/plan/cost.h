@@ -54,6 +54,11 @@ struct Collective {
   int64_t elem_bytes = 0;
   int64_t calls = 1;        // calls per occurrence (the paper's broadcasts: one per root)
   int64_t buckets = 1;      // each call split into this many (a bucketed schedule)
+  // A later stage of a unit's gradient reduction (G after P; OS and replica
+  // after an earlier stage): the engine issues it when it retires the stage
+  // before and waits for it at once (ShardedEngine's finish_oldest), so no
+  // compute runs beside it.
+  bool chained = false;
   int64_t per_step = 1;     // occurrences per step: M for per-micro-batch phases, else 1
   int64_t groups_per_node = 1;  // groups of this kind with members on one node: R / p0
   int64_t switches = 1;     // leaf switches the group's nodes sit under

@@ -261,6 +261,37 @@ TEST(Cost, ContentionAndNoOverlapByHand) {
   EXPECT_NEAR(step_cost(w, list, 1, compute, serial, effects).exposed_s, 0.4, 1e-12);
 }
 
+// The engine retires a unit's reduction stage by stage and waits for each
+// later stage as soon as it issues it: those stages hide behind nothing.
+TEST(Cost, ChainedReductionStagesAreExposed) {
+  const Workload w = odd_workload();
+  auto list = step_collectives(w, parse_shard_plan("p=2x1,g=2x1,os=2x2", k2x2), k2x2, 1);
+  double chained = 0;
+  int first = 0, later = 0;
+  for (Collective& c : list) {
+    c.seconds = 1e-3;
+    if (c.op != comm::Op::kReduceScatter) continue;
+    (c.chained ? later : first) += 1;
+    EXPECT_EQ(c.chained, c.group == GroupKind::kOS) << phase_name(c.phase) << " unit " << c.unit;
+    if (c.chained) chained += c.seconds;
+  }
+  EXPECT_EQ(first, 4);  // the P reduce-scatter of each unit
+  EXPECT_EQ(later, 4);  // then its OS reduce-scatter
+  Compute slow;  // compute long enough to hide everything that can hide
+  slow.flops_per_s = 1e3;
+  slow.peak_flops_per_s = 1e3;
+  const double exposed = step_cost(w, list, 1, slow).exposed_s;
+  for (Collective& c : list) c.chained = false;
+  const double unchained = step_cost(w, list, 1, slow).exposed_s;
+  // Unchained, the OS reduce-scatters would hide behind backward, but for
+  // unit 0's (after the last backward) and unit 1's (behind the embedding's
+  // backward, which takes no time): two of the four.
+  EXPECT_NEAR(exposed - unchained, chained - 2e-3, 1e-12);
+  // zero1: the OS reduce-scatter is the first stage, hidden.
+  for (const Collective& c : step_collectives(w, parse_shard_plan("zero1", k2x2), k2x2, 1))
+    EXPECT_FALSE(c.chained);
+}
+
 TEST(Cost, OptimizerStreamsTheOsShard) {
   Workload w = odd_workload();
   Effects effects;
