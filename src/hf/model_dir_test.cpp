@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -34,8 +35,11 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// Element k of tensor i: distinct everywhere, exact in bf16.
-float value(size_t i, int64_t k) { return static_cast<float>(i * 1000 + static_cast<size_t>(k % 256)) * 0.5f; }
+// Element k of tensor i: differs between tensors and along each, exact in bf16
+// (i + 1 < 256 has at most 8 significant bits).
+float value(size_t i, int64_t k) {
+  return static_cast<float>(i + 1) * std::ldexp(k % 2 ? -1.0f : 1.0f, static_cast<int>(k % 20) - 10);
+}
 
 // The layout of `config` written by WeightsWriter, then read by ModelDir.
 void write_and_read_back(const fs::path& dir, DType dtype, int64_t max_shard, size_t expect_files) {
