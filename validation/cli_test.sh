@@ -40,7 +40,7 @@ expect_error "unknown command" "unknown command 'fly'" -- "$amsp" fly
 expect_error "unknown option" "unknown option --stepz" -- "${train[@]}" --stepz 3
 expect_error "bad integer" "--steps.*expected an integer" -- "$amsp" train --data good.h5 --steps abc
 expect_error "bad number" "--lr.*expected a number" -- "$amsp" train --data good.h5 --lr fast
-expect_error "negative steps" "--steps.*expected an integer >= 1" -- "${train[@]}" --steps 0
+expect_error "negative steps" "--steps.*expected an integer >= 0" -- "${train[@]}" --steps -1
 expect_error "bad checkpoint io" "--checkpoint-io parallel: expected independent or collective" -- "${train[@]}" --checkpoint-io parallel
 expect_error "run info dir" "--run-info nodir/run.json: no directory nodir" -- "${train[@]}" --run-info nodir/run.json
 expect_error "missing --data" "missing required option --data" -- "$amsp" train

@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -139,6 +140,16 @@ Metadata read_metadata(const std::string& path);
 // check_structure): complete against its own model config, every dataset
 // where the manifest says. UsageError naming the first problem.
 Metadata check_structure(const std::string& path);
+
+// The full parameters of the model, one tensor at a time, for `amsp export`:
+// checks the file as load() does (manifest, model of its own config,
+// structure), then for each tensor of `units` (model::build_layout of the
+// checkpoint's config) in layout order reads the whole dataset (the element
+// runs of ckpt/selection.h, as a resume on one rank reads them), checks it
+// against the manifest's checksum and calls fn(tensor, elements). UsageError
+// naming the dataset on a mismatch (a damaged file). Moments are not read.
+void read_parameters(const std::string& path, const std::vector<model::UnitSpec>& units,
+                     const std::function<void(const model::TensorSpec&, std::vector<float>&)>& fn);
 
 // ----------------------------------------------------------- in a child process
 

@@ -1,7 +1,12 @@
-// One-process readers of a checkpoint, for `amsp ckpt inspect` and `verify`.
+// One-process readers of a checkpoint, for `amsp ckpt inspect`, `verify` and
+// `amsp export`.
+
+#include <map>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/checksum.h"
 #include "ckpt/format.h"
+#include "ckpt/selection.h"
 #include "core/error.h"
 
 namespace amsp::ckpt {
@@ -42,6 +47,35 @@ std::vector<DatasetInfo> inspect(const std::string& path, bool compute_checksums
     out.push_back(std::move(d));
   }
   return out;
+}
+
+void read_parameters(const std::string& path, const std::vector<model::UnitSpec>& units,
+                     const std::function<void(const model::TensorSpec&, std::vector<float>&)>& fn) {
+  h5::Handle file = detail::open_read(path);
+  const Manifest manifest = detail::read_manifest(file, path);
+  detail::check_structure(file, path, manifest);
+  std::map<std::string, uint64_t> listed;
+  for (const auto& d : manifest.datasets) listed[d.name] = d.checksum;
+  h5::QuietErrors quiet;
+  std::vector<float> data;
+  for (const auto& unit : units) {
+    // The whole unit as one shard: each tensor is one run of its elements.
+    for (const auto& t : unit.tensors) {
+      const std::string dpath = detail::dataset_path(detail::State::kParams, t.name);
+      const auto it = listed.find(dpath);
+      if (it == listed.end()) fail_usage("checkpoint ", path, ": no dataset ", dpath, " for tensor ", t.name);
+      const auto piece = intersect(t, 0, unit.numel);
+      data.assign(static_cast<size_t>(t.numel), 0.0f);
+      h5::Handle d(H5Dopen2(file, ("/" + dpath).c_str(), H5P_DEFAULT), H5Dclose);
+      if (!d.valid() || (piece && !detail::read_run(d, t.shape, piece->begin, piece->end, data.data())))
+        fail_usage("checkpoint ", path, ": HDF5 cannot read dataset ", dpath, " (damaged file?)");
+      const uint64_t sum = checksum(data.data(), t.numel, 0);
+      if (sum != it->second)
+        fail_usage("checkpoint ", path, ": dataset ", dpath, " fails its checksum (stored ", detail::hex(it->second),
+                   ", computed ", detail::hex(sum), "): the file is damaged");
+      fn(t, data);
+    }
+  }
 }
 
 }  // namespace amsp::ckpt

@@ -13,5 +13,6 @@ int run_comm_bench(int argc, char** argv);
 int run_backend_check(int argc, char** argv);
 int run_ckpt_inspect(int argc, char** argv);
 int run_ckpt_verify(int argc, char** argv);
+int run_export(int argc, char** argv);
 
 }  // namespace amsp::cli

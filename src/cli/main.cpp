@@ -26,6 +26,7 @@ const Command kCommands[] = {
     {"backend-check", "check a device backend's kernels against the CPU backend", amsp::cli::run_backend_check},
     {"ckpt inspect", "show a checkpoint's metadata and datasets", amsp::cli::run_ckpt_inspect},
     {"ckpt verify", "recompute a checkpoint's checksums (exit 1 naming a damaged dataset)", amsp::cli::run_ckpt_verify},
+    {"export", "write a checkpoint as a Hugging Face model directory (safetensors)", amsp::cli::run_export},
 };
 
 void print_usage(std::ostream& os) {

@@ -42,7 +42,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5"),
            "token dataset from `amsp data prepare`")
       ("steps", po::value<int64_t>(&o.steps)->default_value(300)->value_name("INT"),
-           "optimizer steps")
+           "optimizer steps; 0 trains none: evaluates the initial weights and, with "
+           "--checkpoint-dir, saves them as the checkpoint of step 0 (e.g. --init-from weights "
+           "as an amsp checkpoint)")
       ("seed", po::value<int64_t>(&a.seed)->default_value(1337)->value_name("INT"),
            "seed for initialisation and data sampling")
       ("batch-size", po::value<int64_t>(&o.batch_size)->default_value(8)->value_name("INT"),
@@ -140,7 +142,7 @@ void check_ranges(const TrainArgs& a) {
   const engine::TrainOptions& o = a.o;
   require(o.recompute == "none" || o.recompute == "full" || o.recompute == "auto", "recompute",
           o.recompute, "none, full or auto");
-  require(o.steps >= 1, "steps", o.steps, "an integer >= 1");
+  require(o.steps >= 0, "steps", o.steps, "an integer >= 0");
   require(o.batch_size >= 1, "batch-size", o.batch_size, "an integer >= 1");
   require(o.seq_len >= 2, "seq-len", o.seq_len, "an integer >= 2");
   require(o.grad_accum >= 1, "grad-accum", o.grad_accum, "an integer >= 1");

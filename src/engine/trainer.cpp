@@ -597,6 +597,8 @@ void Run::write_run_record_start() {
 }
 
 void Run::train_steps() {
+  // --steps 0: the initial weights (random or --init-from) as a checkpoint.
+  if (o.steps == 0 && start_point.first_step == 1 && !o.checkpoint_dir.empty()) save_checkpoint(0);
   for (int64_t step = start_point.first_step; step <= o.steps; ++step) {
     fault::point("train.step", step, topo.rank);
     if (dir_lock) {

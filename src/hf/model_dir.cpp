@@ -1,5 +1,6 @@
 #include "hf/model_dir.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -44,15 +45,15 @@ void check_architecture(const nlohmann::json& j, const std::string& source) {
 
 // The weight files: the index's shards, else model.safetensors.
 std::vector<std::string> weight_files(const fs::path& dir) {
-  const fs::path index = dir / "model.safetensors.index.json";
+  const fs::path index = dir / kIndexFile;
   if (!fs::exists(index)) {
-    if (!fs::exists(dir / "model.safetensors"))
-      fail_usage("--init-from ", dir.string(), ": no model.safetensors or model.safetensors.index.json");
-    return {(dir / "model.safetensors").string()};
+    if (!fs::exists(dir / kWeightsFile))
+      fail_usage("--init-from ", dir.string(), ": no ", kWeightsFile, " or ", kIndexFile);
+    return {(dir / kWeightsFile).string()};
   }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_text(index, "model.safetensors.index.json"));
+    j = nlohmann::json::parse(read_text(index, kIndexFile));
   } catch (const nlohmann::json::exception&) {
     fail_usage(index.string(), ": not valid JSON");
   }
@@ -73,8 +74,8 @@ std::vector<std::string> weight_files(const fs::path& dir) {
 
 ModelDir::ModelDir(const std::string& dir) : dir_(dir) {
   if (!fs::is_directory(dir)) fail_usage("--init-from ", dir, ": not a directory");
-  const fs::path config_path = fs::path(dir) / "config.json";
-  const std::string text = read_text(config_path, "config.json");
+  const fs::path config_path = fs::path(dir) / kConfigFile;
+  const std::string text = read_text(config_path, kConfigFile);
   const std::string source = config_path.string();
   nlohmann::json j;
   try {
@@ -129,6 +130,95 @@ void ModelDir::read(const std::string& name, int64_t first, int64_t count, float
   const SafetensorsFile* f = file_of(name);
   if (!f) fail_usage("--init-from ", dir_, ": no tensor ", name, " in the weights");
   f->read(name, first, count, out);
+}
+
+// ------------------------------------------------------------------ writing
+
+std::string shard_file_name(int k, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", k, n);
+  return buf;
+}
+
+std::vector<std::vector<size_t>> plan_shards(const std::vector<TensorDecl>& tensors, int64_t max_bytes) {
+  std::vector<std::vector<size_t>> files;
+  int64_t used = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t b = tensors[i].bytes();
+    if (files.empty() || (!files.back().empty() && used + b > max_bytes)) {
+      files.emplace_back();
+      used = 0;
+    }
+    files.back().push_back(i);
+    used += b;
+  }
+  return files;
+}
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) fail(path.string(), ": write failed");
+}
+
+}  // namespace
+
+WeightsWriter::WeightsWriter(const std::string& dir, std::vector<TensorDecl> tensors, int64_t max_shard_bytes)
+    : dir_(dir), tensors_(std::move(tensors)), files_(plan_shards(tensors_, max_shard_bytes)) {
+  const int n = static_cast<int>(files_.size());
+  for (int k = 0; k < n; ++k) names_.push_back(n == 1 ? kWeightsFile : shard_file_name(k + 1, n));
+}
+
+WeightsWriter::~WeightsWriter() = default;
+
+void WeightsWriter::write_tensor(const float* data, int64_t count) {
+  if (next_ >= tensors_.size()) fail(dir_, ": a tensor more than the ", tensors_.size(), " declared");
+  const TensorDecl& t = tensors_[next_];
+  if (count != t.numel()) fail(dir_, ": tensor ", t.name, " came with ", count, " elements, not ", t.numel());
+  if (!writer_) {
+    std::vector<TensorDecl> decls;
+    for (size_t i : files_[file_]) decls.push_back(tensors_[i]);
+    writer_ = std::make_unique<SafetensorsWriter>((fs::path(dir_) / names_[file_]).string(), std::move(decls));
+  }
+  writer_->write(data, count);
+  ++next_;
+  if (next_ == files_[file_].back() + 1) {  // the file is complete
+    writer_->close();
+    writer_.reset();
+    ++file_;
+  }
+}
+
+std::vector<std::string> WeightsWriter::close() {
+  if (next_ < tensors_.size()) fail(dir_, ": tensor ", tensors_[next_].name, " was not written");
+  if (files_.size() > 1) {
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    int64_t total = 0;
+    for (size_t k = 0; k < files_.size(); ++k)
+      for (size_t i : files_[k]) {
+        weight_map[tensors_[i].name] = names_[k];
+        total += tensors_[i].bytes();
+      }
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = weight_map;
+    write_text(fs::path(dir_) / kIndexFile, index.dump(2) + "\n");
+    names_.push_back(kIndexFile);
+  }
+  return names_;
+}
+
+void write_config(const std::string& dir, const model::LlamaConfig& config, DType dtype, int64_t bos_id,
+                  int64_t eos_id) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(model::config_to_json(config));
+  j["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
+  j["rope_scaling"] = nullptr;
+  if (bos_id >= 0) j["bos_token_id"] = bos_id;
+  if (eos_id >= 0) j["eos_token_id"] = eos_id;
+  write_text(fs::path(dir) / kConfigFile, j.dump(2) + "\n");
 }
 
 }  // namespace amsp::hf

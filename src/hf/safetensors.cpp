@@ -18,13 +18,6 @@ namespace {
 // refuses anything above 100 MB.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 float f16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
@@ -46,10 +39,19 @@ float f16_to_float(uint16_t h) {
 }
 
 DType parse_dtype(const std::string& s, const std::string& where) {
-  if (s == "F32") return DType::kF32;
-  if (s == "BF16") return DType::kBF16;
-  if (s == "F16") return DType::kF16;
+  if (const auto d = parse_dtype_name(s)) return *d;
   fail_usage(where, ": dtype ", s, " is not supported; expected F32, BF16 or F16");
+}
+
+void write_all(int fd, const void* buf, uint64_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t put = ::write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) fail(path, ": write failed: ", put < 0 ? std::strerror(errno) : "no progress");
+    p += put;
+    n -= static_cast<uint64_t>(put);
+  }
 }
 
 void read_exact(int fd, void* buf, uint64_t n, uint64_t offset, const std::string& path) {
@@ -105,6 +107,28 @@ const char* dtype_name(DType dtype) {
 }
 
 int64_t dtype_bytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+std::optional<DType> parse_dtype_name(const std::string& name) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
+    if (name == dtype_name(d)) return d;
+  return std::nullopt;
+}
+
+float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
+  // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit.
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -178,6 +202,93 @@ void SafetensorsFile::read(const std::string& name, int64_t first, int64_t count
   for (int64_t i = 0; i < count; ++i)
     out[i] = t.dtype == DType::kBF16 ? bf16_to_float(half[static_cast<size_t>(i)])
                                      : f16_to_float(half[static_cast<size_t>(i)]);
+}
+
+// ------------------------------------------------------------------ writing
+
+int64_t TensorDecl::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string safetensors_header(const std::vector<TensorDecl>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               std::vector<int64_t>* data_offsets) {
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  meta["format"] = "pt";
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  nlohmann::ordered_json j;
+  j["__metadata__"] = meta;
+  int64_t offset = 0;
+  if (data_offsets) data_offsets->clear();
+  for (const auto& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__" || j.contains(t.name))
+      fail("safetensors: tensor name \"", t.name, "\" is empty, reserved or repeated");
+    if (data_offsets) data_offsets->push_back(offset);
+    j[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
+  }
+  std::string header = j.dump();
+  // The data section starts 8-byte aligned: pad the JSON with spaces.
+  header.append((8 - (8 + header.size()) % 8) % 8, ' ');
+  return header;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorDecl> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tensors_(std::move(tensors)) {
+  for (const auto& t : tensors_)
+    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16)
+      fail(path, ": tensor ", t.name, ": writing ", dtype_name(t.dtype), " is not supported (F32 or BF16)");
+  const std::string header = safetensors_header(tensors_, metadata);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path, ": cannot create: ", std::strerror(errno));
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((header.size() >> (8 * i)) & 0xff);
+  write_all(fd_, len, 8, path_);
+  write_all(fd_, header.data(), header.size(), path_);
+  while (current_ < tensors_.size() && tensors_[current_].numel() == 0) ++current_;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(const float* data, int64_t count) {
+  while (count > 0) {
+    if (current_ >= tensors_.size())
+      fail(path_, ": ", count, " elements more than the ", tensors_.size(), " declared tensors hold");
+    const TensorDecl& t = tensors_[current_];
+    const int64_t n = std::min(count, t.numel() - written_);
+    if (t.dtype == DType::kF32) {
+      write_all(fd_, data, static_cast<uint64_t>(n) * 4, path_);
+    } else {  // BF16: the constructor allows nothing else
+      buffer_.resize(static_cast<size_t>(n) * 2);
+      auto* out = reinterpret_cast<uint16_t*>(buffer_.data());
+      for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(data[i]);
+      write_all(fd_, buffer_.data(), buffer_.size(), path_);
+    }
+    data += n;
+    count -= n;
+    written_ += n;
+    if (written_ == t.numel()) {
+      written_ = 0;
+      ++current_;
+      while (current_ < tensors_.size() && tensors_[current_].numel() == 0) ++current_;
+    }
+  }
+}
+
+void SafetensorsWriter::close() {
+  if (fd_ < 0) return;
+  if (current_ < tensors_.size())
+    fail(path_, ": tensor ", tensors_[current_].name, " has ", written_, " of its ", tensors_[current_].numel(),
+         " elements written");
+  if (::fsync(fd_) != 0) fail(path_, ": fsync failed: ", std::strerror(errno));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail(path_, ": close failed: ", std::strerror(errno));
 }
 
 }  // namespace amsp::hf

@@ -1,4 +1,4 @@
-// Reading safetensors files: Hugging Face's format for model weights.
+// Reading and writing safetensors files: Hugging Face's format for model weights.
 //
 // A file is an 8-byte little-endian header length N, N bytes of JSON naming each
 // tensor's dtype, shape and [begin, end) byte range in the data that follows, then
@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,14 @@ enum class DType { kF32, kBF16, kF16 };
 
 const char* dtype_name(DType dtype);  // "F32", "BF16", "F16"
 int64_t dtype_bytes(DType dtype);
+// "F32" -> kF32 ...; nullopt for a dtype this module does not handle.
+std::optional<DType> parse_dtype_name(const std::string& name);
+
+// bf16 <-> fp32. Widening is exact; narrowing rounds to nearest even (as
+// PyTorch's .to(torch.bfloat16)), keeps infinities and makes NaN a quiet NaN,
+// so a bf16 value widened and narrowed again is the same bits.
+float bf16_to_float(uint16_t h);
+uint16_t float_to_bf16(float f);
 
 struct TensorInfo {
   DType dtype = DType::kF32;
@@ -51,6 +60,53 @@ class SafetensorsFile {
   int fd_ = -1;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
+};
+
+// Writing: the tensors and their order are declared up front, so the header
+// (and every offset) is written first and the data streams after it, one
+// tensor at a time, converted from fp32 to the tensor's dtype. The layout is
+// the one SafetensorsFile reads: tensors back to back in the order given, the
+// header padded with spaces so that the data starts at a multiple of 8 bytes
+// (as the reference implementation does), metadata {"format": "pt"} plus any
+// given (transformers refuses a file without it).
+struct TensorDecl {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+  int64_t bytes() const { return numel() * dtype_bytes(dtype); }
+};
+
+// The header text for these tensors (padded; without the 8-byte length) and
+// each tensor's byte offset in the data section. Pure: what the writer writes.
+std::string safetensors_header(const std::vector<TensorDecl>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               std::vector<int64_t>* data_offsets = nullptr);
+
+class SafetensorsWriter {
+ public:
+  // Creates (truncates) path and writes the header. Names must be unique.
+  SafetensorsWriter(const std::string& path, std::vector<TensorDecl> tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next count elements of the current tensor, row-major, in declaration
+  // order; a tensor may come in several pieces. Error if more elements come
+  // than declared or the disk refuses them.
+  void write(const float* data, int64_t count);
+  // Checks that every declared element was written, fsyncs and closes. Error
+  // naming the first tensor short of its elements.
+  void close();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::vector<TensorDecl> tensors_;
+  size_t current_ = 0;       // tensor being written
+  int64_t written_ = 0;      // elements of it written so far
+  std::vector<char> buffer_;
 };
 
 }  // namespace amsp::hf

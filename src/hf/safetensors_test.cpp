@@ -7,6 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -110,6 +113,117 @@ TEST(SafetensorsTest, ReadOutsideTheTensorFails) {
   float out[3];
   EXPECT_THROW(f.read("w", 1, 2, out), Error);
   EXPECT_THROW(f.read("missing", 0, 1, out), UsageError);
+}
+
+// ------------------------------------------------------------------ writing
+
+std::string temp_path(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("amsp-st-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+TEST(SafetensorsWriterTest, HeaderOffsetsAlignmentAndDtypesReadBack) {
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 1e-30f, -7.0f};  // [2, 3] F32
+  const std::vector<float> b = {1.0f, -2.5f, 3.0f};                          // [3] BF16, exact
+  const std::vector<float> c = {0.25f};                                       // [1] F32 after a 6-byte tensor
+  const std::string path = temp_path("written.safetensors");
+  {
+    SafetensorsWriter w(path, {{"a", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}, {"c", DType::kF32, {1}}},
+                        {{"source", "test"}});
+    w.write(a.data(), 2);  // a tensor may come in pieces
+    w.write(a.data() + 2, 4);
+    w.write(b.data(), 3);
+    w.write(c.data(), 1);
+    w.close();
+  }
+  const std::string bytes = file_bytes(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  EXPECT_EQ((8 + n) % 8, 0u) << "data section not 8-byte aligned";
+  EXPECT_EQ(bytes.size(), 8 + n + 24 + 6 + 4);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  EXPECT_EQ(header["__metadata__"]["source"], "test");
+  EXPECT_EQ(header["a"]["dtype"], "F32");
+  EXPECT_EQ(header["a"]["shape"], nlohmann::json::array({2, 3}));
+  EXPECT_EQ(header["a"]["data_offsets"], nlohmann::json::array({0, 24}));
+  EXPECT_EQ(header["b"]["dtype"], "BF16");
+  EXPECT_EQ(header["b"]["data_offsets"], nlohmann::json::array({24, 30}));
+  EXPECT_EQ(header["c"]["data_offsets"], nlohmann::json::array({30, 34}));
+  // Declaration order is file order.
+  EXPECT_LT(bytes.find("\"a\""), bytes.find("\"b\""));
+  EXPECT_LT(bytes.find("\"b\""), bytes.find("\"c\""));
+
+  SafetensorsFile f(path);  // the reader's own checks pass
+  EXPECT_EQ(f.tensors().at("b").dtype, DType::kBF16);
+  EXPECT_EQ(f.tensors().at("a").begin, static_cast<int64_t>(8 + n));
+  std::vector<float> ra(6), rb(3), rc(1);
+  f.read("a", 0, 6, ra.data());
+  f.read("b", 0, 3, rb.data());
+  f.read("c", 0, 1, rc.data());
+  EXPECT_EQ(std::memcmp(ra.data(), a.data(), 24), 0);
+  EXPECT_EQ(rb, b);
+  EXPECT_EQ(rc, c);
+  // safetensors_header says the same offsets.
+  std::vector<int64_t> offsets;
+  EXPECT_EQ(safetensors_header({{"a", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}, {"c", DType::kF32, {1}}},
+                               {{"source", "test"}}, &offsets),
+            bytes.substr(8, n));
+  EXPECT_EQ(offsets, (std::vector<int64_t>{0, 24, 30}));
+}
+
+TEST(SafetensorsWriterTest, Bf16RoundsToNearestEvenAndRoundTrips) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(float_of(0x3f808000u)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(float_to_bf16(float_of(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(float_to_bf16(float_of(0x3f808001u)), 0x3f81);  // above the tie
+  EXPECT_EQ(float_to_bf16(float_of(0x3f807fffu)), 0x3f80);  // below the tie
+  EXPECT_EQ(float_to_bf16(float_of(0x7f7fffffu)), 0x7f80);  // max float rounds to inf
+  EXPECT_EQ(float_to_bf16(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(float_to_bf16(-0.0f), 0x8000);
+  const uint16_t nan = float_to_bf16(float_of(0x7f800001u));  // a signalling NaN whose payload is low
+  EXPECT_TRUE(std::isnan(bf16_to_float(nan)));
+  // Every bf16 value but NaN survives widening and narrowing bit for bit.
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float f = bf16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16(f), h) << std::hex << h;
+  }
+  EXPECT_EQ(bits_of(bf16_to_float(0xc020)), bits_of(-2.5f));
+}
+
+TEST(SafetensorsWriterTest, WrongElementCountsAreErrors) {
+  const float x[4] = {1, 2, 3, 4};
+  {
+    SafetensorsWriter w(temp_path("short.safetensors"), {{"a", DType::kF32, {4}}});
+    w.write(x, 3);
+    EXPECT_THROW(w.close(), Error);
+  }
+  {
+    SafetensorsWriter w(temp_path("long.safetensors"), {{"a", DType::kF32, {2}}});
+    EXPECT_THROW(w.write(x, 3), Error);
+  }
+  EXPECT_THROW(SafetensorsWriter(temp_path("dup.safetensors"), {{"a", DType::kF32, {1}}, {"a", DType::kF32, {1}}}),
+               Error);
+  EXPECT_THROW(SafetensorsWriter(temp_path("f16.safetensors"), {{"a", DType::kF16, {1}}}), Error);
 }
 
 }  // namespace

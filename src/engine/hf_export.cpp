@@ -1,0 +1,180 @@
+#include "engine/hf_export.h"
+
+#include <sentencepiece_processor.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "ckpt/checkpoint.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "hf/model_dir.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace amsp::engine {
+namespace fs = std::filesystem;
+namespace {
+
+// The tokenizer files to write, or why there are none.
+struct TokenizerFiles {
+  std::string model;  // SentencePiece proto; empty: none
+  std::string config_json, special_tokens_json;
+  int64_t bos_id = -1, eos_id = -1;
+  std::string note;
+};
+
+TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions) {
+  TokenizerFiles out;
+  nlohmann::json opts;
+  try {
+    opts = nlohmann::json::parse(meta.options_json);
+  } catch (const std::exception&) {
+    out.note = "the checkpoint's run options are not JSON";
+    return out;
+  }
+  const std::string data = opts.value("data", "");
+  std::string kind;
+  if (opts.contains("data_fingerprint") && opts["data_fingerprint"].is_object())
+    kind = opts["data_fingerprint"].value("tokenizer", "");
+  if (kind == "byte") {
+    out.note = "the run's dataset " + data +
+               " uses amsp's byte-level tokenizer (id = byte value), which has no Hugging Face counterpart";
+    return out;
+  }
+  if (kind != "sentencepiece") {
+    out.note = "the checkpoint does not say which tokenizer its run used";
+    return out;
+  }
+  std::unique_ptr<data::Tokenizer> tok;
+  try {
+    if (data.empty() || !fs::is_regular_file(data)) throw UsageError("no such file");
+    tok = data::dataset_tokenizer(data);
+  } catch (const Error& e) {
+    out.note = "the run's SentencePiece tokenizer was stored in its dataset " + data + ", which cannot be read here (" +
+               e.what() + ")";
+    return out;
+  }
+  const int64_t vocab = opts["data_fingerprint"].value("vocab_size", int64_t{-1});
+  if (tok->kind() != "sentencepiece" || tok->vocab_size() != vocab) {
+    out.note = cat("the dataset ", data, " now holds a ", tok->kind(), " tokenizer of ", tok->vocab_size(),
+                   " ids, not the run's sentencepiece one of ", vocab);
+    return out;
+  }
+  sentencepiece::SentencePieceProcessor sp;
+  out.model = tok->serialized_model();
+  if (!sp.LoadFromSerializedProto(out.model).ok()) {
+    out.model.clear();
+    out.note = "the SentencePiece model stored in " + data + " does not load";
+    return out;
+  }
+  auto piece = [&](int id) -> nlohmann::ordered_json {
+    return id >= 0 && id < sp.GetPieceSize() ? nlohmann::ordered_json(sp.IdToPiece(id)) : nlohmann::ordered_json();
+  };
+  out.bos_id = sp.bos_id();
+  out.eos_id = sp.eos_id();
+  nlohmann::ordered_json special = {{"bos_token", piece(sp.bos_id())},
+                                    {"eos_token", piece(sp.eos_id())},
+                                    {"unk_token", piece(sp.unk_id())}};
+  if (sp.pad_id() >= 0) special["pad_token"] = piece(sp.pad_id());
+  nlohmann::ordered_json config = {{"tokenizer_class", "LlamaTokenizer"},
+                                   {"add_bos_token", true},
+                                   {"add_eos_token", false},
+                                   {"legacy", true},
+                                   {"model_max_length", max_positions},
+                                   {"clean_up_tokenization_spaces", false}};
+  for (const auto& [k, v] : special.items()) config[k] = v;
+  out.config_json = config.dump(2) + "\n";
+  out.special_tokens_json = special.dump(2) + "\n";
+  out.note = "tokenizer.model (SentencePiece, from the run's dataset " + data + ")";
+  return out;
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) fail(path.string(), ": write failed");
+}
+
+bool empty_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && fs::directory_iterator(p, ec) == fs::directory_iterator();
+}
+
+// A fresh directory beside `target`, named target.tmp-XXXXXX.
+fs::path make_temporary(const fs::path& target) {
+  std::string templ = target.string() + ".tmp-XXXXXX";
+  if (!::mkdtemp(templ.data()))
+    fail_usage("--output ", target.string(), ": cannot create a directory beside it (", std::strerror(errno), ")");
+  return templ;
+}
+
+}  // namespace
+
+ExportReport export_hf(const ExportOptions& o) {
+  if (o.dtype != hf::DType::kF32 && o.dtype != hf::DType::kBF16)
+    fail_usage("--dtype ", hf::dtype_name(o.dtype), ": expected fp32 or bf16");
+  if (!fs::is_regular_file(o.checkpoint)) fail_usage("--checkpoint ", o.checkpoint, ": no such file");
+  fs::path target = fs::path(o.output).lexically_normal();
+  if (target.has_filename() == false) target = target.parent_path();  // "dir/" -> "dir"
+  if (target.empty()) fail_usage("--output: expected a directory path");
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(target, ec));
+  if (exists && !empty_dir(target) && !o.force)
+    fail_usage("--output ", target.string(), ": exists and is not empty; give --force to replace it");
+  // The file's structure in a child process first: a damaged file must not crash this one.
+  if (const std::string problem = ckpt::check_in_child(o.checkpoint, /*data=*/false); !problem.empty())
+    fail_usage("checkpoint ", o.checkpoint, ": ", problem);
+  const ckpt::Metadata meta = ckpt::read_metadata(o.checkpoint);
+  model::LlamaConfig config = model::config_from_json(meta.model_json, "checkpoint " + o.checkpoint);
+  config.validate();
+  const auto units = model::build_layout(config);
+  const TokenizerFiles tok = find_tokenizer(meta, config.max_position_embeddings);
+
+  ExportReport report;
+  report.step = meta.step;
+  report.tokenizer = tok.note;
+  report.tokenizer_written = !tok.model.empty();
+  std::vector<hf::TensorDecl> decls;
+  for (const auto& u : units)
+    for (const auto& t : u.tensors) {
+      decls.push_back({t.name, o.dtype, t.shape});
+      report.weight_bytes += decls.back().bytes();
+    }
+
+  if (!target.parent_path().empty()) fs::create_directories(target.parent_path(), ec);
+  const fs::path tmp = make_temporary(target);
+  try {
+    hf::write_config(tmp.string(), config, o.dtype, tok.bos_id, tok.eos_id);
+    report.files.push_back(hf::kConfigFile);
+    if (report.tokenizer_written) {
+      write_file(tmp / "tokenizer.model", tok.model);
+      write_file(tmp / "tokenizer_config.json", tok.config_json);
+      write_file(tmp / "special_tokens_map.json", tok.special_tokens_json);
+      for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
+        report.files.push_back(f);
+    }
+    hf::WeightsWriter weights(tmp.string(), decls, o.max_shard_bytes);
+    ckpt::read_parameters(o.checkpoint, units, [&](const model::TensorSpec&, std::vector<float>& data) {
+      weights.write_tensor(data.data(), static_cast<int64_t>(data.size()));
+    });
+    for (const auto& f : weights.close()) report.files.push_back(f);
+    // What --init-from will make of it: the headers against the layout.
+    hf::ModelDir(tmp.string()).check(units);
+    if (exists) fs::remove_all(target);
+    fs::rename(tmp, target);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return report;
+}
+
+}  // namespace amsp::engine

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""`amsp export --format hf` checked against Hugging Face transformers.
+
+1. Trained weights: a tiny model trains 30 steps on 2 ranks with a sharded plan
+   (zero3) and writes a checkpoint (after only 3 steps attention is still so nearly
+   uniform that a transposed q_proj moved the loss by 2e-7: the loss check below
+   needs trained weights to bite); `amsp export` writes it as a Hugging Face
+   directory, once in one model.safetensors and once in shards with an index.
+   - every exported tensor equals the checkpoint's dataset of that name (read with
+     h5py), bit for bit: names, shapes and layout are the ones --init-from reads;
+   - transformers' LlamaForCausalLM.from_pretrained loads both directories, with
+     neither missing nor unexpected keys, and the sharded one holds the same tensors;
+   - the loss transformers computes on the validation windows that `amsp eval`
+     evaluates (consecutive windows of SEQ + 1 tokens) equals the loss `amsp eval`
+     prints, within 1e-5 relative (amsp eval reports a loss, not logits).
+2. Round trip HF -> amsp -> HF, bit-exact: transformers writes a random tiny
+   LlamaConfig (grouped-query attention, a vocabulary other than the data's) in fp32
+   and in bf16 (the bf16 one in shards); `amsp train --init-from DIR --steps 0
+   --checkpoint-dir C` on 2 ranks (zero3) saves the weights as the checkpoint of step 0;
+   `amsp export --dtype` of the same dtype must give every tensor's bytes, dtype and
+   shape exactly as transformers wrote them.
+3. Continuing: `--init-from` the export trains on with the same first-step loss as
+   resuming the checkpoint. The training windows depend on (seed, step), so both runs
+   train on a dataset whose train split is a single window of SEQ + 1 tokens: every
+   step of either run sees exactly those tokens, and the first step's loss (taken
+   before the update) depends on the weights alone. Equal bit for bit.
+4. Bad input: a missing checkpoint, a damaged one, an output directory that is not
+   empty (without --force), an unknown --format: exit 2 with one line on stderr, and
+   no output or temporary directory left behind. --force replaces the directory.
+
+Usage (the python of validation/setup-python.sh):
+  PY=$(validation/setup-python.sh)
+  $PY validation/hf_export_test.py --amsp build/amsp --data build/test-work/corpus.h5 \\
+      --workdir /tmp/hfx [--mpiexec mpiexec]
+Ends with "N passed, M failed"; exit 1 on any failure.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
+
+SEQ = 32
+TOL = 1e-5
+TRAIN_STEPS = 30
+EVAL_WINDOWS = 8
+# The round trip's model: not a preset; kv heads < heads; vocabulary above the data's 256.
+RT_CONFIG = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=300, max_position_embeddings=128, rms_norm_eps=1e-5,
+                 rope_theta=10000.0, tie_word_embeddings=False)
+
+results = []
+
+
+def record(name, ok, detail=""):
+    results.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'}  {name}{'  ' + detail if detail else ''}", flush=True)
+
+
+def run(cmd, expect=0, timeout=600):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if expect is not None and p.returncode != expect:
+        raise RuntimeError(f"exit {p.returncode} (expected {expect}): {' '.join(cmd)}\n"
+                           f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p
+
+
+def mpi(args, ranks):
+    return [args.mpiexec, "-n", str(ranks)] if ranks > 1 else []
+
+
+def train_cmd(args, data, steps, extra):
+    return mpi(args, 2) + [args.amsp, "train", "--data", data, "--steps", str(steps), "--seq-len", str(SEQ),
+                           "--batch-size", "2", "--shard", "zero3", "--lr", "3e-3", "--warmup-steps", str(min(1, steps)),
+                           "--eval-every", "0", "--eval-windows", "1", "--threads", "1",
+                           "--peak-tflops", "1"] + extra
+
+
+def metrics(path):
+    return {r["step"]: r for r in (json.loads(l) for l in open(path) if l.strip()) if "loss" in r}
+
+
+def read_safetensors_dir(d):
+    """{name: (dtype, shape, raw bytes)} from a model directory's safetensors files, parsed
+    here from the bytes (not through the safetensors library), plus the file names."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
+        else ["model.safetensors"]
+    out = {}
+    for f in files:
+        raw = open(os.path.join(d, f), "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        header.pop("__metadata__", None)
+        for name, t in header.items():
+            b, e = t["data_offsets"]
+            out[name] = (t["dtype"], tuple(t["shape"]), raw[8 + n + b:8 + n + e])
+    return out, files
+
+
+def export(args, ckpt, out, *extra, expect=0):
+    return run([args.amsp, "export", "--checkpoint", ckpt, "--format", "hf", "--output", out, *extra],
+               expect=expect)
+
+
+def leftovers(path):
+    return [p for p in glob.glob(path + "*") if p != path]
+
+
+# ---------------------------------------------------------------- 1. trained weights
+
+def part_trained(args):
+    w = os.path.join(args.workdir, "trained")
+    os.makedirs(w, exist_ok=True)
+    ckdir = os.path.join(w, "ckpt")
+    run(train_cmd(args, args.data, TRAIN_STEPS, ["--model", "tiny", "--checkpoint-dir", ckdir,
+                                                 "--metrics", os.path.join(w, "metrics.jsonl")]))
+    ckpt = os.path.join(ckdir, f"step-{TRAIN_STEPS:08d}.h5")
+    one, sharded = os.path.join(w, "hf"), os.path.join(w, "hf-sharded")
+    p = export(args, ckpt, one)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    record("byte tokenizer: one stderr line, no tokenizer files",
+           len(lines) == 1 and "no tokenizer" in lines[0] and not glob.glob(os.path.join(one, "tokenizer*")),
+           lines[0] if lines else "(no line)")
+    export(args, ckpt, sharded, "--max-shard-size", "300KB")
+    tensors, files = read_safetensors_dir(one)
+    stensors, sfiles = read_safetensors_dir(sharded)
+    record("one file below the limit, shards above it", files == ["model.safetensors"] and len(sfiles) > 2,
+           f"{len(sfiles)} shards of <= 300KB")
+    record("sharded export holds the same tensors", tensors == stensors)
+
+    # Every tensor against the checkpoint's dataset of that name, bit for bit.
+    bad = []
+    with h5py.File(ckpt, "r") as h:
+        names = set()
+        for key in h["model"]:
+            hf = key if key == "lm_head.weight" else "model." + key
+            names.add(hf)
+            ref = h["model"][key][...]
+            dtype, shape, raw = tensors.get(hf, (None, None, b""))
+            if dtype != "F32" or shape != ref.shape or raw != ref.astype("<f4").tobytes():
+                bad.append(hf)
+    record("export = checkpoint, every tensor bit for bit", not bad and names == set(tensors),
+           f"{len(tensors)} tensors" + (f"; differ: {bad[:3]}" if bad else ""))
+
+    # transformers loads it, nothing missing or unexpected; the sharded one alike.
+    model, info = LlamaForCausalLM.from_pretrained(one, torch_dtype=torch.float32, attn_implementation="eager",
+                                                   output_loading_info=True)
+    smodel = LlamaForCausalLM.from_pretrained(sharded, torch_dtype=torch.float32, attn_implementation="eager")
+    missing = info["missing_keys"] + info["unexpected_keys"] + info["mismatched_keys"]
+    same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), smodel.state_dict().values()))
+    record("from_pretrained loads it (and the shards)", not missing and same, f"missing/unexpected: {missing}")
+
+    # The loss on amsp eval's windows.
+    p = run(mpi(args, 2) + [args.amsp, "eval", "--checkpoint", ckpt, "--data", args.data, "--seq-len", str(SEQ),
+                            "--batch-size", "4", "--windows", str(EVAL_WINDOWS), "--threads", "1"])
+    amsp_loss = float(p.stdout.split(" loss ")[1].split()[0])
+    with h5py.File(args.data, "r") as d:
+        valid = d["valid/tokens"][...].astype(np.int64)
+    windows = torch.tensor(np.stack([valid[i * SEQ:i * SEQ + SEQ + 1] for i in range(EVAL_WINDOWS)]))
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=windows[:, :-1]).logits
+        hf_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), windows[:, 1:].reshape(-1)).item()
+    r = abs(amsp_loss - hf_loss) / abs(hf_loss)
+    record("transformers' loss = amsp eval's", r <= TOL,
+           f"amsp {amsp_loss:.6f}, transformers {hf_loss:.6f}, relative {r:.1e} (<= {TOL:g})")
+    return ckpt, one
+
+
+# ---------------------------------------------------------------- 2. round trip
+
+def part_round_trip(args):
+    for dtype, tdtype, shard in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, "100KB")):
+        w = os.path.join(args.workdir, "roundtrip-" + dtype)
+        shutil.rmtree(w, ignore_errors=True)
+        src, ckdir, out = (os.path.join(w, x) for x in ("hf-in", "ckpt", "hf-out"))
+        torch.manual_seed(7)
+        config = LlamaConfig(**RT_CONFIG, attn_implementation="eager", torch_dtype="float32")
+        m = LlamaForCausalLM(config)
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        m.to(tdtype).save_pretrained(src, safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
+        run(train_cmd(args, args.data, 0, ["--init-from", src, "--checkpoint-dir", ckdir]))
+        ckpts = sorted(glob.glob(os.path.join(ckdir, "step-*.h5")))
+        record(f"{dtype}: --steps 0 saves the checkpoint of step 0",
+               [os.path.basename(c) for c in ckpts] == ["step-00000000.h5"], str(ckpts))
+        export(args, ckpts[0], out, "--dtype", dtype, *(["--max-shard-size", shard] if shard else []))
+        a, afiles = read_safetensors_dir(src)
+        b, bfiles = read_safetensors_dir(out)
+        differ = [n for n in a if a[n] != b.get(n)]
+        nbytes = sum(len(t[2]) for t in a.values())
+        record(f"{dtype}: HF -> amsp -> HF bit-exact",
+               not differ and set(a) == set(b),
+               f"{len(a)} tensors, {nbytes} bytes, {len(afiles)} -> {len(bfiles)} file(s)"
+               + (f"; differ: {differ[:3]}" if differ else "")
+               + (f"; names differ: {sorted(set(a) ^ set(b))[:3]}" if set(a) != set(b) else ""))
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        record(f"{dtype}: config.json", all(cfg[k] == v for k, v in RT_CONFIG.items())
+               and cfg["torch_dtype"] == ("float32" if dtype == "fp32" else "bfloat16")
+               and cfg["architectures"] == ["LlamaForCausalLM"])
+
+
+# ---------------------------------------------------------------- 3. continuing
+
+def part_continue(args, ckpt, exported):
+    w = os.path.join(args.workdir, "continue")
+    shutil.rmtree(w, ignore_errors=True)
+    os.makedirs(w)
+    text = os.path.join(w, "one-window.txt")
+    with open(text, "wb") as f:
+        # SEQ printable ASCII bytes; prepare ends the document with one more token.
+        f.write(bytes((i * 37 + 11) % 95 + 32 for i in range(SEQ)))
+    one = os.path.join(w, "one-window.h5")
+    run([args.amsp, "data", "prepare", "--input", text, "--output", one, "--valid-fraction", "0"])
+    with h5py.File(one, "r") as d:
+        assert d["train/tokens"].shape[0] == SEQ + 1, d["train/tokens"].shape
+    resumed, fresh = os.path.join(w, "resumed.jsonl"), os.path.join(w, "init-from.jsonl")
+    run(train_cmd(args, one, TRAIN_STEPS + 1, ["--model", "tiny", "--resume", ckpt, "--force-resume",
+                                               "--metrics", resumed]))
+    run(train_cmd(args, one, 1, ["--init-from", exported, "--metrics", fresh]))
+    a, b = metrics(resumed)[TRAIN_STEPS + 1]["loss"], metrics(fresh)[1]["loss"]
+    record("--init-from the export: first step's loss = resuming the checkpoint", a == b,
+           f"resumed step {TRAIN_STEPS + 1}: {a!r}, --init-from step 1: {b!r}")
+
+
+# ---------------------------------------------------------------- 4. bad input
+
+def part_bad_input(args, ckpt):
+    w = os.path.join(args.workdir, "bad")
+    shutil.rmtree(w, ignore_errors=True)
+    os.makedirs(w)
+    out = os.path.join(w, "out")
+
+    def refused(name, p, path=out):
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        ok = p.returncode == 2 and len(lines) == 1 and not leftovers(path)
+        record(name, ok, lines[0] if len(lines) == 1 else f"exit {p.returncode}, {len(lines)} lines")
+        return ok
+
+    refused("missing checkpoint: exit 2, one line", export(args, os.path.join(w, "nope.h5"), out, expect=None))
+    refused("unknown --format: exit 2, one line",
+            run([args.amsp, "export", "--checkpoint", ckpt, "--format", "gguf", "--output", out], expect=None))
+    # Damage inside the data (a parameter's bytes): only the checksums can tell.
+    damaged = os.path.join(w, "damaged.h5")
+    shutil.copy(ckpt, damaged)
+    with h5py.File(ckpt, "r") as h:
+        offset = h["model/layers.1.mlp.up_proj.weight"].id.get_offset()
+    with open(damaged, "r+b") as f:
+        f.seek(offset + 100)
+        byte = f.read(1)
+        f.seek(offset + 100)
+        f.write(bytes([byte[0] ^ 0x40]))
+    p = export(args, damaged, out, expect=None)
+    refused("damaged data: exit 2, one line, nothing left", p)
+    record("damaged data: the dataset is named", "layers.1.mlp.up_proj.weight" in p.stderr, p.stderr.strip())
+    # Damage in the file's structure (truncated).
+    truncated = os.path.join(w, "truncated.h5")
+    with open(ckpt, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read(4096))
+    refused("truncated checkpoint: exit 2, one line, nothing left", export(args, truncated, out, expect=None))
+    # An output directory that is not empty.
+    os.makedirs(out)
+    with open(os.path.join(out, "keep.txt"), "w") as f:
+        f.write("mine\n")
+    refused("non-empty output: exit 2, one line, left alone", export(args, ckpt, out, expect=None))
+    record("non-empty output: its file untouched", open(os.path.join(out, "keep.txt")).read() == "mine\n")
+    export(args, ckpt, out, "--force")
+    record("--force replaces it", not os.path.exists(os.path.join(out, "keep.txt"))
+           and os.path.exists(os.path.join(out, "model.safetensors")) and not leftovers(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    args = ap.parse_args()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    os.makedirs(args.workdir)
+    torch.set_num_threads(1)
+    ckpt, exported = part_trained(args)
+    part_round_trip(args)
+    part_continue(args, ckpt, exported)
+    part_bad_input(args, ckpt)
+    passed = sum(results)
+    print(f"{passed} passed, {len(results) - passed} failed")
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
