@@ -31,6 +31,7 @@ struct TrainArgs {
   std::string memory;
   bool no_overlap = false;
   std::string checkpoint_io;
+  std::string checkpoint_mode;
 };
 
 // The option table; parse_command stores the values given into `a`.
@@ -114,6 +115,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("checkpoint-io", po::value<std::string>(&a.checkpoint_io)->default_value("independent")->value_name("MODE"),
            "how ranks write their shards: independent (default) or collective (MPI-IO two-phase "
            "buffering, for parallel file systems; doc/checkpoints.md)")
+      ("checkpoint-mode", po::value<std::string>(&a.checkpoint_mode)->default_value("background")->value_name("MODE"),
+           "background (default): copy the shards to host memory at the step boundary and write "
+           "the file while the next steps train; sync: training waits for the write")
       ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
            "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
       ("run-info", po::value<std::string>(&o.run_info_path)->value_name("FILE"),
@@ -213,6 +217,9 @@ void set_run_options(TrainArgs& a) {
   o.overlap = !a.no_overlap;
   require(o.checkpoint_every >= 0, "checkpoint-every", o.checkpoint_every, "an integer >= 0");
   o.checkpoint_io = ckpt::parse_transfer(a.checkpoint_io, "--checkpoint-io");
+  if (a.checkpoint_mode != "sync" && a.checkpoint_mode != "background")
+    fail_usage("--checkpoint-mode ", a.checkpoint_mode, ": expected sync or background");
+  o.checkpoint_background = a.checkpoint_mode == "background";
   require(o.keep_last >= 0, "keep-last", o.keep_last, "an integer >= 0");
   if (o.resume == "auto" && o.checkpoint_dir.empty())
     fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");

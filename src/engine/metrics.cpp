@@ -34,6 +34,8 @@ void MetricsSink::step(const StepMetrics& m) {
               width, static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss,
               m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, 100.0 * m.mfu);
   if (!m.comm.empty()) std::printf(" | comm %.2f MB, exposed %.1f ms", sent / 1e6, exposed_ms);
+  if (m.ckpt_stall_ms) std::printf(" | ckpt stall %.1f ms", *m.ckpt_stall_ms);
+  if (m.ckpt_write_ms) std::printf(" | ckpt write %.1f ms", *m.ckpt_write_ms);
   std::printf("\n");
   elapsed_ms_ += m.step_ms;
   if (tty_ && m.step < m.total_steps) {
@@ -80,6 +82,8 @@ void MetricsSink::step(const StepMetrics& m) {
     j["comm_bytes_sent"] = bytes_sent;
     j["comm_in_flight_ms"] = in_flight_ms;
     j["comm_exposed_ms"] = exposed_ms;
+    if (m.ckpt_stall_ms) j["ckpt_stall_ms"] = *m.ckpt_stall_ms;
+    if (m.ckpt_write_ms) j["ckpt_write_ms"] = *m.ckpt_write_ms;
     file_ << j.dump() << "\n";
     file_.flush();
   }

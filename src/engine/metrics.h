@@ -29,6 +29,8 @@ struct StepMetrics {
   int64_t activation_bytes = 0;    // what its model allocated for activations
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
   std::optional<double> val_loss;
+  std::optional<double> ckpt_stall_ms;  // a checkpoint was saved after this step: training blocked
+  std::optional<double> ckpt_write_ms;  // a background write finished since the last step's report
 };
 
 class MetricsSink {

@@ -123,6 +123,7 @@ struct ShardedEngine::Impl {
   // Checkpoint views.
   std::vector<ckpt::StateView> state_views();
   void take_staged_state();
+  void copy_os_states(const std::vector<ckpt::StateView>& dst);
 };
 
 ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s,
@@ -494,6 +495,17 @@ void ShardedEngine::Impl::take_staged_state() {
   staging.shrink_to_fit();
 }
 
+void ShardedEngine::Impl::copy_os_states(const std::vector<ckpt::StateView>& dst) {
+  take_staged_state();
+  for (auto& h : param_update) h.wait();
+  for (int u = 0; u < U; ++u) {
+    const ckpt::StateView& d = dst[static_cast<size_t>(u)];
+    be.to_host(master(u), d.params);
+    be.to_host(st(u).exp_avg.view(), d.exp_avg);
+    be.to_host(st(u).exp_avg_sq.view(), d.exp_avg_sq);
+  }
+}
+
 // --- the public face ------------------------------------------------------------------
 
 ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend& backend,
@@ -603,6 +615,7 @@ std::vector<std::vector<float>> ShardedEngine::full_parameters() {
 }
 
 std::vector<ckpt::StateView> ShardedEngine::state_views() { return impl_->state_views(); }
+void ShardedEngine::copy_os_states(const std::vector<ckpt::StateView>& dst) { impl_->copy_os_states(dst); }
 
 int64_t ShardedEngine::replica_index() const { return impl_->replica; }
 

@@ -99,6 +99,13 @@ class ShardedEngine {
   // master from the OS part and the bf16 parameters rounded from the P range).
   // On a device backend every view is such a host copy, taken back alike.
   std::vector<ckpt::StateView> state_views();
+  // What a checkpoint writes of this rank, copied into host memory the caller
+  // owns through the backend's host copy (a plain copy on the CPU): per unit,
+  // dst[u].params receives the OS range of the parameters (in bf16 the fp32
+  // master) and dst[u].exp_avg, exp_avg_sq the moments, shards()[u].os.size
+  // floats each. Waits for parameter all-gathers in flight first. Unlike
+  // state_views() nothing is staged: the next step has nothing to take back.
+  void copy_os_states(const std::vector<ckpt::StateView>& dst);
   // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
   // holds every OS-shard once and is the one that writes checkpoints.
   int64_t replica_index() const;

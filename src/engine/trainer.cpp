@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "data/dataset.h"
+#include "engine/checkpointer.h"
 #include "engine/evaluate.h"
 #include "engine/hf_init.h"
 #include "engine/metrics.h"
@@ -430,6 +431,7 @@ class Run {
   std::string run_options;
   double flops_per_token = 0;
   std::unique_ptr<ckpt::DirLock> dir_lock;
+  std::unique_ptr<Checkpointer> checkpointer;  // with --checkpoint-dir; before dir_lock is released
   ResumePoint start_point;
   std::unique_ptr<MetricsSink> sink;
   nlohmann::ordered_json info;
@@ -447,7 +449,10 @@ class Run {
   StepMetrics train_step(int64_t step);
   void report(StepMetrics& m, bool eval_now);
   bool stop_requested(int64_t step);
-  void save_checkpoint(int64_t step);
+  bool checkpoint_due(int64_t step, bool stopping) const;
+  double save_checkpoint(int64_t step);
+  void report_written(StepMetrics* m);
+  void finish_checkpoints();
   void write_run_record_end(double seconds);
 };
 
@@ -541,6 +546,9 @@ void Run::start() {
   dir_lock = lock_checkpoint_dir(o, root);
   start_point = resume(o, *engine, run_options, root);
   refuse_other_trajectory(o, start_point, root);
+  if (!o.checkpoint_dir.empty())
+    checkpointer = std::make_unique<Checkpointer>(
+        *engine, CheckpointPlace{o.checkpoint_dir, o.keep_last, o.checkpoint_io}, o.checkpoint_background, root);
   if (root) sink = std::make_unique<MetricsSink>(o.metrics_path, /*append=*/start_point.first_step > 1);
   write_run_record_start();
   if (root && !o.data_order_path.empty()) {
@@ -557,6 +565,8 @@ void Run::start() {
 // What this run is, for job scripts and scaling studies; the result is added at the end.
 void Run::write_run_record_start() {
   if (o.run_info_path.empty()) return;
+  int64_t snapshot_bytes = checkpointer ? checkpointer->snapshot_bytes() : 0;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &snapshot_bytes, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   collectively([&] {
     if (!root) return;
     const auto null_or = [](const std::string& s) {
@@ -587,6 +597,9 @@ void Run::write_run_record_start() {
             {"model_state_bytes", engine->model_state_bytes()},
             {"temporary_bytes", engine->temporary_bytes()},
             {"activation_bytes", engine->activation_bytes()},
+            {"checkpoint_mode", checkpointer ? (checkpointer->background() ? "background" : "sync")
+                                             : nlohmann::ordered_json()},
+            {"ckpt_snapshot_bytes", snapshot_bytes},
             {"resumed_from", null_or(start_point.from)},
             {"first_step", start_point.first_step},
             {"init_from", null_or(o.init_from)},
@@ -610,12 +623,12 @@ void Run::train_steps() {
     }
     StepMetrics m = train_step(step);
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
-    report(m, eval_now);
     result.last_step = step;
     const bool stopping = stop_requested(step);
-    if (!o.checkpoint_dir.empty() &&
-        ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping))
-      save_checkpoint(step);
+    // The save comes before the report, so that the step's line carries its stall.
+    if (checkpoint_due(step, stopping)) m.ckpt_stall_ms = save_checkpoint(step);
+    report_written(&m);
+    report(m, eval_now);
     if (stopping) {
       result.preempted = true;
       if (root) {
@@ -687,8 +700,12 @@ bool Run::stop_requested(int64_t step) {
   return stop > 0 && step < o.steps;
 }
 
-void Run::save_checkpoint(int64_t step) {
-  const auto t0 = Clock::now();
+bool Run::checkpoint_due(int64_t step, bool stopping) const {
+  return checkpointer && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == o.steps || stopping);
+}
+
+// Returns the milliseconds training was blocked.
+double Run::save_checkpoint(int64_t step) {
   ckpt::Metadata meta;
   meta.step = step;
   meta.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
@@ -698,17 +715,30 @@ void Run::save_checkpoint(int64_t step) {
   meta.plan = plan::to_string(pg->mesh.plan());
   meta.topology = topo.describe();
   meta.world_size = world;
-  const std::string path = ckpt::save(o.checkpoint_dir, meta, engine->units(), engine->shards(),
-                                      engine->state_views(), engine->replica_index() == 0,
-                                      o.keep_last, MPI_COMM_WORLD, o.checkpoint_io);
-  if (root) {
-    std::printf("checkpoint: %s (step %lld, %.2f s)\n", path.c_str(), static_cast<long long>(step),
-                seconds_since(t0));
-    std::fflush(stdout);
-  }
+  return checkpointer->save(meta);
+}
+
+// A background write that finished: its time goes in this step's line, and
+// rank 0 names the file now complete.
+void Run::report_written(StepMetrics* m) {
+  const auto done = checkpointer ? checkpointer->take_written() : std::nullopt;
+  if (!done) return;
+  if (m) m->ckpt_write_ms = done->write_ms;
+  if (!root) return;
+  std::printf("checkpoint: %s (step %lld, written in the background in %.2f s)\n", done->path.c_str(),
+              static_cast<long long>(done->step), done->write_ms / 1e3);
+  std::fflush(stdout);
+}
+
+// The end of training, or a stop request: the write in flight completes first.
+void Run::finish_checkpoints() {
+  if (!checkpointer) return;
+  checkpointer->wait();
+  report_written(nullptr);
 }
 
 TrainResult Run::finish() {
+  finish_checkpoints();
   result.val_loss = val_loss;
   if (!o.final_params_path.empty()) {
     const auto params = engine->full_parameters();

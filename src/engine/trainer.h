@@ -53,6 +53,9 @@ struct TrainOptions {
   bool force_resume = false;     // resume even onto another dataset or other model fields
   int keep_last = 0;           // checkpoints kept; 0: all
   ckpt::Transfer checkpoint_io = ckpt::Transfer::kIndependent;  // how shards reach the file
+  // Write checkpoints from a host snapshot on a background thread while training
+  // goes on (engine/checkpointer.h); false: at the step boundary, training waits.
+  bool checkpoint_background = true;
 };
 
 // On SIGUSR1 or SIGTERM every rank finishes the current step, the ranks agree

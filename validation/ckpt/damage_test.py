@@ -57,7 +57,10 @@ def train_cmd(args, ckdir, metrics, steps, resume):
     return [args.amsp, "train", "--model", "tiny", "--data", args.data, "--steps", str(steps),
             "--seq-len", str(SEQ), "--batch-size", "2", "--eval-every", "0", "--eval-windows", "1",
             "--threads", "1", "--peak-tflops", "1", "--shard", "ddp", "--checkpoint-dir", ckdir,
-            "--checkpoint-every", "5", "--resume", resume, "--metrics", metrics]
+            "--checkpoint-every", "5", "--resume", resume, "--metrics", metrics,
+            # The run writing the checkpoints is killed at the start of step 11, which must
+            # find the step-10 file complete: a background write might still be under way.
+            "--checkpoint-mode", "sync"]
 
 
 def run(cmd, deadline, fault=None):

@@ -45,6 +45,14 @@ mpi mode (mpiexec on this machine):
      older file into a directory holding newer checkpoints is refused (exit 2).
   9  a second job on a --checkpoint-dir in use is refused naming the holder's pid; after
      kill -9 of the holder the next job takes the lock over, says so, and releases it.
+  10 background saves (the default; the killed runs of checks 2, 3 and 4 pass
+     --checkpoint-mode sync: their kill points imply which files exist only if a save
+     ends before the next step starts): the
+     same 2-rank run saving sync and background writes files identical by h5diff -r that
+     verify, and bit-identical step records; each saving step reports ckpt_stall_ms and
+     the writes' ckpt_write_ms come in later records; SIGUSR1 raised inside the background
+     write of step 4 (save.data@4,USR1) stops the run (exit 75) after the write in flight
+     and the stop step's save are complete, and --resume auto continues bit for bit.
 
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
 starts on its own ports, 17317 and 17401-17404, and always stops):
@@ -85,6 +93,7 @@ RUN_TIMEOUT = 240     # seconds for one amsp run
 # topology tests' (16917, 17101-17104) and the equivalence test's (17017, 17201-17204).
 CTLD_PORT, NODE_PORT = "17317", "17401"
 COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss")
+SYNC = ("--checkpoint-mode", "sync")
 
 
 class Failure(Exception):
@@ -489,8 +498,10 @@ class Tests:
     def interrupted_at_10(self, tag, ranks, plan, batch, accum, ckdir, nodes=1):
         """Runs until its step-10 checkpoint is written; every rank dies at the start of step 11."""
         shutil.rmtree(ckdir, ignore_errors=True)
+        # Sync: a kill at the start of step 11 must find the step-10 file complete (a
+        # background write may still be under way then).
         job, rc = self.run(tag, ranks, plan, batch, accum, nodes=nodes, ckdir=ckdir, every=10,
-                           fault="train.step@11")
+                           fault="train.step@11", extra=SYNC)
         # Every rank passed the step-10 save (it ends collectively) before any died; rank 0's
         # "checkpoint:" line may still be lost with it, so the file is what is checked.
         if not os.path.exists(os.path.join(ckdir, "step-00000010.h5")) or rc == 0:
@@ -556,8 +567,9 @@ class Tests:
         for i in range(len(self.KILLS) + 1):
             before = len(count()) if i else 0
             fault = "%s@%d" % self.KILLS[i] if i < len(self.KILLS) else None
+            # Sync: each point implies which files exist only if a save ends before the next step.
             job, rc = self.run(tag, 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=1, resume="auto",
-                               fresh=(i == 0), fault=fault)
+                               fresh=(i == 0), fault=fault, extra=SYNC)
             mine = [r["step"] for r in count()[before:]]
             spans.append(f"{mine[0]}-{mine[-1]}" if mine else "none")
             if fault is None:
@@ -769,6 +781,82 @@ class Tests:
         self.report(ok, f"9  after kill -9 of the holder the next job takes the lock over and releases it: "
                         f"exit {rc}: {took[0] if took else '(no takeover line)'}", [job.stdout()[-800:], job.stderr()])
 
+    # ---------------------------------------------------------------- check 10
+    def background(self):
+        """The same 2-rank run saving sync and background: the same files (h5diff), the stall
+        reported; a stop request during a background write waits for it; resume bit for bit."""
+        steps, every = 12, 4
+        files = [f"step-{s:08d}.h5" for s in range(every, steps + 1, every)]
+        dirs = {}
+        for mode in ("sync", "background"):
+            dirs[mode] = self.path(f"ck-{mode}")
+            shutil.rmtree(dirs[mode], ignore_errors=True)
+            job, rc = self.run(f"bg-{mode}", 2, "zero3", 1, 1, steps=steps, ckdir=dirs[mode], every=every,
+                               extra=["--checkpoint-mode", mode])
+            if rc != 0:
+                raise Failure(f"background test: the {mode} run exited {rc}: {job.stderr()[-1500:]}")
+        ref = by_step(read_metrics(self.path("bg-sync.jsonl")))
+        recs = read_metrics(self.path("bg-background.jsonl"))
+        self.background_files(dirs, files, recs, ref)
+        self.background_stall(recs, ref, every)
+        self.background_stop(ref, steps, every)
+
+    def background_files(self, dirs, files, recs, ref):
+        problems = [f"{f}: {t}" for f in files for ok, t in [self.verify(os.path.join(dirs["background"], f))]
+                    if not ok]
+        for f in files:
+            p = subprocess.run(["h5diff", "-r", os.path.join(dirs["sync"], f), os.path.join(dirs["background"], f)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+            if p.returncode != 0:
+                problems.append(f"h5diff {f}: exit {p.returncode}: {p.stdout.strip()[-300:]}")
+        if sorted(os.listdir(dirs["background"])) != sorted(files + ["latest"]):
+            problems.append(f"left {sorted(os.listdir(dirs['background']))}")
+        bad = exact_mismatches(recs, ref)
+        if bad:
+            problems.append(f"{len(bad)} step records differ, first {bad[0]}")
+        self.report(not problems, f"10 background vs sync saves of the same 2-rank run: {len(files)} files "
+                                  f"verify and are identical by h5diff -r, step records bit-identical"
+                                  + (f"; {'; '.join(problems)}" if problems else ""))
+
+    def background_stall(self, recs, ref, every):
+        saving = [r for r in recs if "loss" in r and r["step"] % every == 0]
+        stalls = [r.get("ckpt_stall_ms") for r in saving]
+        writes = [r["ckpt_write_ms"] for r in recs if "ckpt_write_ms" in r]
+        sync_stalls = [ref[r["step"]].get("ckpt_stall_ms") for r in saving]
+        ok = (None not in stalls and None not in sync_stalls and len(writes) >= len(saving) - 1
+              and not any("ckpt_stall_ms" in r for r in recs if "loss" in r and r["step"] % every))
+        fmt = lambda xs: " ".join(f"{x:.1f}" if x is not None else "-" for x in xs)
+        self.report(ok, f"10 stall reported on each saving step: background {fmt(stalls)} ms, sync "
+                        f"{fmt(sync_stalls)} ms; background writes {fmt(writes)} ms in later steps")
+
+    def background_stop(self, ref, steps, every):
+        ckdir = self.path("ck-bg-stop")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        # SIGUSR1 raised by the writer thread itself once the step-4 data is written:
+        # the stop request arrives while a background write is under way, always.
+        job, rc = self.run("bg-stop", 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=every,
+                           fault=f"save.data@{every},USR1", params=False)
+        stop = re.search(r"^stopping after step (\d+) on a signal", job.stdout(), re.M)
+        k = int(stop.group(1)) if stop else None
+        problems = [] if rc == 75 and k else [f"exit {rc} (expected 75), stopped after step {k}"]
+        want = sorted({every, k or every})
+        have = [int(f[5:13]) for f in step_files(ckdir)]
+        if have != want or tmp_files(ckdir) or (latest_name(ckdir) or "").strip() != f"step-{k or 0:08d}.h5":
+            problems.append(f"files {have} (expected {want}), .tmp {tmp_files(ckdir)}, latest {latest_name(ckdir)!r}")
+        problems += [f"{f}: {t}" for f in step_files(ckdir) for ok, t in [self.verify(os.path.join(ckdir, f))]
+                     if not ok]
+        job2, rc2 = self.run("bg-stop", 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=every, resume="auto",
+                             fresh=False, params=False)
+        recs = read_metrics(self.path("bg-stop.jsonl")) if os.path.exists(self.path("bg-stop.jsonl")) else []
+        bad = exact_mismatches(recs, ref)
+        if rc2 != 0 or bad or not k or [r["step"] for r in recs if "loss" in r][-(steps - k):] != \
+                list(range(k + 1, steps + 1)):
+            problems.append(f"resume exit {rc2}, {len(bad)} records differ" + (f", first {bad[0]}" if bad else ""))
+        self.report(not problems, f"10 SIGUSR1 during the background write of step {every}: stopped after step {k} "
+                                  f"(exit {rc}) with step {every} and {k} complete, resumed to {steps} bit for bit"
+                                  + (f"; {'; '.join(problems)}" if problems else ""),
+                    [' '.join(job.cmd), job.stdout()[-800:], job.stderr(), job2.stderr()])
+
     # ---------------------------------------------------------------- check 7
     def keep_last(self):
         ckdir = self.path("ck-keep")
@@ -808,7 +896,8 @@ def main():
     ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
     ap.add_argument("--only", action="append", default=[],
                     help="run only the checks whose name contains TEXT: same_plan_4, same_plan_1, "
-                         "reshard_8_to_4, reshard_4_to_1, kills, flipped_byte, other_model, keep_last")
+                         "reshard_8_to_4, reshard_4_to_1, kills, flipped_byte, other_model, keep_last, "
+                         "background")
     args = ap.parse_args()
     args.amsp = os.path.abspath(args.amsp)
     args.data = os.path.abspath(args.data)
@@ -850,7 +939,7 @@ def main():
                                ("reshard_8_to_4", tests.reshard_8_to_4), ("kills", tests.kills),
                                ("flipped_byte", tests.flipped_byte), ("other_model", tests.other_model),
                                ("keep_last", tests.keep_last), ("changed_options", tests.changed_options),
-                               ("directory_lock", tests.directory_lock)],
+                               ("directory_lock", tests.directory_lock), ("background", tests.background)],
                        args.only)
         else:
             started = True

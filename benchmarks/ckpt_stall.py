@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Training stall per checkpoint, --checkpoint-mode sync against background, side by side.
+
+    python3 benchmarks/ckpt_stall.py --amsp build/amsp --data corpus.h5 [--model base]
+        [--ranks 2] [--steps 9] [--every 3] [--seq-len 64] [--work DIR]
+
+Runs the same `amsp train` twice, once per mode (same model, plan, data, seed; a
+checkpoint every --every steps and at the end), and prints for each checkpoint the time
+training was blocked (metrics field ckpt_stall_ms: the whole save when sync; the wait for
+the previous write plus the host snapshot when background), the background write's own
+time (ckpt_write_ms, measured on the writer thread), and the step time of the step after
+the save (which trains beside the background write). The last checkpoint is waited for
+at the end of training in both modes, so its row says what a save costs when nothing
+follows it.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+
+def run(args, mode):
+    ckdir = os.path.join(args.work, f"ck-{mode}")
+    metrics = os.path.join(args.work, f"{mode}.jsonl")
+    shutil.rmtree(ckdir, ignore_errors=True)
+    cmd = ([args.mpiexec, "-n", str(args.ranks)] if args.ranks > 1 else []) + [
+        args.amsp, "train", "--model", args.model, "--data", args.data, "--steps", str(args.steps),
+        "--seq-len", str(args.seq_len), "--batch-size", "1", "--shard", args.shard,
+        "--eval-every", "0", "--eval-windows", "1", "--peak-tflops", "1", "--threads", "1",
+        "--checkpoint-dir", ckdir, "--checkpoint-every", str(args.every), "--checkpoint-mode", mode,
+        "--metrics", metrics]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{mode} run exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    with open(metrics) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    shutil.rmtree(ckdir, ignore_errors=True)
+    return {r["step"]: r for r in recs if "loss" in r}
+
+
+def writes_in_order(recs):
+    return [recs[s]["ckpt_write_ms"] for s in sorted(recs) if "ckpt_write_ms" in recs[s]]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--amsp", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--model", default="base")
+    ap.add_argument("--shard", default="zero3")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=9)
+    ap.add_argument("--every", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--work", default="/tmp/amsp-ckpt-stall")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    sync, bg = run(args, "sync"), run(args, "background")
+    saves = [s for s in sorted(sync) if "ckpt_stall_ms" in sync[s]]
+    writes = writes_in_order(bg)
+    plain = [sync[s]["step_ms"] for s in sync if s - 1 not in saves and s > 1]
+    print(f"{args.model}, {args.ranks} ranks {args.shard}, seq {args.seq_len}, batch 1, "
+          f"{os.cpu_count()} cores; step without a save nearby: median {statistics.median(plain):.0f} ms")
+    print(f"{'step':>5} | {'sync stall ms':>13} | {'bg stall ms':>11} | {'bg write ms':>11} | "
+          f"{'next step ms sync':>17} | {'next step ms bg':>15}")
+    for i, s in enumerate(saves):
+        nxt = lambda r: f"{r[s + 1]['step_ms']:.0f}" if s + 1 in r else "-"
+        w = f"{writes[i]:.0f}" if i < len(writes) else "(end)"
+        print(f"{s:>5} | {sync[s]['ckpt_stall_ms']:>13.1f} | {bg[s].get('ckpt_stall_ms', float('nan')):>11.1f} | "
+              f"{w:>11} | {nxt(sync):>17} | {nxt(bg):>15}")
+
+
+if __name__ == "__main__":
+    main()
