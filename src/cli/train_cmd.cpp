@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/stop.h"
 #include "engine/trainer.h"
 #include "hf/model_dir.h"
 #include "model/config.h"
@@ -123,6 +124,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("run-info", po::value<std::string>(&o.run_info_path)->value_name("FILE"),
            "write a JSON record of the run (plan, topology, Slurm job, options) at the start and "
            "its outcome (steps, time, peak memory) at the end")
+      ("run-id", po::value<std::string>(&o.run_id)->value_name("ID"),
+           "the run's identity, kept in the --run-info record (slurm/train.sbatch gives every "
+           "run a random one and keeps it in the run directory's run.json)")
       ("final-params", po::value<std::string>(&o.final_params_path)->value_name("FILE"),
            "after the last step, write every parameter as raw float32 in layout order (tests)")
       ("param-trace", po::value<std::string>(&o.param_trace_path)->value_name("FILE"),
@@ -257,6 +261,8 @@ int train_under_mpi(int argc, char** argv, const engine::TrainOptions& o) {
 }  // namespace
 
 int run_train(int argc, char** argv) {
+  // First of all: a stop request from now on is remembered, never fatal (core/stop.h).
+  stop::install();
   TrainArgs args;
   po::options_description desc("Options");
   declare_options(desc, args);

@@ -101,9 +101,15 @@ void MetricsSink::eval(int64_t step, double val_loss, int64_t windows) {
   }
 }
 
-void MetricsSink::finish(double seconds, int64_t steps) {
+void MetricsSink::finish(double seconds, int64_t first_step, int64_t last_step, int64_t total_steps) {
   clear_status();
-  std::printf("done: %lld steps in %.1f s\n", static_cast<long long>(steps), seconds);
+  const auto steps = [](int64_t s) { return static_cast<long long>(s); };
+  std::printf("%s: this attempt ", last_step == total_steps ? "done" : "stopped");
+  if (last_step >= first_step)
+    std::printf("trained steps %lld-%lld (%lld)", steps(first_step), steps(last_step), steps(last_step - first_step + 1));
+  else
+    std::printf("trained no steps");
+  std::printf(" in %.1f s; the run: %lld of %lld steps\n", seconds, steps(last_step), steps(total_steps));
   std::fflush(stdout);
 }
 

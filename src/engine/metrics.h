@@ -41,7 +41,9 @@ class MetricsSink {
   explicit MetricsSink(const std::string& path, bool append = false);
   void step(const StepMetrics& m);
   void eval(int64_t step, double val_loss, int64_t windows);
-  void finish(double seconds, int64_t steps);
+  // The closing line: this attempt's steps first_step..last_step and time, and
+  // the run's progress (a resumed attempt starts after step 1).
+  void finish(double seconds, int64_t first_step, int64_t last_step, int64_t total_steps);
 
  private:
   std::ofstream file_;

@@ -3,10 +3,7 @@
 #include <mpi.h>
 #include <omp.h>
 
-#include <signal.h>
-
 #include <algorithm>
-#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +24,7 @@
 #include "comm/timed.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/stop.h"
 #include "data/dataset.h"
 #include "engine/checkpointer.h"
 #include "engine/evaluate.h"
@@ -57,21 +55,6 @@ constexpr int64_t kLockLeaseSeconds = 900;
 // it moves the ranking only where overlap decides it. Measuring the kernels'
 // throughput on the spot is the planner's next step.
 constexpr double kAssumedMatmulEfficiency = 0.6;
-
-// Set by SIGUSR1 / SIGTERM (Slurm's warning before a time limit or preemption):
-// finish the step, checkpoint, exit with kExitPreempted.
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
-
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGUSR1, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 // "2026-11-23T21:00:00Z"
 std::string utc_now() {
@@ -441,6 +424,7 @@ class Run {
   TrainResult result;
   Clock::time_point run_start;
 
+  void announce_stop_ready();
   void set_up_ranks();
   void set_up_plan();
   void set_up_engine();
@@ -448,7 +432,8 @@ class Run {
   void write_run_record_start();
   StepMetrics train_step(int64_t step);
   void report(StepMetrics& m, bool eval_now);
-  bool stop_requested(int64_t step);
+  bool stop_agreed();
+  void say_stopping(const std::string& when);
   bool checkpoint_due(int64_t step, bool stopping) const;
   double save_checkpoint(int64_t step);
   void report_written(StepMetrics* m);
@@ -457,13 +442,23 @@ class Run {
 };
 
 Run::Run(const TrainOptions& options) : o(options) {
-  install_stop_handlers();
+  stop::install();  // amsp train did already, before MPI_Init; tests may call train() directly
+  announce_stop_ready();
   o.schedule.total_steps = o.steps;
   if (o.threads > 0) omp_set_num_threads(o.threads);
   threads = omp_get_max_threads();
   set_up_ranks();
   set_up_plan();
   set_up_engine();
+}
+
+// Every rank has its stop handlers (they are installed before MPI_Init): a job
+// script may pass stop signals on from now on.
+void Run::announce_stop_ready() {
+  int rank = 0;
+  AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  stop::announce_ready(rank == 0);
 }
 
 // Topology, data and the backend; every check runs on every rank, and the
@@ -559,6 +554,7 @@ void Run::start() {
     val_loss = evaluate();
     if (root) sink->eval(0, val_loss, windows);
   }
+  result.last_step = start_point.first_step - 1;
   run_start = Clock::now();
 }
 
@@ -573,6 +569,7 @@ void Run::write_run_record_start() {
       return s.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s);
     };
     info = {{"amsp_version", AMSP_VERSION},
+            {"run_id", null_or(o.run_id)},
             {"started_at", utc_now()},
             {"slurm", slurm_job_json(topology::process_environment())},
             {"world_size", topo.world_size},
@@ -612,6 +609,14 @@ void Run::write_run_record_start() {
 void Run::train_steps() {
   // --steps 0: the initial weights (random or --init-from) as a checkpoint.
   if (o.steps == 0 && start_point.first_step == 1 && !o.checkpoint_dir.empty()) save_checkpoint(0);
+  // A request during set-up, resume or the first evaluation: nothing new to save.
+  if (start_point.first_step <= o.steps && stop_agreed()) {
+    result.preempted = true;
+    result.last_step = start_point.first_step - 1;
+    say_stopping(cat("before step ", start_point.first_step, ": nothing trained in this attempt",
+                     start_point.from.empty() ? ", nothing to save" : "; " + start_point.from + " stays the latest"));
+    return;
+  }
   for (int64_t step = start_point.first_step; step <= o.steps; ++step) {
     fault::point("train.step", step, topo.rank);
     if (dir_lock) {
@@ -624,18 +629,14 @@ void Run::train_steps() {
     StepMetrics m = train_step(step);
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
     result.last_step = step;
-    const bool stopping = stop_requested(step);
+    const bool stopping = step < o.steps && stop_agreed();
     // The save comes before the report, so that the step's line carries its stall.
     if (checkpoint_due(step, stopping)) m.ckpt_stall_ms = save_checkpoint(step);
     report_written(&m);
     report(m, eval_now);
     if (stopping) {
       result.preempted = true;
-      if (root) {
-        std::printf("stopping after step %lld on a signal (SIGUSR1/SIGTERM)%s\n", static_cast<long long>(step),
-                    o.checkpoint_dir.empty() ? "; no --checkpoint-dir, so this progress is not saved" : "");
-        std::fflush(stdout);
-      }
+      say_stopping(cat("after step ", step, o.checkpoint_dir.empty() ? "; no --checkpoint-dir, so this progress is not saved" : ""));
       break;
     }
   }
@@ -694,10 +695,18 @@ void Run::report(StepMetrics& m, bool eval_now) {
 }
 
 // Stop together: a signal may reach the ranks at different moments.
-bool Run::stop_requested(int64_t step) {
-  double stop = g_stop_signal;
-  comm::allreduce_sum(&stop, 1, MPI_COMM_WORLD, "stop flag", o.comm_timeout_s);
-  return stop > 0 && step < o.steps;
+bool Run::stop_agreed() {
+  double asked = stop::requested() ? 1.0 : 0.0;
+  comm::allreduce_sum(&asked, 1, MPI_COMM_WORLD, "stop flag", o.comm_timeout_s);
+  return asked > 0;
+}
+
+void Run::say_stopping(const std::string& when) {
+  if (!root) return;
+  const int sig = stop::requested();
+  std::printf("stopping %s (stop requested by %s)\n", when.c_str(),
+              sig ? stop::signal_name(sig) : "a signal to another rank");
+  std::fflush(stdout);
 }
 
 bool Run::checkpoint_due(int64_t step, bool stopping) const {
@@ -751,7 +760,7 @@ TrainResult Run::finish() {
                           static_cast<long long>(std::min(trace_last, o.steps)));
   }
   const double seconds = seconds_since(run_start);
-  if (root) sink->finish(seconds, result.last_step);
+  if (root) sink->finish(seconds, start_point.first_step, result.last_step, o.steps);
   write_run_record_end(seconds);
   return result;
 }

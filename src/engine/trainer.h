@@ -37,6 +37,7 @@ struct TrainOptions {
   int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
   bool overlap = true;         // false: every collective is waited for when issued
   std::string run_info_path;    // rank 0 writes what the run is and how it ended (run_info.h)
+  std::string run_id;           // the run's identity in the run record (job scripts give one)
   std::string final_params_path;  // rank 0 writes every parameter here after the last step
   std::string param_trace_path;   // rank 0 appends every parameter here after every step
   std::string init_from;          // Hugging Face model directory the weights start from

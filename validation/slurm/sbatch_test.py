@@ -17,20 +17,35 @@ job       the script's refusals and one 2-node training job:
               every step once in metrics.jsonl; the final checkpoint passes amsp ckpt verify;
             - one rank of a running job killed with SIGKILL: the whole job ends within
               KillWait (srun --kill-on-bad-exit, then SIGKILL) with a failure exit code, and no
-              rank is left.
-preempt   one uninterrupted run and three interrupted ones, 2 nodes x 2 ranks, zero3, all
-          submitted at once:
-            A  scancel --batch --signal=USR1 (what Slurm's --signal=B:USR1 sends): the script
-               forwards it, amsp checkpoints and exits 75, the script requeues the job;
+              rank is left;
+            - then, on a second cluster whose job ids start again at 1: a new job with the
+              earlier job's id finds its default run directory owned by that run (run.json)
+              and is refused (exit 2, one line naming both, nothing there touched); the
+              directory given on purpose (AMSP_RUN_DIR) continues the run, same run id.
+preempt   a stop request at every moment of a job's life: one uninterrupted run and eight
+          interrupted ones, 2 nodes x 1 rank, zero3, 100 steps, all submitted at once:
+            A  scancel --batch --signal=USR1 (what Slurm's --signal=B:USR1 sends) after 12
+               steps: the script forwards it, amsp checkpoints and exits 75, the script
+               requeues the job;
             B  scontrol requeue: Slurm sends SIGTERM, amsp checkpoints and exits 75, Slurm
                requeues the job;
             C  the time limit: submitted with --time=1 --signal=B:USR1@60, so Slurm's own
-               warning signal arrives during the run (the test lifts the limit of the
-               requeued attempt so that it can finish).
-          Each must run exactly two attempts, the second resuming from the checkpoint the
-          first wrote when it stopped, and its metrics must hold every step exactly once,
-          with the losses, gradient norms, learning rates, token counts and validation losses
-          of the uninterrupted run bit for bit.
+               warning signal arrives during the run, within 30 s of its start (Slurm's
+               timer period; the 100 steps take longer than that); the test lifts the
+               limit of the requeued attempt so that it can finish;
+            D  USR1 as soon as the job is RUNNING, before srun starts: the script holds it
+               until every rank has its handlers (AMSP_READY_FILE), amsp stops before its
+               first step with nothing to save;
+            E  USR1 as the script launches srun (MPI_Init, communicator set-up);
+            F  USR1 once every rank is up (data loading, first evaluation, first step);
+            G  USR1 raised during the checkpoint of step 20 (AMSP_FAULT=save.data@20,USR1);
+            H  USR1 raised after the last step (AMSP_FAULT=save.begin@100,USR1): the run
+               completes in one attempt.
+          Each of A-G must run exactly two attempts of one run id, the second resuming from
+          the checkpoint the first wrote when it stopped (or from scratch when it stopped
+          before its first step), no rank may die of the signal, and the metrics must hold
+          every step exactly once, with the losses, gradient norms, learning rates, token
+          counts and validation losses of the uninterrupted run bit for bit.
 scaling   scaling-study.sh over 1, 2 and 4 nodes x 2 ranks for zero3 and auto, one job at a
           time: scaling.csv and scaling.md with six ok rows (2, 4 and 8 GPUs, positive
           throughput and MFU, exposed share in [0, 1], the resolved plans), a PNG plot of the
@@ -84,6 +99,13 @@ class Cluster:
         os.makedirs(self.submit_dir, exist_ok=True)
         self.env = lc.clean_env({"SLURM_CONF": conf, "AMSP_BIN": args.amsp, "AMSP_DATA": args.data})
         self.passed = self.failed = 0
+        self.state = {}
+        self.seen = {}
+
+    def use(self, conf):
+        """Submits to another cluster from now on (the next phase of a mode)."""
+        self.env["SLURM_CONF"] = conf
+        return self
 
     def report(self, ok, text, details=()):
         print(f"{'PASS' if ok else 'FAIL'}: {text}", flush=True)
@@ -110,11 +132,12 @@ class Cluster:
         return p.stdout.strip().split(";")[0]
 
     def job(self, jid):
-        """scontrol's view of a job as a dict (empty once Slurm has forgotten it)."""
+        """scontrol's view of a job as a dict: the last one seen once Slurm has forgotten
+        the job (MinJobAge), empty if it never knew it."""
         rc, out, _ = self.cmd(["scontrol", "-o", "show", "job", jid], timeout=20)
-        if rc != 0:
-            return {}
-        return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+        if rc == 0:
+            self.seen[jid] = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+        return self.seen.get(jid, {})
 
     def wait_done(self, jids, timeout):
         """Waits until no job in jids is pending, running or completing."""
@@ -196,8 +219,13 @@ def mode_job(c):
     nodelist = info.get("NodeList", "")
     names = hostnames(c, nodelist)
     joblog = open(os.path.join(run_dir, "job.log")).read() if os.path.exists(os.path.join(run_dir, "job.log")) else ""
-    if f"== attempt 0 of job {jid}" not in joblog or nodelist not in joblog or "switches:" not in joblog:
-        problems.append("job.log does not name the job, its node list and the switches")
+    leaves = {}
+    for n in names:
+        leaves.setdefault("s1" if n in ("n1", "n2") else "s2", []).append(n)
+    switches = "; ".join(f"{s}: {' '.join(ns)}" for s, ns in sorted(leaves.items()))
+    if f"== attempt 0 of job {jid}" not in joblog or nodelist not in joblog or \
+            f"switches:       {switches}\n" not in joblog:
+        problems.append(f"job.log does not name the job, its node list and its switches ({switches})")
     recs = attempts(run_dir)
     rec = recs[-1] if recs else {}
     slurm = rec.get("slurm") or {}
@@ -222,6 +250,7 @@ def mode_job(c):
     rc, out, err = c.cmd([c.args.amsp, "ckpt", "verify", ck])
     if rc != 0:
         problems.append(f"amsp ckpt verify {ck}: exit {rc} {err.strip()}")
+    c.state["run"] = (jid, run_dir, steps)
     c.report(not problems,
              f"2-node job {jid} through train.sbatch's defaults on {nodelist} ({' '.join(f'{n}[{p}]' for n, p in zip(seen, paths))}): "
              f"plan {rec.get('plan')}, {len(got)} steps, checkpoint verified"
@@ -254,33 +283,110 @@ def mode_job(c):
              f"{info.get('ExitCode')} (script exit {code}), no rank left", [c.log(jid, "crash")[-2000:]])
 
 
+def tree_digest(path):
+    """Every file under path with its size and modification time."""
+    return {os.path.relpath(os.path.join(d, f), path): (os.stat(os.path.join(d, f)).st_size,
+                                                       os.stat(os.path.join(d, f)).st_mtime_ns)
+            for d, _, files in os.walk(path) for f in files}
+
+
+def mode_job_ids_repeat(c):
+    """On a new cluster whose job ids start again at 1: a new job whose default run
+    directory holds the earlier run is refused and touches nothing there; the same
+    directory given on purpose (AMSP_RUN_DIR) continues that run."""
+    old_jid, run_dir, steps = c.state["run"]
+    before = tree_digest(run_dir)
+    identity = read_json(os.path.join(run_dir, "run.json"))
+    filler = "0"
+    while int(filler) < int(old_jid) - 1:  # quick failing jobs until the next id is the old one
+        filler = c.sbatch(["-N", "1", "--ntasks-per-node=1", "--job-name=filler"],
+                          env={"AMSP_DATA": os.path.join(c.work, "nosuch.h5")})
+    new = c.sbatch([], env={"AMSP_SHARD": "p=1,g=2x1,os=2x2"},
+                   train_args=["--steps", str(steps), "--eval-every", "6", "--eval-windows", "8", *SMALL])
+    c.wait_done([new], 120)
+    info = c.job(new)
+    errors = [l for l in c.log(new).splitlines() if "train.sbatch: error:" in l]
+    ok = new == old_jid and info.get("ExitCode") == "2:0" and len(errors) == 1 and \
+        f"belongs to run {identity.get('run_id')}" in errors[0] and "AMSP_RUN_DIR" in errors[0] and \
+        tree_digest(run_dir) == before
+    c.report(ok, f"job ids repeat: new job {new} (earlier job {old_jid}) finds runs/amsp-{old_jid}: ExitCode "
+             f"{info.get('ExitCode')}, {errors[-1] if errors else '(no error line)'}; the earlier run's files "
+             f"{'untouched' if tree_digest(run_dir) == before else 'CHANGED'}", [c.log(new)[-2000:]])
+
+    # Given on purpose: the run continues, two steps further.
+    again = c.sbatch(["--job-name=again"], env={"AMSP_SHARD": "p=1,g=2x1,os=2x2", "AMSP_RUN_DIR": run_dir},
+                     train_args=["--steps", str(steps + 2), "--eval-every", "6", "--eval-windows", "8", *SMALL])
+    c.wait_done([again], 120)
+    log = c.log(again, "again")
+    rec = read_json(os.path.join(run_dir, f"attempt-{again}.0.json")) if os.path.exists(
+        os.path.join(run_dir, f"attempt-{again}.0.json")) else {}
+    ok = c.job(again).get("ExitCode") == "0:0" and "continuing it as asked" in log and \
+        rec.get("run_id") == identity.get("run_id") and str(rec.get("resumed_from") or "").endswith(f"step-{steps:08d}.h5") \
+        and (rec.get("result") or {}).get("last_step") == steps + 2
+    c.report(ok, f"AMSP_RUN_DIR={os.path.relpath(run_dir, c.submit_dir)} given on purpose (job {again}): "
+             f"ExitCode {c.job(again).get('ExitCode')}, run id {rec.get('run_id')}, resumed from "
+             f"{os.path.basename(str(rec.get('resumed_from')))}, trained to step {(rec.get('result') or {}).get('last_step')}",
+             [log[-2000:]])
+
+
 # ----------------------------------------------------------------------- preempt
-def mode_preempt(c):
-    steps = 300
-    train = ["--steps", str(steps), "--eval-every", "100", "--eval-windows", "8", *SMALL]
+# The interrupted runs: how each is stopped, and when the test acts (None: it stops itself,
+# through AMSP_FAULT, or Slurm does).
+PREEMPT_STEPS, PREEMPT_AT, PREEMPT_SAVE = 100, 12, 20
+PREEMPT_CASES = {
+    "A": (f"scancel --batch --signal=USR1 after {PREEMPT_AT} steps", "usr1"),
+    "B": (f"scontrol requeue after {PREEMPT_AT} steps", "requeue"),
+    "C": ("the time limit's warning (--signal=B:USR1@60)", "timelimit"),
+    "D": ("USR1 at once when the job is RUNNING (before srun starts)", "atonce"),
+    "E": ("USR1 as srun starts (MPI_Init, communicator set-up)", "atlaunch"),
+    "F": ("USR1 once every rank is up (data loading, first evaluation, first step)", "atready"),
+    "G": (f"USR1 during the checkpoint of step {PREEMPT_SAVE} (AMSP_FAULT=save.data@{PREEMPT_SAVE},USR1)", "atsave"),
+    "H": (f"USR1 after the last step (AMSP_FAULT=save.begin@{PREEMPT_STEPS},USR1)", "atend"),
+}
+
+
+def submit_preempt_jobs(c):
+    train = ["--steps", str(PREEMPT_STEPS), "--eval-every", "50", "--eval-windows", "8",
+             "--checkpoint-every", "10", *SMALL]
     env = {"AMSP_SHARD": "zero3"}
-    ids = {
-        "ref": c.sbatch(["--job-name=ref"], env=env, train_args=train),
-        "A": c.sbatch(["--job-name=usr1"], env=env, train_args=train),
-        "B": c.sbatch(["--job-name=requeue"], env=env, train_args=train),
-        "C": c.sbatch(["--job-name=timelimit", "--time=1", "--signal=B:USR1@60"], env=env, train_args=train),
-    }
-    names = {"ref": "ref", "A": "usr1", "B": "requeue", "C": "timelimit"}
-    run_dir = {k: os.path.join(c.submit_dir, "runs", f"{names[k]}-{j}") for k, j in ids.items()}
-    how = {"A": "scancel --batch --signal=USR1", "B": "scontrol requeue",
-           "C": "the time limit's warning (--signal=B:USR1@60)"}
-    acted = {"A": False, "B": False, "C": False}
+    extra_env = {"G": {"AMSP_FAULT": f"save.data@{PREEMPT_SAVE},USR1"},
+                 "H": {"AMSP_FAULT": f"save.begin@{PREEMPT_STEPS},USR1"}}
+    # 2 nodes x 1 rank: nine jobs at once on 2 cores.
+    layout = ["-N", "2", "--ntasks-per-node=1"]
+    ids = {"ref": c.sbatch(["--job-name=ref", *layout], env=env, train_args=train)}
+    for k, (_, name) in PREEMPT_CASES.items():
+        opts = [f"--job-name={name}", *layout] + (["--time=1", "--signal=B:USR1@60"] if k == "C" else [])
+        ids[k] = c.sbatch(opts, env={**env, **extra_env.get(k, {})}, train_args=train)
+    return ids
+
+
+def preempt_trigger(c, k, jid, run_dir, name):
+    """The test's action for case k once its moment has come; None while it has not."""
+    info = c.job(jid)
+    if info.get("Restarts", "0") != "0":
+        return None  # only the first attempt is interrupted
+    steps_done = len(step_records(os.path.join(run_dir, "metrics.jsonl")))
+    due = {"A": steps_done >= PREEMPT_AT, "B": steps_done >= PREEMPT_AT,
+           "D": info.get("JobState") == "RUNNING",
+           "E": "attempt 0: " in c.log(jid, name),
+           "F": os.path.exists(os.path.join(run_dir, f".ready-{jid}.0"))}.get(k, False)
+    if not due:
+        return None
+    return ["scontrol", "requeue", jid] if k == "B" else ["scancel", "--batch", "--signal=USR1", jid]
+
+
+def run_preempt_jobs(c, ids, run_dir):
+    acted = {k: k not in "ABDEF" for k in PREEMPT_CASES}
     lifted = False
     deadline = time.time() + 420
     while time.time() < deadline:
-        for k in ("A", "B"):
-            if not acted[k] and len(step_records(os.path.join(run_dir[k], "metrics.jsonl"))) >= 20:
-                cmd = (["scancel", "--batch", "--signal=USR1", ids[k]] if k == "A"
-                       else ["scontrol", "requeue", ids[k]])
+        for k in PREEMPT_CASES:
+            cmd = None if acted[k] else preempt_trigger(c, k, ids[k], run_dir[k], PREEMPT_CASES[k][1])
+            if cmd:
                 rc, out, err = c.cmd(cmd)
-                if rc != 0:
+                if rc != 0 and k != "D":  # D: the batch step may not be up yet; try again
                     raise Failure(f"{' '.join(cmd)}: exit {rc} {err.strip()}")
-                acted[k] = True
+                acted[k] = rc == 0
         # C: once Slurm has requeued it, give the next attempt room to finish.
         if not lifted and c.job(ids["C"]).get("Restarts", "0") != "0":
             rc, out, err = c.cmd(["scontrol", "update", f"JobId={ids['C']}", "TimeLimit=10"])
@@ -288,12 +394,40 @@ def mode_preempt(c):
                 raise Failure(f"scontrol update TimeLimit of job {ids['C']}: {err.strip()}")
             lifted = True
         states = [c.job(j).get("JobState", "GONE") for j in ids.values()]
-        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE") for s in states) and all(acted[k] for k in "AB"):
-            break
-        time.sleep(0.5)
-    else:
-        raise Failure(f"preemption jobs not done after 420 s: "
-                      f"{ {k: c.job(j).get('JobState') for k, j in ids.items()} }")
+        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE") for s in states) and all(acted.values()):
+            return
+        time.sleep(0.3)
+    raise Failure(f"preemption jobs not done after 420 s: {({k: c.job(j).get('JobState') for k, j in ids.items()})}")
+
+
+def attempt_problems(recs, steps):
+    """What is wrong with a stopped-then-resumed run's attempt records."""
+    if len(recs) != 2:
+        return [f"{len(recs)} attempts, expected 2"], None
+    problems = []
+    first, second = recs[0].get("result") or {}, recs[1].get("result") or {}
+    stop_step = first.get("last_step")
+    if first.get("status") != "stopped" or first.get("exit_code") != 75 or not (0 <= (stop_step or 0) < steps):
+        problems.append(f"first attempt's result {first}")
+    expect_from = f"step-{stop_step:08d}.h5" if stop_step else None
+    got_from = recs[1].get("resumed_from")
+    if (str(got_from or "").endswith(expect_from) if expect_from else got_from is None) is False or \
+            recs[1].get("first_step") != (stop_step or 0) + 1:
+        problems.append(f"second attempt resumed from {got_from} at step {recs[1].get('first_step')}, "
+                        f"not {expect_from or 'scratch'}")
+    if second.get("status") != "completed" or second.get("last_step") != steps:
+        problems.append(f"second attempt's result {second}")
+    if recs[0].get("run_id") is None or recs[0].get("run_id") != recs[1].get("run_id"):
+        problems.append(f"run ids {recs[0].get('run_id')} and {recs[1].get('run_id')}")
+    return problems, stop_step
+
+
+def mode_preempt(c):
+    steps = PREEMPT_STEPS
+    ids = submit_preempt_jobs(c)
+    names = {"ref": "ref", **{k: name for k, (_, name) in PREEMPT_CASES.items()}}
+    run_dir = {k: os.path.join(c.submit_dir, "runs", f"{names[k]}-{j}") for k, j in ids.items()}
+    run_preempt_jobs(c, ids, run_dir)
 
     ref = {r["step"]: r for r in step_records(os.path.join(run_dir["ref"], "metrics.jsonl"))}
     ref_ok = sorted(ref) == list(range(1, steps + 1)) and c.job(ids["ref"]).get("ExitCode") == "0:0"
@@ -301,35 +435,27 @@ def mode_preempt(c):
              [c.log(ids["ref"], "ref")[-2000:]])
     if not ref_ok:
         return
-    for k in ("A", "B", "C"):
+    for k, (how, name) in PREEMPT_CASES.items():
         jid, d = ids[k], run_dir[k]
-        log = c.log(jid, names[k])
+        log = c.log(jid, name)
         joblog = open(os.path.join(d, "job.log")).read() if os.path.exists(os.path.join(d, "job.log")) else ""
-        recs = attempts(d)
         problems = []
         if c.job(jid).get("ExitCode") != "0:0" or open(os.path.join(d, "exit-code")).read().strip() != "0":
             problems.append(f"ExitCode {c.job(jid).get('ExitCode')}")
-        if len(recs) != 2:
-            problems.append(f"{len(recs)} attempts, expected 2")
-        stop_step = None
-        if len(recs) == 2:
-            first, second = recs[0].get("result") or {}, recs[1].get("result") or {}
-            stop_step = first.get("last_step")
-            ck = f"step-{stop_step:08d}.h5" if isinstance(stop_step, int) else "?"
-            if first.get("status") != "stopped" or first.get("exit_code") != 75 or not (1 <= (stop_step or 0) < steps):
-                problems.append(f"first attempt's result {first}")
-            if not str(recs[1].get("resumed_from") or "").endswith(ck) or recs[1].get("first_step") != (stop_step or 0) + 1:
-                problems.append(f"second attempt resumed from {recs[1].get('resumed_from')} at step "
-                                f"{recs[1].get('first_step')}, not {ck}")
-            if second.get("status") != "completed" or second.get("last_step") != steps:
-                problems.append(f"second attempt's result {second}")
-            if recs[1].get("slurm", {}).get("restart_count") != 1:
-                problems.append(f"second attempt's restart_count {recs[1].get('slurm', {}).get('restart_count')}")
-        expect_log = {"A": ["received SIGUSR1", "requeueing job"], "B": ["received SIGTERM", "stopped by SIGTERM"],
-                      "C": ["received SIGUSR1", "requeueing job"]}[k]
-        for text in expect_log:
-            if text not in log:
-                problems.append(f"no '{text}' in the log")
+        recs = attempts(d)
+        if k == "H":  # after the last step there is nothing left to stop: the run completes
+            stop_step = None
+            result = (recs[0].get("result") or {}) if len(recs) == 1 else {}
+            if result.get("status") != "completed" or result.get("last_step") != steps:
+                problems.append(f"{len(recs)} attempts, the first's result {result}; expected one, completed")
+        else:
+            more, stop_step = attempt_problems(recs, steps)
+            problems += more
+        expect_log = {"B": ["received SIGTERM", "clean stop on SIGTERM"], "G": ["clean stop:", "requeueing job"],
+                      "H": ["training completed"]}.get(k, ["received SIGUSR1", "clean stop:", "requeueing job"])
+        problems += [f"no '{text}' in the log" for text in expect_log if text not in log]
+        if "User defined signal" in log:
+            problems.append("a rank was killed by SIGUSR1")
         recs_m = step_records(os.path.join(d, "metrics.jsonl"))
         got = [r["step"] for r in recs_m]
         if got != list(range(1, steps + 1)):
@@ -341,7 +467,8 @@ def mode_preempt(c):
         if diffs:
             problems.append(f"{len(diffs)} differences from the uninterrupted run, first: {diffs[0]}")
         c.report(not problems,
-                 f"{k}  {how[k]} (job {jid}): stopped after step {stop_step}, checkpointed, requeued, resumed; "
+                 f"{k}  {how} (job {jid}): "
+                 + ("completed" if k == "H" else f"stopped after step {stop_step}, requeued, resumed") + "; "
                  f"{len(got)} step records, each once, bit-identical to the uninterrupted run"
                  + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog])
 
@@ -414,7 +541,9 @@ def mode_scaling(c):
              [out[-2000:], err])
 
 
-MODES = {"job": mode_job, "preempt": mode_preempt, "scaling": mode_scaling}
+# A mode is one or more phases, each on a cluster of its own started anew (so job ids
+# start again at 1); phases share the Cluster object and its state.
+MODES = {"job": (mode_job, mode_job_ids_repeat), "preempt": (mode_preempt,), "scaling": (mode_scaling,)}
 
 
 def main():
@@ -441,9 +570,12 @@ def main():
         with lc.deadline(DEADLINE):
             shutil.rmtree(work, ignore_errors=True)
             os.makedirs(work)
-            with lc.local_cluster(args.cluster_scripts, os.path.join(work, "cluster"), CTLD_PORT, NODE_PORT) as conf:
-                c = Cluster(args, work, conf)
-                MODES[args.mode](c)
+            c = None
+            for i, phase in enumerate(MODES[args.mode]):
+                cluster_dir = os.path.join(work, f"cluster{i}" if i else "cluster")
+                with lc.local_cluster(args.cluster_scripts, cluster_dir, CTLD_PORT, NODE_PORT) as conf:
+                    c = c.use(conf) if c else Cluster(args, work, conf)
+                    phase(c)
     except (Failure, lc.Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", flush=True)
         return 1
