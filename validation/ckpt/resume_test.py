@@ -450,7 +450,7 @@ class Tests:
         # SIGUSR1 raised by the rank itself at the start of step 9: the stop request
         # arrives mid-run whatever the machine's speed.
         job, rc = self.run("i1", 1, "zero3", 4, 2, ckdir=ckdir, every=10, fault="train.step@9,USR1")
-        stop = re.search(r"^stopping after step (\d+) on a signal", job.stdout(), re.M)
+        stop = re.search(r"^stopping after step (\d+) \(stop requested by", job.stdout(), re.M)
         k = int(stop.group(1)) if stop else None
         if rc != 75 or k is None or not os.path.exists(os.path.join(ckdir, f"step-{k:08d}.h5")) \
                 or (latest_name(ckdir) or "").strip() != f"step-{k:08d}.h5":
@@ -836,7 +836,7 @@ class Tests:
         # the stop request arrives while a background write is under way, always.
         job, rc = self.run("bg-stop", 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=every,
                            fault=f"save.data@{every},USR1", params=False)
-        stop = re.search(r"^stopping after step (\d+) on a signal", job.stdout(), re.M)
+        stop = re.search(r"^stopping after step (\d+) \(stop requested by", job.stdout(), re.M)
         k = int(stop.group(1)) if stop else None
         problems = [] if rc == 75 and k else [f"exit {rc} (expected 75), stopped after step {k}"]
         want = sorted({every, k or every})
