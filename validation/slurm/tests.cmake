@@ -46,7 +46,7 @@ set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60
 # slurm/train.sbatch and slurm/scaling-study.sh through sbatch on a local Slurm cluster
 # of 4 virtual nodes that each test starts on its own ports (17517, 17601-17604) and
 # always stops (validation/slurm/sbatch_test.py). Needs root, munge and slurm-wlm,
-# skipped (77) otherwise. About 40 s, 100 s and 30 s on 2 idle cores.
+# skipped (77) otherwise. About 55 s, 100 s and 30 s on 2 idle cores.
 set(AMSP_SBATCH_TEST ${CMAKE_CURRENT_SOURCE_DIR}/slurm/sbatch_test.py)
 foreach(mode job preempt scaling)
   add_test(NAME sbatch_${mode}
