@@ -26,7 +26,10 @@
    before the update) depends on the weights alone. Equal bit for bit.
 4. Bad input: a missing checkpoint, a damaged one, an output directory that is not
    empty (without --force), an unknown --format: exit 2 with one line on stderr, and
-   no output or temporary directory left behind. --force replaces the directory.
+   no output or temporary directory left behind. --force replaces the directory, and
+   replaces an export by a new one; a failing export with --force (a damaged checkpoint;
+   an I/O error or a kill at the points export.written and export.swapped, AMSP_FAULT)
+   leaves the old export or the new one, complete, at the output path.
 
 Usage (the python of validation/setup-python.sh):
   PY=$(validation/setup-python.sh)
@@ -73,8 +76,8 @@ def record(name, ok, detail=""):
     print(f"{'PASS' if ok else 'FAIL'}  {name}{'  ' + detail if detail else ''}", flush=True)
 
 
-def run(cmd, expect=0, timeout=600):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+def run(cmd, expect=0, timeout=600, env=None):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
     if expect is not None and p.returncode != expect:
         raise RuntimeError(f"exit {p.returncode} (expected {expect}): {' '.join(cmd)}\n"
                            f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -114,9 +117,17 @@ def read_safetensors_dir(d):
     return out, files
 
 
-def export(args, ckpt, out, *extra, expect=0):
+def export(args, ckpt, out, *extra, expect=0, fault=None):
+    env = dict(os.environ, AMSP_FAULT=fault) if fault else None
     return run([args.amsp, "export", "--checkpoint", ckpt, "--format", "hf", "--output", out, *extra],
-               expect=expect)
+               expect=expect, env=env)
+
+
+def dir_bytes(d):
+    """{file name: bytes} of a directory's files ({} if it is not there)."""
+    if not os.path.isdir(d):
+        return {}
+    return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
 
 
 def leftovers(path):
@@ -286,6 +297,40 @@ def part_bad_input(args, ckpt):
     export(args, ckpt, out, "--force")
     record("--force replaces it", not os.path.exists(os.path.join(out, "keep.txt"))
            and os.path.exists(os.path.join(out, "model.safetensors")) and not leftovers(out))
+
+    # --force over an export: the old one (fp32) stays whole until the new one (bf16) is
+    # complete, and whatever fails, the output path holds one of the two, complete.
+    step = int(os.path.basename(ckpt)[5:13])
+    old = dir_bytes(out)
+    dtype_at = lambda d: json.load(open(os.path.join(d, "config.json")))["torch_dtype"]
+    p = export(args, damaged, out, "--force", expect=None)
+    record("--force from a damaged checkpoint: exit 2, the old export untouched, nothing left",
+           p.returncode == 2 and dir_bytes(out) == old and not leftovers(out), f"exit {p.returncode}")
+    p = export(args, ckpt, out, "--force", "--dtype", "bf16", expect=None, fault=f"export.written@{step},FAIL")
+    record("--force, an I/O error once the new export is written: exit 1, the old export untouched, nothing left",
+           p.returncode == 1 and dir_bytes(out) == old and not leftovers(out),
+           f"exit {p.returncode}: {p.stderr.strip()[:160]}")
+    p = export(args, ckpt, out, "--force", "--dtype", "bf16", expect=None, fault=f"export.written@{step}")
+    left = leftovers(out)
+    record("--force, killed once the new export is written: the old export untouched at the output",
+           p.returncode < 0 and dir_bytes(out) == old, f"exit {p.returncode}, beside it {left}")
+    for d in left:
+        shutil.rmtree(d)
+    p = export(args, ckpt, out, "--force", "--dtype", "bf16", expect=None, fault=f"export.swapped@{step}")
+    left = leftovers(out)
+    record("--force, killed after the swap: the new export complete at the output, the old one beside it",
+           p.returncode < 0 and dtype_at(out) == "bfloat16" and len(left) == 1 and dir_bytes(left[0]) == old
+           and all(t[0] == "BF16" for t in read_safetensors_dir(out)[0].values()),
+           f"exit {p.returncode}, beside it {left}")
+    for d in left:
+        shutil.rmtree(d)
+    shutil.rmtree(out)
+    export(args, ckpt, out)
+    export(args, ckpt, out, "--force", "--dtype", "bf16")
+    new = read_safetensors_dir(out)[0]
+    record("--force over an export gives the new one, nothing left beside it",
+           dtype_at(out) == "bfloat16" and all(t[0] == "BF16" for t in new.values()) and not leftovers(out)
+           and LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.bfloat16) is not None)
 
 
 def main():

@@ -22,6 +22,9 @@ constexpr const char* kPoints[] = {
     "save.renamed",      // step-STEP.h5 in place, `latest` still names the previous one
     "save.latest_tmp",   // latest.tmp written, not yet renamed over `latest`
     "save.latest",       // `latest` names step-STEP.h5, older checkpoints not yet pruned
+    // amsp export (STEP: the checkpoint's step; rank 0)
+    "export.written",    // the new export complete in OUTPUT.tmp-XXXXXX, OUTPUT untouched
+    "export.swapped",    // --force: the new export at OUTPUT, the old one beside it, not yet deleted
 };
 
 struct Spec {
@@ -66,7 +69,7 @@ Spec parse(const std::string& full) {
   if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 || (s.signal == 0 && !s.fail))
     fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|FAIL] with POINT one of "
                "train.step, save.begin, save.data, save.closed, save.renamed, save.latest_tmp, "
-               "save.latest");
+               "save.latest, export.written, export.swapped");
   s.step = *step;
   s.rank = static_cast<int>(*rank);
   return s;

@@ -1,6 +1,8 @@
 #include "engine/hf_export.h"
 
+#include <fcntl.h>
 #include <sentencepiece_processor.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cerrno>
@@ -13,6 +15,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "data/dataset.h"
 #include "hf/model_dir.h"
 #include "model/config.h"
@@ -116,6 +119,30 @@ fs::path make_temporary(const fs::path& target) {
   return templ;
 }
 
+// Swaps the complete new export `fresh` with the old output `target`, so that
+// at every moment `target` is one of the two, complete: renameat2's
+// RENAME_EXCHANGE where the file system has it; elsewhere the old one is moved
+// aside (to `fresh`.old), the new one moved in, and on a failure of that
+// second rename the old one moved back. Afterwards the old export is at the
+// returned path, for the caller to delete.
+fs::path swap_in(const fs::path& fresh, const fs::path& target) {
+  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return fresh;
+  if (errno != EINVAL && errno != ENOSYS)
+    fail("--output ", target.string(), ": cannot swap the new export in (", std::strerror(errno), ")");
+  const fs::path aside = fresh.string() + ".old";
+  std::error_code ec;
+  fs::rename(target, aside, ec);
+  if (ec) fail("--output ", target.string(), ": cannot move the old export aside (", ec.message(), ")");
+  fs::rename(fresh, target, ec);
+  if (ec) {
+    std::error_code back;
+    fs::rename(aside, target, back);
+    fail("--output ", target.string(), ": cannot move the new export in (", ec.message(), ")",
+         back ? cat("; the old one is at ", aside.string()) : std::string());
+  }
+  return aside;
+}
+
 }  // namespace
 
 ExportReport export_hf(const ExportOptions& o) {
@@ -168,12 +195,31 @@ ExportReport export_hf(const ExportOptions& o) {
     for (const auto& f : weights.close()) report.files.push_back(f);
     // What --init-from will make of it: the headers against the layout.
     hf::ModelDir(tmp.string()).check(units);
-    if (exists) fs::remove_all(target);
-    fs::rename(tmp, target);
+    fault::point("export.written", meta.step, 0);
+    if (!exists) {
+      fs::rename(tmp, target);
+      return report;
+    }
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
+  // --force over an existing output: the new export is complete beside it; swap
+  // it in, then delete the old one. A failure or a crash at any point leaves
+  // the old export or the new one, complete, at `target`.
+  const fs::path old = [&] {
+    try {
+      return swap_in(tmp, target);
+    } catch (...) {
+      fs::remove_all(tmp, ec);
+      throw;
+    }
+  }();
+  fault::point("export.swapped", meta.step, 0);
+  fs::remove_all(old, ec);
+  if (ec)
+    std::fprintf(stderr, "amsp export: warning: cannot delete the old export, moved to %s: %s\n",
+                 old.string().c_str(), ec.message().c_str());
   return report;
 }
 

@@ -33,7 +33,11 @@ struct ExportReport {
 // (ckpt::check_in_child), reads it one tensor at a time (ckpt::read_parameters:
 // checksums checked), writes into OUTPUT.tmp-XXXXXX beside OUTPUT and renames
 // it into place only when complete; on any failure the temporary is removed
-// and OUTPUT is as it was. Throws UsageError (exit 2) for a missing or damaged
+// and OUTPUT is as it was. With force over an existing OUTPUT the new export
+// is written whole first, then swapped with the old one (an atomic exchange
+// where the file system has one, else old moved aside, new moved in), then the
+// old one deleted: a failure or a crash at any point leaves OUTPUT holding the
+// old export or the new one, complete (a crash may leave the other beside it). Throws UsageError (exit 2) for a missing or damaged
 // checkpoint and an output that exists and is not empty without force.
 //
 // The tokenizer: the checkpoint's run options name the dataset and its
