@@ -31,7 +31,36 @@ struct TokenizerFiles {
   std::string config_json, special_tokens_json;
   int64_t bos_id = -1, eos_id = -1;
   std::string note;
+  std::string fast_warning;  // why AutoTokenizer's converted fast tokenizer would encode otherwise
 };
+
+// transformers makes LlamaTokenizerFast (what AutoTokenizer returns) by
+// converting tokenizer.model under LLaMA's assumptions: ids 0, 1, 2 are
+// <unk>, <s>, </s>; the text is not normalized, only "▁" prepended and spaces
+// replaced by "▁" (the model's normalization rule and whitespace collapsing
+// are dropped). The slow LlamaTokenizer runs sentencepiece itself and is
+// exact. Empty if the model fits those assumptions, else what does not.
+std::string fast_conversion_problem(const sentencepiece::SentencePieceProcessor& sp) {
+  if (sp.unk_id() != 0 || sp.bos_id() != 1 || sp.eos_id() != 2)
+    return cat("its <unk>, <s>, </s> ids are ", sp.unk_id(), ", ", sp.bos_id(), ", ", sp.eos_id(),
+               ", not 0, 1, 2");
+  std::vector<std::string> pieces;
+  if (!sp.Encode("a", &pieces).ok() || pieces.empty() || pieces[0].rfind("\xE2\x96\x81", 0) != 0)
+    return "it adds no dummy prefix";
+  // Text the normalizer would change (repeated, leading and trailing spaces,
+  // a compatibility ligature for NFKC) and that decodes to itself otherwise;
+  // a probe that meets the unknown piece proves nothing.
+  for (const char* probe : {"a  b", "  a", "a ", "\xEF\xAC\x81"}) {
+    std::vector<int> ids;
+    std::string back;
+    if (!sp.Encode(probe, &ids).ok()) continue;
+    bool unknown = false;
+    for (int id : ids) unknown |= sp.IsUnknown(id);
+    if (unknown || !sp.Decode(ids, &back).ok()) continue;
+    if (back != probe) return "its normalizer rewrites text (whitespace or Unicode normalization)";
+  }
+  return {};
+}
 
 TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions) {
   TokenizerFiles out;
@@ -82,6 +111,10 @@ TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions)
   };
   out.bos_id = sp.bos_id();
   out.eos_id = sp.eos_id();
+  if (const std::string problem = fast_conversion_problem(sp); !problem.empty())
+    out.fast_warning = "the SentencePiece model does not fit what transformers assumes when it converts "
+                       "tokenizer.model to LlamaTokenizerFast (" + problem + "): AutoTokenizer would encode "
+                       "otherwise; load it with use_fast=False (LlamaTokenizer runs the model as it is)";
   nlohmann::ordered_json special = {{"bos_token", piece(sp.bos_id())},
                                     {"eos_token", piece(sp.eos_id())},
                                     {"unk_token", piece(sp.unk_id())}};
@@ -169,6 +202,7 @@ ExportReport export_hf(const ExportOptions& o) {
   report.step = meta.step;
   report.tokenizer = tok.note;
   report.tokenizer_written = !tok.model.empty();
+  report.tokenizer_warning = tok.fast_warning;
   std::vector<hf::TensorDecl> decls;
   for (const auto& u : units)
     for (const auto& t : u.tensors) {

@@ -27,6 +27,7 @@ struct ExportReport {
   std::vector<std::string> files;  // written into output, in order
   std::string tokenizer;           // what was written, or why none was
   bool tokenizer_written = false;
+  std::string tokenizer_warning;   // a written tokenizer that AutoTokenizer's fast conversion gets wrong
 };
 
 // One process, no MPI. Checks the checkpoint in a child process first
@@ -43,7 +44,9 @@ struct ExportReport {
 // The tokenizer: the checkpoint's run options name the dataset and its
 // tokenizer kind. A SentencePiece dataset that is still there (and holds the
 // same kind and vocabulary) gives tokenizer.model, tokenizer_config.json
-// (LlamaTokenizer) and special_tokens_map.json; otherwise (the byte tokenizer,
+// (LlamaTokenizer) and special_tokens_map.json (and the report warns when
+// transformers' conversion of it to LlamaTokenizerFast, AutoTokenizer's
+// default, would encode otherwise than the model); otherwise (the byte tokenizer,
 // which has no Hugging Face counterpart, or a dataset gone) no tokenizer is
 // written and the report says why.
 ExportReport export_hf(const ExportOptions& options);
