@@ -54,8 +54,8 @@ mpi mode (mpiexec on this machine):
      write of step 4 (save.data@4,USR1) stops the run (exit 75) after the write in flight
      and the stop step's save are complete, and --resume auto continues bit for bit.
      A background write that fails (save.data@8,FAIL: every rank's write throws an I/O
-     error, as on a full disk) ends the job within a deadline, non-zero, with an error
-     line naming step-00000008.h5; step-00000004.h5 still verifies and `latest` names it;
+     error, as on a full disk; and save.data@8:1,FAIL, rank 1's alone) ends the job
+     within a deadline, non-zero, with an error line naming step-00000008.h5; step-00000004.h5 still verifies and `latest` names it;
      no step-00000008.h5 exists (at most its .tmp); --resume auto continues from step 4
      to 12 bit for bit.
 
@@ -805,7 +805,8 @@ class Tests:
         self.background_files(dirs, files, recs, ref)
         self.background_stall(recs, ref, every)
         self.background_stop(ref, steps, every)
-        self.background_failure(ref, steps, every)
+        for rank in ("", ":1"):
+            self.background_failure(ref, steps, every, rank)
 
     def background_files(self, dirs, files, recs, ref):
         problems = [f"{f}: {t}" for f in files for ok, t in [self.verify(os.path.join(dirs["background"], f))]
@@ -863,15 +864,17 @@ class Tests:
                                   + (f"; {'; '.join(problems)}" if problems else ""),
                     [' '.join(job.cmd), job.stdout()[-800:], job.stderr(), job2.stderr()])
 
-    def background_failure(self, ref, steps, every):
-        ckdir = self.path("ck-bg-fail")
+    def background_failure(self, ref, steps, every, rank):
+        ckdir = self.path(f"ck-bg-fail{rank.replace(':', '-')}")
         shutil.rmtree(ckdir, ignore_errors=True)
         failing = 2 * every
         name = f"step-{failing:08d}.h5"
-        # Every rank's writer thread gets an I/O error once the step-8 data is written,
-        # the .tmp file still open: a full disk, at the same point on every machine.
+        fault = f"save.data@{failing}{rank},FAIL"
+        # The writer thread of every rank (rank "": a full shared disk) or of rank 1 alone
+        # (the other one goes on into the collective close) gets an I/O error once the
+        # step-8 data is written, the .tmp file still open, at the same point on every machine.
         job = self.start("bg-fail", 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=every,
-                         fault=f"save.data@{failing},FAIL", params=False)
+                         fault=fault, params=False)
         rc = job.finish(timeout=90)
         secs = job.seconds()
         errors = [l for l in job.stderr().splitlines() if l.startswith("amsp: error:")]
@@ -896,7 +899,7 @@ class Tests:
                 [r["step"] for r in recs if "loss" in r] != list(range(every + 1, steps + 1)):
             problems.append(f"resume exit {rc2}, {resumed.group(0) if resumed else 'no resume line'}, "
                             f"{len(bad)} records differ" + (f", first {bad[0]}" if bad else ""))
-        self.report(not problems, f"10 a failing background write of step {failing} (save.data@{failing},FAIL): "
+        self.report(not problems, f"10 a failing background write of step {failing} ({fault}): "
                                   f"exit {rc} in {secs:.0f} s, {errors[0] if errors else 'no error line'}; "
                                   f"step {every} intact and latest; --resume auto from step {every} to {steps} "
                                   f"bit for bit" + (f"; {'; '.join(problems)}" if problems else ""),
