@@ -24,6 +24,9 @@ set -euo pipefail
 # torch 1.13 (LlamaForCausalLM, eager attention, forward and backward); its own
 # metadata asks nothing of torch's version. The rest are its dependencies, pinned
 # to releases of the same time so that the environment is reproducible.
+# sentencepiece (a manylinux wheel for CPython 3.11) trains the SentencePiece model
+# of hf_export_test.py and backs transformers' LlamaTokenizer; protobuf is what
+# transformers needs to convert that model into LlamaTokenizerFast (AutoTokenizer).
 PIP_PINS=(
   transformers==4.44.2
   tokenizers==0.19.1
@@ -34,6 +37,8 @@ PIP_PINS=(
   packaging==24.1
   regex==2024.7.24
   tqdm==4.66.5
+  sentencepiece==0.2.0
+  protobuf==4.25.4
 )
 # libopenblas0-openmp: torch's BLAS is whatever provides libblas.so.3; without it
 # apt (with --no-install-recommends) would pick the slow reference libblas3.
@@ -63,6 +68,7 @@ check_imports() {
   "$1" - <<'EOF'
 import sys
 import h5py, numpy, torch, transformers
+import sentencepiece, google.protobuf  # noqa: F401
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: F401
 assert sys.version_info[:2] >= (3, 9), sys.version
 EOF

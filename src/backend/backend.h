@@ -47,6 +47,7 @@ struct MemoryStats {
   int64_t peak = 0;      // the most that were at any time
   int64_t reserved = 0;  // a caching device allocator: bytes taken from the
                          // device, cached free blocks included (0 on the CPU)
+  int64_t host = 0;      // bytes of host staging memory live through alloc_host()
 };
 
 struct LossSum {
@@ -76,6 +77,13 @@ class Backend {
   // count zeroed elements of dtype on this backend's device.
   virtual Buffer alloc(DType dtype, int64_t count) = 0;
   virtual MemoryStats memory() const = 0;
+  // count fp32 elements of host memory to stage device data in (a background
+  // checkpoint's snapshot): a Buffer whose view is host memory (Device::kCpu,
+  // f32() works) that to_host/from_host copy to and from fast. Ordinary memory
+  // on the CPU backend; page-locked (cudaHostAlloc) on CUDA, so that the copy
+  // from the device is a DMA that can run asynchronously. Not zeroed. Counted
+  // in memory().host while it lives.
+  virtual Buffer alloc_host(int64_t count) = 0;
   // Host <-> device, converting between fp32 (host) and the view's dtype.
   virtual void to_host(const View& src, float* dst) = 0;
   virtual void from_host(const float* src, const View& dst) = 0;

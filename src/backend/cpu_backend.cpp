@@ -43,6 +43,7 @@ void* aligned_or_fail(int64_t bytes, const char* what) {
 struct CpuBackend::Counters {
   std::atomic<int64_t> in_use{0};
   std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> host{0};  // alloc_host's live bytes
 };
 
 CpuBackend::CpuBackend(DType compute) : Backend(compute), counters_(std::make_shared<Counters>()) {
@@ -78,7 +79,21 @@ Buffer CpuBackend::alloc(DType dtype, int64_t count) {
 }
 
 MemoryStats CpuBackend::memory() const {
-  return MemoryStats{counters_->in_use.load(), counters_->peak.load()};
+  return MemoryStats{counters_->in_use.load(), counters_->peak.load(), 0, counters_->host.load()};
+}
+
+// Host memory is all the CPU backend has: ordinary aligned memory, counted
+// apart from alloc()'s (it is not model state).
+Buffer CpuBackend::alloc_host(int64_t count) {
+  const int64_t bytes = check.alloc_bytes(DType::kF32, count);
+  if (count == 0) return Buffer(View{nullptr, DType::kF32, 0, Device::kCpu}, {});
+  void* p = aligned_or_fail(bytes, cat(count, " fp32 elements of host staging").c_str());
+  counters_->host.fetch_add(bytes);
+  std::shared_ptr<Counters> counters = counters_;
+  return Buffer(View{p, DType::kF32, count, Device::kCpu}, [counters](void* data, int64_t n) {
+    std::free(data);
+    counters->host.fetch_sub(n);
+  });
 }
 
 void* CpuBackend::scratch(Slot slot, int64_t bytes) {

@@ -81,6 +81,7 @@ class CpuBackend final : public Backend {
   std::string describe() const override;
 
   Buffer alloc(DType dtype, int64_t count) override;
+  Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
   void to_host(const View& src, float* dst) override;
   void from_host(const float* src, const View& dst) override;

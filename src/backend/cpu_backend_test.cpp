@@ -158,6 +158,20 @@ TEST(CpuBackend, MemoryStatsFollowAllocAndFree) {
   EXPECT_ERROR(be.alloc(DType::kF32, -1), "alloc", "-1");
 }
 
+// Host staging: ordinary host memory, counted in memory().host and not in
+// in_use (it is no model state).
+TEST(CpuBackend, HostStagingIsCountedApart) {
+  CpuBackend be(DType::kF32);
+  {
+    Buffer h = be.alloc_host(10);
+    EXPECT_EQ(h.view().device, Device::kCpu);
+    h.f32()[9] = 1.5f;
+    EXPECT_EQ(be.memory().host, 40);
+    EXPECT_EQ(be.memory().in_use, 0);
+  }
+  EXPECT_EQ(be.memory().host, 0);
+}
+
 TEST(CpuBackend, AllocIsZeroedAndAligned) {
   CpuBackend be(DType::kBF16);
   for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {

@@ -94,7 +94,42 @@ Buffer CudaBackend::alloc(DType dtype, int64_t count) {
 
 MemoryStats CudaBackend::memory() const {
   const CachingAllocator::Stats s = allocator_->stats();
-  return MemoryStats{s.in_use, s.peak, s.reserved};
+  std::lock_guard lock(host_blocks_->mu);
+  return MemoryStats{s.in_use, s.peak, s.reserved, host_blocks_->bytes};
+}
+
+// Page-locked host memory (cudaHostAlloc): the device copies into it by DMA,
+// at full bus speed and asynchronously, where pageable memory goes through a
+// driver bounce buffer. The buffer may outlive the backend (cudaFreeHost
+// needs no stream of it).
+Buffer CudaBackend::alloc_host(int64_t count) {
+  const int64_t bytes = check.alloc_bytes(DType::kF32, count);
+  if (count == 0) return Buffer(View{nullptr, DType::kF32, 0, Device::kCpu}, {});
+  void* p = nullptr;
+  AMSP_CUDA_CHECK(cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault));
+  {
+    std::lock_guard lock(host_blocks_->mu);
+    host_blocks_->blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
+    host_blocks_->bytes += bytes;
+  }
+  std::shared_ptr<HostBlocks> blocks = host_blocks_;
+  return Buffer(View{p, DType::kF32, count, Device::kCpu}, [blocks](void* data, int64_t n) {
+    {
+      std::lock_guard lock(blocks->mu);
+      blocks->blocks.erase(reinterpret_cast<uintptr_t>(data));
+      blocks->bytes -= n;
+    }
+    AMSP_CUDA_CHECK(cudaFreeHost(data));
+  });
+}
+
+bool CudaBackend::in_host_block(const void* p, int64_t bytes) const {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(host_blocks_->mu);
+  auto it = host_blocks_->blocks.upper_bound(at);
+  if (it == host_blocks_->blocks.begin()) return false;
+  --it;
+  return at + static_cast<uintptr_t>(bytes) <= it->first + static_cast<uintptr_t>(it->second);
 }
 
 void* CudaBackend::staging(int64_t bytes) {
@@ -119,8 +154,20 @@ void CudaBackend::to_host(const View& src, float* dst) {
   check.expect_float("to_host", "src", src);
   if (src.count == 0) return;
   const int64_t bytes = src.count * int64_t{sizeof(float)};
+  // Into alloc_host memory the device copies directly (it is page-locked);
+  // anything else goes through the pinned staging buffer.
+  const bool direct = in_host_block(dst, bytes);
+  auto fetch = [&](const void* from) {
+    if (!direct) {
+      std::memcpy(dst, download(from, bytes), static_cast<size_t>(bytes));
+      return;
+    }
+    reads(from, bytes);
+    AMSP_CUDA_CHECK(cudaMemcpyAsync(dst, from, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
+    AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  };
   if (src.dtype == DType::kF32) {
-    std::memcpy(dst, download(src.data, bytes), static_cast<size_t>(bytes));
+    fetch(src.data);
     return;
   }
   Scratch wide = scratch(bytes);
@@ -128,7 +175,7 @@ void CudaBackend::to_host(const View& src, float* dst) {
   writes(wide.as<float>(), bytes);
   kc::to_f32(static_cast<const uint16_t*>(src.data), wide.as<float>(), src.count, stream_);
   AMSP_CUDA_CHECK_LAUNCH("to_f32");
-  std::memcpy(dst, download(wide.as<float>(), bytes), static_cast<size_t>(bytes));
+  fetch(wide.as<float>());
 }
 
 void CudaBackend::from_host(const float* src, const View& dst) {

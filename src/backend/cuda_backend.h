@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
 
   Buffer alloc(DType dtype, int64_t count) override;
+  Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
   void to_host(const View& src, float* dst) override;
   void from_host(const float* src, const View& dst) override;
@@ -204,6 +206,15 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> allocator_;  // shared with the deleters of live buffers
   void* staging_ = nullptr;
   int64_t staging_bytes_ = 0;
+  // alloc_host's live blocks (base -> bytes), shared with the deleters of its
+  // buffers: to_host copies straight into them.
+  struct HostBlocks {
+    std::mutex mu;
+    std::map<uintptr_t, int64_t> blocks;
+    int64_t bytes = 0;
+  };
+  std::shared_ptr<HostBlocks> host_blocks_ = std::make_shared<HostBlocks>();
+  bool in_host_block(const void* p, int64_t bytes) const;
   std::map<uint64_t, cudaEvent_t> events_;  // recorded and not yet known complete
   std::vector<cudaEvent_t> free_events_;
   uint64_t last_event_ = 0;

@@ -52,6 +52,29 @@ TEST(CudaBackend, HostCodeCannotTouchDeviceMemory) {
   }
 }
 
+// Host staging memory is page-locked (cudaHostAlloc: the emulation keeps it
+// as pinned, so cudaFreeHost accepts it and cudaFree would not), is host
+// memory the host reads and writes, takes copies from the device, and is
+// counted in memory().host while it lives, not in the device's in_use.
+TEST(CudaBackend, HostStagingIsPinnedAndCounted) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  const int64_t device_before = be->memory().in_use;
+  {
+    Buffer h = be->alloc_host(6);
+    EXPECT_EQ(h.view().device, Device::kCpu);
+    EXPECT_EQ(be->memory().host, 6 * 4);
+    EXPECT_EQ(be->memory().in_use, device_before);
+    Buffer d = be->alloc(DType::kF32, 6);
+    const std::vector<float> src{1, 2, 3, 4, 5, 6};
+    be->from_host(src.data(), d.view());
+    be->to_host(d.view(), h.f32());
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(h.f32()[i], src[static_cast<size_t>(i)]);
+    EXPECT_EQ(be->alloc_host(0).count(), 0);
+    EXPECT_EQ(be->memory().host, 6 * 4);
+  }
+  EXPECT_EQ(be->memory().host, 0);
+}
+
 TEST(CudaBackend, TransfersConvertAndZeroFill) {
   auto be = make_cuda_backend(DType::kF32, 0);
   Buffer b = be->alloc(DType::kBF16, 5);

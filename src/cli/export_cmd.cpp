@@ -41,6 +41,7 @@ int run_export(int argc, char** argv) {
 
   const engine::ExportReport r = engine::export_hf(o);
   if (!r.tokenizer_written) std::cerr << "amsp export: no tokenizer written: " << r.tokenizer << "\n";
+  if (!r.tokenizer_warning.empty()) std::cerr << "amsp export: warning: " << r.tokenizer_warning << "\n";
   std::printf("exported %s (step %lld) to %s: %.2f MiB of %s weights in", o.checkpoint.c_str(),
               static_cast<long long>(r.step), o.output.c_str(), static_cast<double>(r.weight_bytes) / 1048576.0,
               dtype.c_str());

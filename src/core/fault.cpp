@@ -22,13 +22,17 @@ constexpr const char* kPoints[] = {
     "save.renamed",      // step-STEP.h5 in place, `latest` still names the previous one
     "save.latest_tmp",   // latest.tmp written, not yet renamed over `latest`
     "save.latest",       // `latest` names step-STEP.h5, older checkpoints not yet pruned
+    // amsp export (STEP: the checkpoint's step; rank 0)
+    "export.written",    // the new export complete in OUTPUT.tmp-XXXXXX, OUTPUT untouched
+    "export.swapped",    // --force: the new export at OUTPUT, the old one beside it, not yet deleted
 };
 
 struct Spec {
   std::string point;
   int64_t step = -1;
   int rank = -1;  // -1: every rank
-  int signal = SIGKILL;
+  int signal = SIGKILL;  // 0 with fail
+  bool fail = false;     // ",FAIL": throw an I/O error instead of a signal
 };
 
 bool known(const std::string& name) {
@@ -60,11 +64,12 @@ Spec parse(const std::string& full) {
   const std::optional<int64_t> rank = rank_text.empty() ? std::optional<int64_t>(-1) : parse_int(rank_text);
   Spec s;
   s.point = point;
+  s.fail = sig == "FAIL";
   s.signal = full.find(',') == std::string::npos ? SIGKILL : signal_named(sig);
-  if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 || s.signal == 0)
-    fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM] with POINT one of "
+  if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 || (s.signal == 0 && !s.fail))
+    fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|FAIL] with POINT one of "
                "train.step, save.begin, save.data, save.closed, save.renamed, save.latest_tmp, "
-               "save.latest");
+               "save.latest, export.written, export.swapped");
   s.step = *step;
   s.rank = static_cast<int>(*rank);
   return s;
@@ -87,6 +92,7 @@ void check_environment() { spec(); }
 void point(const char* name, int64_t step, int rank) {
   const auto& s = spec();
   if (!s || s->step != step || (s->rank >= 0 && s->rank != rank) || s->point != name) return;
+  if (s->fail) fail("injected I/O error at ", name, " (step ", step, ", AMSP_FAULT)");
   ::raise(s->signal);
 }
 

@@ -9,10 +9,16 @@
 //   AMSP_FAULT=POINT@STEP        every rank that reaches POINT at STEP
 //   AMSP_FAULT=POINT@STEP:RANK   only that rank (MPI_COMM_WORLD rank)
 //   AMSP_FAULT=POINT@STEP,USR1   a signal other than KILL (USR1 or TERM)
+//   AMSP_FAULT=POINT@STEP,FAIL   no signal: the call throws an I/O error there
 //
 // The process raises the signal on itself. SIGKILL: no handler, destructor or
 // atexit runs, exactly as for `kill -9`. USR1 and TERM reach the stop handler
-// as Slurm's would, at a known moment. The points are listed in doc/checkpoints.md
+// as Slurm's would, at a known moment. FAIL makes point() throw amsp's Error
+// ("injected I/O error at POINT (step STEP)"), as a failed write of a full
+// disk would: what the caller does with a failed write is then what is tested
+// (for a background checkpoint, the writer thread catches it and the job ends
+// naming the file). Without :RANK every rank fails at the point, as they do
+// when the shared file system is full. The points are listed in doc/checkpoints.md
 // ("Crash points"); an unknown POINT is refused at the first check so that a
 // typo cannot make a crash test pass by crashing nowhere.
 #pragma once
@@ -24,8 +30,9 @@ namespace amsp::fault {
 // Throws UsageError if AMSP_FAULT is set but malformed; call it at start.
 void check_environment();
 
-// Dies here if AMSP_FAULT names this point, this step and this rank. `point`
-// must be one of the names in kPoints (fault.cpp). rank < 0: not known yet.
+// Dies here (or, with FAIL, throws Error) if AMSP_FAULT names this point,
+// this step and this rank. `point` must be one of the names in kPoints
+// (fault.cpp). rank < 0: not known yet.
 void point(const char* name, int64_t step, int rank);
 
 }  // namespace amsp::fault

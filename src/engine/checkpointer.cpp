@@ -29,10 +29,16 @@ bool threads_allowed(bool root) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(ShardedEngine& engine, CheckpointPlace place, bool background, bool root)
-    : engine_(engine), place_(std::move(place)), root_(root), writer_(engine.replica_index() == 0) {
+Checkpointer::Checkpointer(ShardedEngine& engine, backend::Backend& backend, CheckpointPlace place,
+                           bool background, bool root)
+    : engine_(engine),
+      backend_(backend),
+      place_(std::move(place)),
+      root_(root),
+      writer_(engine.replica_index() == 0) {
   background_ = background && threads_allowed(root);
   if (!background_) return;
+  allocate_snapshot();
   AMSP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
   thread_ = std::thread([this] { run_writer(); });
 }
@@ -82,9 +88,10 @@ double Checkpointer::save_sync(const ckpt::Metadata& meta) {
   return ms;
 }
 
-// The writer's own memory, allocated at the first save and reused: the OS
-// range of each state of each unit, and shards whose P range is the OS range
-// (so that ckpt::save finds the parameters at the start of the copy).
+// The writer's own memory, allocated once and reused by every save: the OS
+// range of each state of each unit in the backend's host staging memory, and
+// shards whose P range is the OS range (so that ckpt::save finds the
+// parameters at the start of the copy).
 void Checkpointer::allocate_snapshot() {
   const auto& shards = engine_.shards();
   snap_.shards = shards;
@@ -95,16 +102,17 @@ void Checkpointer::allocate_snapshot() {
   snap_.exp_avg_sq.resize(shards.size());
   for (size_t u = 0; u < shards.size(); ++u) {
     snap_.shards[u].p = shards[u].os;
-    const auto n = static_cast<size_t>(shards[u].os.size);
-    snap_.params[u].resize(n);
-    snap_.exp_avg[u].resize(n);
-    snap_.exp_avg_sq[u].resize(n);
-    snap_.views[u] = {snap_.params[u].data(), snap_.exp_avg[u].data(), snap_.exp_avg_sq[u].data()};
+    const int64_t n = shards[u].os.size;
+    snap_.params[u] = backend_.alloc_host(n);
+    snap_.exp_avg[u] = backend_.alloc_host(n);
+    snap_.exp_avg_sq[u] = backend_.alloc_host(n);
+    snap_.views[u] = {snap_.params[u].view().data ? snap_.params[u].f32() : nullptr,
+                      snap_.exp_avg[u].view().data ? snap_.exp_avg[u].f32() : nullptr,
+                      snap_.exp_avg_sq[u].view().data ? snap_.exp_avg_sq[u].f32() : nullptr};
   }
 }
 
 void Checkpointer::take_snapshot(const ckpt::Metadata& meta) {
-  if (snap_.views.empty()) allocate_snapshot();
   snap_.meta = meta;
   if (writer_) engine_.copy_os_states(snap_.views);
 }
@@ -170,10 +178,10 @@ std::optional<WrittenCheckpoint> Checkpointer::take_written() {
 }
 
 int64_t Checkpointer::snapshot_bytes() const {
-  if (!background_ || !writer_) return 0;
-  int64_t floats = 0;
-  for (const auto& s : engine_.shards()) floats += 3 * s.os.size;
-  return floats * static_cast<int64_t>(sizeof(float));
+  int64_t bytes = 0;
+  for (const auto* states : {&snap_.params, &snap_.exp_avg, &snap_.exp_avg_sq})
+    for (const auto& b : *states) bytes += b.bytes();
+  return bytes;
 }
 
 }  // namespace amsp::engine

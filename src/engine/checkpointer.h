@@ -5,6 +5,10 @@
 // Background: save() waits for the write in flight (at most one), copies what
 // the checkpoint holds (the OS range of every state, and the metadata) into
 // host memory this object owns, hands it to the writer thread and returns.
+// That memory is the backend's host staging (Backend::alloc_host: page-locked
+// on CUDA, so the copy from the device is a DMA), allocated once when the
+// Checkpointer is made, so that a run without the memory for it fails at the
+// start rather than at its first checkpoint.
 // The writer runs ckpt::save as it is, on its own duplicate of MPI_COMM_WORLD
 // (made once), so its collectives never meet the training's: the same
 // temporary name, checksums, manifest, rename, `latest` and pruning after the
@@ -22,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ckpt/checkpoint.h"
 #include "engine/sharded_engine.h"
 
@@ -44,7 +49,8 @@ class Checkpointer {
  public:
   // Collective over MPI_COMM_WORLD. background falls back to sync (rank 0
   // prints a note) when MPI does not provide MPI_THREAD_MULTIPLE.
-  Checkpointer(ShardedEngine& engine, CheckpointPlace place, bool background, bool root);
+  Checkpointer(ShardedEngine& engine, backend::Backend& backend, CheckpointPlace place, bool background,
+               bool root);
   ~Checkpointer();  // waits for the write in flight
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -60,17 +66,20 @@ class Checkpointer {
   // Waits for the write in flight, if any; take_written() then returns it.
   void wait();
   // Host memory of this rank's snapshot (0 when sync, or for a rank that
-  // writes nothing).
+  // writes nothing): the bytes of its alloc_host buffers.
   int64_t snapshot_bytes() const;
+  // The snapshot is page-locked memory (a CUDA backend).
+  bool snapshot_pinned() const { return snapshot_bytes() > 0 && backend_.device() == Device::kCuda; }
 
  private:
   struct Snapshot {
     ckpt::Metadata meta;
     std::vector<plan::UnitShards> shards;  // the engine's, with p = os
-    std::vector<std::vector<float>> params, exp_avg, exp_avg_sq;
+    std::vector<backend::Buffer> params, exp_avg, exp_avg_sq;  // Backend::alloc_host
     std::vector<ckpt::StateView> views;
   };
   ShardedEngine& engine_;
+  backend::Backend& backend_;
   CheckpointPlace place_;
   bool background_ = false, root_ = false, writer_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL;

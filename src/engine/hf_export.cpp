@@ -1,6 +1,8 @@
 #include "engine/hf_export.h"
 
+#include <fcntl.h>
 #include <sentencepiece_processor.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cerrno>
@@ -13,6 +15,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "data/dataset.h"
 #include "hf/model_dir.h"
 #include "model/config.h"
@@ -28,7 +31,36 @@ struct TokenizerFiles {
   std::string config_json, special_tokens_json;
   int64_t bos_id = -1, eos_id = -1;
   std::string note;
+  std::string fast_warning;  // why AutoTokenizer's converted fast tokenizer would encode otherwise
 };
+
+// transformers makes LlamaTokenizerFast (what AutoTokenizer returns) by
+// converting tokenizer.model under LLaMA's assumptions: ids 0, 1, 2 are
+// <unk>, <s>, </s>; the text is not normalized, only "▁" prepended and spaces
+// replaced by "▁" (the model's normalization rule and whitespace collapsing
+// are dropped). The slow LlamaTokenizer runs sentencepiece itself and is
+// exact. Empty if the model fits those assumptions, else what does not.
+std::string fast_conversion_problem(const sentencepiece::SentencePieceProcessor& sp) {
+  if (sp.unk_id() != 0 || sp.bos_id() != 1 || sp.eos_id() != 2)
+    return cat("its <unk>, <s>, </s> ids are ", sp.unk_id(), ", ", sp.bos_id(), ", ", sp.eos_id(),
+               ", not 0, 1, 2");
+  std::vector<std::string> pieces;
+  if (!sp.Encode("a", &pieces).ok() || pieces.empty() || pieces[0].rfind("\xE2\x96\x81", 0) != 0)
+    return "it adds no dummy prefix";
+  // Text the normalizer would change (repeated, leading and trailing spaces,
+  // a compatibility ligature for NFKC) and that decodes to itself otherwise;
+  // a probe that meets the unknown piece proves nothing.
+  for (const char* probe : {"a  b", "  a", "a ", "\xEF\xAC\x81"}) {
+    std::vector<int> ids;
+    std::string back;
+    if (!sp.Encode(probe, &ids).ok()) continue;
+    bool unknown = false;
+    for (int id : ids) unknown |= sp.IsUnknown(id);
+    if (unknown || !sp.Decode(ids, &back).ok()) continue;
+    if (back != probe) return "its normalizer rewrites text (whitespace or Unicode normalization)";
+  }
+  return {};
+}
 
 TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions) {
   TokenizerFiles out;
@@ -79,6 +111,10 @@ TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions)
   };
   out.bos_id = sp.bos_id();
   out.eos_id = sp.eos_id();
+  if (const std::string problem = fast_conversion_problem(sp); !problem.empty())
+    out.fast_warning = "the SentencePiece model does not fit what transformers assumes when it converts "
+                       "tokenizer.model to LlamaTokenizerFast (" + problem + "): AutoTokenizer would encode "
+                       "otherwise; load it with use_fast=False (LlamaTokenizer runs the model as it is)";
   nlohmann::ordered_json special = {{"bos_token", piece(sp.bos_id())},
                                     {"eos_token", piece(sp.eos_id())},
                                     {"unk_token", piece(sp.unk_id())}};
@@ -116,6 +152,30 @@ fs::path make_temporary(const fs::path& target) {
   return templ;
 }
 
+// Swaps the complete new export `fresh` with the old output `target`, so that
+// at every moment `target` is one of the two, complete: renameat2's
+// RENAME_EXCHANGE where the file system has it; elsewhere the old one is moved
+// aside (to `fresh`.old), the new one moved in, and on a failure of that
+// second rename the old one moved back. Afterwards the old export is at the
+// returned path, for the caller to delete.
+fs::path swap_in(const fs::path& fresh, const fs::path& target) {
+  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return fresh;
+  if (errno != EINVAL && errno != ENOSYS)
+    fail("--output ", target.string(), ": cannot swap the new export in (", std::strerror(errno), ")");
+  const fs::path aside = fresh.string() + ".old";
+  std::error_code ec;
+  fs::rename(target, aside, ec);
+  if (ec) fail("--output ", target.string(), ": cannot move the old export aside (", ec.message(), ")");
+  fs::rename(fresh, target, ec);
+  if (ec) {
+    std::error_code back;
+    fs::rename(aside, target, back);
+    fail("--output ", target.string(), ": cannot move the new export in (", ec.message(), ")",
+         back ? cat("; the old one is at ", aside.string()) : std::string());
+  }
+  return aside;
+}
+
 }  // namespace
 
 ExportReport export_hf(const ExportOptions& o) {
@@ -142,6 +202,7 @@ ExportReport export_hf(const ExportOptions& o) {
   report.step = meta.step;
   report.tokenizer = tok.note;
   report.tokenizer_written = !tok.model.empty();
+  report.tokenizer_warning = tok.fast_warning;
   std::vector<hf::TensorDecl> decls;
   for (const auto& u : units)
     for (const auto& t : u.tensors) {
@@ -168,12 +229,31 @@ ExportReport export_hf(const ExportOptions& o) {
     for (const auto& f : weights.close()) report.files.push_back(f);
     // What --init-from will make of it: the headers against the layout.
     hf::ModelDir(tmp.string()).check(units);
-    if (exists) fs::remove_all(target);
-    fs::rename(tmp, target);
+    fault::point("export.written", meta.step, 0);
+    if (!exists) {
+      fs::rename(tmp, target);
+      return report;
+    }
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
+  // --force over an existing output: the new export is complete beside it; swap
+  // it in, then delete the old one. A failure or a crash at any point leaves
+  // the old export or the new one, complete, at `target`.
+  const fs::path old = [&] {
+    try {
+      return swap_in(tmp, target);
+    } catch (...) {
+      fs::remove_all(tmp, ec);
+      throw;
+    }
+  }();
+  fault::point("export.swapped", meta.step, 0);
+  fs::remove_all(old, ec);
+  if (ec)
+    std::fprintf(stderr, "amsp export: warning: cannot delete the old export, moved to %s: %s\n",
+                 old.string().c_str(), ec.message().c_str());
   return report;
 }
 

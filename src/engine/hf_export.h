@@ -27,19 +27,26 @@ struct ExportReport {
   std::vector<std::string> files;  // written into output, in order
   std::string tokenizer;           // what was written, or why none was
   bool tokenizer_written = false;
+  std::string tokenizer_warning;   // a written tokenizer that AutoTokenizer's fast conversion gets wrong
 };
 
 // One process, no MPI. Checks the checkpoint in a child process first
 // (ckpt::check_in_child), reads it one tensor at a time (ckpt::read_parameters:
 // checksums checked), writes into OUTPUT.tmp-XXXXXX beside OUTPUT and renames
 // it into place only when complete; on any failure the temporary is removed
-// and OUTPUT is as it was. Throws UsageError (exit 2) for a missing or damaged
+// and OUTPUT is as it was. With force over an existing OUTPUT the new export
+// is written whole first, then swapped with the old one (an atomic exchange
+// where the file system has one, else old moved aside, new moved in), then the
+// old one deleted: a failure or a crash at any point leaves OUTPUT holding the
+// old export or the new one, complete (a crash may leave the other beside it). Throws UsageError (exit 2) for a missing or damaged
 // checkpoint and an output that exists and is not empty without force.
 //
 // The tokenizer: the checkpoint's run options name the dataset and its
 // tokenizer kind. A SentencePiece dataset that is still there (and holds the
 // same kind and vocabulary) gives tokenizer.model, tokenizer_config.json
-// (LlamaTokenizer) and special_tokens_map.json; otherwise (the byte tokenizer,
+// (LlamaTokenizer) and special_tokens_map.json (and the report warns when
+// transformers' conversion of it to LlamaTokenizerFast, AutoTokenizer's
+// default, would encode otherwise than the model); otherwise (the byte tokenizer,
 // which has no Hugging Face counterpart, or a dataset gone) no tokenizer is
 // written and the report says why.
 ExportReport export_hf(const ExportOptions& options);

@@ -543,7 +543,7 @@ void Run::start() {
   refuse_other_trajectory(o, start_point, root);
   if (!o.checkpoint_dir.empty())
     checkpointer = std::make_unique<Checkpointer>(
-        *engine, CheckpointPlace{o.checkpoint_dir, o.keep_last, o.checkpoint_io}, o.checkpoint_background, root);
+        *engine, *be, CheckpointPlace{o.checkpoint_dir, o.keep_last, o.checkpoint_io}, o.checkpoint_background, root);
   if (root) sink = std::make_unique<MetricsSink>(o.metrics_path, /*append=*/start_point.first_step > 1);
   write_run_record_start();
   if (root && !o.data_order_path.empty()) {
@@ -563,6 +563,8 @@ void Run::write_run_record_start() {
   if (o.run_info_path.empty()) return;
   int64_t snapshot_bytes = checkpointer ? checkpointer->snapshot_bytes() : 0;
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &snapshot_bytes, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  int pinned = checkpointer && checkpointer->snapshot_pinned() ? 1 : 0;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &pinned, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   collectively([&] {
     if (!root) return;
     const auto null_or = [](const std::string& s) {
@@ -597,6 +599,7 @@ void Run::write_run_record_start() {
             {"checkpoint_mode", checkpointer ? (checkpointer->background() ? "background" : "sync")
                                              : nlohmann::ordered_json()},
             {"ckpt_snapshot_bytes", snapshot_bytes},
+            {"ckpt_snapshot_pinned", pinned != 0},
             {"resumed_from", null_or(start_point.from)},
             {"first_step", start_point.first_step},
             {"init_from", null_or(o.init_from)},

@@ -53,6 +53,11 @@ mpi mode (mpiexec on this machine):
      the writes' ckpt_write_ms come in later records; SIGUSR1 raised inside the background
      write of step 4 (save.data@4,USR1) stops the run (exit 75) after the write in flight
      and the stop step's save are complete, and --resume auto continues bit for bit.
+     A background write that fails (save.data@8,FAIL: every rank's write throws an I/O
+     error, as on a full disk; and save.data@8:1,FAIL, rank 1's alone) ends the job
+     within a deadline, non-zero, with an error line naming step-00000008.h5; step-00000004.h5 still verifies and `latest` names it;
+     no step-00000008.h5 exists (at most its .tmp); --resume auto continues from step 4
+     to 12 bit for bit.
 
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
 starts on its own ports, 17317 and 17401-17404, and always stops):
@@ -800,6 +805,8 @@ class Tests:
         self.background_files(dirs, files, recs, ref)
         self.background_stall(recs, ref, every)
         self.background_stop(ref, steps, every)
+        for rank in ("", ":1"):
+            self.background_failure(ref, steps, every, rank)
 
     def background_files(self, dirs, files, recs, ref):
         problems = [f"{f}: {t}" for f in files for ok, t in [self.verify(os.path.join(dirs["background"], f))]
@@ -855,6 +862,47 @@ class Tests:
         self.report(not problems, f"10 SIGUSR1 during the background write of step {every}: stopped after step {k} "
                                   f"(exit {rc}) with step {every} and {k} complete, resumed to {steps} bit for bit"
                                   + (f"; {'; '.join(problems)}" if problems else ""),
+                    [' '.join(job.cmd), job.stdout()[-800:], job.stderr(), job2.stderr()])
+
+    def background_failure(self, ref, steps, every, rank):
+        ckdir = self.path(f"ck-bg-fail{rank.replace(':', '-')}")
+        shutil.rmtree(ckdir, ignore_errors=True)
+        failing = 2 * every
+        name = f"step-{failing:08d}.h5"
+        fault = f"save.data@{failing}{rank},FAIL"
+        # The writer thread of every rank (rank "": a full shared disk) or of rank 1 alone
+        # (the other one goes on into the collective close) gets an I/O error once the
+        # step-8 data is written, the .tmp file still open, at the same point on every machine.
+        job = self.start("bg-fail", 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=every,
+                         fault=fault, params=False)
+        rc = job.finish(timeout=90)
+        secs = job.seconds()
+        errors = [l for l in job.stderr().splitlines() if l.startswith("amsp: error:")]
+        problems = []
+        if rc in (0, None) or rc < 0:
+            problems.append(f"exit {rc} after {secs:.0f} s (expected a non-zero exit, not a hang or a kill)")
+        if not errors or not all(f"{ckdir}/{name}: the background write failed" in l and "injected I/O error" in l
+                                 for l in errors):
+            problems.append(f"error lines {errors}")
+        if step_files(ckdir) != [f"step-{every:08d}.h5"] or (latest_name(ckdir) or "").strip() != \
+                f"step-{every:08d}.h5" or any(t != f".{name}.tmp" for t in tmp_files(ckdir)):
+            problems.append(f"left {sorted(os.listdir(ckdir))}, latest {latest_name(ckdir)!r}")
+        problems += [f"{f}: {t}" for f in step_files(ckdir) for ok, t in [self.verify(os.path.join(ckdir, f))]
+                     if not ok]
+        job2, rc2 = self.run("bg-fail-resume", 2, "zero3", 1, 1, steps=steps, ckdir=ckdir, every=every,
+                             resume="auto", params=False)
+        resumed = re.search(r"^resume: (\S+) \(step (\d+),", job2.stdout(), re.M)
+        recs = read_metrics(self.path("bg-fail-resume.jsonl")) if os.path.exists(self.path("bg-fail-resume.jsonl")) \
+            else []
+        bad = exact_mismatches(recs, ref)
+        if rc2 != 0 or not resumed or int(resumed.group(2)) != every or bad or \
+                [r["step"] for r in recs if "loss" in r] != list(range(every + 1, steps + 1)):
+            problems.append(f"resume exit {rc2}, {resumed.group(0) if resumed else 'no resume line'}, "
+                            f"{len(bad)} records differ" + (f", first {bad[0]}" if bad else ""))
+        self.report(not problems, f"10 a failing background write of step {failing} ({fault}): "
+                                  f"exit {rc} in {secs:.0f} s, {errors[0] if errors else 'no error line'}; "
+                                  f"step {every} intact and latest; --resume auto from step {every} to {steps} "
+                                  f"bit for bit" + (f"; {'; '.join(problems)}" if problems else ""),
                     [' '.join(job.cmd), job.stdout()[-800:], job.stderr(), job2.stderr()])
 
     # ---------------------------------------------------------------- check 7

@@ -115,19 +115,30 @@ def compare_params(got, ref):
 def check_resume(amsp, mpiexec, data, work, check):
     """Checkpoint state crosses the device boundary both ways (state_views stages it
     through host copies): 4 steps saving at step 2, and a run resumed from that file,
-    give steps 3 and 4 bit for bit."""
+    give steps 3 and 4 bit for bit. The first run saves in the background, from a
+    snapshot in the backend's page-locked host memory (cudaHostAlloc): its run record
+    says so (ckpt_snapshot_pinned, ckpt_snapshot_bytes = 3 fp32 states of this rank's
+    OS-shard), and the resume checks what that snapshot held."""
     base = os.path.join(work, "resume")
     env = dict(os.environ, AMSP_CUDA_EMULATION="1", OMP_NUM_THREADS="1")
     cmd = [mpiexec, "-n", "2", amsp, "train", "--model", "tiny", "--data", data, "--device", "cuda",
            "--precision", "bf16", "--shard", "zero3", "--steps", "4", "--seq-len", str(SEQ),
            "--batch-size", str(BATCH), "--threads", "1", "--eval-every", "0", "--eval-windows", "2",
            "--peak-tflops", "1"]
+    os.makedirs(base, exist_ok=True)
     straight = subprocess.run(cmd + ["--checkpoint-dir", os.path.join(base, "a"), "--checkpoint-every", "2",
+                                     "--checkpoint-mode", "background", "--run-info", os.path.join(base, "a.json"),
                                      "--metrics", os.path.join(base, "a.jsonl")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
     if straight.returncode != 0:
         check(False, f"resume on cuda: the straight run failed: {straight.stderr.strip()[-300:]}")
         return
+    info = json.load(open(os.path.join(base, "a.json")))
+    snap = info.get("ckpt_snapshot_bytes")
+    check(info.get("checkpoint_mode") == "background" and info.get("ckpt_snapshot_pinned") is True
+          and isinstance(snap, int) and snap > 0 and snap % 12 == 0,
+          f"background save on cuda: snapshot in pinned host memory "
+          f"(ckpt_snapshot_pinned {info.get('ckpt_snapshot_pinned')}, ckpt_snapshot_bytes {snap})")
     os.makedirs(os.path.join(base, "b"))
     shutil.copy(os.path.join(base, "a", "step-00000002.h5"), os.path.join(base, "b"))
     resumed = subprocess.run(cmd + ["--checkpoint-dir", os.path.join(base, "b"), "--resume", "auto",

@@ -364,6 +364,13 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) { return allocate(ptr, bytes, false); }
 cudaError_t cudaFree(void* ptr) { return release(ptr, false); }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return allocate(ptr, bytes, true); }
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags) {
+  if (flags != cudaHostAllocDefault) {
+    if (ptr) *ptr = nullptr;
+    return fail(cudaErrorInvalidValue);
+  }
+  return allocate(ptr, bytes, true);
+}
 cudaError_t cudaFreeHost(void* ptr) { return release(ptr, true); }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,

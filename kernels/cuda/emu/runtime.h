@@ -37,6 +37,7 @@ enum cudaMemcpyKind {
 };
 
 constexpr unsigned cudaStreamDefault = 0x0, cudaStreamNonBlocking = 0x1;
+constexpr unsigned cudaHostAllocDefault = 0x0;
 constexpr unsigned cudaEventDefault = 0x0, cudaEventBlockingSync = 0x1,
                    cudaEventDisableTiming = 0x2;
 
@@ -64,6 +65,9 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+// cudaMallocHost with flags; the emulation takes cudaHostAllocDefault only
+// (portable, mapped and write-combined memory mean nothing without a device).
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void* ptr);
 // The copies and sets take the caller's file and line as defaulted trailing
 // arguments (an emulation-only addition; calls read as CUDA's), so that the
