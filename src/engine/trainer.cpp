@@ -153,6 +153,23 @@ std::pair<plan::Evaluation, std::string> weigh_recompute(plan::PlanInput in) {
   return {*none, why};
 }
 
+// One line when the bandwidth table --shard auto plans with was measured on another
+// shape of job than this one, and how to measure one for it.
+void warn_if_measured_elsewhere(const plan::BandwidthTable& table, const std::string& path,
+                                const topology::Topology& topo) {
+  const plan::MeshShape measured = table.measured_shape();
+  if (measured.ranks_per_node == topo.local_size && measured.nodes == topo.num_nodes) return;
+  const std::string launch =
+      topo.source == "slurm" ? cat("srun -N ", topo.num_nodes, " --ntasks-per-node=", topo.local_size)
+      : topo.num_nodes > 1   ? cat("mpiexec -n ", topo.world_size, " -ppn ", topo.local_size)
+                             : cat("mpiexec -n ", topo.world_size);
+  const std::string file = cat("bandwidth-", topo.local_size, "x", topo.num_nodes, ".json");
+  std::fputs(cat("amsp: warning: bandwidth table ", path, " was measured on ", measured.ranks_per_node, "x",
+                 measured.nodes, " ranks (per node x nodes), this job has ", topo.local_size, "x",
+                 topo.num_nodes, "; measure one with: ", launch, " amsp comm-bench --output-table ", file,
+                 " and pass --bandwidth ", file, "\n").c_str(), stderr);
+}
+
 PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops) {
   if (o.shard != "auto")
     return {o.shard, o.recompute == "full",
@@ -171,7 +188,8 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   const std::string table = o.bandwidth_path.empty()
                                 ? model::inputs_dir() + "/bandwidth/localcluster-2x4.json"
                                 : o.bandwidth_path;
-  in.bandwidth = plan::load_bandwidth_table(table, "--bandwidth");
+  in.bandwidth = plan::load_bandwidth_table(table, "bandwidth");
+  if (topo.rank == 0) warn_if_measured_elsewhere(in.bandwidth, table, topo);
   in.compute.peak_flops_per_s = peak_flops;
   in.compute.flops_per_s = peak_flops * kAssumedMatmulEfficiency;
   std::string recompute_why = cat("recompute ", o.recompute);
