@@ -299,6 +299,14 @@ def case_mesh_groups(args, cluster):
         if rec["rank"] == 0:
             print(f"   {rec['plan']:22s} {rec['factors']:22s} {rec['placement']}")
 
+    # n2 and n3, one under each switch: the allocation keeps a 2-node group from one switch.
+    out = run(["srun", "--mpi=pmi2", "--time=2", "-N", "2", "-w", "n2,n3", "--ntasks-per-node=2", args.mesh_probe,
+               "mics:4"], cluster.env).stdout
+    placement = json.loads(next(line for line in out.splitlines() if line.startswith("{")))["placement"]
+    want = "P 4 ranks on 2 nodes (across leaf switches: allocation, at most 1 of its nodes under one switch)"
+    check(placement == want, f"mics:4 on n2, n3: placement {placement!r}, expected {want!r}")
+    print(f"ok mics:4 on n2, n3: {placement}")
+
     # A plan that does not fit the world is refused on every rank with one line.
     r = run(["srun", "--mpi=pmi2", "--time=2", "-N", "4", "--ntasks-per-node=2", args.mesh_probe, "mics:3"],
             cluster.env, expect_rc=None)
