@@ -1,11 +1,66 @@
 #include "engine/plan_groups.h"
 
 #include <algorithm>
+#include <map>
 
 #include "core/mpi_check.h"
 #include "core/error.h"
 
 namespace amsp::engine {
+namespace {
+
+using topology::Topology;
+
+// The node index at every node-major position.
+std::vector<int> nodes_by_position(const Topology& t) {
+  std::vector<int> out;
+  for (int r : t.ranks_in_order()) out.push_back(t.rank_node[static_cast<size_t>(r)]);
+  return out;
+}
+
+// The most nodes of the allocation under one leaf switch.
+int most_allocated_under_one_switch(const Topology& t) {
+  std::map<std::string, int> count;
+  int most = 0;
+  for (const topology::NodeInfo& n : t.nodes) most = std::max(most, ++count[n.switch_path()]);
+  return most;
+}
+
+// Why groups of k nodes cross leaf switches; `example` names two nodes of one.
+std::string crossing_cause(const Topology& t, int64_t k, const std::string& example) {
+  int biggest = 0;
+  for (const auto& [name, nodes] : t.switch_nodes) biggest = std::max(biggest, nodes);
+  if (!t.switch_nodes.empty() && biggest < k) return cat("plan size, no switch holds ", k, " nodes");
+  const int most = most_allocated_under_one_switch(t);
+  if (most < k) return cat("allocation, at most ", most, " of its nodes under one switch");
+  return cat("block alignment, ", example, " in one group");
+}
+
+// Whether every group of `kind` stays under one leaf switch, and if not, why.
+std::string switch_note(const plan::Mesh& mesh, plan::GroupKind kind, const Topology& t,
+                        const std::vector<int>& node_at) {
+  auto node = [&](int64_t pos) -> const topology::NodeInfo& {
+    return t.nodes[static_cast<size_t>(node_at[static_cast<size_t>(pos)])];
+  };
+  int64_t groups = 0, across = 0;
+  std::string example;
+  for (int64_t pos = 0; pos < mesh.shape().world(); ++pos) {
+    if (mesh.index_in_group(kind, pos) != 0) continue;  // each group once, by its first member
+    ++groups;
+    for (int64_t m : mesh.group_members(kind, pos)) {
+      if (node(m).switches == node(pos).switches) continue;
+      if (++across == 1)
+        example = cat(node(pos).name, " (", node(pos).leaf_switch(), ") and ", node(m).name, " (",
+                      node(m).leaf_switch(), ")");
+      break;
+    }
+  }
+  if (across == 0) return "under one leaf switch";
+  return cat(across < groups ? cat(across, " of ", groups, " groups ") : "", "across leaf switches: ",
+             crossing_cause(t, mesh.group_nodes(kind), example));
+}
+
+}  // namespace
 
 comm::Group make_plan_group(MPI_Comm world, const plan::Mesh& mesh, plan::GroupKind kind,
                       const std::vector<int>& ranks_in_order) {
@@ -23,6 +78,20 @@ comm::Group make_plan_group(MPI_Comm world, const plan::Mesh& mesh, plan::GroupK
   return comm::make_group(world, members, plan::group_name(kind));
 }
 
+std::string placement_notes(const plan::Mesh& mesh, const Topology& topology) {
+  const std::vector<int> node_at = nodes_by_position(topology);
+  std::string notes;
+  for (plan::GroupKind kind : plan::kAllGroups) {
+    if (mesh.group_size(kind) <= 1) continue;
+    const int64_t nodes = mesh.group_nodes(kind);
+    notes += cat(notes.empty() ? "" : "; ", plan::group_name(kind), " ", mesh.group_size(kind),
+                 nodes > 1 ? cat(" ranks on ", nodes, " nodes") : " ranks in a node");
+    if (nodes > 1 && topology.has_switch_info())
+      notes += " (" + switch_note(mesh, kind, topology, node_at) + ")";
+  }
+  return notes.empty() ? "no communication groups (one rank)" : notes;
+}
+
 PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
                             const std::string& plan_text) {
   topology.require_equal_tasks_per_node(cat("shard plan ", plan_text));
@@ -36,24 +105,7 @@ PlanGroups make_plan_groups(MPI_Comm world, const topology::Topology& topology,
         make_plan_group(world, pg.mesh, kind, ranks_in_order);
   pg.world = comm::dup_group(world, "world");
 
-  // Where the groups sit. A group lies inside a block of consecutive whole
-  // nodes in switch order: s1p nodes for P, s1g for G, s1os for OS and gather
-  // (the replica group strides across blocks; its traffic is the lightest).
-  // The block sits under one leaf switch when the topology has one that big.
-  std::string notes;
-  for (plan::GroupKind kind : plan::kAllGroups) {
-    if (pg.mesh.group_size(kind) <= 1) continue;
-    const int64_t nodes = pg.mesh.group_nodes(kind);
-    notes += cat(notes.empty() ? "" : ", ", plan::group_name(kind), " ", pg.mesh.group_size(kind),
-                 nodes > 1 ? cat(" ranks on ", nodes, " nodes") : " ranks in a node");
-    const int64_t block = kind == plan::GroupKind::kP   ? plan.p.s1
-                          : kind == plan::GroupKind::kG ? plan.g.s1
-                                                        : plan.os.s1;
-    if (nodes > 1 && kind != plan::GroupKind::kReplica && topology.has_switch_info() &&
-        !topology.groups_under_leaf_switch(static_cast<int>(block)))
-      notes += " (across leaf switches: no switch holds that many nodes)";
-  }
-  pg.placement = notes.empty() ? "no communication groups (one rank)" : notes;
+  pg.placement = placement_notes(pg.mesh, topology);
   return pg;
 }
 

@@ -27,6 +27,7 @@
 #include "core/stop.h"
 #include "data/dataset.h"
 #include "engine/checkpointer.h"
+#include "engine/config_table.h"
 #include "engine/evaluate.h"
 #include "engine/hf_init.h"
 #include "engine/metrics.h"
@@ -135,6 +136,23 @@ std::pair<plan::Evaluation, std::string> weigh_recompute(plan::PlanInput in) {
   return {*none, why};
 }
 
+// One line when the bandwidth table --shard auto plans with was measured on another
+// shape of job than this one, and how to measure one for it.
+void warn_if_measured_elsewhere(const plan::BandwidthTable& table, const std::string& path,
+                                const topology::Topology& topo) {
+  const plan::MeshShape measured = table.measured_shape();
+  if (measured.ranks_per_node == topo.local_size && measured.nodes == topo.num_nodes) return;
+  const std::string launch =
+      topo.source == "slurm" ? cat("srun -N ", topo.num_nodes, " --ntasks-per-node=", topo.local_size)
+      : topo.num_nodes > 1   ? cat("mpiexec -n ", topo.world_size, " -ppn ", topo.local_size)
+                             : cat("mpiexec -n ", topo.world_size);
+  const std::string file = cat("bandwidth-", topo.local_size, "x", topo.num_nodes, ".json");
+  std::fputs(cat("amsp: warning: bandwidth table ", path, " was measured on ", measured.ranks_per_node, "x",
+                 measured.nodes, " ranks (per node x nodes), this job has ", topo.local_size, "x",
+                 topo.num_nodes, "; measure one with: ", launch, " amsp comm-bench --output-table ", file,
+                 " and pass --bandwidth ", file, "\n").c_str(), stderr);
+}
+
 PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops) {
   if (o.shard != "auto")
     return {o.shard, o.recompute == "full",
@@ -153,7 +171,8 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   const std::string table = o.bandwidth_path.empty()
                                 ? model::inputs_dir() + "/bandwidth/localcluster-2x4.json"
                                 : o.bandwidth_path;
-  in.bandwidth = plan::load_bandwidth_table(table, "--bandwidth");
+  in.bandwidth = plan::load_bandwidth_table(table, "bandwidth");
+  if (topo.rank == 0) warn_if_measured_elsewhere(in.bandwidth, table, topo);
   in.compute.peak_flops_per_s = peak_flops;
   in.compute.flops_per_s = peak_flops * kAssumedMatmulEfficiency;
   std::string recompute_why = cat("recompute ", o.recompute);
@@ -198,56 +217,6 @@ void print_devices(const std::vector<std::string>& devices) {
     if (devices[r] != devices[0]) others += cat(", rank ", r, ": ", devices[r]);
   std::printf("device: %s on rank 0%s%s\n", devices[0].c_str(),
               devices.size() > 1 && others.empty() ? ", and the same on every rank" : "", others.c_str());
-  std::fflush(stdout);
-}
-
-// Where the peak for MFU comes from when --peak-tflops does not give it.
-const char* peak_source(Device device) {
-  if (device == Device::kCpu) return " (GEMM, measured)";
-  return backend::cuda_emulated() ? " (CPU GEMM, measured: the device is emulated)"
-                                    : " (bf16 dense peak of the device, by name)";
-}
-
-void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
-                  int threads, const topology::Topology& topo, const PlanGroups& pg,
-                  const ShardedEngine& engine, const std::string& backend) {
-  const auto& m = o.model;
-  auto row = [](const char* key, const std::string& value) {
-    std::printf("| %-26s | %-48s |\n", key, value.c_str());
-  };
-  const std::string rule = "+" + std::string(28, '-') + "+" + std::string(50, '-') + "+";
-  std::printf("%s\n", rule.c_str());
-  row("model", m.name);
-  row("parameters", cat(m.num_parameters(), " (", m.num_parameters() / 1e6, " M)"));
-  row("hidden_size", std::to_string(m.hidden_size));
-  row("intermediate_size", std::to_string(m.intermediate_size));
-  row("num_hidden_layers", std::to_string(m.num_hidden_layers));
-  row("num_attention_heads", std::to_string(m.num_attention_heads));
-  row("num_key_value_heads", std::to_string(m.num_key_value_heads));
-  row("vocab_size", std::to_string(m.vocab_size));
-  row("rms_norm_eps / rope_theta", cat(m.rms_norm_eps, " / ", m.rope_theta));
-  row("ranks", cat(topo.world_size, " on ", topo.num_nodes, " node(s), ", topo.local_size, " per node"));
-  row("shard plan", plan::to_string(pg.mesh.plan()));
-  row("backend, precision", cat(backend, ", ", dtype_name(o.precision)));
-  row("model states per rank", cat(engine.model_state_bytes() / 1e6, " MB (+ ",
-                                   engine.temporary_bytes() / 1e6, " MB in flight)"));
-  row("data", data.path());
-  row("train / validation tokens", cat(data.tokens(data::Split::kTrain).size(), " / ",
-                                       data.tokens(data::Split::kValid).size()));
-  row("steps", std::to_string(o.steps));
-  row("batch x seq x accum x ranks",
-      cat(o.batch_size, " x ", o.seq_len, " x ", o.grad_accum, " x ", topo.world_size, " = ",
-          o.batch_size * o.seq_len * o.grad_accum * topo.world_size, " tokens/step"));
-  row("lr (warmup, min)", cat(o.schedule.lr, " (", o.schedule.warmup_steps, " steps, ",
-                              o.schedule.min_lr, ")"));
-  row("adamw betas, eps, wd", cat(o.adamw.beta1, ", ", o.adamw.beta2, ", ", o.adamw.eps, ", ",
-                                  o.adamw.weight_decay));
-  row("grad clip", o.grad_clip > 0 ? cat(o.grad_clip) : "off");
-  row("seed", std::to_string(o.seed));
-  row("threads per rank", std::to_string(threads));
-  row("peak per rank for MFU",
-      cat(peak_flops / 1e9, " GFLOP/s", o.peak_tflops > 0 ? " (given)" : peak_source(o.device)));
-  std::printf("%s\n", rule.c_str());
   std::fflush(stdout);
 }
 

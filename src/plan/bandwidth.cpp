@@ -125,6 +125,15 @@ BandwidthTable table_from_text(const std::string& text, const std::string& path,
 
 }  // namespace
 
+MeshShape BandwidthTable::measured_shape() const {
+  MeshShape shape;
+  for (const auto& [key, curve] : curves_) {
+    shape.ranks_per_node = std::max(shape.ranks_per_node, std::get<1>(key));
+    shape.nodes = std::max(shape.nodes, std::get<2>(key));
+  }
+  return shape;
+}
+
 BandwidthTable load_bandwidth_table(const std::string& path, const std::string& option) {
   return table_from_text(read_text(path, option), path, option);
 }

@@ -24,6 +24,7 @@
 
 #include "comm/bandwidth_table.h"
 #include "comm/traffic.h"
+#include "plan/shard_plan.h"
 
 namespace amsp::plan {
 
@@ -34,6 +35,9 @@ class BandwidthTable {
 
   bool empty() const { return curves_.empty(); }
   const std::string& source() const { return source_; }
+  // The job it was measured on: the most ranks per node and the most nodes of any
+  // group (comm-bench's world group). 1x1 when empty.
+  MeshShape measured_shape() const;
 
   // Seconds for one collective whose nccl-tests size is size_bytes, on a group
   // of p0 ranks per node x p1 nodes. A group of one takes no time. Throws

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "model/config.h"
 
 namespace amsp::plan {
 namespace {
@@ -49,6 +50,17 @@ TEST(Bandwidth, InterpolatesClampsAndBorrows) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("no inter-node reduce_scatter"), std::string::npos);
   }
+}
+
+TEST(Bandwidth, MeasuredShape) {
+  // Node groups of 2x1 and cross-node ones of 1x2: measured on 2 ranks x 2 nodes.
+  EXPECT_EQ(small_table().measured_shape().ranks_per_node, 2);
+  EXPECT_EQ(small_table().measured_shape().nodes, 2);
+  EXPECT_EQ(BandwidthTable().measured_shape().world(), 1);
+  const MeshShape local = load_bandwidth_table(model::inputs_dir() + "/bandwidth/localcluster-2x4.json", "t")
+                              .measured_shape();
+  EXPECT_EQ(local.ranks_per_node, 2);
+  EXPECT_EQ(local.nodes, 4);
 }
 
 TEST(Bandwidth, ClusterPresetsLoad) {

@@ -1,7 +1,10 @@
 #include "topology/topology.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -528,6 +531,41 @@ std::string Topology::describe() const {
   return s;
 }
 
+std::map<std::string, int> parse_topology_conf(std::string_view text) {
+  std::map<std::string, int> out;
+  std::istringstream lines{std::string(text)};
+  for (std::string line; std::getline(lines, line);) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string name, nodes;
+    for (std::string w; words >> w;) {
+      std::string key = w.substr(0, w.find('='));
+      const std::string value = w.size() > key.size() ? w.substr(key.size() + 1) : "";
+      std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (key == "switchname") name = value;
+      if (key == "nodes") nodes = value;
+    }
+    if (!name.empty() && !nodes.empty()) out[name] = static_cast<int>(expand_hostlist(nodes).size());
+  }
+  return out;
+}
+
+std::map<std::string, int> read_switch_nodes(const Env& env) {
+  const auto* conf = lookup(env, "SLURM_CONF");
+  std::ifstream in(conf && conf->find('/') != std::string::npos
+                       ? conf->substr(0, conf->rfind('/')) + "/topology.conf"
+                       : "/etc/slurm/topology.conf");
+  if (!in) in.open("/run/slurm/conf/topology.conf");  // slurmd's copy in a configless cluster
+  if (!in) return {};
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return parse_topology_conf(text.str());
+  } catch (const Error&) {
+    return {};  // only a note in the log depends on it
+  }
+}
+
 Topology discover(MPI_Comm comm) { return discover(comm, process_environment()); }
 
 namespace {
@@ -643,6 +681,7 @@ Topology discover(MPI_Comm comm, const Env& env) {
   const std::vector<RankView> views = exchange_views(comm, size, view);
   Topology t = assemble(views, rank, slurm_ok ? "slurm" : "mpi", slurm_ok ? &task : nullptr);
   t.gpu = gpu;
+  if (t.has_switch_info()) t.switch_nodes = read_switch_nodes(env);
   return t;
 }
 

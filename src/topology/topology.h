@@ -57,6 +57,9 @@ struct Topology {
                                   // compared naturally: n2 < n10); nodes under one leaf
                                   // switch are adjacent
   std::vector<int> order_offset;  // order_offset[i]: ranks on nodes node_order[0..i)
+  std::map<std::string, int> switch_nodes;  // leaf switch name -> nodes under it in the
+                                            // whole cluster (Slurm's topology.conf); empty
+                                            // when unknown
   GpuInfo gpu;
 
   // Same number of ranks on every node?
@@ -107,6 +110,14 @@ struct SlurmTask {
   std::vector<int> tasks_per_node;     // SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
   std::vector<std::string> switches;   // from SLURM_TOPOLOGY_ADDR(_PATTERN), may be empty
 };
+
+// Nodes under each leaf switch (SwitchName=s1 Nodes=n[1-2]) in the text of Slurm's
+// topology.conf; switches above others (Switches=...) are left out. UsageError on a
+// bad host list.
+std::map<std::string, int> parse_topology_conf(std::string_view text);
+// The same from topology.conf beside SLURM_CONF (else in /etc/slurm), else from
+// slurmd's configless copy in /run/slurm/conf; empty when there is no readable one.
+std::map<std::string, int> read_switch_nodes(const Env& env);
 
 // Does env describe a Slurm task (SLURM_JOB_ID and SLURM_PROCID set)?
 bool in_slurm_step(const Env& env);

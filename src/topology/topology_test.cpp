@@ -344,5 +344,18 @@ TEST(GpuTest, DeviceFromLocalRank) {
                        "SLURM_GPUS_ON_NODE=\"two\""));
 }
 
+TEST(TopologyConf, LeafSwitchSizes) {
+  // As slurm/local-cluster/start.sh writes it, plus a comment and lower-case keys.
+  const char* text =
+      "# two leaf switches\n"
+      "SwitchName=s1 Nodes=n[1-2]\n"
+      "switchname=s2 nodes=n[3-5],m7 LinkSpeed=100  # three plus one\n"
+      "SwitchName=top Switches=s[1-2]\n";
+  const std::map<std::string, int> want = {{"s1", 2}, {"s2", 4}};
+  EXPECT_EQ(parse_topology_conf(text), want);
+  EXPECT_TRUE(parse_topology_conf("").empty());
+  EXPECT_TRUE(read_switch_nodes({{"SLURM_CONF", "/nonexistent/slurm.conf"}}).empty());
+}
+
 }  // namespace
 }  // namespace amsp::topology

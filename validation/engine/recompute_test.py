@@ -6,7 +6,9 @@
 - the activation memory each rank's model allocates is what `amsp plan` predicts for both
   settings, and smaller with recomputation;
 - --shard auto --recompute auto says which it chose: none when a plan fits without it,
-  full when only recomputation makes a plan fit (--memory-per-rank between the two).
+  full when only recomputation makes a plan fit (--memory-per-rank between the two);
+- --shard auto warns, in one line, when its bandwidth table was measured on another
+  shape of job (the default 2x4 table on these 2x1 ranks), and not with a 2x1 table.
 
 usage: recompute_test.py AMSP MPIEXEC CORPUS WORK
 """
@@ -69,6 +71,23 @@ if len(runs["none"]) == len(runs["full"]) == 6:
 p, _ = train("auto-roomy", ["--shard", "auto"], steps=1)
 first = p.stdout.splitlines()[0] if p.stdout else ""
 check(p.returncode == 0 and "recompute none" in first, f"roomy: recompute none, said: {first}")
+
+# The default table was measured on 2x4 ranks, this job is 2x1: one warning line, from
+# rank 0, naming the table and how to measure one. None with a table of this job's shape.
+warnings = [l for l in p.stderr.splitlines() if "warning: bandwidth table" in l]
+check(len(warnings) == 1 and "localcluster-2x4.json was measured on 2x4 ranks" in warnings[0]
+      and "this job has 2x1" in warnings[0] and "mpiexec -n 2 amsp comm-bench --output-table" in warnings[0]
+      and "--bandwidth" in warnings[0], f"one warning of the table's other shape, said: {warnings}")
+local = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs",
+                                    "bandwidth", "localcluster-2x4.json")))
+local["entries"] = [e for e in local["entries"] if e["nodes"] == 1]  # the 2x1 groups only
+own = os.path.join(WORK, "bandwidth-2x1.json")
+with open(own, "w") as f:
+    json.dump(local, f)
+p, _ = train("auto-own-table", ["--shard", "auto", "--bandwidth", own], steps=1)
+first = p.stdout.splitlines()[0] if p.stdout else ""
+check(p.returncode == 0 and own in first and "warning" not in p.stderr,
+      f"a 2x1 table: no warning, said: {first} {p.stderr.strip()[:300]}")
 states = runs["none"][0]["model_state_bytes"] if runs.get("none") else 0
 # Enough for zero3's states, temporaries and the recomputed activations, not the full ones.
 if runs.get("none") and runs.get("full"):

@@ -11,7 +11,8 @@ CASE is one of
   mpiexec-alloc mpiexec inside an allocation (ranks are not Slurm tasks): MPI fallback
   mpiexec       mpiexec -n 4 without Slurm: one node, 4 local ranks
   mesh-groups   srun -N 4 --ntasks-per-node=2: the five groups of several shard plans,
-                as communicators, have the members worked out by hand below
+                as communicators, have the members worked out by hand below, and the
+                placement line says which cross leaf switches and why
 
 The Slurm cases start slurm/local-cluster/start.sh into a fresh directory under --work
 and always stop it again (finally + signal handlers + an internal deadline below the
@@ -262,6 +263,22 @@ MESH_EXPECTED = {
                            "gather": lambda r: [r % 2 + i for i in (0, 4, 2, 6)]},
 }
 
+# The groups: line for each plan, from the groups above, the switches of their nodes and
+# topology.conf (switches of 2 nodes).
+_SIZE = "(across leaf switches: plan size, no switch holds 4 nodes)"
+_ALIGNED = "(across leaf switches: block alignment, n1 (s1) and n3 (s2) in one group)"
+MESH_PLACEMENT = {
+    "zero3": f"P 8 ranks on 4 nodes {_SIZE}",
+    "zero1": f"OS 8 ranks on 4 nodes {_SIZE}; gather 8 ranks on 4 nodes {_SIZE}",
+    "zero2": f"G 8 ranks on 4 nodes {_SIZE}; gather 8 ranks on 4 nodes {_SIZE}",
+    "mics:2": f"P 2 ranks in a node; replica 4 ranks on 4 nodes {_SIZE}",
+    "mics:4": f"P 4 ranks on 2 nodes (under one leaf switch); replica 2 ranks on 2 nodes {_ALIGNED}",
+    "p=1,g=2x1,os=2x2": "G 2 ranks in a node; OS 2 ranks on 2 nodes (under one leaf switch); "
+                        f"replica 2 ranks on 2 nodes {_ALIGNED}; gather 4 ranks on 2 nodes (under one leaf switch)",
+    "p=2x1,g=2x2,os=2x4": "P 2 ranks in a node; G 2 ranks on 2 nodes (under one leaf switch); "
+                          f"OS 2 ranks on 2 nodes {_ALIGNED}; gather 4 ranks on 4 nodes {_SIZE}",
+}
+
 
 def case_mesh_groups(args, cluster):
     plans = list(MESH_EXPECTED)
@@ -275,12 +292,20 @@ def case_mesh_groups(args, cluster):
         for group, members in rec["groups"].items():
             check(members == want[group](r),
                   f"{rec['plan']} rank {r} group {group}: got {members}, expected {want[group](r)}")
-        check("across leaf switches" not in rec["placement"] or rec["plan"] in ("zero1", "zero2", "zero3", "p=2x1,g=2x2,os=2x4"),
-              f"{rec['plan']}: placement {rec['placement']}")
-    print(f"ok {len(plans)} plans x 8 ranks: every group has the expected members")
+        check(rec["placement"] == MESH_PLACEMENT[rec["plan"]],
+              f"{rec['plan']}: placement {rec['placement']!r}, expected {MESH_PLACEMENT[rec['plan']]!r}")
+    print(f"ok {len(plans)} plans x 8 ranks: every group has the expected members, every placement line its text")
     for rec in records:
         if rec["rank"] == 0:
             print(f"   {rec['plan']:22s} {rec['factors']:22s} {rec['placement']}")
+
+    # n2 and n3, one under each switch: the allocation keeps a 2-node group from one switch.
+    out = run(["srun", "--mpi=pmi2", "--time=2", "-N", "2", "-w", "n2,n3", "--ntasks-per-node=2", args.mesh_probe,
+               "mics:4"], cluster.env).stdout
+    placement = json.loads(next(line for line in out.splitlines() if line.startswith("{")))["placement"]
+    want = "P 4 ranks on 2 nodes (across leaf switches: allocation, at most 1 of its nodes under one switch)"
+    check(placement == want, f"mics:4 on n2, n3: placement {placement!r}, expected {want!r}")
+    print(f"ok mics:4 on n2, n3: {placement}")
 
     # A plan that does not fit the world is refused on every rank with one line.
     r = run(["srun", "--mpi=pmi2", "--time=2", "-N", "4", "--ntasks-per-node=2", args.mesh_probe, "mics:3"],
