@@ -493,7 +493,10 @@ void Run::set_up_engine() {
   eo.trace = trace.get();
   engine = std::make_unique<ShardedEngine>(o.model, *be, o.batch_size, o.seq_len, *pg, o.seed, eo);
   if (!o.init_from.empty()) collectively([&] { load_hf_weights(hf::ModelDir(o.init_from), *engine); });
-  if (root) print_config(o, *data, peak_flops, threads, topo, *pg, *engine, be->describe());
+  // Collectively: a failure on rank 0 alone must not leave the others waiting.
+  collectively([&] {
+    if (root) print_config(o, *data, peak_flops, threads, topo, *pg, *engine, be->describe());
+  });
   world = topo.world_size;
   pos = pg->position;
   tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * world;
