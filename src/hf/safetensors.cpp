@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "kernels/common/math.h"
 
 namespace amsp::hf {
 namespace {
@@ -114,22 +115,6 @@ std::optional<DType> parse_dtype_name(const std::string& name) {
   return std::nullopt;
 }
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN
-  // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit.
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail_usage(path, ": cannot open: ", std::strerror(errno));
@@ -200,7 +185,7 @@ void SafetensorsFile::read(const std::string& name, int64_t first, int64_t count
   std::vector<uint16_t> half(static_cast<size_t>(count));
   read_exact(fd_, half.data(), static_cast<uint64_t>(count * 2), offset, path_);
   for (int64_t i = 0; i < count; ++i)
-    out[i] = t.dtype == DType::kBF16 ? bf16_to_float(half[static_cast<size_t>(i)])
+    out[i] = t.dtype == DType::kBF16 ? kernels::bf16_to_float(half[static_cast<size_t>(i)])
                                      : f16_to_float(half[static_cast<size_t>(i)]);
 }
 
@@ -266,7 +251,7 @@ void SafetensorsWriter::write(const float* data, int64_t count) {
     } else {  // BF16: the constructor allows nothing else
       buffer_.resize(static_cast<size_t>(n) * 2);
       auto* out = reinterpret_cast<uint16_t*>(buffer_.data());
-      for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(data[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = kernels::float_to_bf16(data[i]);
       write_all(fd_, buffer_.data(), buffer_.size(), path_);
     }
     data += n;

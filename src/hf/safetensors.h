@@ -26,12 +26,6 @@ int64_t dtype_bytes(DType dtype);
 // "F32" -> kF32 ...; nullopt for a dtype this module does not handle.
 std::optional<DType> parse_dtype_name(const std::string& name);
 
-// bf16 <-> fp32. Widening is exact; narrowing rounds to nearest even (as
-// PyTorch's .to(torch.bfloat16)), keeps infinities and makes NaN a quiet NaN,
-// so a bf16 value widened and narrowed again is the same bits.
-float bf16_to_float(uint16_t h);
-uint16_t float_to_bf16(float f);
-
 struct TensorInfo {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;

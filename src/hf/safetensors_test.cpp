@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/common/math.h"
 
 namespace amsp::hf {
 namespace {
@@ -128,17 +129,10 @@ std::string file_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
+using kernels::bf16_to_float;
+using kernels::float_to_bf16;
+const auto bits_of = kernels::float_to_bits;
+const auto float_of = kernels::bits_to_float;
 
 TEST(SafetensorsWriterTest, HeaderOffsetsAlignmentAndDtypesReadBack) {
   const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 1e-30f, -7.0f};  // [2, 3] F32
