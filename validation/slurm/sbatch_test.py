@@ -454,6 +454,13 @@ def mode_preempt(c):
         expect_log = {"B": ["received SIGTERM", "clean stop on SIGTERM"], "G": ["clean stop:", "requeueing job"],
                       "H": ["training completed"]}.get(k, ["received SIGUSR1", "clean stop:", "requeueing job"])
         problems += [f"no '{text}' in the log" for text in expect_log if text not in log]
+        # The closing lines count each attempt's own steps beside the run's.
+        first = (stop_step or 0) + 1
+        closing = ([f"stopped: this attempt trained {f'steps 1-{stop_step} ({stop_step})' if stop_step else 'no steps'} in "]
+                   if k != "H" else []) + \
+            [f"done: this attempt trained steps {first}-{steps} ({steps - first + 1}) in ",
+             f"; the run: {steps} of {steps} steps"]
+        problems += [f"no closing line '{text}...'" for text in closing if text not in log]
         if "User defined signal" in log:
             problems.append("a rank was killed by SIGUSR1")
         recs_m = step_records(os.path.join(d, "metrics.jsonl"))
