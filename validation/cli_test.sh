@@ -42,6 +42,7 @@ expect_error "bad integer" "--steps.*expected an integer" -- "$amsp" train --dat
 expect_error "bad number" "--lr.*expected a number" -- "$amsp" train --data good.h5 --lr fast
 expect_error "negative steps" "--steps.*expected an integer >= 0" -- "${train[@]}" --steps -1
 expect_error "bad checkpoint io" "--checkpoint-io parallel: expected independent or collective" -- "${train[@]}" --checkpoint-io parallel
+expect_error "precision fp64" "--precision fp64: expected fp32 or bf16" -- "${train[@]}" --precision fp64
 expect_error "run info dir" "--run-info nodir/run.json: no directory nodir" -- "${train[@]}" --run-info nodir/run.json
 expect_error "missing --data" "missing required option --data" -- "$amsp" train
 expect_error "missing dataset" "--data nosuch.h5: no such file" -- "$amsp" train --data nosuch.h5

@@ -167,10 +167,10 @@ void check_ranges(const TrainArgs& a) {
   require(o.peak_tflops >= 0, "peak-tflops", o.peak_tflops, "a number >= 0");
 }
 
-// parse_dtype knows int32 too, which is no precision to train in.
+// parse_dtype knows int32 and fp64 too, which are no precisions to train in.
 void set_precision(TrainArgs& a) {
   const auto dtype = parse_dtype(a.precision);
-  require(dtype && *dtype != DType::kI32, "precision", a.precision, "fp32 or bf16");
+  require(dtype == DType::kF32 || dtype == DType::kBF16, "precision", a.precision, "fp32 or bf16");
   a.o.precision = *dtype;
 }
 
