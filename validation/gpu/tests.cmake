@@ -1,0 +1,20 @@
+# The GPU path, as far as a machine without a GPU can take it (doc/gpu.md).
+
+# The bundle for a bare GPU machine: amsp built with CUDA for sm_80 and sm_90, its
+# sources held to no warnings (AMSP_WERROR, here only: builds in the field do not
+# stop at a warning), packed with every non-CUDA library it needs. This is also the
+# check that the CUDA backend keeps compiling although nothing CUDA runs here.
+# Skipped (exit 77) where there is no CUDA toolkit.
+set(AMSP_BUNDLE ${CMAKE_BINARY_DIR}/bundle/amsp-gpu.tar.xz)
+add_test(NAME gpu_bundle
+  COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'no CUDA toolkit: skipped'; exit 77; }; exec \"$0\" --werror --build \"$1\" --out \"$2\""
+          ${CMAKE_CURRENT_SOURCE_DIR}/bundle.sh ${CMAKE_BINARY_DIR}/cuda-build ${AMSP_BUNDLE})
+set_tests_properties(gpu_bundle PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT 1500
+  FIXTURES_SETUP gpu_bundle)
+
+# The bundle unpacked into an empty folder with the Debian copies of what it packs
+# hidden: its amsp's CPU path runs on the packed libraries alone.
+add_test(NAME gpu_bundle_runs
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
+set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300
+  FIXTURES_REQUIRED "gpu_bundle;corpus")
