@@ -392,6 +392,7 @@ class Run {
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   TrainResult result;
   Clock::time_point run_start;
+  int64_t reserved_max = 0;  // the caching allocator's reserved bytes, largest at a step's end
 
   void announce_stop_ready();
   void set_up_ranks();
@@ -400,6 +401,7 @@ class Run {
   double evaluate();
   void write_run_record_start();
   StepMetrics train_step(int64_t step);
+  void add_memory(StepMetrics& m);
   void report(StepMetrics& m, bool eval_now);
   bool stop_agreed();
   void say_stopping(const std::string& when);
@@ -643,13 +645,24 @@ StepMetrics Run::train_step(int64_t step) {
   m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
   m.mfu = peak_flops > 0 ? flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world)) : 0.0;
   m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
-  m.model_state_bytes = engine->model_state_bytes();
-  m.temporary_bytes = engine->temporary_bytes();
-  m.activation_bytes = engine->activation_bytes();
+  add_memory(m);
   m.comm = engine->comm_stats();
   if (!std::isfinite(m.loss))
     comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
   return m;
+}
+
+void Run::add_memory(StepMetrics& m) {
+  m.model_state_bytes = engine->model_state_bytes();
+  m.temporary_bytes = engine->temporary_bytes();
+  m.activation_bytes = engine->activation_bytes();
+  const backend::MemoryStats mem = be->memory();
+  m.mem_peak_bytes = mem.peak;
+  if (o.device == Device::kCuda) {  // the CUDA backend's caching allocator
+    m.mem_reserved_bytes = mem.reserved;
+    reserved_max = std::max(reserved_max, mem.reserved);
+  }
+  m.rss_peak_bytes = peak_rss_bytes();
 }
 
 void Run::report(StepMetrics& m, bool eval_now) {
@@ -748,8 +761,8 @@ void Run::write_run_record_end(double seconds) {
   int64_t hb = o.device == Device::kCuda ? backend::hb_checked() : -1;
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hb, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   const backend::MemoryStats mem = be->memory();
-  int64_t device_peak = mem.peak;
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  int64_t device_peak[2] = {mem.peak, reserved_max};
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, device_peak, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   collectively([&] {
     if (!root) return;
     info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
@@ -758,7 +771,9 @@ void Run::write_run_record_end(double seconds) {
                       {"seconds", seconds},
                       {"val_loss", std::isfinite(val_loss) ? nlohmann::ordered_json(val_loss) : nlohmann::ordered_json()},
                       {"peak_rss_bytes", rss},
-                      {"peak_backend_bytes", device_peak},
+                      {"peak_backend_bytes", device_peak[0]},
+                      {"peak_backend_reserved_bytes", o.device == Device::kCuda ? nlohmann::ordered_json(device_peak[1])
+                                                                                : nlohmann::ordered_json()},
                       {"hb_checked", hb < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(hb)},
                       {"finished_at", utc_now()}};
     write_run_info(o.run_info_path, info);
