@@ -37,6 +37,8 @@
 
 namespace amsp::backend {
 
+class StreamTimer;  // backend/stream_timer.h
+
 // A point on the compute stream.
 struct Event {
   uint64_t id = 0;  // 0: already complete
@@ -93,6 +95,9 @@ class Backend {
   virtual Event record() = 0;                // marks the compute stream's current point
   virtual void wait(const Event& event) = 0;  // the host waits until the stream passed it
   virtual void synchronize() = 0;             // the host waits for all work issued so far
+  // A timer of this backend's calls' work, for the kernel profile
+  // (profiled_backend.h); the backend costs nothing more until one is made.
+  virtual std::unique_ptr<StreamTimer> make_stream_timer() = 0;
 
   // ---- communication ------------------------------------------------------
   // A communicator over `group` that is ordered against this backend's compute

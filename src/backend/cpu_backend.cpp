@@ -16,6 +16,7 @@
 
 #include "backend/checks.h"
 #include "backend/cpu_convert.h"
+#include "backend/stream_timer.h"
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
 
@@ -145,6 +146,8 @@ void CpuBackend::wait(const Event& event) {
 }
 
 void CpuBackend::synchronize() {}
+
+std::unique_ptr<StreamTimer> CpuBackend::make_stream_timer() { return make_host_timer(); }
 
 std::unique_ptr<comm::Communicator> CpuBackend::make_communicator(comm::Group group) {
   return comm::make_mpi_communicator(std::move(group));

@@ -90,6 +90,7 @@ class CpuBackend final : public Backend {
   Event record() override;
   void wait(const Event& event) override;
   void synchronize() override;
+  std::unique_ptr<StreamTimer> make_stream_timer() override;  // wall time around each call
 
   std::unique_ptr<comm::Communicator> make_communicator(comm::Group group) override;
 

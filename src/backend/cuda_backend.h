@@ -87,6 +87,9 @@ class CudaBackend final : public Backend {
   Event record() override;
   void wait(const Event& event) override;
   void synchronize() override;
+  // A pair of timing events on the compute stream around each call
+  // (cuda_backend_timer.cpp).
+  std::unique_ptr<StreamTimer> make_stream_timer() override;
 
   std::unique_ptr<comm::Communicator> make_communicator(comm::Group group) override;
 

@@ -101,6 +101,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "write a Chrome trace (chrome://tracing, Perfetto) of steps 2-3: compute, waits, collectives")
       ("trace-steps", po::value<int64_t>(&o.trace_steps)->default_value(2)->value_name("INT"),
            "how many steps --trace records")
+      ("kernel-profile", po::value<std::string>(&o.kernel_profile_path)->value_name("FILE.json"),
+           "time every backend call (kernel) by name, every step but the first, and write the totals "
+           "beside the step time to FILE.json (rank 0); waits for the device at the end of each step")
       ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0)->value_name("NUM"),
            "seconds a collective may take before the job is aborted, naming the rank and the "
            "operation; 0: AMSP_COMM_TIMEOUT or 600")

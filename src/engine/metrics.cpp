@@ -59,6 +59,9 @@ void MetricsSink::step(const StepMetrics& m) {
     j["model_state_bytes"] = m.model_state_bytes;
     j["temporary_bytes"] = m.temporary_bytes;
     j["activation_bytes"] = m.activation_bytes;
+    j["mem_peak_bytes"] = m.mem_peak_bytes;
+    if (m.mem_reserved_bytes) j["mem_reserved_bytes"] = *m.mem_reserved_bytes;
+    j["rss_peak_bytes"] = m.rss_peak_bytes;
     nlohmann::json groups = nlohmann::json::object();
     double in_flight_ms = 0, exposed_ms = 0;
     int64_t bytes_sent = 0;

@@ -27,6 +27,9 @@ struct StepMetrics {
   int64_t model_state_bytes = 0;   // this rank's P-, G- and OS-shards
   int64_t temporary_bytes = 0;     // its gathered units and reduction slots
   int64_t activation_bytes = 0;    // what its model allocated for activations
+  int64_t mem_peak_bytes = 0;      // its backend allocator's high-water mark (Backend::memory().peak)
+  std::optional<int64_t> mem_reserved_bytes;  // a caching device allocator's bytes held from the device
+  int64_t rss_peak_bytes = 0;      // the process's peak resident set (getrusage)
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
   std::optional<double> val_loss;
   std::optional<double> ckpt_stall_ms;  // a checkpoint was saved after this step: training blocked

@@ -42,17 +42,21 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-void write_run_info(const std::string& path, const nlohmann::ordered_json& j) {
+void write_json_file(const std::string& path, const nlohmann::ordered_json& j, const char* option) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    if (!out) fail_usage("--run-info ", path, ": cannot create the file (does its directory exist?)");
+    if (!out) fail_usage(option, " ", path, ": cannot create the file (does its directory exist?)");
     out << j.dump(2) << "\n";
-    if (!out.flush()) fail_usage("--run-info ", path, ": write failed");
+    if (!out.flush()) fail_usage(option, " ", path, ": write failed");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) fail_usage("--run-info ", path, ": cannot rename ", tmp, " into place: ", ec.message());
+  if (ec) fail_usage(option, " ", path, ": cannot rename ", tmp, " into place: ", ec.message());
+}
+
+void write_run_info(const std::string& path, const nlohmann::ordered_json& j) {
+  write_json_file(path, j, "--run-info");
 }
 
 }  // namespace amsp::engine

@@ -23,8 +23,12 @@ nlohmann::ordered_json topology_json(const topology::Topology& topo);
 // This process's peak resident set size in bytes (getrusage).
 int64_t peak_rss_bytes();
 
-// Writes j to path through path.tmp and a rename. UsageError naming --run-info if
+// Writes j to path through path.tmp and a rename, so that a reader never sees
+// half a file. UsageError naming `option` (the option that gave the path) if
 // the file cannot be written.
+void write_json_file(const std::string& path, const nlohmann::ordered_json& j, const char* option);
+
+// write_json_file for --run-info.
 void write_run_info(const std::string& path, const nlohmann::ordered_json& j);
 
 }  // namespace amsp::engine

@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/factory.h"
+#include "backend/profiled_backend.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/lock.h"
 #include "comm/agree.h"
@@ -30,6 +31,7 @@
 #include "engine/config_table.h"
 #include "engine/evaluate.h"
 #include "engine/hf_init.h"
+#include "engine/kernel_profile.h"
 #include "engine/metrics.h"
 #include "engine/plan_groups.h"
 #include "engine/resume_changes.h"
@@ -371,6 +373,7 @@ class Run {
   std::unique_ptr<data::TokenDataset> data;
   bool root = false;
   std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<KernelProfile> profile;  // with --kernel-profile; be is then a ProfiledBackend
   std::vector<std::string> devices;  // every rank's describe(), on rank 0
   double peak_flops = 0;
   std::string plan_text, reason;
@@ -392,6 +395,7 @@ class Run {
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   TrainResult result;
   Clock::time_point run_start;
+  int64_t reserved_max = 0;  // the caching allocator's reserved bytes, largest at a step's end
 
   void announce_stop_ready();
   void set_up_ranks();
@@ -400,6 +404,8 @@ class Run {
   double evaluate();
   void write_run_record_start();
   StepMetrics train_step(int64_t step);
+  void add_memory(StepMetrics& m);
+  void write_profile(bool at_end);
   void report(StepMetrics& m, bool eval_now);
   bool stop_agreed();
   void say_stopping(const std::string& when);
@@ -448,6 +454,11 @@ void Run::set_up_ranks() {
         o.device == Device::kCuda ? backend::cuda_device_for(topo.gpu.device, topo.local_rank) : 0;
     be = backend::make_backend(o.device, o.precision, cuda_device);
   });
+  if (!o.kernel_profile_path.empty()) {
+    auto profiled = std::make_unique<backend::ProfiledBackend>(std::move(be));
+    profile = std::make_unique<KernelProfile>(*profiled);
+    be = std::move(profiled);
+  }
   devices = gather_descriptions(be->describe());
   // The peak is measured on rank 0 alone (others wait), as a rank has it on a
   // dedicated device; ranks sharing a CPU make MFU look lower than it is.
@@ -518,6 +529,7 @@ void Run::start() {
         *engine, *be, CheckpointPlace{o.checkpoint_dir, o.keep_last, o.checkpoint_io}, o.checkpoint_background, root);
   if (root) sink = std::make_unique<MetricsSink>(o.metrics_path, /*append=*/start_point.first_step > 1);
   write_run_record_start();
+  write_profile(/*at_end=*/false);
   if (root && !o.data_order_path.empty()) {
     data_order.open(o.data_order_path, start_point.first_step > 1 ? std::ios::app : std::ios::trunc);
     if (!data_order) comm::abort_job(cat("--data-order ", o.data_order_path, ": cannot create the file"));
@@ -622,6 +634,7 @@ StepMetrics Run::train_step(int64_t step) {
   engine->reset_comm_stats();
   if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
   const auto t0 = Clock::now();
+  if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr,
@@ -632,6 +645,7 @@ StepMetrics Run::train_step(int64_t step) {
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
   if (trace) trace->set_recording(false);
+  if (profile) profile->end_step();
 
   StepMetrics m;
   m.step = step;
@@ -640,16 +654,29 @@ StepMetrics Run::train_step(int64_t step) {
   m.lr = lr;
   m.grad_norm = r.grad_norm;
   m.step_ms = seconds_since(t0) * 1e3;
+  // The first step of a process warms up (allocator, caches), unless it is the only one.
+  if (profile) profile->add_step(step, m.step_ms, step > start_point.first_step || step == o.steps);
   m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
   m.mfu = peak_flops > 0 ? flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world)) : 0.0;
   m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
-  m.model_state_bytes = engine->model_state_bytes();
-  m.temporary_bytes = engine->temporary_bytes();
-  m.activation_bytes = engine->activation_bytes();
+  add_memory(m);
   m.comm = engine->comm_stats();
   if (!std::isfinite(m.loss))
     comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
   return m;
+}
+
+void Run::add_memory(StepMetrics& m) {
+  m.model_state_bytes = engine->model_state_bytes();
+  m.temporary_bytes = engine->temporary_bytes();
+  m.activation_bytes = engine->activation_bytes();
+  const backend::MemoryStats mem = be->memory();
+  m.mem_peak_bytes = mem.peak;
+  if (o.device == Device::kCuda) {  // the CUDA backend's caching allocator
+    m.mem_reserved_bytes = mem.reserved;
+    reserved_max = std::max(reserved_max, mem.reserved);
+  }
+  m.rss_peak_bytes = peak_rss_bytes();
 }
 
 void Run::report(StepMetrics& m, bool eval_now) {
@@ -734,10 +761,25 @@ TrainResult Run::finish() {
                           o.trace_path.c_str(), static_cast<long long>(trace_first),
                           static_cast<long long>(std::min(trace_last, o.steps)));
   }
+  write_profile(/*at_end=*/true);
   const double seconds = seconds_since(run_start);
   if (root) sink->finish(seconds, start_point.first_step, result.last_step, o.steps);
   write_run_record_end(seconds);
   return result;
+}
+
+// Rank 0 writes the kernel profile: empty at the start (so that a path that
+// cannot be written is refused before training, as --run-info's is), whole at
+// the end, with its top kernels printed.
+void Run::write_profile(bool at_end) {
+  if (!profile) return;
+  collectively([&] {
+    if (!root) return;
+    write_json_file(o.kernel_profile_path, profile->json(), "--kernel-profile");
+    if (!at_end) return;
+    std::printf("%skernel profile: %s\n", profile->table(15).c_str(), o.kernel_profile_path.c_str());
+    std::fflush(stdout);
+  });
 }
 
 void Run::write_run_record_end(double seconds) {
@@ -748,8 +790,8 @@ void Run::write_run_record_end(double seconds) {
   int64_t hb = o.device == Device::kCuda ? backend::hb_checked() : -1;
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hb, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   const backend::MemoryStats mem = be->memory();
-  int64_t device_peak = mem.peak;
-  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  int64_t device_peak[2] = {mem.peak, reserved_max};
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, device_peak, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   collectively([&] {
     if (!root) return;
     info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
@@ -758,7 +800,9 @@ void Run::write_run_record_end(double seconds) {
                       {"seconds", seconds},
                       {"val_loss", std::isfinite(val_loss) ? nlohmann::ordered_json(val_loss) : nlohmann::ordered_json()},
                       {"peak_rss_bytes", rss},
-                      {"peak_backend_bytes", device_peak},
+                      {"peak_backend_bytes", device_peak[0]},
+                      {"peak_backend_reserved_bytes", o.device == Device::kCuda ? nlohmann::ordered_json(device_peak[1])
+                                                                                : nlohmann::ordered_json()},
                       {"hb_checked", hb < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(hb)},
                       {"finished_at", utc_now()}};
     write_run_info(o.run_info_path, info);

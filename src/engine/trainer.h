@@ -47,6 +47,7 @@ struct TrainOptions {
   std::string data_order_path;    // rank 0 writes each step's training windows here (JSON lines)
   std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
+  std::string kernel_profile_path;  // rank 0 writes the time of every backend call by name here
   double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default
   std::string checkpoint_dir;  // where checkpoints go (doc/checkpoints.md); empty: none
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a stop signal

@@ -46,3 +46,12 @@ add_test(NAME engine_bytes_on_the_wire
           --preload $<TARGET_FILE:amsp_mpi_count> --mpiexec ${MPIEXEC_EXECUTABLE} --data ${AMSP_CORPUS}
           --work ${AMSP_TEST_WORK}/wire)
 set_tests_properties(engine_bytes_on_the_wire PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
+
+# amsp train --kernel-profile on --device cpu and on --device cuda (the emulation), one
+# rank: every op the model runs, with exactly the calls per step it implies, timed; the
+# memory high-water marks in the metrics and the run record; and the same losses, bit
+# for bit, as without the option (about 10 s).
+add_test(NAME engine_kernel_profile
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/kernel_profile_test.py $<TARGET_FILE:amsp>
+          ${AMSP_CORPUS} ${AMSP_TEST_WORK}/kernel_profile)
+set_tests_properties(engine_kernel_profile PROPERTIES FIXTURES_REQUIRED corpus LABELS "system;cuda_emu" TIMEOUT 300)

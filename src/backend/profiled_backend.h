@@ -1,0 +1,144 @@
+// A backend that times every call of another, by name: the kernel profile of
+// `amsp train --kernel-profile` (engine/kernel_profile.h). It wraps the run's
+// backend only when profiling, so a run without the option runs exactly the
+// code it ran before, with no timing events, synchronisation or branches added.
+//
+// What is timed: every call that does work on the compute stream (the model's
+// kernels, the optimizer, copy, add, fill_zero, sum_squares, alloc's zeroing,
+// the host transfers), through the wrapped backend's StreamTimer (wall time on
+// the CPU, an event pair on the CUDA compute stream). Not timed: ordering
+// (record, wait, synchronize) and questions (memory, describe, peak_flops).
+// Calls the wrapped backend makes to itself are inside the call that made them.
+//
+// Names: the Backend method's name, and for some a detail in brackets, so that
+// calls of one shape add up apart from others: the linear kernels
+// "linear_forward[M=4096,in=2048,out=5632]" (M rows, the weight's in and out),
+// a dtype conversion "copy[fp32->bf16]". The part before '[' is the op.
+//
+// Timing is off until set_timing(true): the engine's set-up, evaluations and
+// checkpoints are not part of the profile.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/stream_timer.h"
+
+namespace amsp::backend {
+
+// One name's calls over some stretch of a run.
+struct KernelTime {
+  std::string name;  // "linear_forward[M=..,in=..,out=..]", "attention_forward", ...
+  std::string op;    // the Backend method: name up to '['
+  int64_t calls = 0;
+  double ms = 0;     // summed
+};
+
+class ProfiledBackend final : public Backend {
+ public:
+  explicit ProfiledBackend(std::unique_ptr<Backend> inner);
+
+  // Calls are timed while on.
+  void set_timing(bool on) { timing_ = on; }
+  // The calls timed since the last take, one entry per name that had any
+  // (first-call order); waits for the device to finish them.
+  std::vector<KernelTime> take();
+
+  Device device() const override { return inner_->device(); }
+  std::string describe() const override { return inner_->describe(); }
+  std::unique_ptr<StreamTimer> make_stream_timer() override { return inner_->make_stream_timer(); }
+
+  Buffer alloc(DType dtype, int64_t count) override;
+  MemoryStats memory() const override { return inner_->memory(); }
+  Buffer alloc_host(int64_t count) override { return inner_->alloc_host(count); }
+  void to_host(const View& src, float* dst) override;
+  void from_host(const float* src, const View& dst) override;
+  void from_host(const int32_t* src, const View& dst) override;
+
+  Event record() override { return inner_->record(); }
+  void wait(const Event& event) override { inner_->wait(event); }
+  void synchronize() override { inner_->synchronize(); }
+
+  std::unique_ptr<comm::Communicator> make_communicator(comm::Group group) override {
+    return inner_->make_communicator(std::move(group));
+  }
+
+  void fill_zero(const View& x) override;
+  void copy(const View& src, const View& dst) override;
+  void add(const View& dst, const View& src) override;
+  double sum_squares(const View& x) override;
+
+  void embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
+                         int64_t dim) override;
+  void embedding_backward(const View& tokens, const View& dout, const View& dtable, int64_t rows,
+                          int64_t dim) override;
+
+  void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
+                      int64_t out, float beta) override;
+  void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
+                             int64_t out, float beta) override;
+  void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
+                              int64_t out) override;
+
+  void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
+                       int64_t rows, int64_t dim, float eps) override;
+  void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y, int64_t rows,
+                     int64_t dim) override;
+  void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
+                        const View& dx, const View& dw, int64_t rows, int64_t dim) override;
+
+  void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
+                  double theta) override;
+  void rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                    int64_t heads, int64_t head_dim, int64_t row_stride) override;
+  void rope_backward(const View& dx, const View& cos, const View& sin, int64_t B, int64_t T,
+                     int64_t heads, int64_t head_dim, int64_t row_stride) override;
+
+  int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override {
+    return inner_->attention_saved_count(B, T, H);
+  }
+  void attention_forward(const View& q, const View& k, const View& v, const View& saved,
+                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) override;
+  void attention_backward(const View& q, const View& k, const View& v, const View& saved,
+                          const View& out, const View& dout, const View& dq, const View& dk,
+                          const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                          int64_t D) override;
+
+  void swiglu_forward(const View& gate, const View& up, const View& out) override;
+  void swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
+                       const View& dup) override;
+
+  LossSum cross_entropy_forward(const View& logits, const View& targets, const View& lse,
+                                int64_t rows, int64_t V) override;
+  void cross_entropy_backward(const View& logits, const View& targets, const View& lse,
+                              int64_t rows, int64_t V, float scale) override;
+
+  void adamw(const View& master, const View& m, const View& v, const View& grad,
+             const View& param_copy, const AdamWStep& step) override;
+
+  double peak_flops() override { return inner_->peak_flops(); }
+
+ private:
+  // Runs `call`, timed under the name `make_name()` returns (built only while
+  // timing is on), or under `name`.
+  template <typename MakeName, typename Call>
+  auto timed_as(const MakeName& make_name, const Call& call);
+  template <typename Call>
+  auto timed(const char* name, const Call& call);
+  int slot(const std::string& name);
+
+  // Declared before timer_: the timer's events belong to the inner backend's
+  // stream and go first.
+  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<StreamTimer> timer_;
+  bool timing_ = false;
+  std::map<std::string, int> slots_;
+  std::vector<std::string> names_;  // by slot
+};
+
+}  // namespace amsp::backend

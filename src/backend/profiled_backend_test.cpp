@@ -1,0 +1,68 @@
+// The kernel profile's backend: it times calls by name only while timing is on,
+// gives the results of the backend it wraps, and keeps every stretch when a
+// step makes more calls than the CUDA timer's event pool holds.
+#include "backend/profiled_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace amsp::backend {
+namespace {
+
+// "cpu" or "cuda" (the emulation in this build).
+std::unique_ptr<Backend> make(const std::string& device) {
+  return device == "cpu" ? make_cpu_backend(DType::kF32) : make_cuda_backend(DType::kF32, 0);
+}
+
+class ProfiledBackendTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProfiledBackendTest, TimesCallsByNameWhileOn) {
+  ProfiledBackend be(make(GetParam()));
+  const int64_t M = 3, in = 4, out = 5;
+  std::vector<float> host(static_cast<size_t>(M * in), 0.5f);
+  Buffer x = be.alloc(DType::kF32, M * in), w = be.alloc(DType::kF32, out * in),
+         y = be.alloc(DType::kF32, M * out), y16 = be.alloc(DType::kBF16, M * out);
+  be.from_host(host.data(), x.view());
+  EXPECT_TRUE(be.take().empty()) << "timing is off until set_timing(true)";
+
+  be.set_timing(true);
+  for (int i = 0; i < 2; ++i) be.linear_forward(x.view(), w.view(), y.view(), M, in, out, 0.0f);
+  be.copy(y.view(), y16.view());
+  be.copy(y.view(), y.view());
+  const double ss = be.sum_squares(x.view());
+  be.set_timing(false);
+  be.fill_zero(y.view());
+
+  EXPECT_DOUBLE_EQ(ss, 0.25 * M * in);
+  const std::vector<KernelTime> times = be.take();
+  ASSERT_EQ(times.size(), 4u);
+  const char* names[] = {"linear_forward[M=3,in=4,out=5]", "copy[fp32->bf16]", "copy", "sum_squares"};
+  const char* ops[] = {"linear_forward", "copy", "copy", "sum_squares"};
+  const int64_t calls[] = {2, 1, 1, 1};
+  for (size_t i = 0; i < times.size(); ++i) {
+    EXPECT_EQ(times[i].name, names[i]);
+    EXPECT_EQ(times[i].op, ops[i]);
+    EXPECT_EQ(times[i].calls, calls[i]) << names[i];
+    EXPECT_GE(times[i].ms, 0.0) << names[i];
+  }
+  EXPECT_TRUE(be.take().empty()) << "take() starts over";
+}
+
+// More calls than the CUDA timer holds pending (4096) between two takes.
+TEST_P(ProfiledBackendTest, KeepsEveryCallOfALongStep) {
+  ProfiledBackend be(make(GetParam()));
+  Buffer x = be.alloc(DType::kF32, 16);
+  be.set_timing(true);
+  for (int i = 0; i < 5000; ++i) be.fill_zero(x.view());
+  const std::vector<KernelTime> times = be.take();
+  ASSERT_EQ(times.size(), 1u);
+  EXPECT_EQ(times[0].calls, 5000);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ProfiledBackendTest, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace amsp::backend

@@ -1,0 +1,103 @@
+#include "engine/kernel_profile.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace amsp::engine {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+void KernelProfile::begin_step() { be_.set_timing(true); }
+
+void KernelProfile::end_step() {
+  be_.set_timing(false);
+  be_.synchronize();
+}
+
+void KernelProfile::add_step(int64_t step, double step_ms, bool counted) {
+  const std::vector<backend::KernelTime> times = be_.take();
+  if (!counted) return;
+  for (const backend::KernelTime& k : times) {
+    Total& t = totals_[k.name];
+    t.op = k.op;
+    t.calls += k.calls;
+    t.ms += k.ms;
+  }
+  if (step_ms_.empty()) first_step_ = step;
+  last_step_ = step;
+  step_ms_.push_back(step_ms);
+}
+
+KernelProfile::Summary KernelProfile::summary() const {
+  Summary s;
+  s.steps = static_cast<double>(std::max<size_t>(1, step_ms_.size()));
+  for (const auto& [name, t] : totals_) s.kernel_ms += t.ms;
+  s.step_mean = std::accumulate(step_ms_.begin(), step_ms_.end(), 0.0) / s.steps;
+  s.step_median = median(step_ms_);
+  return s;
+}
+
+std::vector<std::pair<std::string, KernelProfile::Total>> KernelProfile::ranked() const {
+  std::vector<std::pair<std::string, Total>> out(totals_.begin(), totals_.end());
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  return out;
+}
+
+nlohmann::ordered_json KernelProfile::json() const {
+  const Summary s = summary();
+  nlohmann::ordered_json kernels = nlohmann::ordered_json::array();
+  for (const auto& [name, t] : ranked())
+    kernels.push_back({{"name", name},
+                       {"op", t.op},
+                       {"calls", t.calls},
+                       {"total_ms", t.ms},
+                       {"ms_per_step", t.ms / s.steps},
+                       {"share", s.kernel_ms > 0 ? t.ms / s.kernel_ms : 0.0}});
+  const backend::MemoryStats mem = be_.memory();
+  return {{"device", be_.describe()},
+          {"steps", step_ms_.size()},
+          {"first_step", first_step_},
+          {"last_step", last_step_},
+          {"step_ms_median", s.step_median},
+          {"step_ms_mean", s.step_mean},
+          {"kernel_ms_per_step", s.kernel_ms / s.steps},
+          {"unaccounted_ms_per_step", s.step_mean - s.kernel_ms / s.steps},
+          {"mem_peak_bytes", mem.peak},
+          {"mem_reserved_bytes", be_.device() == Device::kCpu ? nlohmann::ordered_json() : nlohmann::ordered_json(mem.reserved)},
+          {"kernels", kernels}};
+}
+
+std::string KernelProfile::table(int rows) const {
+  const Summary s = summary();
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "kernel profile: steps %lld-%lld (%zu) on %s: step %.2f ms (median), kernels %.2f ms, "
+                "unaccounted %.2f ms per step\n%10s %7s %11s  %s\n",
+                static_cast<long long>(first_step_), static_cast<long long>(last_step_), step_ms_.size(),
+                be_.describe().c_str(), s.step_median, s.kernel_ms / s.steps, s.step_mean - s.kernel_ms / s.steps, "ms/step",
+                "share", "calls/step", "kernel");
+  std::string out = line;
+  const auto all = ranked();
+  for (size_t i = 0; i < all.size() && i < static_cast<size_t>(rows); ++i) {
+    const Total& t = all[i].second;
+    std::snprintf(line, sizeof line, "%10.3f %6.1f%% %11.1f  %s\n", t.ms / s.steps,
+                  s.kernel_ms > 0 ? 100.0 * t.ms / s.kernel_ms : 0.0, static_cast<double>(t.calls) / s.steps,
+                  all[i].first.c_str());
+    out += line;
+  }
+  if (all.size() > static_cast<size_t>(rows))
+    out += std::to_string(all.size() - static_cast<size_t>(rows)) + " more in the file\n";
+  return out;
+}
+
+}  // namespace amsp::engine
