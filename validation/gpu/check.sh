@@ -1,57 +1,84 @@
 #!/usr/bin/env bash
-# Everything about amsp's CUDA path that needs a GPU, in one command for a GPU node
-# (doc/gpu.md). It builds amsp with CUDA, then:
-#   1. checks every kernel of the CUDA backend against the CPU backend (fp32 and
-#      bf16; tolerances in doc/gpu.md, "Kernel checks");
-#   2. trains on 1 GPU and on 2 (and 8, when there are 8) with several shard plans
-#      and checks that the losses agree within bf16's resolution;
-#   3. measures throughput (tokens/s per GPU, MFU, exposed communication) for the
-#      small and base presets and a llama-7b-shaped model of a few layers, beside
-#      PyTorch FSDP on the same GPUs when torch (with CUDA) and transformers import.
-# It ends with a table to paste into an issue.
+# Everything about amsp's CUDA path that needs a GPU, in one command for a GPU
+# machine that has a driver, CUDA's libraries and Python (with PyTorch for the
+# side-by-side), and nothing of ours: no build, no install, no network. It runs
+# amsp from the bundle that validation/gpu/bundle.sh makes (doc/gpu.md):
+#   0. preflight: the driver, CUDA runtime, cuBLAS, cuDNN and NCCL it will use;
+#   1. every kernel of the CUDA backend against the CPU backend at the sizes of a
+#      1B-7B layer, fp32 and bf16;
+#   2. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
+#      small backend-check, where the tool is present;
+#   3. the GPU against the CPU: the losses of a few steps of the small preset;
+#   4. one-GPU training of the ~1B preset (seq 2048, bf16): tokens/s, MFU, peak
+#      memory, time per kernel; and the same model, weights and batches in
+#      PyTorch (eager with SDPA, and torch.compile) in the same run;
+#   5. with two GPUs or more: ddp, zero3 and a mixed plan against one GPU.
+# It writes gpu-check.md (one Markdown table) and gpu-check.json into DIR and
+# exits non-zero on any wrong result, naming the failing check on one line.
 #
-#   validation/gpu/check.sh [--build DIR] [--quick]
-#   validation/gpu/check.sh --emulated [--build DIR]   (no GPU: the CPU emulation of
+#   check.sh --bundle ARCHIVE --out DIR [--quick]
+#   check.sh --bundle-dir DIR --out DIR [--quick]   (an unpacked bundle; its
+#       bin/check.sh runs this)
+#   check.sh --emulated [--build DIR] --out DIR     (no GPU: the CPU emulation of
 #       CUDA in an ordinary build, tiny sizes; the test suite runs this to keep the
 #       script working, it proves nothing about a GPU)
 #
-# Needs what the README's first command installs, the CUDA toolkit with NCCL (nvcc on
-# PATH or CUDACXX), and MPI ranks on one node (mpiexec; under Slurm, run it inside
-# an allocation: salloc -N1 --gpus-per-node=8 validation/gpu/check.sh).
+# Launching: ranks are started by the bundle's own MPICH launcher on this node
+# (mpiexec -launcher fork), never by srun: inside a Slurm allocation, run this
+# script in a step of its own (srun --overlap -N1 ... check.sh), not on the
+# submit host. Python: python3 on PATH, or AMSP_PYTHON.
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-build="" emulated=0 quick=0
+here=$(cd "$(dirname "$0")" && pwd)
+archive="" bundle="" build="" out="" emulated=0 quick=0
 while (($#)); do
   case $1 in
+    --bundle) archive=$2; shift 2 ;;
+    --bundle-dir) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
     --emulated) emulated=1; shift ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "check.sh: unknown option $1 (expected --build DIR, --quick or --emulated)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "check.sh: unknown option $1 (expected --bundle ARCHIVE, --bundle-dir DIR, --emulated, --build DIR, --out DIR or --quick)" >&2; exit 2 ;;
   esac
 done
+[[ -n $out ]] || { echo "check.sh: --out DIR is required (where gpu-check.md and gpu-check.json go)" >&2; exit 2; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python=${AMSP_PYTHON:-python3}
+command -v "$python" >/dev/null || { echo "check.sh: no $python: set AMSP_PYTHON to a Python 3" >&2; exit 2; }
+start=$(date +%s)
 
 if ((emulated)); then
-  build=${build:-$repo/build}
+  build=${build:-$here/../../build}
   [[ -x $build/amsp ]] || { echo "check.sh: no $build/amsp; build amsp first" >&2; exit 2; }
   export AMSP_CUDA_EMULATION=1
-  gpus=4
+  args=(--amsp "$build/amsp" --mpiexec "${MPIEXEC:-mpiexec}" --inputs "$here/../../inputs"
+        --data "$build/test-work/corpus.h5" --gpus 2 --emulated)
+  if [[ ! -f $build/test-work/corpus.h5 ]]; then
+    mkdir -p "$build/test-work"
+    "$build/amsp" data prepare --input $("$here/../../inputs/corpus/files.sh") --output "$build/test-work/corpus.h5" >/dev/null
+  fi
 else
-  build=${build:-$repo/build-cuda}
-  command -v nvidia-smi >/dev/null || { echo "check.sh: no nvidia-smi: is this a GPU node?" >&2; exit 2; }
-  gpus=$(nvidia-smi -L | grep -c '^GPU ')
+  if [[ -n $archive ]]; then
+    [[ -f $archive ]] || { echo "check.sh: no bundle $archive (validation/gpu/bundle.sh makes it)" >&2; exit 2; }
+    rm -rf "$out/bundle" && mkdir -p "$out/bundle"
+    tar -C "$out/bundle" -xJf "$archive"
+    bundle=$out/bundle/amsp-gpu
+  fi
+  [[ -n $bundle && -f $bundle/MANIFEST ]] || { echo "check.sh: give --bundle ARCHIVE or --bundle-dir DIR (an unpacked bundle with a MANIFEST)" >&2; exit 2; }
+  bundle=$(cd "$bundle" && pwd)
+  command -v nvidia-smi >/dev/null || { echo "check.sh: no nvidia-smi: is this a GPU machine?" >&2; exit 2; }
+  gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
   ((gpus > 0)) || { echo "check.sh: nvidia-smi lists no GPU" >&2; exit 2; }
-  echo "== building with CUDA in $build ($gpus GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs))"
-  start=$(date +%s)
-  cmake -S "$repo" -B "$build" -DAMSP_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DAMSP_TESTS=OFF \
-        -DAMSP_BENCHMARKS=OFF >/dev/null
-  cmake --build "$build" -j"$(nproc)" --target amsp
-  echo "   built in $(($(date +%s) - start)) s"
+  # Find CUDA's libraries once, here, so that every program below (and the
+  # sanitizer, which runs libexec/amsp itself) sees them.
+  (here=$bundle; . "$bundle/libexec/cuda-libs.sh"; env > "$out/bundle-env") || exit 2
+  while IFS= read -r line; do export "${line?}"; done \
+    < <(grep -E '^(LD_LIBRARY_PATH|AMSP_INPUTS|AMSP_BUNDLE_READY)=' "$out/bundle-env")
+  echo "== bundle $(sed -n 's/^commit //p' "$bundle/MANIFEST"), unpacked in $(($(date +%s) - start)) s; $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+  args=(--amsp "$bundle/libexec/amsp" --mpiexec "$bundle/libexec/mpiexec.hydra" --inputs "$bundle/share/amsp/inputs"
+        --data "$bundle/share/amsp/corpus.h5" --gpus "$gpus" --manifest "$bundle/MANIFEST")
 fi
-
-data=$build/corpus.h5
-[[ -f $data ]] || "$build/amsp" data prepare --input $("$repo/inputs/corpus/files.sh") --output "$data"
-args=(--amsp "$build/amsp" --data "$data" --gpus "$gpus" --work "$build/gpu-check")
-((emulated)) && args+=(--emulated)
 ((quick)) && args+=(--quick)
-exec python3 "$repo/validation/gpu/check.py" "${args[@]}"
+exec "$python" "$here/check.py" "${args[@]}" --out "$out" --started "$start"

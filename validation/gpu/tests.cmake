@@ -18,3 +18,13 @@ add_test(NAME gpu_bundle_runs
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
 set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300
   FIXTURES_REQUIRED "gpu_bundle;corpus")
+
+# check.sh end to end on the CPU emulation of CUDA, tiny sizes: preflight, kernels,
+# the GPU's losses against the CPU's, training beside PyTorch (CPU torch) from the
+# same weights, several emulated GPUs; its table and JSON. Proves the script, not a GPU.
+add_test(NAME gpu_check_emulated
+  COMMAND bash -c "PY=$(\"$0\") && AMSP_PYTHON=\"$PY\" exec \"$PY\" \"$1\" \"$2\" \"$3\""
+          ${PROJECT_SOURCE_DIR}/validation/setup-python.sh ${CMAKE_CURRENT_SOURCE_DIR}/check_emulated_test.py
+          ${CMAKE_BINARY_DIR} ${AMSP_TEST_WORK}/gpu-check)
+set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600
+  FIXTURES_REQUIRED corpus ENVIRONMENT "MPIEXEC=${MPIEXEC_EXECUTABLE}")

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""validation/gpu/check.sh --emulated, end to end, judged by what it writes.
+
+  check_emulated_test.py BUILD_DIR WORKDIR     (python: one with torch and transformers)
+
+1. The whole check on the CPU emulation of CUDA must exit 0 and write gpu-check.md and
+   gpu-check.json in which every part that can run without a GPU is "ok" (preflight,
+   both kernel checks, the losses against the CPU, amsp beside PyTorch with the first
+   losses compared, zero3 on two emulated GPUs), the sanitizers are "not run" with
+   their reason, and the figures hold a per-kernel table whose call counts follow the
+   model.
+2. A wrong result must fail the check: with an amsp whose gpu-info exits 1, check.sh
+   must exit non-zero and name the failing check on its last line.
+Prints "N passed, M failed"; exit 1 on any failure.
+"""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+build, work = sys.argv[1], sys.argv[2]
+failures, passes = [], []
+
+
+def expect(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    (passes if cond else failures).append(what)
+
+
+def check(out, amsp_build):
+    p = subprocess.run(["bash", os.path.join(HERE, "check.sh"), "--emulated", "--build", amsp_build, "--out", out],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=540)
+    return p.returncode, p.stdout
+
+
+out = os.path.join(work, "whole")
+rc, text = check(out, build)
+print(text[-6000:])
+expect(rc == 0, f"check.sh --emulated exits 0 (got {rc})")
+doc = json.load(open(os.path.join(out, "gpu-check.json"))) if os.path.exists(os.path.join(out, "gpu-check.json")) else {}
+results = {(r["part"], r["case"]): r["result"] for r in doc.get("results", [])}
+by_part = {}
+for (part, case), verdict in results.items():
+    by_part.setdefault(part, []).append(verdict)
+for part, n in (("preflight", 1), ("kernels", 2), ("losses", 1), ("several GPUs", 1)):
+    expect(by_part.get(part, []) == ["ok"] * n, f"{part}: {n} ok (got {by_part.get(part)})")
+expect(by_part.get("side-by-side", [])[:2] == ["ok", "ok"],
+       f"side-by-side: amsp and the first loss against PyTorch eager ok (got {by_part.get('side-by-side')})")
+expect(by_part.get("sanitizer") == ["not run"] * 4, "sanitizers: not run under the emulation, with a reason")
+figures = doc.get("figures", {})
+kernels = {k["name"]: k for k in figures.get("kernels", {}).get("kernels", [])}
+steps = figures.get("kernels", {}).get("steps", 0)
+layers = json.load(open(os.path.join(HERE, "..", "..", "inputs", "models", "tiny.json")))["num_hidden_layers"]
+expect(steps > 0 and kernels.get("attention_forward", {}).get("calls") == layers * steps,
+       f"kernel table: attention_forward called layers x steps = {layers} x {steps} times "
+       f"(got {kernels.get('attention_forward', {}).get('calls')})")
+expect(figures.get("amsp", {}).get("peak_bytes", 0) > 0, "amsp's peak memory reported")
+md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.join(out, "gpu-check.md")) else ""
+expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md,
+       "gpu-check.md has the results, the side-by-side and the kernel table")
+
+# A wrong result: gpu-info fails, so the check must fail and say which check.
+fake = os.path.join(work, "fake-build")
+os.makedirs(os.path.join(fake, "test-work"), exist_ok=True)
+wrapper = os.path.join(fake, "amsp")
+with open(wrapper, "w") as f:
+    f.write(f'#!/bin/sh\n[ "$1" = gpu-info ] && {{ echo "gpu-info: planted failure"; exit 1; }}\n'
+            f'exec "{os.path.abspath(build)}/amsp" "$@"\n')
+os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IEXEC)
+corpus = os.path.join(build, "test-work", "corpus.h5")
+link = os.path.join(fake, "test-work", "corpus.h5")
+if not os.path.exists(link):
+    os.symlink(os.path.abspath(corpus), link)
+rc, text = check(os.path.join(work, "failing"), fake)
+last = text.strip().splitlines()[-1] if text.strip() else ""
+expect(rc != 0 and last == "gpu check FAILED: preflight / gpu-info",
+       f"a failing gpu-info fails the check and is named on the last line (exit {rc}, last line {last!r})")
+
+print(f"{len(passes)} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
