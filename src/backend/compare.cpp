@@ -80,7 +80,8 @@ void layer_cases(Checker& c, const Layer& l) {
 // CPU reference cost per compute dtype, 2 M in out FLOP per product and
 // attention's causal half: the 1B layer's linears 0.68 TFLOP and attention
 // 0.21, the 7B layer's linears 1.37 and attention 0.10 at T 2048 and 0.41 at
-// 4096, the bf16-weight q 0.10: about 2.9 TFLOP, some 10 to 30 s on 16 cores.
+// 4096, the bf16-weight q 0.10: about 2.9 TFLOP, 100 s on 2 cores here, some 15
+// to 30 s on 16 (doc/gpu.md, "Kernel checks").
 void layer_list(Checker& c, bool divided) {
   const Layer small = divided ? mini(k1B) : k1B, large = divided ? mini(k7B) : k7B;
   layer_cases(c, small);

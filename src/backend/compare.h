@@ -48,7 +48,7 @@ struct CompareReport {
 //               model (hidden 2048, 32 heads on 4 kv heads of 64, ffn 5632) at
 //               T = 4096 and of a 7B one (hidden 4096, 32 heads on 8 kv heads of
 //               128, ffn 11008) at T = 2048 (attention at 4096 too), vocab
-//               32000, batch 1: about 3.5 TFLOP for the CPU reference per
+//               32000, batch 1: about 2.9 TFLOP for the CPU reference per
 //               compute dtype (doc/gpu.md, "Kernel checks");
 //   kLayerMini  the small shapes, then the same layer cases with every size
 //               divided by 16 (heads and head_dim by 4 each, so the
