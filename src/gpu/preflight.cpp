@@ -193,7 +193,7 @@ nlohmann::ordered_json preflight_json(const Preflight& p) {
   const std::string refusal = driver_refusal(p);
   return {{"emulated", p.emulated},
           {"driver", {{"version", p.driver.empty() ? json() : json(p.driver)},
-                      {"cuda", cuda_version_text(p.driver_cuda)},
+                      {"cuda", p.driver_cuda ? json(cuda_version_text(p.driver_cuda)) : json()},
                       {"cuda_code", p.driver_cuda}}},
           {"runtime", library_json(p.runtime)},
           {"cublas", library_json(p.cublas)},
