@@ -11,6 +11,7 @@ int run_data_prepare(int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_comm_bench(int argc, char** argv);
 int run_backend_check(int argc, char** argv);
+int run_gpu_info(int argc, char** argv);
 int run_ckpt_inspect(int argc, char** argv);
 int run_ckpt_verify(int argc, char** argv);
 int run_export(int argc, char** argv);

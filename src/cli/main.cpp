@@ -24,6 +24,7 @@ const Command kCommands[] = {
     {"plan", "choose how to shard model states for a model, cluster and batch", amsp::cli::run_plan},
     {"comm-bench", "measure the collectives (nccl-tests style) and write a bandwidth table", amsp::cli::run_comm_bench},
     {"backend-check", "check a device backend's kernels against the CPU backend", amsp::cli::run_backend_check},
+    {"gpu-info", "the driver, CUDA, cuBLAS, cuDNN and NCCL this build loads, and the GPUs", amsp::cli::run_gpu_info},
     {"ckpt inspect", "show a checkpoint's metadata and datasets", amsp::cli::run_ckpt_inspect},
     {"ckpt verify", "recompute a checkpoint's checksums (exit 1 naming a damaged dataset)", amsp::cli::run_ckpt_verify},
     {"export", "write a checkpoint as a Hugging Face model directory (safetensors)", amsp::cli::run_export},

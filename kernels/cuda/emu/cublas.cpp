@@ -158,6 +158,16 @@ Gemm shape(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, floa
 
 }  // namespace
 
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value) {
+  if (!value) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (type) {
+    case MAJOR_VERSION: *value = 13; return CUBLAS_STATUS_SUCCESS;
+    case MINOR_VERSION: *value = 0; return CUBLAS_STATUS_SUCCESS;
+    case PATCH_LEVEL: *value = 0; return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
   if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
   *handle = new cublasContext;

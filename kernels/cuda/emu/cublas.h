@@ -28,6 +28,8 @@ enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
 typedef cudaDataType_t cudaDataType;
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+enum libraryPropertyType_t { MAJOR_VERSION = 0, MINOR_VERSION = 1, PATCH_LEVEL = 2 };
+typedef libraryPropertyType_t libraryPropertyType;
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
@@ -45,3 +47,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cublasGemmAlgo_t algo, const char* file = __builtin_FILE(),
                             int line = __builtin_LINE());
 const char* cublasGetStatusString(cublasStatus_t status);
+// The emulation's own version, 13.0.0 (the cuBLAS of CUDA 13.0, whose API it
+// follows); it names no installed library.
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value);

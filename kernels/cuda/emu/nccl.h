@@ -77,6 +77,9 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 const char* ncclGetErrorString(ncclResult_t result);
+// The emulation's own version, 2.28.0 (NCCL's code 10000 * major + 100 * minor
+// + patch: 22800); it names no installed library.
+ncclResult_t ncclGetVersion(int* version);
 
 namespace amsp::emu {
 // How long an op may wait for its peers, in seconds; 0 (the default): forever.

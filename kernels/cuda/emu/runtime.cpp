@@ -65,6 +65,21 @@ size_t device_memory() {
   return bytes;
 }
 
+// AMSP_EMU_DRIVER_CUDA_VERSION: the CUDA version the emulated driver supports.
+int driver_cuda_version() {
+  static const int version = [] {
+    const char* v = std::getenv("AMSP_EMU_DRIVER_CUDA_VERSION");
+    if (!v || !*v) return kEmulatedCudaVersion;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end == v || *end || n < 1000 || n > 99990)
+      die(std::string("AMSP_EMU_DRIVER_CUDA_VERSION=") + v +
+          ": expected a CUDA version as 1000 * major + 10 * minor, e.g. 12040");
+    return static_cast<int>(n);
+  }();
+  return version;
+}
+
 // AMSP_EMU_DEVICES: how many devices there are, default 8.
 int device_count() {
   static const int count = [] {
@@ -247,7 +262,19 @@ void set_last_error(cudaError_t error) { t_last_error = error; }
 
 using namespace amsp::emu;
 
-// ---- devices ----------------------------------------------------------------------------
+// ---- versions and devices -------------------------------------------------------------
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (!version) return fail(cudaErrorInvalidValue);
+  *version = driver_cuda_version();
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (!version) return fail(cudaErrorInvalidValue);
+  *version = kEmulatedCudaVersion;
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (!count) return fail(cudaErrorInvalidValue);

@@ -55,6 +55,8 @@ struct cudaDeviceProp {
 };
 
 // ---- the API ---------------------------------------------------------------------------
+cudaError_t cudaDriverGetVersion(int* version);
+cudaError_t cudaRuntimeGetVersion(int* version);
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
@@ -102,6 +104,9 @@ const char* cudaGetErrorString(cudaError_t error);
 // ---- emulation only ---------------------------------------------------------------------
 namespace amsp::emu {
 
+// What the emulated cudaRuntimeGetVersion reports: 1000 * major + 10 * minor.
+inline constexpr int kEmulatedCudaVersion = 13000;
+
 // Work about to be issued on `stream` reads or writes [ptr, ptr + bytes) of a
 // cudaMalloc'd block: checked against the happens-before order and recorded.
 // Host code touching device memory directly is a bug the checker reports too.
@@ -122,6 +127,12 @@ void set_last_error(cudaError_t error);
 // number of bytes, or with a K, M, G or T suffix, binary). cudaMalloc fails
 // with cudaErrorMemoryAllocation past that, and fills new blocks with 0xff
 // bytes (NaN as fp32 and bf16) so that a read of memory nobody wrote shows.
+//
+// Versions: the emulation's own, fixed, naming no installed library. The
+// runtime is kEmulatedCudaVersion (CUDA 13.0, the API it follows); so is the
+// driver, unless AMSP_EMU_DRIVER_CUDA_VERSION (a CUDA version as
+// cudaDriverGetVersion writes it, e.g. 12040 for 12.4) says otherwise, so that
+// a test can meet a driver too old for the runtime.
 //
 // Ordering, as CUDA's: the legacy default stream (nullptr) waits for the work
 // issued so far on every live blocking stream, and blocking streams wait for

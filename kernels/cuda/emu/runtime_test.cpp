@@ -243,6 +243,25 @@ TEST(CudaEmu, ThreadsIssueConcurrently) {
 
 // ---- the runtime itself ---------------------------------------------------------------
 
+// The emulation's own versions (api.h brings cuBLAS's and NCCL's too); the
+// driver's moves with AMSP_EMU_DRIVER_CUDA_VERSION, which gpu-info's test sets.
+TEST(CudaEmu, Versions) {
+  int v = 0;
+  ASSERT_EQ(cudaRuntimeGetVersion(&v), cudaSuccess);
+  EXPECT_EQ(v, 13000);
+  ASSERT_EQ(cudaDriverGetVersion(&v), cudaSuccess);
+  EXPECT_EQ(v, 13000);
+  int major = 0, minor = -1, patch = -1;
+  ASSERT_EQ(cublasGetProperty(MAJOR_VERSION, &major), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasGetProperty(MINOR_VERSION, &minor), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasGetProperty(PATCH_LEVEL, &patch), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(major * 10000 + minor * 100 + patch, 130000);
+  ASSERT_EQ(ncclGetVersion(&v), ncclSuccess);
+  EXPECT_EQ(v, 22800);
+  EXPECT_EQ(cudaRuntimeGetVersion(nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
 TEST(CudaEmu, DevicesAndProperties) {
   int n = 0;
   ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);

@@ -1,0 +1,354 @@
+#include "backend/compare_cases.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "backend/compare_tolerance.h"
+#include "core/rng.h"
+
+namespace amsp::backend::cases {
+namespace {
+
+using namespace tolerance;
+using Ints = std::vector<int32_t>;
+
+// Inputs are a pure function of (stream, index), so both backends get the same
+// ones; generated in parallel because layer-sized cases draw ~10^8 of them.
+Floats randn(int64_t n, uint64_t stream, float scale = 1.0f) {
+  Floats v(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = scale * static_cast<float>(random_normal(23, stream, i));
+  return v;
+}
+
+Ints tokens(int64_t n, int64_t vocab, uint64_t stream) {
+  Ints t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<int32_t>(random_below(23, stream, i, vocab));
+  return t;
+}
+
+Buffer put(Backend& be, const Floats& x, DType t = DType::kF32) {
+  Buffer b = be.alloc(t, static_cast<int64_t>(x.size()));
+  be.from_host(x.data(), b.view());
+  return b;
+}
+
+Buffer put(Backend& be, const Ints& x) {
+  Buffer b = be.alloc(DType::kI32, static_cast<int64_t>(x.size()));
+  be.from_host(x.data(), b.view());
+  return b;
+}
+
+Floats get(Backend& be, const Buffer& b) {
+  Floats x(static_cast<size_t>(b.count()));
+  be.to_host(b.view(), x.data());
+  return x;
+}
+
+double max_abs(const Floats& x) {
+  double m = 0;
+  for (float v : x) m = std::max(m, static_cast<double>(std::fabs(v)));
+  return m;
+}
+
+// The largest Euclidean norm of the consecutive rows of `width` elements.
+double max_row_norm(const Floats& x, int64_t width) {
+  double m = 0;
+  for (size_t r = 0; r + static_cast<size_t>(width) <= x.size(); r += static_cast<size_t>(width)) {
+    double s = 0;
+    for (size_t i = r; i < r + static_cast<size_t>(width); ++i) s += double{x[i]} * x[i];
+    m = std::max(m, s);
+  }
+  return std::sqrt(m);
+}
+
+const char* name(DType t) { return dtype_name(t); }
+
+std::string fmt(const char* f, auto... args) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
+// max_i |y_i| + |beta| |before_i|: bounds the products that made y = p + beta before.
+double max_product(const Floats& y, float beta, const Floats& before) {
+  double m = 0;
+  for (size_t i = 0; i < y.size() && i < before.size(); ++i)
+    m = std::max(m, std::fabs(double{y[i]}) + std::fabs(beta * double{before[i]}));
+  return m;
+}
+
+// An output of n-term products plus beta times what it held (`before`): the
+// n products, and `before` as one more term of the sum. In bf16 compute the
+// product is rounded to bf16 before beta * before is added, so one bf16 ulp of
+// the product adds to the fp32 bound.
+Output product(const char* name, Floats values, int64_t n, float beta, const Floats& before,
+               bool bf16_product) {
+  const double t = bf16_product ? bf16_rounded(sum_of(n), max_product(values, beta, before),
+                                               max_abs(values))
+                                : sum_of(n + (beta != 0));
+  return {name, std::move(values), t};
+}
+
+// dw += dy^T x over M rows, as the CPU backend defines it for each dtype: fp32
+// sums, then in bf16 compute the product rounded to bf16, then in a bf16 dw the
+// sum rounded to bf16 (the rounded values are dw's own, at most max |dw|).
+Output weight_gradient_output(Floats dw, int64_t M, const Floats& before, DType w_dtype,
+                              bool bf16_product) {
+  const double mx = max_abs(dw);
+  double t = bf16_product ? bf16_rounded(sum_of(M), max_product(dw, 1, before), mx) : sum_of(M + 1);
+  if (w_dtype == DType::kBF16) t = bf16_rounded(t, mx, mx);
+  return {"dw", std::move(dw), t};
+}
+
+// The largest number of rows that share a token: the terms of one dtable row.
+int64_t max_repeats(const Ints& t) {
+  std::map<int32_t, int64_t> n;
+  int64_t m = 0;
+  for (int32_t x : t) m = std::max(m, ++n[x]);
+  return m;
+}
+
+}  // namespace
+
+void Checker::compare(const std::string& kernel, const std::string& shape, double floor,
+                      const std::function<Outputs(Backend&)>& f) {
+  const Outputs want = f(ref_);
+  Outputs got;
+  std::string failure;
+  try {
+    got = f(dev_);
+    dev_.synchronize();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    CompareRow row{kernel, shape, want[i].name, 0, std::max(floor, want[i].tolerance), failure};
+    if (failure.empty()) row.error = normwise_error(got[i].values, want[i].values);
+    report_.rows.push_back(row);
+  }
+}
+
+void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient) {
+  const auto [M, in, out, wt, beta] = s;
+  const bool bf16 = c.compute() == DType::kBF16;
+  const double floor = bf16 ? kBf16 : kReduction;
+  const std::string shape = fmt("M=%lld in=%lld out=%lld w=%s beta=%g", (long long)M,
+                                (long long)in, (long long)out, name(wt), beta);
+  c.compare("linear_forward", shape, floor, [&](Backend& be) {
+    const Floats y0 = randn(M * out, 3);
+    Buffer x = put(be, randn(M * in, 1)), w = put(be, randn(out * in, 2, 0.2f), wt);
+    Buffer y = put(be, y0);
+    be.linear_forward(x.view(), w.view(), y.view(), M, in, out, beta);
+    return Outputs{product("y", get(be, y), in, beta, y0, bf16)};
+  });
+  c.compare("linear_backward_input", shape, floor, [&](Backend& be) {
+    const Floats dx0 = randn(M * in, 5);
+    Buffer dy = put(be, randn(M * out, 4)), w = put(be, randn(out * in, 2, 0.2f), wt);
+    Buffer dx = put(be, dx0);
+    be.linear_backward_input(dy.view(), w.view(), dx.view(), M, in, out, beta);
+    return Outputs{product("dx", get(be, dx), out, beta, dx0, bf16)};
+  });
+  if (!weight_gradient) return;
+  c.compare("linear_backward_weight", shape, wt == DType::kBF16 ? kBf16 : floor, [&](Backend& be) {
+    const Floats dw0 = randn(out * in, 6);
+    Buffer dy = put(be, randn(M * out, 4)), x = put(be, randn(M * in, 1));
+    Buffer dw = put(be, dw0, wt);
+    be.linear_backward_weight(dy.view(), x.view(), dw.view(), M, in, out);
+    return Outputs{weight_gradient_output(get(be, dw), M, dw0, wt, bf16)};
+  });
+}
+
+// inv_rms comes from a sum of dim squares (positive terms); y is a few roundings
+// more. Backward: c = sum_k w dy x over the row (a sum of dim terms of both
+// signs) and inv_rms^3 (three times inv_rms's error) make dx; dw sums over rows.
+void rmsnorm_cases(Checker& c, const RmsnormShape& s) {
+  const auto [rows, dim, wt] = s;
+  const std::string shape =
+      fmt("rows=%lld dim=%lld w=dw=%s", (long long)rows, (long long)dim, name(wt));
+  const double t_forward = sum_of(dim) + kElementwise;
+  c.compare("rmsnorm_forward+apply", shape, kReduction, [&](Backend& be) {
+    Buffer x = put(be, randn(rows * dim, 1, 3.0f)), w = put(be, randn(dim, 2), wt);
+    Buffer y = be.alloc(DType::kF32, rows * dim), y2 = be.alloc(DType::kF32, rows * dim);
+    Buffer inv = be.alloc(DType::kF32, rows);
+    be.rmsnorm_forward(x.view(), w.view(), y.view(), inv.view(), rows, dim, 1e-5f);
+    be.rmsnorm_apply(x.view(), w.view(), inv.view(), y2.view(), rows, dim);
+    return Outputs{{"y", get(be, y), t_forward},
+                   {"inv_rms", get(be, inv), t_forward},
+                   {"y (apply)", get(be, y2), t_forward}};
+  });
+  c.compare("rmsnorm_backward", shape, wt == DType::kBF16 ? kBf16 : kReduction, [&](Backend& be) {
+    Buffer x = put(be, randn(rows * dim, 1, 3.0f)), w = put(be, randn(dim, 2), wt);
+    Buffer y = be.alloc(DType::kF32, rows * dim), inv = be.alloc(DType::kF32, rows);
+    be.rmsnorm_forward(x.view(), w.view(), y.view(), inv.view(), rows, dim, 1e-5f);
+    Buffer dy = put(be, randn(rows * dim, 3)), dx = put(be, randn(rows * dim, 4));
+    Buffer dw = put(be, randn(dim, 5), wt);
+    be.rmsnorm_backward(dy.view(), x.view(), w.view(), inv.view(), dx.view(), dw.view(), rows,
+                        dim);
+    Floats dw_values = get(be, dw);
+    const double mx = max_abs(dw_values);
+    double t_dw = sum_of(rows + 1) + sum_of(dim) + kElementwise;
+    if (wt == DType::kBF16) t_dw = bf16_rounded(t_dw, mx, mx);
+    return Outputs{{"dx (accumulated)", get(be, dx), 3 * sum_of(dim) + kElementwise},
+                   {"dw (accumulated)", std::move(dw_values), t_dw}};
+  });
+}
+
+void rope_case(Checker& c, const RopeShape& s) {
+  const auto [B, T, heads, hd, stride] = s;
+  const std::string shape = fmt("B=%lld T=%lld heads=%lld head_dim=%lld stride=%lld", (long long)B,
+                                (long long)T, (long long)heads, (long long)hd, (long long)stride);
+  c.compare("rope_forward+backward", shape, kElementwise, [&](Backend& be) {
+    Buffer cs = be.alloc(DType::kF32, T * hd / 2), sn = be.alloc(DType::kF32, T * hd / 2);
+    be.rope_table(cs.view(), sn.view(), T, hd, 10000.0);
+    Buffer x = put(be, randn(B * T * stride, 1)), dx = put(be, randn(B * T * stride, 2));
+    be.rope_forward(x.view(), cs.view(), sn.view(), B, T, heads, hd, stride);
+    be.rope_backward(dx.view(), cs.view(), sn.view(), B, T, heads, hd, stride);
+    return Outputs{{"cos", get(be, cs), kElementwise},
+                   {"x", get(be, x), kElementwise},
+                   {"dx", get(be, dx), kElementwise}};
+  });
+}
+
+// A score is a sum of D products; |q.k| scale bounds it and every partial sum
+// of it (Cauchy-Schwarz), so its error is at most sum_of(D) times that, and a
+// probability exp(score - lse) has that relative error twice (its score, and
+// lse through the row's scores) plus lse's own: a positive sum over up to T
+// keys and up to T online rescales. Each output is then a sum of terms whose
+// weights carry these relative errors: out = P v over T keys; dv = P^T dout
+// over the G T query rows of a kv group; dq and dk sum over T and G T terms
+// P (dP - delta), where dP = dout.v sums D terms and delta = dout.out uses out.
+void attention_case(Checker& c, const AttentionShape& s) {
+  const auto [B, T, H, KV, D] = s;
+  const std::string shape = fmt("B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
+                                (long long)H, (long long)KV, (long long)D);
+  c.compare("attention_forward+backward", shape, kReduction, [&](Backend& be) {
+    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, group = H / KV;
+    const Floats qs = randn(nq, 1), ks = randn(nkv, 2);
+    Buffer q = put(be, qs), k = put(be, ks), v = put(be, randn(nkv, 3));
+    Buffer saved = be.alloc(DType::kF32, be.attention_saved_count(B, T, H));
+    Buffer out = be.alloc(DType::kF32, nq), dout = put(be, randn(nq, 4));
+    be.attention_forward(q.view(), k.view(), v.view(), saved.view(), out.view(), B, T, H, KV, D);
+    Buffer dq = put(be, randn(nq, 5)), dk = put(be, randn(nkv, 6)), dv = put(be, randn(nkv, 7));
+    be.attention_backward(q.view(), k.view(), v.view(), saved.view(), out.view(), dout.view(),
+                          dq.view(), dk.view(), dv.view(), B, T, H, KV, D);
+    const double score = max_row_norm(qs, D) * max_row_norm(ks, D) / std::sqrt(double(D));
+    const double t_p = 2 * sum_of(D) * score + sum_of(2 * T) + kElementwise;
+    const double t_out = sum_of(2 * T) + t_p, t_ds = t_p + sum_of(D) + t_out;
+    return Outputs{{"out", get(be, out), t_out},
+                   {"dq", get(be, dq), sum_of(T) + t_ds},
+                   {"dk", get(be, dk), sum_of(group * T) + t_ds},
+                   {"dv", get(be, dv), sum_of(group * T) + t_p}};
+  });
+}
+
+void swiglu_case(Checker& c, int64_t n) {
+  c.compare("swiglu_forward+backward", fmt("n=%lld", (long long)n), kElementwise,
+            [&](Backend& be) {
+              Buffer g = put(be, randn(n, 1, 3.0f)), u = put(be, randn(n, 2));
+              Buffer o = be.alloc(DType::kF32, n), dg = be.alloc(DType::kF32, n);
+              Buffer du = put(be, randn(n, 3));  // dup aliases dout, as in the model
+              be.swiglu_forward(g.view(), u.view(), o.view());
+              be.swiglu_backward(g.view(), u.view(), du.view(), dg.view(), du.view());
+              return Outputs{{"out", get(be, o), kElementwise},
+                             {"dgate", get(be, dg), kElementwise},
+                             {"dup", get(be, du), kElementwise}};
+            });
+}
+
+// lse = max + log(sum of V positive terms): an absolute error of sum_of(V) plus
+// a few ulp of lse. The loss adds up the rows' lse - target logit (positive
+// terms); dlogits = scale (exp(z - lse) - onehot) has lse's error relatively.
+void cross_entropy_case(Checker& c, int64_t rows, int64_t V) {
+  c.compare("cross_entropy_forward+backward", fmt("rows=%lld V=%lld", (long long)rows, (long long)V),
+            kReduction, [&](Backend& be) {
+              Ints t = tokens(rows, V, 1);
+              if (rows > 3) t[3] = -100;  // ignored
+              Buffer z = put(be, randn(rows * V, 2, 2.0f)), tt = put(be, t);
+              Buffer lse = be.alloc(DType::kF32, rows);
+              const LossSum loss = be.cross_entropy_forward(z.view(), tt.view(), lse.view(), rows, V);
+              be.cross_entropy_backward(z.view(), tt.view(), lse.view(), rows, V, 0.25f);
+              Floats lse_values = get(be, lse);
+              const double lse_max = std::max(max_abs(lse_values), 1e-30);
+              const double lse_error = sum_of(V) + kElementwise * lse_max;
+              const double loss_scale = std::max(std::fabs(loss.sum), double(loss.count));
+              const double t_loss =
+                  (double(rows) * lse_error + sum_of(rows) * std::fabs(loss.sum)) /
+                  std::max(loss_scale, 1e-30);
+              return Outputs{{"loss sum, count",
+                              {static_cast<float>(loss.sum), static_cast<float>(loss.count)},
+                              t_loss},
+                             {"lse", std::move(lse_values), lse_error / lse_max},
+                             {"dlogits", get(be, z), sum_of(V) + kElementwise}};
+            });
+}
+
+// out is a gather (exact); a dtable row adds the rows of its token to what it
+// held: as many terms as the most frequent token has rows, plus one.
+void embedding_case(Checker& c, int64_t rows, int64_t dim, int64_t vocab, DType tt) {
+  const std::string shape = fmt("rows=%lld dim=%lld vocab=%lld table=%s", (long long)rows,
+                                (long long)dim, (long long)vocab, name(tt));
+  c.compare("embedding_forward+backward", shape, tt == DType::kBF16 ? kBf16 : kReduction,
+            [&](Backend& be) {
+              const Ints toks = tokens(rows, vocab, 1);  // many repeats: order matters
+              Buffer tok = put(be, toks), table = put(be, randn(vocab * dim, 2), tt);
+              Buffer out = be.alloc(DType::kF32, rows * dim), dout = put(be, randn(rows * dim, 3));
+              be.embedding_forward(tok.view(), table.view(), out.view(), rows, dim);
+              Buffer dtable = put(be, randn(vocab * dim, 4), tt);
+              be.embedding_backward(tok.view(), dout.view(), dtable.view(), rows, dim);
+              Floats dt = get(be, dtable);
+              const double mx = max_abs(dt), t_sum = sum_of(max_repeats(toks) + 1);
+              return Outputs{
+                  {"out", get(be, out), kElementwise},
+                  {"dtable (accumulated)", std::move(dt),
+                   tt == DType::kBF16 ? bf16_rounded(t_sum, mx, mx) : t_sum}};
+            });
+}
+
+// One rounding each at most, the same on both sides; sum_squares is summed in
+// double, whose errors are far below fp32's.
+void elementwise_case(Checker& c, int64_t n, DType a, DType b) {
+  const std::string shape = fmt("n=%lld dst=%s src=%s", (long long)n, name(a), name(b));
+  c.compare("copy, add, fill_zero, sum_squares", shape, kElementwise, [&](Backend& be) {
+    Buffer src = put(be, randn(n, 1), b), dst = put(be, randn(n, 2), a);
+    Buffer copied = be.alloc(a, n), zeroed = put(be, randn(n, 3), a);
+    be.copy(src.view(), copied.view());
+    be.add(dst.view(), src.view());
+    be.fill_zero(zeroed.view());
+    const double ss = be.sum_squares(src.view());
+    return Outputs{{"copy", get(be, copied), kElementwise},
+                   {"add", get(be, dst), kElementwise},
+                   {"fill_zero", get(be, zeroed), kElementwise},
+                   {"sum_squares", {static_cast<float>(ss)}, kElementwise}};
+  });
+}
+
+// The update is elementwise; the bf16 parameter copy is the updated master
+// rounded, which lands on the neighbouring bf16 value when the masters differ
+// in their last bits.
+void adamw_case(Checker& c, int64_t n, DType g) {
+  const std::string shape = fmt("n=%lld grad=%s copy=bf16", (long long)n, name(g));
+  c.compare("adamw", shape, kElementwise, [&](Backend& be) {
+    Buffer p = put(be, randn(n, 1)), m = put(be, randn(n, 2, 0.1f));
+    Floats v0 = randn(n, 3, 0.1f);
+    for (float& x : v0) x = x * x;
+    Buffer v = put(be, v0), grad = put(be, randn(n, 4), g), copy = be.alloc(DType::kBF16, n);
+    AdamWStep s;
+    s.lr = 1e-3f, s.weight_decay = 0.1f, s.bias_correction1 = 0.19f, s.bias_correction2 = 0.0975f,
+    s.grad_scale = 0.5f;
+    be.adamw(p.view(), m.view(), v.view(), grad.view(), copy.view(), s);
+    Floats copied = get(be, copy);
+    const double mx = max_abs(copied);
+    return Outputs{{"master", get(be, p), kElementwise},
+                   {"m", get(be, m), kElementwise},
+                   {"v", get(be, v), kElementwise},
+                   {"param copy", std::move(copied), bf16_rounded(kElementwise, mx, mx)}};
+  });
+}
+
+}  // namespace amsp::backend::cases
