@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/compare_tolerance.h"
+#include "backend/stream_timer.h"
 #include "core/error.h"
 
 namespace amsp::backend {
@@ -115,6 +116,7 @@ class Forwarding : public Backend {
     in_->adamw(p, m, v, g, copy, s);
   }
   double peak_flops() override { return in_->peak_flops(); }
+  std::unique_ptr<StreamTimer> make_stream_timer() override { return in_->make_stream_timer(); }
 
  protected:
   std::unique_ptr<Backend> in_;
