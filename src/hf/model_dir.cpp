@@ -43,6 +43,19 @@ void check_architecture(const nlohmann::json& j, const std::string& source) {
     refuse(cat("head_dim ", j["head_dim"].dump(), " is not hidden_size / num_attention_heads"));
 }
 
+// transformers 5 writes RoPE's settings as one object, rope_parameters
+// {"rope_type": "default", "rope_theta": ...}, in place of the top-level
+// rope_theta and rope_scaling of earlier versions: plain RoPE only, its theta
+// moved to where config_from_json reads it.
+void take_rope_parameters(nlohmann::json& j, const std::string& source) {
+  if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return;
+  const nlohmann::json& r = j["rope_parameters"];
+  if (!r.is_object() || (r.contains("rope_type") && r["rope_type"] != "default"))
+    fail_usage(source, ": rope_parameters is ", r.dump(),
+               " (only plain RoPE is supported); expected a LLaMA model (LlamaForCausalLM)");
+  if (r.contains("rope_theta") && !j.contains("rope_theta")) j["rope_theta"] = r["rope_theta"];
+}
+
 // The weight files: the index's shards, else model.safetensors.
 std::vector<std::string> weight_files(const fs::path& dir) {
   const fs::path index = dir / kIndexFile;
@@ -84,7 +97,8 @@ ModelDir::ModelDir(const std::string& dir) : dir_(dir) {
     fail_usage(source, ": not valid JSON");
   }
   check_architecture(j, source);
-  config_ = model::config_from_json(text, source);
+  take_rope_parameters(j, source);
+  config_ = model::config_from_json(j.dump(), source);
   config_.name = dir;
   config_.validate();
   for (const auto& f : weight_files(dir)) files_.push_back(std::make_unique<SafetensorsFile>(f));

@@ -102,5 +102,28 @@ TEST(ModelDirWriterTest, PlanShardsAsTransformers) {
   EXPECT_EQ(shard_file_name(2, 13), "model-00002-of-00013.safetensors");
 }
 
+// transformers 5 writes rope_parameters in place of rope_theta: its theta is
+// read, and anything but plain RoPE is refused in one line.
+TEST(ModelDirTest, ReadsTransformers5RopeParameters) {
+  const fs::path dir = fresh_dir("rope5");
+  write_and_read_back(dir, DType::kF32, 5'000'000'000, 1);
+  auto rewrite = [&](const nlohmann::json& rope) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+    j["rope_parameters"] = rope;
+    std::ofstream(dir / "config.json") << j.dump();
+  };
+  rewrite({{"rope_type", "default"}, {"rope_theta", 500000.0}});
+  EXPECT_EQ(ModelDir(dir.string()).config().rope_theta, 500000.0);
+  rewrite({{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0}});
+  try {
+    ModelDir md(dir.string());
+    FAIL() << "llama3 RoPE scaling accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_parameters is"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace amsp::hf
