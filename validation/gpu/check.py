@@ -86,10 +86,11 @@ def preflight(c):
     path = os.path.join(c.a.out, "gpu-info.json")
     rc, out, _ = c.run("gpu-info", [c.a.amsp, "gpu-info", "--json", path], 120)
     print(out, end="", flush=True)
+    if os.path.exists(path):
+        c.figures["gpu_info"] = json.load(open(path))
     if rc != 0:
         c.record("preflight", "gpu-info", "FAIL", last_line(out))
         return False
-    c.figures["gpu_info"] = json.load(open(path))
     c.record("preflight", "gpu-info", "ok", " ".join(out.strip().splitlines()[:1]))
     return True
 
@@ -130,7 +131,9 @@ def sanitizers(c):
         if c.left() < 60:
             c.record("sanitizer", t, "not run", "time budget spent")
             continue
-        cmd = [tool_path, "--tool", t, "--error-exitcode", "3", "--print-limit", "10", c.a.amsp, "backend-check",
+        # amsp is the bundle's sh wrapper: the tool must follow it into the program.
+        cmd = [tool_path, "--tool", t, "--target-processes", "all", "--error-exitcode", "3", "--print-limit", "10",
+               c.a.amsp, "backend-check",
                "--device", "cuda", "--precision", "bf16", "--shapes", "small"]
         rc, out, secs = c.run(f"sanitizer-{t}", cmd, min(150, c.left() - 30))
         if rc is None:
@@ -166,7 +169,7 @@ def worst_loss_difference(ref, got):
 
 def gpu_against_cpu(c):
     print("== 3. the GPU against the CPU: the losses of a few steps", flush=True)
-    model, seq, batch, steps = ("tiny", 32, 4, 4) if c.a.emulated else ("small", 256, 8, 6)
+    model, seq, batch, steps = ("tiny", 32, 4, 3) if c.a.emulated else ("small", 256, 8, 6)
     args = ["--model", preset(c.a, model)]
     gpu, note, _ = train(c, "gpu-vs-cpu-cuda", 1, "ddp", args, steps, batch, seq)
     cpu, _, _ = train(c, "gpu-vs-cpu-cpu", 1, "ddp", args, steps, batch, seq, device="cpu",
@@ -192,7 +195,7 @@ def torch_run(c, args, name, timeout):
 def side_by_side(c):
     print("== 4. one-GPU training, amsp beside PyTorch", flush=True)
     if c.a.emulated:
-        model, seq, batch, steps, torch_device = "tiny", 32, 2, 4, "cpu"
+        model, seq, batch, steps, torch_device = "tiny", 32, 2, 3, "cpu"
     else:
         model, seq, batch, steps, torch_device = "llama-1b", 2048, 2, 8 if c.a.quick else 12, "cuda"
     work = os.path.join(c.a.out, "side-by-side")
@@ -255,13 +258,14 @@ def several_gpus(c):
     model, seq, batch = ("tiny", 32, 4) if c.a.emulated else ("small", 256, 8)
     args = ["--model", preset(c.a, model)]
     n = c.a.gpus
-    ref, _, _ = train(c, "gpus-1", 1, "ddp", args, 6, batch, seq)
+    steps = 3 if c.a.emulated else 6
+    ref, _, _ = train(c, "gpus-1", 1, "ddp", args, steps, batch, seq)
     plans = ["zero3"] if c.a.emulated else ["ddp", "zero3", mixed_plan(n)]
     for plan in plans:
         if c.left() < 40:
             c.record("several GPUs", f"{n} GPUs, {plan}", "not run", "time budget spent")
             continue
-        got, note, _ = train(c, f"gpus-{n}-{plan}", n, plan, args, 6, max(batch // n, 1), seq)
+        got, note, _ = train(c, f"gpus-{n}-{plan}", n, plan, args, steps, max(batch // n, 1), seq)
         err = worst_loss_difference(ref, got)
         c.record("several GPUs", f"1 vs {n} GPUs, {plan}", "ok" if err <= LOSS_TOLERANCE else "FAIL",
                  f"worst relative loss difference {err:.2e}; {note}")
@@ -269,8 +273,10 @@ def several_gpus(c):
 
 # ---- the report -------------------------------------------------------------------------------
 
-def gib(b):
-    return f"{b / 2**30:.1f} GiB" if b else "-"
+def size(b):
+    if not b:
+        return "-"
+    return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
 
 
 def report(c):
@@ -279,12 +285,15 @@ def report(c):
     gpus = info.get("gpus") or [{}]
     where = "CPU emulation of CUDA (no GPU: proves only that this script works)" if a.emulated else \
         f"{a.gpus} x {gpus[0].get('name', '?')}, driver {info.get('driver', {}).get('version', '?')}"
-    commit = "?"
+    commit = a.commit or "?"
     if a.manifest and os.path.exists(a.manifest):
         commit = next((l.split()[1] for l in open(a.manifest) if l.startswith("commit ")), "?")
     wall = time.time() - a.started
+    libs = "; ".join(f"{k} {info[k].get('version') or '?'}" + (f" ({info[k]['path']})" if info[k].get("path") else "")
+                     for k in ("runtime", "cublas", "cudnn", "nccl") if isinstance(info.get(k), dict))
     lines = [f"### amsp GPU check: {where}", "",
-             f"{datetime.date.today().isoformat()}, bundle {commit}, wall time {wall:.0f} s", "",
+             f"{datetime.date.today().isoformat()}, {'build' if a.emulated else 'bundle'} {commit}, wall time {wall:.0f} s",
+             "", f"Libraries: {libs or 'unknown (no preflight)'}", "",
              "| part | case | result | detail |", "|---|---|---|---|"]
     lines += [f"| {p} | {cs} | {v} | {d} |" for p, cs, v, d in c.results]
     if "amsp" in f:
@@ -295,9 +304,9 @@ def report(c):
         for key, label in (("amsp", "amsp"), ("torch_eager", "PyTorch eager"), ("torch_compile", "PyTorch compile")):
             r = f.get(key)
             if r:
-                att = f" ({r['attention']})" if "attention" in r else ""
+                att = f", {'SDPA' if r['attention'] == 'sdpa' else 'eager'} attention" if "attention" in r else ""
                 lines.append(f"| {label}{att} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | {r['step_ms_median']:.0f} | "
-                             f"{gib(r.get('peak_bytes'))} | {r['losses'][0]:.5f} |")
+                             f"{size(r.get('peak_bytes'))} | {r['losses'][0]:.5f} |")
     k = f.get("kernels")
     if k:
         lines += ["", f"amsp's time per kernel (CUDA events around each launch, {k.get('steps')} steps; "
@@ -331,6 +340,7 @@ def main():
     ap.add_argument("--gpus", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--manifest")
+    ap.add_argument("--commit", help="the commit of the build checked (a bundle's MANIFEST says its own)")
     ap.add_argument("--emulated", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--started", type=float, default=time.time())

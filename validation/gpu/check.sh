@@ -54,7 +54,8 @@ if ((emulated)); then
   [[ -x $build/amsp ]] || { echo "check.sh: no $build/amsp; build amsp first" >&2; exit 2; }
   export AMSP_CUDA_EMULATION=1
   args=(--amsp "$build/amsp" --mpiexec "${MPIEXEC:-mpiexec}" --inputs "$here/../../inputs"
-        --data "$build/test-work/corpus.h5" --gpus 2 --emulated)
+        --data "$build/test-work/corpus.h5" --gpus 2 --emulated
+        --commit "$(git -C "$here" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)")
   if [[ ! -f $build/test-work/corpus.h5 ]]; then
     mkdir -p "$build/test-work"
     "$build/amsp" data prepare --input $("$here/../../inputs/corpus/files.sh") --output "$build/test-work/corpus.h5" >/dev/null
@@ -62,23 +63,24 @@ if ((emulated)); then
 else
   if [[ -n $archive ]]; then
     [[ -f $archive ]] || { echo "check.sh: no bundle $archive (validation/gpu/bundle.sh makes it)" >&2; exit 2; }
-    rm -rf "$out/bundle" && mkdir -p "$out/bundle"
-    tar -C "$out/bundle" -xJf "$archive"
-    bundle=$out/bundle/amsp-gpu
+    unpacked=$(mktemp -d "${TMPDIR:-/tmp}/amsp-gpu-check.XXXXXX")
+    trap 'rm -rf "$unpacked"' EXIT
+    tar -C "$unpacked" -xJf "$archive"
+    bundle=$unpacked/amsp-gpu
   fi
   [[ -n $bundle && -f $bundle/MANIFEST ]] || { echo "check.sh: give --bundle ARCHIVE or --bundle-dir DIR (an unpacked bundle with a MANIFEST)" >&2; exit 2; }
   bundle=$(cd "$bundle" && pwd)
   command -v nvidia-smi >/dev/null || { echo "check.sh: no nvidia-smi: is this a GPU machine?" >&2; exit 2; }
   gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
   ((gpus > 0)) || { echo "check.sh: nvidia-smi lists no GPU" >&2; exit 2; }
-  # Find CUDA's libraries once, here, so that every program below (and the
-  # sanitizer, which runs libexec/amsp itself) sees them.
-  (here=$bundle; . "$bundle/libexec/cuda-libs.sh"; env > "$out/bundle-env") || exit 2
+  # Find CUDA's libraries once, here: the wrappers in bin/ then only run the
+  # programs (through the bundle's own glibc where this machine's is older).
+  found=$(here=$bundle; . "$bundle/libexec/cuda-libs.sh" && env) || exit 2
   while IFS= read -r line; do export "${line?}"; done \
-    < <(grep -E '^(LD_LIBRARY_PATH|AMSP_INPUTS|AMSP_BUNDLE_READY)=' "$out/bundle-env")
+    < <(grep -E '^(LD_LIBRARY_PATH|AMSP_INPUTS|AMSP_BUNDLE_READY|AMSP_BUNDLE_OWN_GLIBC)=' <<<"$found")
   echo "== bundle $(sed -n 's/^commit //p' "$bundle/MANIFEST"), unpacked in $(($(date +%s) - start)) s; $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
-  args=(--amsp "$bundle/libexec/amsp" --mpiexec "$bundle/libexec/mpiexec.hydra" --inputs "$bundle/share/amsp/inputs"
+  args=(--amsp "$bundle/bin/amsp" --mpiexec "$bundle/bin/mpiexec" --inputs "$bundle/share/amsp/inputs"
         --data "$bundle/share/amsp/corpus.h5" --gpus "$gpus" --manifest "$bundle/MANIFEST")
 fi
 ((quick)) && args+=(--quick)
-exec "$python" "$here/check.py" "${args[@]}" --out "$out" --started "$start"
+"$python" "$here/check.py" "${args[@]}" --out "$out" --started "$start"

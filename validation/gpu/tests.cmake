@@ -8,14 +8,14 @@
 set(AMSP_BUNDLE ${CMAKE_BINARY_DIR}/bundle/amsp-gpu.tar.xz)
 add_test(NAME gpu_bundle
   COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'no CUDA toolkit: skipped'; exit 77; }; exec \"$0\" --werror --build \"$1\" --out \"$2\""
-          ${CMAKE_CURRENT_SOURCE_DIR}/bundle.sh ${CMAKE_BINARY_DIR}/cuda-build ${AMSP_BUNDLE})
+          ${CMAKE_CURRENT_LIST_DIR}/bundle.sh ${CMAKE_BINARY_DIR}/cuda-build ${AMSP_BUNDLE})
 set_tests_properties(gpu_bundle PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT 1500
   FIXTURES_SETUP gpu_bundle)
 
 # The bundle unpacked into an empty folder with the Debian copies of what it packs
 # hidden: its amsp's CPU path runs on the packed libraries alone.
 add_test(NAME gpu_bundle_runs
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
+  COMMAND ${CMAKE_CURRENT_LIST_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
 set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300
   FIXTURES_REQUIRED "gpu_bundle;corpus")
 
@@ -24,7 +24,7 @@ set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300
 # same weights, several emulated GPUs; its table and JSON. Proves the script, not a GPU.
 add_test(NAME gpu_check_emulated
   COMMAND bash -c "PY=$(\"$0\") && AMSP_PYTHON=\"$PY\" exec \"$PY\" \"$1\" \"$2\" \"$3\""
-          ${PROJECT_SOURCE_DIR}/validation/setup-python.sh ${CMAKE_CURRENT_SOURCE_DIR}/check_emulated_test.py
+          ${PROJECT_SOURCE_DIR}/validation/setup-python.sh ${CMAKE_CURRENT_LIST_DIR}/check_emulated_test.py
           ${CMAKE_BINARY_DIR} ${AMSP_TEST_WORK}/gpu-check)
 set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600
   FIXTURES_REQUIRED corpus ENVIRONMENT "MPIEXEC=${MPIEXEC_EXECUTABLE}")
