@@ -6,12 +6,12 @@
 #   0. preflight: the driver, CUDA runtime, cuBLAS, cuDNN and NCCL it will use;
 #   1. every kernel of the CUDA backend against the CPU backend at the sizes of a
 #      1B-7B layer, fp32 and bf16;
-#   2. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
-#      small backend-check, where the tool is present;
-#   3. the GPU against the CPU: the losses of a few steps of the small preset;
-#   4. one-GPU training of the ~1B preset (seq 2048, bf16): tokens/s, MFU, peak
+#   2. the GPU against the CPU: the losses of a few steps of the small preset;
+#   3. one-GPU training of the ~1B preset (seq 2048, bf16): tokens/s, MFU, peak
 #      memory, time per kernel; and the same model, weights and batches in
 #      PyTorch (eager with SDPA, and torch.compile) in the same run;
+#   4. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
+#      small backend-check, where the tool is present;
 #   5. with two GPUs or more: ddp, zero3 and a mixed plan against one GPU.
 # It writes gpu-check.md (one Markdown table) and gpu-check.json into DIR and
 # exits non-zero on any wrong result, naming the failing check on one line.
@@ -30,15 +30,19 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 archive="" bundle="" build="" out="" emulated=0 quick=0
+value() {  # the value of option $1, or a one-line error
+  [[ $# -ge 2 && -n $2 ]] || { echo "check.sh: $1 needs a value" >&2; exit 2; }
+  echo "$2"
+}
 while (($#)); do
   case $1 in
-    --bundle) archive=$2; shift 2 ;;
-    --bundle-dir) bundle=$2; shift 2 ;;
-    --build) build=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
+    --bundle) archive=$(value "$@"); shift 2 ;;
+    --bundle-dir) bundle=$(value "$@"); shift 2 ;;
+    --build) build=$(value "$@"); shift 2 ;;
+    --out) out=$(value "$@"); shift 2 ;;
     --emulated) emulated=1; shift ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "check.sh: unknown option $1 (expected --bundle ARCHIVE, --bundle-dir DIR, --emulated, --build DIR, --out DIR or --quick)" >&2; exit 2 ;;
   esac
 done
