@@ -59,9 +59,6 @@ sys.path.insert(0, os.path.join(REPO, "validation", "slurm"))
 import equivalence_test as eq  # noqa: E402  (the plans, run(), clean_env())
 import local_cluster as lc     # noqa: E402  (the local Slurm cluster, deadline())
 
-# This script's cluster ports: distinct from start.sh's defaults (16817, 17001) and
-# from every test's (16917/17101, 17017/17201, 17317/17401, 17517/17601).
-CTLD_PORT, NODE_PORT = "17717", "17801"
 RUN_TIMEOUT = 300
 
 
@@ -716,8 +713,8 @@ def main():
                     results["notes"].append(note)
                     continue
                 try:
-                    with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, layout.name + "-cluster"),
-                                          CTLD_PORT, NODE_PORT) as conf:
+                    with lc.local_cluster(args.cluster_scripts,
+                                          os.path.join(args.work, layout.name + "-cluster")) as conf:
                         layout.env = lc.clean_env({"SLURM_CONF": conf})
                         code |= not run_layout(args, layout, plans, results)
                 except lc.ClusterError as e:

@@ -49,6 +49,14 @@ for pidfile in "$DIR"/munge/munged.pid "$DIR"/run/*.pid; do
   fi
 done
 
+# A port something already listens on (another cluster, another suite's test) would only
+# show as a daemon dying during start-up: say which, before starting anything.
+for port in "$CTLD_PORT" $(seq "$NODE_PORT" $((NODE_PORT + 3))); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "port $port is in use (another local cluster?); choose others with AMSP_SLURM_CTLD_PORT and AMSP_SLURM_NODE_PORT"
+  fi
+done
+
 # Fresh state every time: a stale job or node state from an earlier run only confuses.
 rm -rf "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/run" "$DIR/munge"
 mkdir -p "$DIR"/{state,log,run,munge} "${NODES[@]/#/$DIR/spool/}"
@@ -175,6 +183,7 @@ done
 
 started=1
 trap - EXIT
-echo "Slurm test cluster running in $DIR (nodes n[1-4], switches s1={n1,n2} s2={n3,n4} under top)."
+echo "Slurm test cluster running in $DIR (nodes n[1-4], switches s1={n1,n2} s2={n3,n4} under top;"
+echo "slurmctld on port $CTLD_PORT, slurmd on $NODE_PORT-$((NODE_PORT + 3)))."
 echo "Use it with:"
 echo "export SLURM_CONF=$DIR/slurm.conf"

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 
@@ -33,8 +35,6 @@ std::string to_json(const LockHolder& h) {
       .dump();
 }
 
-// The holder named in a lock file; nullopt if it is missing (ENOENT) or garbled
-// (*garbled set).
 // The lock file's bytes, or nullopt when there is none.
 std::optional<std::string> read_text(const std::string& path) {
   std::ifstream in(path);
@@ -44,11 +44,10 @@ std::optional<std::string> read_text(const std::string& path) {
   return ss.str();
 }
 
-std::optional<LockHolder> holder_from_text(const std::optional<std::string>& text, bool* garbled) {
-  *garbled = false;
-  if (!text) return std::nullopt;
+// The holder a lock (or claim) file names; nullopt if it is not one amsp wrote.
+std::optional<LockHolder> holder_from_text(const std::string& text) {
   try {
-    const auto j = nlohmann::json::parse(*text);
+    const auto j = nlohmann::json::parse(text);
     LockHolder h;
     h.host = j.at("host").get<std::string>();
     h.pid = j.at("pid").get<int64_t>();
@@ -57,23 +56,25 @@ std::optional<LockHolder> holder_from_text(const std::optional<std::string>& tex
     h.lease_until = j.at("lease_until").get<int64_t>();
     return h;
   } catch (const std::exception&) {
-    *garbled = true;
     return std::nullopt;
   }
 }
 
-std::optional<LockHolder> read_holder(const std::string& path, bool* garbled) {
-  return holder_from_text(read_text(path), garbled);
-}
+// A complete file naming `h`, at a name of its own, for link() or rename()
+// into place.
+struct Candidate {
+  std::string path, text;
+};
 
-// A complete file at a unique name, for link() or rename() into place.
-std::string write_candidate(const std::string& dir, const LockHolder& h) {
-  const std::string tmp = cat(dir, "/.lock.", h.host, ".", h.pid, ".", now(), ".tmp");
-  std::ofstream out(tmp, std::ios::trunc);
-  out << to_json(h) << "\n";
+Candidate write_candidate(const std::string& dir, const LockHolder& h) {
+  static int serial = 0;
+  Candidate c{cat(dir, "/.lock.", h.host, ".", h.pid, ".", now(), ".", serial++, ".tmp"), to_json(h) + "\n"};
+  ::unlink(c.path.c_str());  // a leftover of a reused pid: never write through its links
+  std::ofstream out(c.path, std::ios::trunc);
+  out << c.text;
   out.flush();
-  if (!out) fail("--checkpoint-dir ", dir, ": cannot write ", tmp);
-  return tmp;
+  if (!out) fail("--checkpoint-dir ", dir, ": cannot write ", c.path);
+  return c;
 }
 
 // When process pid started, in unix seconds (from /proc: its start in clock
@@ -114,19 +115,112 @@ bool holder_alive(const LockHolder& h) {
   return started < 0 || started <= h.started + 1;
 }
 
-bool same_holder(const LockHolder& a, const LockHolder& b) {
-  return a.host == b.host && a.pid == b.pid && a.started == b.started;
-}
-
-// Why `old` may be taken over by `me`, or "" if it may not.
+// Why `old` may be taken over by `me`, or "" if it may not. On this host the
+// process itself answers, and a live one is never taken over; the job id and
+// the lease speak only for holders this host cannot see.
 std::string takeover_reason(const LockHolder& old, const LockHolder& me) {
-  if (!me.slurm_job.empty() && old.slurm_job == me.slurm_job)
-    return cat("took back the lock of an earlier attempt of Slurm job ", me.slurm_job, " (", old.describe(), ")");
-  if (old.host == me.host && !holder_alive(old))
+  const bool same_job = !me.slurm_job.empty() && old.slurm_job == me.slurm_job;
+  if (old.host == me.host) {
+    if (holder_alive(old)) return "";
+    if (same_job)
+      return cat("took back the lock of an earlier attempt of Slurm job ", me.slurm_job, " (", old.describe(), ")");
     return cat("took over the lock of ", old.describe(), ", which is gone");
+  }
+  if (same_job)
+    return cat("took back the lock of an earlier attempt of Slurm job ", me.slurm_job, " (", old.describe(), ")");
   if (old.lease_until < now())
     return cat("took over the lock of ", old.describe(), ", whose lease expired ", now() - old.lease_until, " s ago");
   return "";
+}
+
+// What a lock or claim file says about its writer: whether `me` may pass it
+// over, why, and the refusal to print if not.
+struct Verdict {
+  bool stale = false;
+  std::string reason;   // when stale: the line to print
+  std::string refusal;  // when not: why, to follow "--checkpoint-dir DIR" in the error
+  std::string who;      // the writer, as a message names it
+};
+
+Verdict judge(const std::string& dir, const std::string& path, const std::string& text, const LockHolder& me,
+              int64_t lease_s) {
+  Verdict v;
+  if (const auto old = holder_from_text(text)) {
+    v.who = old->describe();
+    v.reason = takeover_reason(*old, me);
+    v.stale = !v.reason.empty();
+    const int64_t left = old->lease_until - now();
+    v.refusal = cat(" is in use by ", v.who,
+                    left >= 0 ? cat(", lease until ", left, " s from now")
+                              : cat(", which still runs on this host (its lease ran out ", -left, " s ago)"),
+                    "; expected a directory no other job writes to (wait for it, or remove ", dir,
+                    "/lock if that job is surely gone)");
+    return v;
+  }
+  v.who = cat("an unreadable ", path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && st.st_mtime + lease_s >= now()) {
+    v.refusal = cat(": ", path, " is not a lock amsp wrote, and it is recent; expected a directory no other "
+                    "job writes to (remove it if no job uses the directory)");
+    return v;
+  }
+  v.stale = true;  // or gone meanwhile: the claimant's second reading decides
+  v.reason = "took over a damaged lock file older than the lease";
+  return v;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+std::string claim_path(const std::string& dir, const std::string& key) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(key)));
+  return cat(dir, "/.lock.claim.", hex);
+}
+
+// The right to change the lock file while it holds `text` (lock.h). Held
+// when `blocked_by` is empty: then paths ends with ours, after the claims of
+// claimants that are gone.
+struct Claim {
+  std::vector<std::string> paths;
+  std::string blocked_by;  // a live claimant, as a message names it
+  bool held() const { return blocked_by.empty(); }
+};
+
+// Claims with `mine` (a complete file naming `me`), linked into place.
+Claim claim(const std::string& dir, const std::string& text, const std::string& mine, const LockHolder& me,
+            int64_t lease_s) {
+  Claim c;
+  std::string key = text;
+  for (int tries = 0; tries < 64; ++tries) {
+    const std::string path = claim_path(dir, key);
+    if (::link(mine.c_str(), path.c_str()) == 0) {
+      c.paths.push_back(path);
+      return c;
+    }
+    if (errno != EEXIST) fail("--checkpoint-dir ", dir, ": cannot create ", path, ": ", std::strerror(errno));
+    const std::optional<std::string> held = read_text(path);
+    if (!held) continue;  // dropped meanwhile: try the same name again
+    const Verdict v = judge(dir, path, *held, me, lease_s);
+    if (!v.stale) {
+      c.blocked_by = v.who;
+      return c;
+    }
+    c.paths.push_back(path);
+    key += *held;  // its claimant is gone: the next claim of the chain
+  }
+  c.blocked_by = cat("other processes (", dir, "/.lock.claim.* keep changing)");
+  return c;
+}
+
+// Only once the lock no longer holds the claimed text: until then a dead
+// claimant's claim must stay, or a newcomer could claim the text beside the
+// one who passed over it.
+void drop(const Claim& c) {
+  for (const std::string& p : c.paths) ::unlink(p.c_str());
 }
 
 }  // namespace
@@ -155,49 +249,52 @@ DirLock::DirLock(const std::string& dir, LockHolder me, int64_t lease_s, std::st
   if (!fs::is_directory(dir, ec)) fail_usage("--checkpoint-dir ", dir, ": cannot create the directory");
   me_.lease_until = now() + lease_s_;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    const std::string tmp = write_candidate(dir_, me_);
-    const int rc = ::link(tmp.c_str(), path_.c_str());
+    const Candidate mine = write_candidate(dir_, me_);
+    const int rc = ::link(mine.path.c_str(), path_.c_str());
     const int err = errno;
-    ::unlink(tmp.c_str());
     if (rc == 0) {
+      ::unlink(mine.path.c_str());
+      text_ = mine.text;
       held_ = true;
       return;
     }
-    if (err != EEXIST) fail("--checkpoint-dir ", dir_, ": cannot create ", path_, ": ", std::strerror(err));
-    bool garbled = false;
+    if (err != EEXIST) {
+      ::unlink(mine.path.c_str());
+      fail("--checkpoint-dir ", dir_, ": cannot create ", path_, ": ", std::strerror(err));
+    }
     const std::optional<std::string> judged = read_text(path_);
-    const auto old = holder_from_text(judged, &garbled);
-    std::string reason;
-    if (old) {
-      reason = takeover_reason(*old, me_);
-      if (reason.empty())
-        fail_usage("--checkpoint-dir ", dir_, " is in use by ", old->describe(), ", lease until ",
-                   old->lease_until - now(), " s from now; expected a directory no other job writes to "
-                   "(wait for it, or remove ", path_, " if that job is surely gone)");
-    } else if (garbled) {
-      struct stat st {};
-      if (::stat(path_.c_str(), &st) == 0 && st.st_mtime + lease_s_ >= now())
-        fail_usage("--checkpoint-dir ", dir_, ": ", path_, " is not a lock amsp wrote, and it is recent; "
-                   "expected a directory no other job writes to (remove it if no job uses the directory)");
-      reason = cat("took over a damaged lock file older than the lease");
-    } else {
-      continue;  // released meanwhile: try again
+    if (!judged) {  // released meanwhile: try again
+      ::unlink(mine.path.c_str());
+      continue;
     }
-    // Move the old lock aside: of several contenders only one can rename it.
-    // Another contender may have replaced the stale lock with its own live one
-    // between our reading and our renaming: then what we moved is not what we
-    // judged, and it goes back (link() fails only if a third lock appeared, whose
-    // holder then wins the next round).
-    const std::string aside = cat(dir_, "/.lock.stale.", me_.host, ".", me_.pid);
-    if (::rename(path_.c_str(), aside.c_str()) == 0) {
-      if (read_text(aside) != judged) {
-        (void)::link(aside.c_str(), path_.c_str());
-        ::unlink(aside.c_str());
-        continue;
-      }
-      ::unlink(aside.c_str());
-      *message = cat("--checkpoint-dir ", dir_, ": ", reason);
+    const Verdict v = judge(dir_, path_, *judged, me_, lease_s_);
+    if (!v.stale) {
+      ::unlink(mine.path.c_str());
+      fail_usage("--checkpoint-dir ", dir_, v.refusal);
     }
+    const Claim c = claim(dir_, *judged, mine.path, me_, lease_s_);
+    if (!c.held()) {
+      ::unlink(mine.path.c_str());
+      fail_usage("--checkpoint-dir ", dir_, ": the lock of ", v.who, " is being taken over by ", c.blocked_by,
+                 "; expected a directory no other job writes to");
+    }
+    // Under the claim: replace the lock only if it is still what was judged.
+    const bool unchanged = read_text(path_) == judged;
+    if (unchanged && ::rename(mine.path.c_str(), path_.c_str()) != 0) {
+      const int e = errno;
+      drop(c);
+      ::unlink(mine.path.c_str());
+      fail("--checkpoint-dir ", dir_, ": cannot replace ", path_, ": ", std::strerror(e));
+    }
+    drop(c);
+    if (!unchanged) {
+      ::unlink(mine.path.c_str());
+      continue;
+    }
+    text_ = mine.text;
+    held_ = true;
+    *message = cat("--checkpoint-dir ", dir_, ": ", v.reason);
+    return;
   }
   fail("--checkpoint-dir ", dir_, ": could not take ", path_, " (other jobs keep taking it)");
 }
@@ -211,24 +308,49 @@ DirLock::~DirLock() {
 
 void DirLock::renew() {
   if (!held_ || now() < me_.lease_until - lease_s_ / 2) return;
-  bool garbled = false;
-  const auto cur = read_holder(path_, &garbled);
-  if (!cur || !same_holder(*cur, me_)) {
+  LockHolder next = me_;
+  next.lease_until = now() + lease_s_;
+  const Candidate mine = write_candidate(dir_, next);
+  const Claim c = claim(dir_, text_, mine.path, next, lease_s_);
+  if (!c.held()) {
+    ::unlink(mine.path.c_str());
     held_ = false;
-    fail("--checkpoint-dir ", dir_, ": this job's lock was taken over by ",
-         cur ? cur->describe() : std::string("another job"), " (was this job stopped past its lease?)");
+    fail("--checkpoint-dir ", dir_, ": this job's lock is being taken over by ", c.blocked_by,
+         " (was this job stopped past its lease?)");
   }
-  me_.lease_until = now() + lease_s_;
-  const std::string tmp = write_candidate(dir_, me_);
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) fail("--checkpoint-dir ", dir_, ": cannot renew ", path_);
+  const std::optional<std::string> cur = read_text(path_);
+  if (cur != text_) {
+    drop(c);
+    ::unlink(mine.path.c_str());
+    held_ = false;
+    const auto other = cur ? holder_from_text(*cur) : std::nullopt;
+    fail("--checkpoint-dir ", dir_, ": this job's lock was taken over by ",
+         other ? other->describe() : std::string("another job"), " (was this job stopped past its lease?)");
+  }
+  const bool renewed = ::rename(mine.path.c_str(), path_.c_str()) == 0;
+  drop(c);
+  if (!renewed) {
+    ::unlink(mine.path.c_str());
+    fail("--checkpoint-dir ", dir_, ": cannot renew ", path_);
+  }
+  me_ = next;
+  text_ = mine.text;
 }
 
 void DirLock::release() {
   if (!held_) return;
   held_ = false;
-  bool garbled = false;
-  const auto cur = read_holder(path_, &garbled);
-  if (cur && same_holder(*cur, me_)) ::unlink(path_.c_str());
+  const Candidate mine = write_candidate(dir_, me_);
+  const Claim c = claim(dir_, text_, mine.path, me_, lease_s_);
+  if (c.held()) {
+    if (read_text(path_) == text_) ::unlink(path_.c_str());
+    drop(c);
+  }
+  ::unlink(mine.path.c_str());
+}
+
+std::string lock_claim_path(const std::string& dir, const std::string& lock_text) {
+  return claim_path(dir, lock_text);
 }
 
 }  // namespace amsp::ckpt

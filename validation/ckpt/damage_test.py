@@ -24,12 +24,15 @@ dataset deleted, one renamed, one added.
 Offsets: --sample N picks N offsets spread evenly over the first 16 KiB (HDF5's
 superblock, object headers, the manifest) plus N // 4 random offsets in the rest of the
 file; --full takes every byte of the first 16 KiB and --random R random offsets beyond.
+The random offsets come from --seed (default 1), so every run checks the same trials and
+a failure is rerun by running the same command; the seed is printed with the trial count.
 Patterns: each offset is XORed with one of 0x01, 0x80, 0xff (cycled; --patterns to pick).
 
 A sweep that takes hours can be stopped and continued: with --journal FILE each
 finished trial is appended to FILE, and a later run with the same FILE and --work keeps
 the work directory's checkpoints and reference losses, skips the trials already
-recorded, and counts them in the summary.
+recorded, and counts them in the summary. The work directory records the seed, and a
+continuation with another seed (whose trial numbers would name other offsets) is refused.
 
 usage: damage_test.py --amsp PATH --data CORPUS.h5 --work DIR [--sample N | --full]
                       [--random R] [--seed S] [--jobs J] [--journal FILE]
@@ -50,6 +53,7 @@ import threading
 import time
 
 STEPS, RESUME_TO, SEQ = 10, 12, 32
+DEFAULT_SEED = 1
 VERIFY_DEADLINE, TRAIN_DEADLINE, CHECK_DEADLINE = 60, 120, 10
 
 
@@ -211,7 +215,8 @@ def main():
     ap.add_argument("--full", action="store_true", help="every byte of the first 16 KiB")
     ap.add_argument("--random", type=int, default=None, help="random offsets past 16 KiB (default sample/4)")
     ap.add_argument("--patterns", default="01,80,ff", help="XOR masks, cycled over the offsets")
-    ap.add_argument("--seed", type=int, default=None, help="for the random offsets (default: time)")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                    help=f"for the random offsets (default {DEFAULT_SEED}: every run checks the same trials)")
     ap.add_argument("--jobs", type=int, default=1, help="trials run at once")
     ap.add_argument("--progress", type=int, default=0, help="print the counts every N trials")
     ap.add_argument("--journal", default=None, help="append each trial here; continue a stopped sweep")
@@ -221,6 +226,15 @@ def main():
     if not journal:
         shutil.rmtree(args.work, ignore_errors=True)
         os.makedirs(args.work)
+    seed_file = os.path.join(args.work, "seed")
+    if journal:
+        recorded = open(seed_file).read().strip() if os.path.exists(seed_file) else None
+        if recorded is not None and recorded != str(args.seed):
+            print(f"FAIL: {args.journal} continues a sweep with --seed {recorded}, not {args.seed}: its trial "
+                  f"numbers name other offsets (use --seed {recorded}, or another journal and --work)")
+            return 1
+    with open(seed_file, "w") as f:
+        f.write(f"{args.seed}\n")
     t0 = time.time()
     ref = reference(args) if not journal else losses(os.path.join(args.work, "ref.jsonl"))
     if ref is None:
@@ -228,13 +242,13 @@ def main():
     base = os.path.join(args.work, "base")
     size = os.path.getsize(os.path.join(base, "step-00000010.h5"))
     head = min(16384, size)
-    seed = args.seed if args.seed is not None else time.time_ns() % (1 << 31)
-    rng = random.Random(seed)
+    rng = random.Random(args.seed)
     offsets = list(range(head)) if args.full else sorted({int(i * head / args.sample) for i in range(args.sample)})
     n_random = args.random if args.random is not None else len(offsets) // 4
     offsets += sorted(rng.randrange(head, size) for _ in range(n_random)) if size > head else []
     patterns = [int(p, 16) for p in args.patterns.split(",")]
-    print(f"damaging step-00000010.h5 ({size} bytes): {len(offsets)} trials, random seed {seed}", flush=True)
+    print(f"damaging step-00000010.h5 ({size} bytes): {len(offsets)} trials, random offsets from --seed "
+          f"{args.seed}", flush=True)
 
     jobs = [(len(offsets) + k, 0, 0, t) for k, t in enumerate(TARGETED)]
     jobs += [(i, off, patterns[i % len(patterns)], None) for i, off in enumerate(offsets)]
@@ -274,6 +288,8 @@ def main():
           f"hangs {counts['hang']}, crashes {counts['crash']}, wrong {counts['wrong']} "
           f"({time.time() - t0:.0f} s{earlier}); among the rejected, HDF5 hung {caught['did not finish']} and crashed "
           f"{caught['killed by']} times in the checking process")
+    if bad:
+        print(f"the same trials again: --seed {args.seed} with the same --sample/--full, --random and --patterns")
     print(f"{len(futures) - len(bad)} passed, {len(bad)} failed")
     return 1 if bad else 0
 

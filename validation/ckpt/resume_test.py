@@ -60,7 +60,7 @@ mpi mode (mpiexec on this machine):
      to 12 bit for bit.
 
 slurm mode (srun on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the script
-starts on its own ports, 17317 and 17401-17404, and always stops):
+starts on ports found free, validation/slurm/local_cluster.py, and always stops):
   3  8 ranks (4 nodes x 2) p=1,g=2x1,os=2x2 killed after the step-10 checkpoint, resumed
      with --resume auto on 2 nodes x 2 under mics:2 with batch 1, M=2: losses and parameters
      within the tolerances of 2 against the uninterrupted 8-rank run. Exit code 77
@@ -94,9 +94,6 @@ PARAM_L2_TOL = eq.PARAM_L2_TOL    # 1e-5 relative L2 per tensor
 STEPS, SEQ = 20, 32
 DEADLINE = 840        # seconds for the whole script, below the CTest TIMEOUT of 900
 RUN_TIMEOUT = 240     # seconds for one amsp run
-# This test's cluster: distinct from start.sh's defaults (16817, 17001-17004), the
-# topology tests' (16917, 17101-17104) and the equivalence test's (17017, 17201-17204).
-CTLD_PORT, NODE_PORT = "17317", "17401"
 COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss")
 SYNC = ("--checkpoint-mode", "sync")
 
@@ -961,11 +958,10 @@ def main():
             return SKIP
         os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     cluster_dir = os.path.join(args.work, "cluster")
-    stop = [os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir]
     if args.mode == "slurm" and os.path.isdir(cluster_dir):
         # A run killed before its cleanup may have left daemons in this directory.
-        subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=90)
+        subprocess.run([os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir], env=eq.clean_env(),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=90)
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work, exist_ok=True)
 
@@ -978,7 +974,6 @@ def main():
 
     t0 = time.time()
     code = 0
-    started = False
     tests = None
     try:
         if args.mode == "mpi":
@@ -991,19 +986,15 @@ def main():
                                ("directory_lock", tests.directory_lock), ("background", tests.background)],
                        args.only)
         else:
-            started = True
-            rc, out, err, secs = eq.run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
-                                        eq.clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT,
-                                                      "AMSP_SLURM_NODE_PORT": NODE_PORT,
-                                                      "AMSP_SLURM_TIMEOUT": "40"}), timeout=60)
-            if rc != 0:
-                raise Failure(f"start.sh failed ({rc}):\n{out}{err}")
-            print(f"     local Slurm cluster started in {secs:.1f} s ({cluster_dir})", flush=True)
-            tests = Tests(args, eq.clean_env({"SLURM_CONF": os.path.join(cluster_dir, "slurm.conf")}))
-            run_checks(tests, [("slurm_resume", tests.slurm_resume)], args.only)
+            with eq.lc.local_cluster(args.cluster_scripts, cluster_dir) as conf:
+                try:
+                    tests = Tests(args, eq.clean_env({"SLURM_CONF": conf}))
+                    run_checks(tests, [("slurm_resume", tests.slurm_resume)], args.only)
+                finally:
+                    kill_all_jobs()  # before the cluster stops
         print(f"{tests.passed} passed, {tests.failed} failed ({time.time() - t0:.0f} s)")
         code = 1 if tests.failed else 0
-    except (Failure, Interrupted, subprocess.TimeoutExpired) as e:
+    except (Failure, Interrupted, eq.lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", flush=True)
         if tests:
             print(f"{tests.passed} passed, {tests.failed + 1} failed ({time.time() - t0:.0f} s)")
@@ -1013,13 +1004,6 @@ def main():
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
         kill_all_jobs()
-        if started:
-            p = subprocess.run(stop, env=eq.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=90)
-            if p.returncode != 0:
-                print(p.stdout, end="")
-                print("FAIL: stop.sh could not stop the cluster")
-                code = 1
     return code
 
 

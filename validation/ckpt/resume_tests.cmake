@@ -5,8 +5,8 @@
 #   ctest -R resume_mpi     mpiexec on this machine: same plan bit-identical (4 ranks and
 #                           1 rank), resharding 8 -> 4 and 4 -> 1 ranks, kill -9 during
 #                           checkpoint writes, a flipped byte, another model, --keep-last
-#   ctest -R resume_slurm   srun on a local Slurm cluster of 4 virtual nodes (ports 17317
-#                           and 17401-17404, its own; always stopped): 8 ranks on 4 nodes
+#   ctest -R resume_slurm   srun on a local Slurm cluster of 4 virtual nodes (on ports
+#                           found free at start; always stopped): 8 ranks on 4 nodes
 #                           -> 4 ranks on 2 nodes under another plan. Needs root, munge
 #                           and slurm-wlm, skipped (77) otherwise
 

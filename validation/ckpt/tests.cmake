@@ -30,8 +30,10 @@ set_tests_properties(ckpt_cli PROPERTIES LABELS mpi TIMEOUT 300 ENVIRONMENT "AMS
 # superblock and object headers, the manifest) and the data, each followed by
 # `amsp ckpt verify` and `amsp train --resume auto` under deadlines: every trial
 # is rejected or provably harmless, never a crash, a hang or a wrong resume. The
-# full sweep (every byte of the first 16 KiB) is the same script with --full
-# (doc/checkpoints.md, "Damaged files").
+# random offsets come from the script's fixed default seed (printed; --seed S
+# picks others), so every run checks the same trials. The full sweep (every byte
+# of the first 16 KiB) is the same script with --full (doc/checkpoints.md,
+# "Damaged files").
 add_test(NAME ckpt_damage
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/damage_test.py --amsp $<TARGET_FILE:amsp>
           --data ${AMSP_CORPUS} --work ${CMAKE_BINARY_DIR}/test-work/ckpt-damage --sample 64 --random 16)

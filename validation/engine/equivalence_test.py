@@ -23,9 +23,9 @@ output line, and gives the reference losses too.
 Modes:
   mpi    mpiexec -n N on this machine (one node with N ranks)
   slurm  srun --mpi=pmi2 on a local Slurm cluster of 4 virtual nodes x 2 CPUs that the
-         script starts (slurm/local-cluster/start.sh) and always stops again (finally,
-         signal handlers, an internal deadline below the CTest timeout). Exit code 77
-         (CTest SKIP_RETURN_CODE) without root, Slurm or munge.
+         script starts (validation/slurm/local_cluster.py: start.sh on ports found free)
+         and always stops again (finally, signal handlers, an internal deadline below the
+         CTest timeout). Exit code 77 (CTest SKIP_RETURN_CODE) without root, Slurm or munge.
 
 usage: equivalence_test.py MODE --amsp PATH --data CORPUS.h5 --work DIR
                            [--mpiexec PATH] [--cluster-scripts DIR] [--only TEXT]
@@ -72,11 +72,10 @@ FIRST_NORM_TOL = LOSS_TOL
 STEPS, SEQ = 20, 32
 DEADLINE = 540        # seconds for the whole script, below the CTest TIMEOUT of 600
 RUN_TIMEOUT = 150     # seconds for one amsp run
-# Ports of this test's cluster: distinct from start.sh's defaults (16817, 17001-17004)
-# and from the topology tests' (16917, 17101-17104).
-CTLD_PORT, NODE_PORT = "17017", "17201"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "slurm"))
+import local_cluster as lc  # noqa: E402
 
 # (ranks per node, nodes, plan, M, B). Plans name their factors as
 # "ranks per node x nodes"; on mpiexec every rank is on one node.
@@ -400,44 +399,23 @@ def main():
 
     t0 = time.time()
     code = 0
-    cluster_dir = os.path.join(args.work, "cluster")
-    stop = [os.path.join(args.cluster_scripts, "stop.sh"), cluster_dir]
-    started = False
     try:
         if args.mode == "mpi":
             cases = BF16_CASES if args.precision == "bf16" else MPI_CASES
             passed, failed = run_all(Runner(args), cases, 4, 1, args.only)
         else:
-            # A run killed before its cleanup may have left daemons in this directory.
-            subprocess.run(stop, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=90)
-            shutil.rmtree(cluster_dir, ignore_errors=True)
-            started = True
-            rc, out, err, secs = run([os.path.join(args.cluster_scripts, "start.sh"), cluster_dir],
-                                     clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT,
-                                                "AMSP_SLURM_NODE_PORT": NODE_PORT,
-                                                "AMSP_SLURM_TIMEOUT": "40"}), timeout=60)
-            if rc != 0:
-                raise Failure(f"start.sh failed ({rc}):\n{out}{err}")
-            print(f"     local Slurm cluster started in {secs:.1f} s ({cluster_dir})", flush=True)
-            runner = Runner(args, clean_env({"SLURM_CONF": os.path.join(cluster_dir, "slurm.conf")}))
-            passed, failed = run_all(runner, SLURM_CASES, 2, 4, args.only)
+            with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, "cluster")) as conf:
+                runner = Runner(args, clean_env({"SLURM_CONF": conf}))
+                passed, failed = run_all(runner, SLURM_CASES, 2, 4, args.only)
         print(f"{passed} passed, {failed} failed ({time.time() - t0:.0f} s)")
         code = 1 if failed else 0
-    except (Failure, Interrupted, subprocess.TimeoutExpired) as e:
+    except (Failure, Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", flush=True)
         code = 1
     finally:
         signal.alarm(0)
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
-        if started:
-            p = subprocess.run(stop, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=90)
-            if p.returncode != 0:
-                print(p.stdout, end="")
-                print("FAIL: stop.sh could not stop the cluster")
-                code = 1
+            signal.signal(s, signal.SIG_IGN)
     return code
 
 

@@ -1,22 +1,57 @@
 #!/usr/bin/env python3
 """A stuck or dead rank ends the whole job with a message, never a silent hang.
 
-- stuck: one rank of a 4-rank zero3 job is stopped (SIGSTOP) after step 2; with
-  --comm-timeout 5 the others must abort within a bound, naming a rank and the
-  operation that timed out.
-- dead: one rank is killed (SIGKILL); the job must end, non-zero, within a bound (the
+- stuck: rank 3 of a 4-rank zero3 job is stopped (SIGSTOP) after step 2; with
+  --comm-timeout 5 the job must end, non-zero, within BOUND_S seconds of the stop, and
+  its first error line must be exactly the one a waiting rank prints on a timeout: one
+  of the other ranks, this host, the op, its count, a group of the 4 ranks, 5 s (the
+  communicator's line, or that of the engine's blocking all-reduces). Any other first
+  error, or a line that merely mentions a timeout, fails.
+- dead: one rank is killed (SIGKILL); the job must end, non-zero, within BOUND_S (the
   process manager, mpiexec or srun, ends the others).
 
 usage: failure_test.py AMSP MPIEXEC DATA WORKDIR
 """
-import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
-BOUND_S = 60
+BOUND_S = 60        # from the signal to the end of the job: the 5 s timeout and the teardown
+START_S = 120       # for the job to reach step 2 (a precondition, not a verdict)
+RANKS, TIMEOUT_S, VICTIM = 4, 5, 3
+OPS = "all_gather|reduce_scatter|all_reduce|broadcast"
+GROUPS = "P|G|OS|replica|gather|world"
+
+
+def timeout_lines():
+    """The two lines a rank prints when a collective it waits for does not complete
+    (comm/communicator.cpp Communicator::timed_out, comm/timed.cpp allreduce_sum), as
+    regular expressions with the rank, the host and the limit of this test."""
+    head = (rf"amsp: error: rank (?P<rank>\d+) of {RANKS} on host {re.escape(socket.gethostname())}: "
+            rf"timeout: ")
+    within = rf"did not complete within {TIMEOUT_S} s; another rank"
+    return [re.compile(head + rf"(?P<op>{OPS}) \(op #\d+, count \d+( bf16)?\) on group (?P<group>{GROUPS}) "
+                       rf"\({RANKS} ranks, backend mpi/thread\) {within} of the group is probably stuck or dead "
+                       rf"\(set AMSP_COMM_TIMEOUT to change the limit\)$"),
+            re.compile(head + rf"(?P<op>all_reduce) of the [a-z ]+ on group (?P<group>world) {within} is "
+                       rf"probably stuck or dead \(--comm-timeout or AMSP_COMM_TIMEOUT change the limit\)$")]
+
+
+def stuck_verdict(lines, victim_rank):
+    """Why the error lines of the stuck case are not the timeout the code prints ("" if they are)."""
+    errors = [l for l in lines if l.startswith("amsp: error:")]
+    if not errors:
+        return "no 'amsp: error:' line"
+    m = next((m for p in timeout_lines() if (m := p.match(errors[0]))), None)
+    if not m:
+        return f"the first error is not a timeout line of the expected form: {errors[0]!r}"
+    if int(m["rank"]) == victim_rank:
+        return f"the stopped rank {victim_rank} reported the timeout"
+    return ""
 
 
 def rank_pids(tag):
@@ -37,12 +72,12 @@ def start(amsp, mpiexec, data, work, tag):
     metrics = os.path.join(work, f"{tag}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = [mpiexec, "-n", "4", amsp, "train", "--model", "tiny", "--data", data, "--steps", "100000",
+    cmd = [mpiexec, "-n", str(RANKS), amsp, "train", "--model", "tiny", "--data", data, "--steps", "100000",
            "--seq-len", "32", "--batch-size", "1", "--shard", "zero3", "--eval-every", "0",
-           "--peak-tflops", "1", "--threads", "1", "--comm-timeout", "5", "--metrics", metrics]
+           "--peak-tflops", "1", "--threads", "1", "--comm-timeout", str(TIMEOUT_S), "--metrics", metrics]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    deadline = time.time() + 60
+    deadline = time.time() + START_S
     while time.time() < deadline:
         if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3:
             return proc
@@ -62,31 +97,52 @@ def finish(proc):
         return None, ""
 
 
-def case(name, sig, expect, amsp, mpiexec, data, work):
+def mpi_rank(pid):
+    """The MPI rank of a process mpiexec (Hydra) started: PMI_RANK in its environment."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        for var in f.read().split(b"\0"):
+            if var.startswith(b"PMI_RANK="):
+                return int(var[9:])
+    return None
+
+
+def case(name, sig, amsp, mpiexec, data, work):
     tag = f"{work}/{name}"
     proc = start(amsp, mpiexec, data, work, name)
     pids = rank_pids(tag)
+    ranks = {mpi_rank(p): p for p in pids}
+    if sorted(ranks, key=str) != list(range(RANKS)) or len(pids) != RANKS:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        print(f"FAIL {name}: expected {RANKS} amsp ranks with PMI_RANK 0..{RANKS - 1}, found {ranks}")
+        return False
     t0 = time.time()
-    victim = pids[-1]
-    os.kill(victim, sig)
+    os.kill(ranks[VICTIM], sig)
     rc, err = finish(proc)
     took = time.time() - t0
     for p in rank_pids(tag):  # leave nothing behind
         os.kill(p, signal.SIGKILL)
     lines = [l for l in err.splitlines() if l.strip()]
-    ok = rc not in (None, 0) and (not expect or any(expect in l for l in lines))
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: signal {sig} to one of {len(pids)} ranks; job ended "
-          f"{'(never: hang)' if rc is None else f'with {rc} after {took:.1f} s'}")
+    why = ""
+    if rc is None:
+        why = f"the job did not end within {BOUND_S} s (a hang)"
+    elif rc == 0:
+        why = "the job ended with exit code 0"
+    elif sig == signal.SIGSTOP:
+        why = stuck_verdict(lines, VICTIM)
+    print(f"{'ok  ' if not why else 'FAIL'} {name}: signal {sig} to rank {VICTIM} of {len(pids)}; job ended "
+          f"{'(never: hang)' if rc is None else f'with {rc} after {took:.1f} s (bound {BOUND_S} s)'}"
+          f"{': ' + why if why else ''}")
     for l in lines[:3]:
         print(f"     {l}")
-    return ok
+    return not why
 
 
 def main():
     amsp, mpiexec, data, work = sys.argv[1:5]
     os.makedirs(work, exist_ok=True)
-    results = [case("stuck", signal.SIGSTOP, "timeout", amsp, mpiexec, data, work),
-               case("dead", signal.SIGKILL, "", amsp, mpiexec, data, work)]
+    results = [case("stuck", signal.SIGSTOP, amsp, mpiexec, data, work),
+               case("dead", signal.SIGKILL, amsp, mpiexec, data, work)]
     passed = sum(results)
     print(f"{passed} passed, {len(results) - passed} failed")
     return 0 if all(results) else 1

@@ -29,8 +29,8 @@ add_test(NAME engine_equivalence_mpi_bf16
 set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
 
-# Its cluster uses ports 17017 and 17201-17204, its own; RUN_SERIAL because 8 ranks on
-# 4 virtual nodes already oversubscribe the machine.
+# Its cluster runs on ports found free at start (validation/slurm/local_cluster.py);
+# RUN_SERIAL because 8 ranks on 4 virtual nodes already oversubscribe the machine.
 add_test(NAME engine_equivalence_slurm
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} slurm ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_slurm PROPERTIES

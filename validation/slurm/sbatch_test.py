@@ -2,9 +2,9 @@
 """slurm/train.sbatch and slurm/scaling-study.sh on a real local Slurm cluster.
 
 Each mode starts its own cluster of 4 virtual nodes x 2 CPUs (slurm/local-cluster/start.sh,
-ports 17517 and 17601-17604) and always stops it. Jobs are submitted with sbatch exactly as a
-user would, from a submit directory under --work, with AMSP_BIN and AMSP_DATA in the
-environment. Every run is the tiny preset, --batch-size 2 --seq-len 32 --peak-tflops 1.
+on ports found free by local_cluster.py) and always stops it. Jobs are submitted with
+sbatch exactly as a user would, from a submit directory under --work, with AMSP_BIN and
+AMSP_DATA in the environment. Every run is the tiny preset, --batch-size 2 --seq-len 32 --peak-tflops 1.
 
 job       the script's refusals and one 2-node training job:
             - outside an allocation it exits 2 with one line naming SLURM_JOB_ID;
@@ -80,8 +80,6 @@ import resume_test as rt  # noqa: E402  (rank_pids: the amsp processes of a run)
 
 SKIP = 77
 DEADLINE = 560          # seconds for the whole script, below the CTest TIMEOUT of 600
-# This test's cluster: distinct from start.sh's defaults and the other tests' clusters.
-CTLD_PORT, NODE_PORT = "17517", "17601"
 SMALL = ["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]
 COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss")
 
@@ -580,7 +578,7 @@ def main():
             c = None
             for i, phase in enumerate(MODES[args.mode]):
                 cluster_dir = os.path.join(work, f"cluster{i}" if i else "cluster")
-                with lc.local_cluster(args.cluster_scripts, cluster_dir, CTLD_PORT, NODE_PORT) as conf:
+                with lc.local_cluster(args.cluster_scripts, cluster_dir) as conf:
                     c = c.use(conf) if c else Cluster(args, work, conf)
                     phase(c)
     except (Failure, lc.Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:

@@ -14,9 +14,10 @@ CASE is one of
                 as communicators, have the members worked out by hand below, and the
                 placement line says which cross leaf switches and why
 
-The Slurm cases start slurm/local-cluster/start.sh into a fresh directory under --work
-and always stop it again (finally + signal handlers + an internal deadline below the
-CTest timeout).  Exit code 77 (CTest SKIP_RETURN_CODE) if Slurm, munge or root is missing.
+The Slurm cases start slurm/local-cluster/start.sh into a fresh directory under --work, on
+ports found free (local_cluster.py), and always stop it again (finally + signal handlers +
+an internal deadline below the CTest timeout).  Exit code 77 (CTest SKIP_RETURN_CODE) if
+Slurm, munge or root is missing.
 """
 
 import argparse
@@ -28,11 +29,9 @@ import socket
 import subprocess
 import sys
 
+import local_cluster as lc
+
 SKIP = 77
-# Ports of the test clusters: not the defaults of start.sh, so a cluster a developer
-# started by hand keeps running undisturbed.
-CTLD_PORT = "16917"
-NODE_PORT = "17101"
 DEADLINE = 100  # seconds for a whole case, below the CTest TIMEOUT
 
 
@@ -80,25 +79,10 @@ def probe_output(stdout):
 
 
 class Cluster:
-    def __init__(self, scripts, work):
-        self.scripts = scripts
-        self.dir = os.path.join(work, "cluster")
-        self.env = clean_env({"SLURM_CONF": os.path.join(self.dir, "slurm.conf")})
+    """The cluster a case runs on: the environment whose SLURM_CONF reaches it."""
 
-    def start(self):
-        # A run killed before its cleanup may have left daemons in this directory.
-        self.stop(quiet=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        env = clean_env({"AMSP_SLURM_CTLD_PORT": CTLD_PORT, "AMSP_SLURM_NODE_PORT": NODE_PORT,
-                         "AMSP_SLURM_TIMEOUT": "40"})
-        run([os.path.join(self.scripts, "start.sh"), self.dir], env, timeout=60)
-
-    def stop(self, quiet=False):
-        p = subprocess.run([os.path.join(self.scripts, "stop.sh"), self.dir], env=clean_env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
-        if not quiet or p.returncode != 0:
-            print(p.stdout, end="", flush=True)
-        return p.returncode == 0
+    def __init__(self, conf):
+        self.env = clean_env({"SLURM_CONF": conf})
 
 
 def case_hostlist(args, cluster):
@@ -353,7 +337,6 @@ def main():
     os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 
     os.makedirs(args.work, exist_ok=True)
-    cluster = Cluster(args.cluster_scripts, args.work)
 
     def on_signal(signum, frame):
         raise Failure(f"interrupted by signal {signum}" if signum != signal.SIGALRM
@@ -364,20 +347,17 @@ def main():
 
     code = 0
     try:
-        cluster.start()
-        {"hostlist": case_hostlist, "srun-4x2": case_srun_4x2, "srun-2nodes": case_srun_2nodes,
-         "mpiexec-alloc": case_mpiexec_alloc, "mesh-groups": case_mesh_groups}[args.case](args, cluster)
+        with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, "cluster")) as conf:
+            {"hostlist": case_hostlist, "srun-4x2": case_srun_4x2, "srun-2nodes": case_srun_2nodes,
+             "mpiexec-alloc": case_mpiexec_alloc, "mesh-groups": case_mesh_groups}[args.case](args, Cluster(conf))
         print("PASS")
-    except (Failure, subprocess.TimeoutExpired) as e:
+    except (Failure, lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", file=sys.stderr)
         code = 1
     finally:
         signal.alarm(0)
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
-        if not cluster.stop():
-            print("FAIL: stop.sh could not stop the cluster", file=sys.stderr)
-            code = 1
+            signal.signal(s, signal.SIG_IGN)
     return code
 
 

@@ -34,19 +34,26 @@ set(AMSP_SLURM_CASES
 while(AMSP_SLURM_CASES)
   list(POP_FRONT AMSP_SLURM_CASES test_name test_case)
   add_test(NAME ${test_name} COMMAND python3 ${AMSP_SLURM_TEST} ${test_case} ${AMSP_SLURM_TEST_ARGS})
-  # The script gives itself 100 s and always stops its cluster; the clusters share ports.
+  # The script gives itself 100 s and always stops its cluster. Each cluster finds free
+  # ports of its own (local_cluster.py); RUN_SERIAL for the cores, not the ports.
   set_tests_properties(${test_name} PROPERTIES LABELS slurm RUN_SERIAL TRUE TIMEOUT 150
     SKIP_RETURN_CODE 77)
 endwhile()
+
+# Where the local clusters' ports come from (free at start, searched from a place the
+# cluster directory's path hashes to), without Slurm.
+add_test(NAME slurm_cluster_ports
+  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/slurm/local_cluster_test.py)
+set_tests_properties(slurm_cluster_ports PROPERTIES LABELS system TIMEOUT 60 PASS_REGULAR_EXPRESSION " 0 failed")
 
 add_test(NAME mpi_topology_shared_memory
   COMMAND python3 ${AMSP_SLURM_TEST} mpiexec ${AMSP_SLURM_TEST_ARGS})
 set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60)
 
 # slurm/train.sbatch and slurm/scaling-study.sh through sbatch on a local Slurm cluster
-# of 4 virtual nodes that each test starts on its own ports (17517, 17601-17604) and
-# always stops (validation/slurm/sbatch_test.py). Needs root, munge and slurm-wlm,
-# skipped (77) otherwise. About 55 s, 100 s and 30 s on 2 idle cores.
+# of 4 virtual nodes that each test starts on ports found free and always stops
+# (validation/slurm/sbatch_test.py). Needs root, munge and slurm-wlm, skipped (77)
+# otherwise. About 55 s, 100 s and 30 s on 2 idle cores.
 set(AMSP_SBATCH_TEST ${CMAKE_CURRENT_SOURCE_DIR}/slurm/sbatch_test.py)
 foreach(mode job preempt scaling)
   add_test(NAME sbatch_${mode}
