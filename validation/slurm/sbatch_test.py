@@ -33,7 +33,7 @@ preempt   a stop request at every moment of a job's life: one uninterrupted run 
                warning signal arrives during the run, within 30 s of its start (Slurm's
                timer period; the 100 steps take longer than that); the test lifts the
                limit of the requeued attempt so that it can finish;
-            D  USR1 as soon as the job is RUNNING, before srun starts: the script holds it
+            D  USR1 as soon as the batch script runs, before srun starts: the script holds it
                until every rank has its handlers (AMSP_READY_FILE), amsp stops before its
                first step with nothing to save;
             E  USR1 as the script launches srun (MPI_Init, communicator set-up);
@@ -365,7 +365,9 @@ def preempt_trigger(c, k, jid, run_dir, name):
         return None  # only the first attempt is interrupted
     steps_done = len(step_records(os.path.join(run_dir, "metrics.jsonl")))
     due = {"A": steps_done >= PREEMPT_AT, "B": steps_done >= PREEMPT_AT,
-           "D": info.get("JobState") == "RUNNING",
+           # D: as soon as the batch script runs (its first line), before srun. Not
+           # before bash has started: no script can catch a signal that comes first.
+           "D": info.get("JobState") == "RUNNING" and "the batch script started" in c.log(jid, name),
            "E": "attempt 0: " in c.log(jid, name),
            "F": os.path.exists(os.path.join(run_dir, f".ready-{jid}.0"))}.get(k, False)
     if not due:
