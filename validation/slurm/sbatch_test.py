@@ -335,7 +335,7 @@ PREEMPT_CASES = {
     "A": (f"scancel --batch --signal=USR1 after {PREEMPT_AT} steps", "usr1"),
     "B": (f"scontrol requeue after {PREEMPT_AT} steps", "requeue"),
     "C": ("the time limit's warning (--signal=B:USR1@60)", "timelimit"),
-    "D": ("USR1 at once when the job is RUNNING (before srun starts)", "atonce"),
+    "D": ("USR1 as soon as the batch script runs (before srun starts)", "atonce"),
     "E": ("USR1 as srun starts (MPI_Init, communicator set-up)", "atlaunch"),
     "F": ("USR1 once every rank is up (data loading, first evaluation, first step)", "atready"),
     "G": (f"USR1 during the checkpoint of step {PREEMPT_SAVE} (AMSP_FAULT=save.data@{PREEMPT_SAVE},USR1)", "atsave"),
