@@ -39,7 +39,8 @@ newlines. Fields:
   check NAME       run: the bash command; build: the targets it needs (space separated,
                    none when empty); timeout: seconds (default 600).
   mutation NAME    file: the path in the tree; find: the text to replace (exactly one
-                   occurrence); replace: its replacement (may be empty); check: a check's
+                   occurrence); replace: its replacement (may be empty); several
+                   find/replace pairs make several edits of the file, in order; check: a check's
                    NAME; expect: the regular expression (Python, multi-line mode) the
                    check's output must match; about: one line saying what the bug is;
                    sample: yes to run it in the suite's sample.
@@ -56,6 +57,7 @@ import time
 
 CHECK_KEYS = {"run", "build", "timeout"}
 MUTATION_KEYS = {"file", "find", "replace", "check", "expect", "about", "sample"}
+REPEATABLE = {"find", "replace"}  # several edits of one file, applied in order
 
 
 class HarnessError(Exception):
@@ -63,21 +65,21 @@ class HarnessError(Exception):
 
 
 def parse(path):
-    """The records of one mutations file: (checks, mutations), dicts of field dicts."""
+    """The records of one mutations file: (checks, mutations), dicts of {field: [values]}."""
     checks, mutations = {}, {}
-    record, key = None, None
+    record, block = None, None  # block: the list whose last value '|' lines extend
     with open(path) as f:
         lines = f.read().split("\n")
     for number, line in enumerate(lines, 1):
         where = f"{path}:{number}"
         stripped = line.strip()
-        if stripped.startswith("|") and record is not None and key is not None:
+        if stripped.startswith("|") and block is not None:
             text = stripped[1:]
             if text and not text.startswith(" "):
                 raise HarnessError(f"{where}: a block line is '| text' or a lone '|'")
-            record[key] = text[1:] if record[key] is None else record[key] + "\n" + text[1:]
+            block[-1] = text[1:] if block[-1] is None else block[-1] + "\n" + text[1:]
             continue
-        key = None
+        block = None
         if not stripped or stripped.startswith("#"):
             continue
         if not line[0].isspace():
@@ -97,17 +99,19 @@ def parse(path):
         allowed = CHECK_KEYS if record["_kind"] == "check" else MUTATION_KEYS
         if not colon or k not in allowed:
             raise HarnessError(f"{where}: unknown field {k!r} (a {record['_kind']} has {', '.join(sorted(allowed))})")
-        if k in record:
+        if k in record and k not in REPEATABLE:
             raise HarnessError(f"{where}: field {k!r} given twice")
         value = value.strip()
         # An empty value may open a block of '|' lines; it stays "" if none follows.
-        record[k] = value if value else None
-        key = k if not value else None
+        record.setdefault(k, []).append(value if value else None)
+        block = record[k] if not value else None
     for table in (checks, mutations):
         for rec in table.values():
-            for k, v in list(rec.items()):
-                if v is None:
-                    rec[k] = ""
+            for k, v in rec.items():
+                if isinstance(v, list):
+                    rec[k] = ["" if x is None else x for x in v]
+                    if k not in REPEATABLE:
+                        rec[k] = rec[k][0]
     return checks, mutations
 
 
@@ -133,13 +137,16 @@ def load(files):
             raise HarnessError(f"{c['_where']}: timeout {c['timeout']!r} is not a number")
     for name, m in mutations.items():
         for k in ("file", "find", "check", "expect"):
-            if not m.get(k):
+            if not m.get(k) or (k == "find" and not all(m[k])):
                 raise HarnessError(f"{m['_where']}: mutation {name!r} has no {k}")
-        m.setdefault("replace", "")
+        if len(m.get("replace", [])) != len(m["find"]):
+            raise HarnessError(f"{m['_where']}: mutation {name!r} has {len(m['find'])} find and "
+                               f"{len(m.get('replace', []))} replace fields; each find needs its replace")
+        m["edits"] = list(zip(m["find"], m["replace"]))
         if m["check"] not in checks:
             raise HarnessError(f"{m['_where']}: mutation {name!r} names check {m['check']!r}, which no file defines")
-        if m["find"] == m["replace"]:
-            raise HarnessError(f"{m['_where']}: mutation {name!r} replaces its text by itself")
+        if any(f == r for f, r in m["edits"]):
+            raise HarnessError(f"{m['_where']}: mutation {name!r} replaces a text by itself")
         if m.get("sample", "no") not in ("yes", "no"):
             raise HarnessError(f"{m['_where']}: sample is 'yes' or 'no'")
         try:
@@ -221,6 +228,18 @@ class Copy:
         return rc, output, log
 
 
+def apply(name, m, text):
+    """The text with the mutation's edits made, each of which must occur exactly once."""
+    for i, (find, replace) in enumerate(m["edits"]):
+        count = text.count(find)
+        if count != 1:
+            which = "its text" if len(m["edits"]) == 1 else f"the text of its edit {i + 1}"
+            raise HarnessError(f"mutation {name!r} ({m['_where']}): {which} occurs {count} times in "
+                               f"{m['file']}, expected exactly once: the mutation no longer applies")
+        text = text.replace(find, replace, 1)
+    return text
+
+
 def safe(name):
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60]
 
@@ -278,10 +297,7 @@ def main():
             path = os.path.join(work, m["file"])
             if not os.path.isfile(path):
                 raise HarnessError(f"mutation {n!r} ({m['_where']}): no file {m['file']}")
-            count = open(path).read().count(m["find"])
-            if count != 1:
-                raise HarnessError(f"mutation {n!r} ({m['_where']}): its text occurs {count} times in "
-                                   f"{m['file']}, expected exactly once: the mutation no longer applies")
+            apply(n, m, open(path).read())
         involved = sorted({mutations[n]["check"] for n in selected})
         targets = sorted({t for c in involved for t in checks[c]["targets"]})
         copy.configure()
@@ -315,7 +331,7 @@ def main():
             t0 = time.time()
             try:
                 with open(path, "w") as f:
-                    f.write(original.replace(m["find"], m["replace"], 1))
+                    f.write(apply(n, m, original))
                 failed = copy.make(check["targets"], os.path.join(copy.logs, f"build-{safe(n)}.log"))
                 t_build = time.time() - t0
                 if failed:
