@@ -240,6 +240,15 @@ def apply(name, m, text):
     return text
 
 
+def status(rc):
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit {rc}"
+
+
 def safe(name):
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60]
 
@@ -250,7 +259,7 @@ def matched_line(regex, output):
         return None
     start = output.rfind("\n", 0, m.start()) + 1
     end = output.find("\n", m.start())
-    return output[start:end if end >= 0 else len(output)].strip()[:200]
+    return output[start:end if end >= 0 else len(output)].strip()[:240]
 
 
 def tail(output, n=3):
@@ -312,7 +321,7 @@ def main():
             t0 = time.time()
             rc, output, log = copy.check(checks[c], f"control-{safe(c)}")
             if rc != 0:
-                why = "timed out" if rc is None else f"exit {rc}"
+                why = "timed out" if rc is None else status(rc)
                 raise HarnessError(f"control {c!r} fails on the unmutated copy ({why}; log: {log}): {tail(output)}")
             control_output[c] = output
             print(f"control ok   {c} ({time.time() - t0:.0f} s)", flush=True)
@@ -350,7 +359,7 @@ def main():
             else:
                 missed.append(n)
                 why = ("the check passed" if rc == 0 else "the check timed out" if rc is None
-                       else f"the check failed (exit {rc}) without the expected message")
+                       else f"the check failed ({status(rc)}) without the expected message")
                 print(f"MISSED {n}: {why} (log: {log}): {tail(output)} {took}", flush=True)
     except HarnessError as e:
         print(f"mutate: harness error: {e}", flush=True)
