@@ -259,7 +259,10 @@ def matched_line(regex, output):
         return None
     start = output.rfind("\n", 0, m.start()) + 1
     end = output.find("\n", m.start())
-    return output[start:end if end >= 0 else len(output)].strip()[:240]
+    line = output[start:end if end >= 0 else len(output)].strip()
+    # gtest's dump of a test's parameters is bytes, not words.
+    line = re.sub(r", where GetParam\(\) = .*", "", line)
+    return line[:240]
 
 
 def tail(output, n=3):
