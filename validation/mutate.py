@@ -40,10 +40,10 @@ newlines. Fields:
                    none when empty); timeout: seconds (default 600).
   mutation NAME    file: the path in the tree; find: the text to replace (exactly one
                    occurrence); replace: its replacement (may be empty); several
-                   find/replace pairs make several edits of the file, in order; check: a check's
-                   NAME; expect: the regular expression (Python, multi-line mode) the
-                   check's output must match; about: one line saying what the bug is;
-                   sample: yes to run it in the suite's sample.
+                   find/replace pairs make several edits of the file, in order;
+                   check: a check's NAME; expect: the regular expression (Python,
+                   multi-line mode) the check's output must match; about: one line
+                   saying what the bug is; sample: yes to run it in the suite's sample.
 """
 import argparse
 import glob
@@ -270,6 +270,68 @@ def tail(output, n=3):
     return " | ".join(l.strip()[:160] for l in lines[-n:]) or "(no output)"
 
 
+def controls(copy, checks, mutations, selected):
+    """Checks that every mutation applies, builds the copy and runs the controls: the
+    output of each involved check on the unmutated copy, which must pass."""
+    for n in selected:
+        m = mutations[n]
+        path = os.path.join(copy.work, m["file"])
+        if not os.path.isfile(path):
+            raise HarnessError(f"mutation {n!r} ({m['_where']}): no file {m['file']}")
+        apply(n, m, open(path).read())
+    involved = sorted({mutations[n]["check"] for n in selected})
+    targets = sorted({t for c in involved for t in checks[c]["targets"]})
+    copy.configure()
+    t0 = time.time()
+    failed = copy.make(targets, os.path.join(copy.logs, "build-control.log"))
+    if failed:
+        raise HarnessError(f"the unmutated copy does not build (log: {failed})")
+    print(f"mutate: built {' '.join(targets) or 'nothing'} in {time.time() - t0:.0f} s; "
+          f"controls: {', '.join(involved)}", flush=True)
+    output = {}
+    for c in involved:
+        t0 = time.time()
+        rc, output[c], log = copy.check(checks[c], f"control-{safe(c)}")
+        if rc != 0:
+            why = "timed out" if rc is None else status(rc)
+            raise HarnessError(f"control {c!r} fails on the unmutated copy ({why}; log: {log}): {tail(output[c])}")
+        print(f"control ok   {c} ({time.time() - t0:.0f} s)", flush=True)
+    for n in selected:
+        m = mutations[n]
+        line = matched_line(m["regex"], output[m["check"]])
+        if line is not None:
+            raise HarnessError(f"mutation {n!r}: its expected message matches the passing control "
+                               f"{m['check']!r} ({line!r}): it cannot tell a catch")
+
+
+def plant(copy, name, m, check):
+    """Plants one mutation, runs its check, puts the file back: 'caught', 'missed' or 'error'."""
+    path = os.path.join(copy.work, m["file"])
+    original = open(path).read()
+    t0 = time.time()
+    try:
+        with open(path, "w") as f:
+            f.write(apply(name, m, original))
+        failed = copy.make(check["targets"], os.path.join(copy.logs, f"build-{safe(name)}.log"))
+        t_build = time.time() - t0
+        if failed:
+            print(f"ERROR  {name}: the mutated copy does not build (log: {failed})", flush=True)
+            return "error"
+        rc, output, log = copy.check(check, safe(name))
+    finally:
+        with open(path, "w") as f:
+            f.write(original)
+    took = f"[build {t_build:.0f} s, {m['check']} {time.time() - t0 - t_build:.0f} s]"
+    line = matched_line(m["regex"], output)
+    if rc not in (0, None) and line is not None:
+        print(f"caught {name}: {line} {took}", flush=True)
+        return "caught"
+    why = ("the check passed" if rc == 0 else "the check timed out" if rc is None
+           else f"the check failed ({status(rc)}) without the expected message")
+    print(f"MISSED {name}: {why} (log: {log}): {tail(output)} {took}", flush=True)
+    return "missed"
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -288,6 +350,7 @@ def main():
     ccache = os.environ.get("AMSP_CCACHE_DIR") or (
         os.path.join(repo, "build", "ccache") if os.path.isdir(os.path.join(repo, "build", "ccache")) else "")
     t_start = time.time()
+    results = {}
     try:
         checks, mutations = load(files)
         selected = [n for n, m in mutations.items()
@@ -303,75 +366,18 @@ def main():
         copy = Copy(repo, work, ccache)
         print(f"mutate: {len(selected)} mutations; copying {repo} to {work}", flush=True)
         copy.create()
-        # Every mutation applies before anything is built.
+        controls(copy, checks, mutations, selected)
         for n in selected:
-            m = mutations[n]
-            path = os.path.join(work, m["file"])
-            if not os.path.isfile(path):
-                raise HarnessError(f"mutation {n!r} ({m['_where']}): no file {m['file']}")
-            apply(n, m, open(path).read())
-        involved = sorted({mutations[n]["check"] for n in selected})
-        targets = sorted({t for c in involved for t in checks[c]["targets"]})
-        copy.configure()
-        t0 = time.time()
-        failed = copy.make(targets, os.path.join(copy.logs, "build-control.log"))
-        if failed:
-            raise HarnessError(f"the unmutated copy does not build (log: {failed})")
-        print(f"mutate: built {' '.join(targets) or 'nothing'} in {time.time() - t0:.0f} s; "
-              f"controls: {', '.join(involved)}", flush=True)
-        control_output = {}
-        for c in involved:
-            t0 = time.time()
-            rc, output, log = copy.check(checks[c], f"control-{safe(c)}")
-            if rc != 0:
-                why = "timed out" if rc is None else status(rc)
-                raise HarnessError(f"control {c!r} fails on the unmutated copy ({why}; log: {log}): {tail(output)}")
-            control_output[c] = output
-            print(f"control ok   {c} ({time.time() - t0:.0f} s)", flush=True)
-        for n in selected:
-            m = mutations[n]
-            line = matched_line(m["regex"], control_output[m["check"]])
-            if line is not None:
-                raise HarnessError(f"mutation {n!r}: its expected message matches the passing control "
-                                   f"{m['check']!r} ({line!r}): it cannot tell a catch")
-
-        caught, missed, errors = [], [], []
-        for n in selected:
-            m, check = mutations[n], checks[mutations[n]["check"]]
-            path = os.path.join(work, m["file"])
-            original = open(path).read()
-            t0 = time.time()
-            try:
-                with open(path, "w") as f:
-                    f.write(apply(n, m, original))
-                failed = copy.make(check["targets"], os.path.join(copy.logs, f"build-{safe(n)}.log"))
-                t_build = time.time() - t0
-                if failed:
-                    errors.append(n)
-                    print(f"ERROR  {n}: the mutated copy does not build (log: {failed})", flush=True)
-                    continue
-                rc, output, log = copy.check(check, safe(n))
-            finally:
-                with open(path, "w") as f:
-                    f.write(original)
-            took = f"[build {t_build:.0f} s, {m['check']} {time.time() - t0 - t_build:.0f} s]"
-            line = matched_line(m["regex"], output)
-            if rc not in (0, None) and line is not None:
-                caught.append(n)
-                print(f"caught {n}: {line} {took}", flush=True)
-            else:
-                missed.append(n)
-                why = ("the check passed" if rc == 0 else "the check timed out" if rc is None
-                       else f"the check failed ({status(rc)}) without the expected message")
-                print(f"MISSED {n}: {why} (log: {log}): {tail(output)} {took}", flush=True)
+            results[n] = plant(copy, n, mutations[n], checks[mutations[n]["check"]])
     except HarnessError as e:
         print(f"mutate: harness error: {e}", flush=True)
         return 1
-    summary = f"{len(caught)} caught, {len(missed)} missed"
-    if errors:
-        summary += f", {len(errors)} harness errors ({', '.join(errors)})"
+    count = {r: [n for n in results if results[n] == r] for r in ("caught", "missed", "error")}
+    summary = f"{len(count['caught'])} caught, {len(count['missed'])} missed"
+    if count["error"]:
+        summary += f", {len(count['error'])} harness errors ({', '.join(count['error'])})"
     print(f"{summary} ({time.time() - t_start:.0f} s)")
-    return 0 if not missed and not errors else 1
+    return 0 if len(count["caught"]) == len(results) else 1
 
 
 if __name__ == "__main__":
