@@ -262,7 +262,7 @@ def matched_line(regex, output):
     line = output[start:end if end >= 0 else len(output)].strip()
     # gtest's dump of a test's parameters is bytes, not words.
     line = re.sub(r", where GetParam\(\) = .*", "", line)
-    return line[:240]
+    return line[:400]
 
 
 def tail(output, n=3):
