@@ -448,10 +448,14 @@ TEST_P(CudaKernels, Swiglu) {
     cpu::swiglu_backward(gate.data(), up.data(), dout.data(), want_dg.data(), want_du.data(), n);
     expect_same(shape("swiglu_backward dgate", {n}), dg, want_dg);
     expect_same(shape("swiglu_backward dup", {n}), du, want_du);
-    std::vector<float> alias = dout;  // dup may be dout
+    // dup may be dout (the model passes one buffer for both): dgate must come from
+    // dout as it was, not from the dup already written over it.
+    std::vector<float> alias = dout;
+    dg.assign(dg.size(), 0.0f);
     cuda::swiglu_backward(gate.data(), up.data(), alias.data(), dg.data(), alias.data(), n,
                           nullptr);
     expect_same(shape("swiglu_backward dup aliasing dout", {n}), alias, want_du);
+    expect_same(shape("swiglu_backward dgate, dup aliasing dout", {n}), dg, want_dg);
   }
 }
 
