@@ -17,13 +17,13 @@ foreach(n 4 3)
   add_test(NAME comm_collectives_${n}
     COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_comm_collectives_test>)
-  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300)
+  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n})
 endforeach()
 foreach(mode mpi-async none)
   add_test(NAME comm_collectives_4_${mode}
     COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_collectives_test>)
-  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300
+  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
     ENVIRONMENT AMSP_COMM_PROGRESS=${mode})
 endforeach()
 
@@ -35,7 +35,7 @@ add_test(NAME comm_overlap
   COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
           ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_overlap_test>
           --compute sleep --mib 32 --reps 3 --check 0.5)
-set_tests_properties(comm_overlap PROPERTIES LABELS mpi TIMEOUT 300)
+set_tests_properties(comm_overlap PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4)
 
 # The benchmark end to end, small sizes: a table the planner can read.
 add_test(NAME comm_bench_small
@@ -43,7 +43,7 @@ add_test(NAME comm_bench_small
           --max-bytes 1M --iters 5 --warmup 2 --ranks-per-node 2
           --json ${CMAKE_BINARY_DIR}/test-work/comm/bench.json
           --output-table ${CMAKE_BINARY_DIR}/test-work/comm/table.json)
-set_tests_properties(comm_bench_small PROPERTIES LABELS mpi TIMEOUT 300
+set_tests_properties(comm_bench_small PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
   FAIL_REGULAR_EXPRESSION "wrong: [1-9]|FAILED")
 
 # A collective that one rank never joins ends the job after the timeout with a
@@ -57,7 +57,7 @@ foreach(mode thread none)
     COMMAND ${AMSP_EXPECT_OUTPUT} --exit 1
             "rank [02] of 3 on host .*: timeout: all_reduce \\(op #1, count 1000\\) on group P" --
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test>)
-  set_tests_properties(comm_timeout_${mode} PROPERTIES LABELS mpi TIMEOUT 60
+  set_tests_properties(comm_timeout_${mode} PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 3
     ENVIRONMENT "AMSP_COMM_TIMEOUT=1.5;AMSP_COMM_PROGRESS=${mode}")
 endforeach()
 
@@ -70,5 +70,5 @@ foreach(n 4 3)
             python3 ${CMAKE_CURRENT_SOURCE_DIR}/comm/wire_dtype_test.py
             --test $<TARGET_FILE:amsp_comm_collectives_test> --preload $<TARGET_FILE:amsp_mpi_count>
             --mpiexec ${MPIEXEC_EXECUTABLE} -n ${n} --work ${CMAKE_BINARY_DIR}/test-work/comm/wire-${n})
-  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300)
+  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n})
 endforeach()

@@ -11,7 +11,7 @@ add_test(NAME gpu_bundle
   COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'SKIP: no CUDA toolkit (nvcc)'; exit 77; }; exec \"$0\" --werror --build \"$1\" --out \"$2\""
           ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bundle.sh ${CMAKE_BINARY_DIR}/cuda-build ${AMSP_BUNDLE})
 set_tests_properties(gpu_bundle PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT 1500
-  FIXTURES_SETUP gpu_bundle)
+  PROCESSORS ${AMSP_TEST_CORES} FIXTURES_SETUP gpu_bundle)
 
 # The bundle unpacked into an empty folder with the Debian copies of what it packs
 # hidden: its amsp's CPU path runs on the packed libraries alone. Skipped when
@@ -19,5 +19,5 @@ set_tests_properties(gpu_bundle PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEO
 add_test(NAME gpu_bundle_runs
   COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'SKIP: no CUDA toolkit (nvcc), so gpu_bundle made no bundle'; exit 77; }; exec \"$0\" \"$@\""
           ${CMAKE_CURRENT_SOURCE_DIR}/gpu/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
-set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300 SKIP_RETURN_CODE 77
+set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300 SKIP_RETURN_CODE 77 PROCESSORS 2
   FIXTURES_REQUIRED "gpu_bundle;corpus")

@@ -14,7 +14,7 @@ target_link_libraries(amsp_emu_nccl_check PRIVATE amsp_kernels_cuda_emu)
 add_test(NAME emu_nccl_check
   COMMAND ${AMSP_EXPECT_OUTPUT} "4 ranks, 0 failed" --
           ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)
-set_tests_properties(emu_nccl_check PROPERTIES LABELS mpi TIMEOUT 300)
+set_tests_properties(emu_nccl_check PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4)
 
 # AMSP_EMU_NCCL_FAIL fails the call it names, at once or as an async error.
 foreach(mode sync async)
@@ -25,6 +25,6 @@ foreach(mode sync async)
   add_test(NAME emu_nccl_inject_${mode}
     COMMAND ${AMSP_EXPECT_OUTPUT} "4 ranks, 0 failed" --
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)
-  set_tests_properties(emu_nccl_inject_${mode} PROPERTIES LABELS mpi TIMEOUT 120
+  set_tests_properties(emu_nccl_inject_${mode} PROPERTIES LABELS mpi TIMEOUT 120 PROCESSORS 4
     ENVIRONMENT "AMSP_EMU_NCCL_FAIL=${spec}")
 endforeach()
