@@ -11,11 +11,12 @@ target_link_libraries(amsp_ckpt_test PRIVATE amsp_core)
 # on 4 ranks, 3 (padding, not a power of two) and 1.
 foreach(n 4 3 1)
   add_test(NAME ckpt_mpi_${n}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_ckpt_test>
+    COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_ckpt_test>
             ${CMAKE_BINARY_DIR}/test-work/ckpt)
   # A checkpoint is first read by `amsp ckpt verify --in-process` in a child
   # process (ckpt::check_in_child): this program is not amsp, so name it.
-  set_tests_properties(ckpt_mpi_${n} PROPERTIES LABELS mpi TIMEOUT 300 PASS_REGULAR_EXPRESSION " 0 failed"
+  set_tests_properties(ckpt_mpi_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n}
     ENVIRONMENT "AMSP_EXECUTABLE=$<TARGET_FILE:amsp>")
 endforeach()
 
@@ -24,7 +25,7 @@ endforeach()
 add_test(NAME ckpt_cli
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/cli_test.sh $<TARGET_FILE:amsp_ckpt_test>
           $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/test-work/ckpt-cli)
-set_tests_properties(ckpt_cli PROPERTIES LABELS mpi TIMEOUT 300 ENVIRONMENT "AMSP_EXECUTABLE=$<TARGET_FILE:amsp>")
+set_tests_properties(ckpt_cli PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 2 ENVIRONMENT "AMSP_EXECUTABLE=$<TARGET_FILE:amsp>")
 
 # Damaged checkpoints: a sample of byte flips across the first 16 KiB (HDF5's
 # superblock and object headers, the manifest) and the data, each followed by

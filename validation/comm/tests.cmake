@@ -15,15 +15,16 @@ target_link_libraries(amsp_comm_overlap_test PRIVATE amsp_core)
 # of two), in the default progress mode and in the two others.
 foreach(n 4 3)
   add_test(NAME comm_collectives_${n}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_comm_collectives_test>)
-  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300
-    PASS_REGULAR_EXPRESSION " 0 failed")
+    COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_comm_collectives_test>)
+  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n})
 endforeach()
 foreach(mode mpi-async none)
   add_test(NAME comm_collectives_4_${mode}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_collectives_test>)
-  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300
-    ENVIRONMENT AMSP_COMM_PROGRESS=${mode} PASS_REGULAR_EXPRESSION " 0 failed")
+    COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_collectives_test>)
+  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
+    ENVIRONMENT AMSP_COMM_PROGRESS=${mode})
 endforeach()
 
 # Does a reduce-scatter progress while the caller computes, without the caller's
@@ -42,10 +43,11 @@ foreach(mode thread mpi-async none)
     set(budget 1000000)
   endif()
   add_test(NAME comm_overlap_${mode}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_overlap_test>
+    COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_overlap_test>
             --expect ${expect} --mib 16 --budget ${budget})
-  set_tests_properties(comm_overlap_${mode} PROPERTIES LABELS mpi TIMEOUT 300
-    ENVIRONMENT AMSP_COMM_PROGRESS=${mode} PASS_REGULAR_EXPRESSION " 0 failed")
+  set_tests_properties(comm_overlap_${mode} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
+    ENVIRONMENT AMSP_COMM_PROGRESS=${mode})
 endforeach()
 
 # The benchmark end to end, small sizes: a table the planner can read.
@@ -54,20 +56,22 @@ add_test(NAME comm_bench_small
           --max-bytes 1M --iters 5 --warmup 2 --ranks-per-node 2
           --json ${CMAKE_BINARY_DIR}/test-work/comm/bench.json
           --output-table ${CMAKE_BINARY_DIR}/test-work/comm/table.json)
-set_tests_properties(comm_bench_small PROPERTIES LABELS mpi TIMEOUT 300
+set_tests_properties(comm_bench_small PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
   FAIL_REGULAR_EXPRESSION "wrong: [1-9]|FAILED")
 
 # A collective that one rank never joins ends the job after the timeout with a
-# message naming the rank, group and op (every progress mode).
+# message naming the rank, group and op (every progress mode), and exit code 1
+# (kExitFailure, through MPI_Abort): a job that ends any other way fails the test.
 add_executable(amsp_comm_timeout_test ${CMAKE_CURRENT_SOURCE_DIR}/comm/timeout_test.cpp)
 target_compile_options(amsp_comm_timeout_test PRIVATE ${AMSP_WARNINGS})
 target_link_libraries(amsp_comm_timeout_test PRIVATE amsp_core)
 foreach(mode thread none)
   add_test(NAME comm_timeout_${mode}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test>)
-  set_tests_properties(comm_timeout_${mode} PROPERTIES LABELS mpi TIMEOUT 60
-    ENVIRONMENT "AMSP_COMM_TIMEOUT=1.5;AMSP_COMM_PROGRESS=${mode}"
-    PASS_REGULAR_EXPRESSION "rank [02] of 3 on host .*: timeout: all_reduce \\(op #1, count 1000\\) on group P")
+    COMMAND ${AMSP_EXPECT_OUTPUT} --exit 1
+            "rank [02] of 3 on host .*: timeout: all_reduce \\(op #1, count 1000\\) on group P" --
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test>)
+  set_tests_properties(comm_timeout_${mode} PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 3
+    ENVIRONMENT "AMSP_COMM_TIMEOUT=1.5;AMSP_COMM_PROGRESS=${mode}")
 endforeach()
 
 # What the communicators hand to MPI, counted through PMPI (the engine tests'
@@ -75,9 +79,9 @@ endforeach()
 # under the ring model equal the accounting (bf16 sums go through an all-to-all).
 foreach(n 4 3)
   add_test(NAME comm_wire_dtypes_${n}
-    COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/comm/wire_dtype_test.py
+    COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
+            python3 ${CMAKE_CURRENT_SOURCE_DIR}/comm/wire_dtype_test.py
             --test $<TARGET_FILE:amsp_comm_collectives_test> --preload $<TARGET_FILE:amsp_mpi_count>
             --mpiexec ${MPIEXEC_EXECUTABLE} -n ${n} --work ${CMAKE_BINARY_DIR}/test-work/comm/wire-${n})
-  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300
-    PASS_REGULAR_EXPRESSION " 0 failed")
+  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n})
 endforeach()

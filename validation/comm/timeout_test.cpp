@@ -1,6 +1,6 @@
 // A collective one rank never joins must end the job with a message naming the
 // rank, the group and the op, not hang it. Run with AMSP_COMM_TIMEOUT=1.5 under
-// mpiexec -n 3; CTest looks for the message (the exit code is MPI_Abort's).
+// mpiexec -n 3; the test wants the message and exit code 1 (MPI_Abort's, kExitFailure).
 
 #include <mpi.h>
 

@@ -15,7 +15,14 @@
  * communicator's size, rounded up (an all-reduce's padded block). This is the payload given to MPI, not
  * the point-to-point traffic of MPICH's algorithms, which PMPI cannot see; the
  * test converts it to per-rank bytes with the bandwidth-optimal model itself.
- * Independent of amsp's own accounting: nothing here calls amsp code. */
+ * Independent of amsp's own accounting: nothing here calls amsp code.
+ *
+ * With AMSP_MPI_COUNT_MARK=NAME every collective call on the communicator named
+ * NAME also takes a snapshot of all counts so far, that call included, and each
+ * rank writes them, in order, to $AMSP_MPI_COUNT_DIR/rank-<world rank>-marks.json
+ * as a list of objects of the form above. The engine's gradient norm is its only
+ * collective on "world", once per step: two consecutive marks bracket one whole
+ * step, and one run of a few steps gives a step's counts (validation/engine/wire_test.py). */
 #include <mpi.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,6 +43,14 @@ struct counts {
 static struct counts table[MAX_COMMS];
 static int used = 0;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define MAX_MARKS 32
+struct snapshot {
+  struct counts table[MAX_COMMS];
+  int used;
+};
+static struct snapshot marks[MAX_MARKS];
+static int marked = 0, lost_marks = 0;
 
 static void count(MPI_Comm comm, int op, long long elements, MPI_Datatype type) {
   char name[MPI_MAX_OBJECT_NAME] = "";
@@ -58,6 +73,16 @@ static void count(MPI_Comm comm, int op, long long elements, MPI_Datatype type) 
     table[i].elements[op] += elements;
     table[i].bytes[op] += elements * size;
     table[i].blocks[op] += (elements + ranks - 1) / ranks;
+  }
+  const char* mark = getenv("AMSP_MPI_COUNT_MARK");
+  if (mark && *mark && strcmp(mark, name) == 0) {
+    if (marked < MAX_MARKS) {
+      memcpy(marks[marked].table, table, sizeof table);
+      marks[marked].used = used;
+      ++marked;
+    } else {
+      ++lost_marks;
+    }
   }
   pthread_mutex_unlock(&lock);
 }
@@ -114,6 +139,20 @@ int MPI_Ibcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c, MPI_Request
   return PMPI_Ibcast(b, n, t, root, c, q);
 }
 
+static void write_counts(FILE* f, const struct counts* t, int n) {
+  fprintf(f, "{");
+  for (int i = 0; i < n; ++i) {
+    fprintf(f, "%s\n \"%s\": {\"size\": %d", i ? "," : "", t[i].name, t[i].size);
+    for (int op = 0; op < NUM_OPS; ++op) {
+      if (!t[i].calls[op]) continue;
+      fprintf(f, ", \"%s\": {\"calls\": %lld, \"elements\": %lld, \"bytes\": %lld, \"blocks\": %lld}",
+              op_names[op], t[i].calls[op], t[i].elements[op], t[i].bytes[op], t[i].blocks[op]);
+    }
+    fprintf(f, "}");
+  }
+  fprintf(f, "\n}");
+}
+
 int MPI_Finalize(void) {
   const char* dir = getenv("AMSP_MPI_COUNT_DIR");
   int rank = 0;
@@ -123,18 +162,23 @@ int MPI_Finalize(void) {
     snprintf(path, sizeof path, "%s/rank-%d.json", dir, rank);
     FILE* f = fopen(path, "w");
     if (f) {
-      fprintf(f, "{");
-      for (int i = 0; i < used; ++i) {
-        fprintf(f, "%s\n \"%s\": {\"size\": %d", i ? "," : "", table[i].name, table[i].size);
-        for (int op = 0; op < NUM_OPS; ++op) {
-          if (!table[i].calls[op]) continue;
-          fprintf(f, ", \"%s\": {\"calls\": %lld, \"elements\": %lld, \"bytes\": %lld, \"blocks\": %lld}",
-                  op_names[op], table[i].calls[op], table[i].elements[op], table[i].bytes[op], table[i].blocks[op]);
-        }
-        fprintf(f, "}");
-      }
-      fprintf(f, "\n}\n");
+      write_counts(f, table, used);
+      fprintf(f, "\n");
       fclose(f);
+    }
+    /* More marks than MAX_MARKS: no file, so that the test cannot read a partial list. */
+    if (marked && !lost_marks) {
+      snprintf(path, sizeof path, "%s/rank-%d-marks.json", dir, rank);
+      f = fopen(path, "w");
+      if (f) {
+        fprintf(f, "[");
+        for (int m = 0; m < marked; ++m) {
+          fprintf(f, "%s\n", m ? "," : "");
+          write_counts(f, marks[m].table, marks[m].used);
+        }
+        fprintf(f, "\n]\n");
+        fclose(f);
+      }
     }
   }
   return PMPI_Finalize();

@@ -20,21 +20,22 @@ set(AMSP_EQUIVALENCE_ARGS
 add_test(NAME engine_equivalence_mpi
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_mpi PROPERTIES
-  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS 8)
 
 # bf16 mixed precision on 4 ranks against one rank in bf16, with tolerances argued
 # from bf16's 8-bit mantissa (about 75 s).
 add_test(NAME engine_equivalence_mpi_bf16
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS} --precision bf16)
 set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
-  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS 4)
 
 # Its cluster runs on ports found free at start (validation/slurm/local_cluster.py);
-# RUN_SERIAL because 8 ranks on 4 virtual nodes already oversubscribe the machine.
+# 8 ranks on 4 virtual nodes of 2 CPUs take every core, so it runs alone.
 add_test(NAME engine_equivalence_slurm
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} slurm ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_slurm PROPERTIES
-  FIXTURES_REQUIRED corpus LABELS slurm RUN_SERIAL TRUE TIMEOUT 600 SKIP_RETURN_CODE 77)
+  FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 600 SKIP_RETURN_CODE 77
+  PROCESSORS 8 RESOURCE_LOCK local_slurm)
 
 # What the engine hands to MPI, counted by MPI's profiling interface (a preloaded
 # library, validation/engine/mpi_count.c) rather than by amsp's own accounting,
@@ -45,7 +46,8 @@ add_test(NAME engine_bytes_on_the_wire
   COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/wire_test.py --amsp $<TARGET_FILE:amsp>
           --preload $<TARGET_FILE:amsp_mpi_count> --mpiexec ${MPIEXEC_EXECUTABLE} --data ${AMSP_CORPUS}
           --work ${AMSP_TEST_WORK}/wire)
-set_tests_properties(engine_bytes_on_the_wire PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600)
+set_tests_properties(engine_bytes_on_the_wire PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600
+  PROCESSORS 8)
 
 # amsp train --kernel-profile on --device cpu and on --device cuda (the emulation), one
 # rank: every op the model runs, with exactly the calls per step it implies, timed; the

@@ -6,9 +6,13 @@ The engine's own byte counters and the planner both come from comm::traffic_byte
 comparing them cannot catch a wrong formula. Here a preloaded library
 (validation/engine/mpi_count.c) counts every collective call amsp makes, per
 communicator (amsp names its groups P, G, OS, replica, gather, world) and operation:
-calls, elements and bytes as given to MPI. One optimizer step is isolated without
-trusting amsp: the same configuration runs 2 and 3 steps and the counts are subtracted
-(start-up, evaluation and the final gathers cancel). Rank 0's counts are turned into
+calls, elements and bytes as given to MPI. One optimizer step is isolated in one run of
+3 steps: the library also snapshots its counts at every collective on the group "world",
+which the engine uses only for the gradient norm, once per step. There must be exactly 3
+such marks; the counts between the second and the third are one whole step (the update's
+gathers of step 2, then step 3 up to its norm), with start-up, evaluation and the final
+gathers outside. Steps 2 and 3 must also hand MPI the same (the first and the second
+interval are equal). Rank 0's counts are turned into
 per-rank bytes by the bandwidth-optimal model written out below, and compared for
 every plan of the engine's equivalence tests on 4 and 8 ranks with `amsp plan --json`:
 calls, elements and bytes per (group, operation) must be equal. For ddp, zero3 and
@@ -52,25 +56,30 @@ def ring_bytes(op, n, elements, blocks, elem_bytes):
     raise ValueError(op)
 
 
-def counted(args, ranks, plan, batch, accum, steps, tag):
-    out = os.path.join(args.work, f"{tag}-s{steps}")
+STEPS = 3
+
+
+def counted(args, ranks, plan, batch, accum, tag):
+    """Rank 0's snapshots at the gradient norm's all-reduce on "world", one per step."""
+    out = os.path.join(args.work, tag)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    env = eq.clean_env({"LD_PRELOAD": args.preload, "AMSP_MPI_COUNT_DIR": out})
+    env = eq.clean_env({"LD_PRELOAD": args.preload, "AMSP_MPI_COUNT_DIR": out, "AMSP_MPI_COUNT_MARK": "world"})
     cmd = [args.mpiexec, "-n", str(ranks), args.amsp, "train", "--model", "tiny", "--data", args.data,
-           "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch), "--grad-accum", str(accum),
+           "--steps", str(STEPS), "--seq-len", str(SEQ), "--batch-size", str(batch), "--grad-accum", str(accum),
            "--shard", plan, "--eval-every", "0", "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1"]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-800:]}")
-    with open(os.path.join(out, "rank-0.json")) as f:
+    path = os.path.join(out, "rank-0-marks.json")
+    if not os.path.exists(path):
+        raise RuntimeError(f"no {path}: no collective on \"world\" (the gradient norm), or too many")
+    with open(path) as f:
         return json.load(f)
 
 
-def one_step(args, ranks, plan, batch, accum, tag):
-    """{(comm, op): (size, calls, elements, bytes, blocks)} of one step on rank 0."""
-    a = counted(args, ranks, plan, batch, accum, 2, tag)
-    b = counted(args, ranks, plan, batch, accum, 3, tag)
+def between(a, b):
+    """{(comm, op): (size, calls, elements, bytes, blocks)} counted from snapshot a to b."""
     out = {}
     for comm in set(a) | set(b):
         for op in OPS:
@@ -82,6 +91,18 @@ def one_step(args, ranks, plan, batch, accum, tag):
             if any(d):
                 out[(comm, op)] = (b[comm]["size"],) + d
     return out
+
+
+def one_step(args, ranks, plan, batch, accum, tag):
+    """{(comm, op): (size, calls, elements, bytes, blocks)} of one step on rank 0."""
+    marks = counted(args, ranks, plan, batch, accum, tag)
+    if len(marks) != STEPS:
+        raise RuntimeError(f"{len(marks)} collectives on \"world\" in {STEPS} steps: expected one per step "
+                           "(the gradient norm)")
+    step2, step3 = between(marks[0], marks[1]), between(marks[1], marks[2])
+    if step2 != step3:
+        raise RuntimeError(f"steps 2 and 3 hand MPI different counts: {step2} != {step3}")
+    return step3
 
 
 def planned(args, ranks, plan, batch, accum):

@@ -4,19 +4,22 @@
 # sources held to no warnings (AMSP_WERROR, here only: builds in the field do not
 # stop at a warning), packed with every non-CUDA library it needs. This is also the
 # check that the CUDA backend keeps compiling although nothing CUDA runs here.
-# Skipped (exit 77) where there is no CUDA toolkit.
+# Skipped (exit 77) where there is no CUDA toolkit. (This file is included from
+# validation/CMakeLists.txt: its own folder is CMAKE_CURRENT_LIST_DIR.)
 set(AMSP_BUNDLE ${CMAKE_BINARY_DIR}/bundle/amsp-gpu.tar.xz)
 add_test(NAME gpu_bundle
-  COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'no CUDA toolkit: skipped'; exit 77; }; exec \"$0\" --werror --build \"$1\" --out \"$2\""
+  COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'SKIP: no CUDA toolkit (nvcc)'; exit 77; }; exec \"$0\" --werror --build \"$1\" --out \"$2\""
           ${CMAKE_CURRENT_LIST_DIR}/bundle.sh ${CMAKE_BINARY_DIR}/cuda-build ${AMSP_BUNDLE})
 set_tests_properties(gpu_bundle PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT 1500
-  FIXTURES_SETUP gpu_bundle)
+  PROCESSORS ${AMSP_TEST_CORES} FIXTURES_SETUP gpu_bundle)
 
 # The bundle unpacked into an empty folder with the Debian copies of what it packs
-# hidden: its amsp's CPU path runs on the packed libraries alone.
+# hidden: its amsp's CPU path runs on the packed libraries alone. Skipped when
+# gpu_bundle was (a failed gpu_bundle keeps CTest from running it at all).
 add_test(NAME gpu_bundle_runs
-  COMMAND ${CMAKE_CURRENT_LIST_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
-set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300
+  COMMAND bash -c "command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || { echo 'SKIP: no CUDA toolkit (nvcc), so gpu_bundle made no bundle'; exit 77; }; exec \"$0\" \"$@\""
+          ${CMAKE_CURRENT_LIST_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
+set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300 SKIP_RETURN_CODE 77 PROCESSORS 2
   FIXTURES_REQUIRED "gpu_bundle;corpus")
 
 # check.sh end to end on the CPU emulation of CUDA, tiny sizes: preflight, kernels,
@@ -26,5 +29,5 @@ add_test(NAME gpu_check_emulated
   COMMAND bash -c "PY=$(\"$0\") && AMSP_PYTHON=\"$PY\" exec \"$PY\" \"$1\" \"$2\" \"$3\""
           ${PROJECT_SOURCE_DIR}/validation/setup-python.sh ${CMAKE_CURRENT_LIST_DIR}/check_emulated_test.py
           ${CMAKE_BINARY_DIR} ${AMSP_TEST_WORK}/gpu-check)
-set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600
+set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600 PROCESSORS 2
   FIXTURES_REQUIRED corpus ENVIRONMENT "MPIEXEC=${MPIEXEC_EXECUTABLE}")

@@ -4,7 +4,9 @@
 #   ctest -L slurm   tests on a real 4-node Slurm cluster started on this machine
 #                    (slurm/local-cluster/start.sh; needs root, munge and slurm-wlm;
 #                    skipped otherwise); each starts its own cluster under the build
-#                    directory and stops it again
+#                    directory and stops it again, on ports found free at start. A
+#                    cluster has 8 CPUs (PROCESSORS 8) and every cluster test holds
+#                    the lock local_slurm, so that one runs at a time
 #   ctest -L mpi     mpiexec without Slurm
 
 add_executable(amsp_topology_probe ${CMAKE_CURRENT_SOURCE_DIR}/slurm/topology_probe.cpp)
@@ -35,20 +37,20 @@ while(AMSP_SLURM_CASES)
   list(POP_FRONT AMSP_SLURM_CASES test_name test_case)
   add_test(NAME ${test_name} COMMAND python3 ${AMSP_SLURM_TEST} ${test_case} ${AMSP_SLURM_TEST_ARGS})
   # The script gives itself 100 s and always stops its cluster. Each cluster finds free
-  # ports of its own (local_cluster.py); RUN_SERIAL for the cores, not the ports.
-  set_tests_properties(${test_name} PROPERTIES LABELS slurm RUN_SERIAL TRUE TIMEOUT 150
-    SKIP_RETURN_CODE 77)
+  # ports of its own (local_cluster.py); 8 processors keep it alone for the cores.
+  set_tests_properties(${test_name} PROPERTIES LABELS slurm TIMEOUT 150 SKIP_RETURN_CODE 77
+    PROCESSORS 8 RESOURCE_LOCK local_slurm)
 endwhile()
 
 # Where the local clusters' ports come from (free at start, searched from a place the
 # cluster directory's path hashes to), without Slurm.
 add_test(NAME slurm_cluster_ports
-  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/slurm/local_cluster_test.py)
-set_tests_properties(slurm_cluster_ports PROPERTIES LABELS system TIMEOUT 60 PASS_REGULAR_EXPRESSION " 0 failed")
+  COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" -- python3 ${CMAKE_CURRENT_SOURCE_DIR}/slurm/local_cluster_test.py)
+set_tests_properties(slurm_cluster_ports PROPERTIES LABELS system TIMEOUT 60)
 
 add_test(NAME mpi_topology_shared_memory
   COMMAND python3 ${AMSP_SLURM_TEST} mpiexec ${AMSP_SLURM_TEST_ARGS})
-set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60)
+set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 4)
 
 # slurm/train.sbatch and slurm/scaling-study.sh through sbatch on a local Slurm cluster
 # of 4 virtual nodes that each test starts on ports found free and always stops
@@ -61,7 +63,7 @@ foreach(mode job preempt scaling)
             --work ${CMAKE_BINARY_DIR}/test-work/sbatch
             --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster)
   set_tests_properties(sbatch_${mode} PROPERTIES FIXTURES_REQUIRED corpus LABELS slurm
-    RUN_SERIAL TRUE TIMEOUT 600 SKIP_RETURN_CODE 77)
+    TIMEOUT 600 SKIP_RETURN_CODE 77 PROCESSORS 8 RESOURCE_LOCK local_slurm)
 endforeach()
 
 # The scaling study's table and plot from synthetic runs (no Slurm needed). It needs a

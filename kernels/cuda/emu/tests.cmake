@@ -12,9 +12,9 @@ target_link_libraries(amsp_emu_nccl_check PRIVATE amsp_kernels_cuda_emu)
 # All four ops in four types, on the world and on groups of 2, plus the error
 # paths (disagreeing members, abort, a late peer with a timeout).
 add_test(NAME emu_nccl_check
-  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)
-set_tests_properties(emu_nccl_check PROPERTIES LABELS mpi TIMEOUT 300
-  PASS_REGULAR_EXPRESSION "4 ranks, 0 failed")
+  COMMAND ${AMSP_EXPECT_OUTPUT} "4 ranks, 0 failed" --
+          ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)
+set_tests_properties(emu_nccl_check PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4)
 
 # AMSP_EMU_NCCL_FAIL fails the call it names, at once or as an async error.
 foreach(mode sync async)
@@ -23,7 +23,8 @@ foreach(mode sync async)
     set(spec "allreduce:2:async")
   endif()
   add_test(NAME emu_nccl_inject_${mode}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)
-  set_tests_properties(emu_nccl_inject_${mode} PROPERTIES LABELS mpi TIMEOUT 120
-    ENVIRONMENT "AMSP_EMU_NCCL_FAIL=${spec}" PASS_REGULAR_EXPRESSION "4 ranks, 0 failed")
+    COMMAND ${AMSP_EXPECT_OUTPUT} "4 ranks, 0 failed" --
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)
+  set_tests_properties(emu_nccl_inject_${mode} PROPERTIES LABELS mpi TIMEOUT 120 PROCESSORS 4
+    ENVIRONMENT "AMSP_EMU_NCCL_FAIL=${spec}")
 endforeach()
