@@ -2,9 +2,11 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -33,6 +35,7 @@ struct Spec {
   int rank = -1;  // -1: every rank
   int signal = SIGKILL;  // 0 with fail
   bool fail = false;     // ",FAIL": throw an I/O error instead of a signal
+  double sleep_s = 0;    // ",SLEEP=S": wait S seconds instead of a signal
 };
 
 bool known(const std::string& name) {
@@ -66,8 +69,12 @@ Spec parse(const std::string& full) {
   s.point = point;
   s.fail = sig == "FAIL";
   s.signal = full.find(',') == std::string::npos ? SIGKILL : signal_named(sig);
-  if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 || (s.signal == 0 && !s.fail))
-    fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|FAIL] with POINT one of "
+  const auto [action, seconds] = split(sig, '=');
+  const std::optional<double> sleep_s = action == "SLEEP" ? parse_double(seconds) : std::nullopt;
+  if (sleep_s && *sleep_s > 0 && *sleep_s <= 3600) s.sleep_s = *sleep_s;
+  if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 ||
+      (s.signal == 0 && !s.fail && s.sleep_s == 0))
+    fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|FAIL|SLEEP=SECONDS] with POINT one of "
                "train.step, save.begin, save.data, save.closed, save.renamed, save.latest_tmp, "
                "save.latest, export.written, export.swapped");
   s.step = *step;
@@ -93,6 +100,10 @@ void point(const char* name, int64_t step, int rank) {
   const auto& s = spec();
   if (!s || s->step != step || (s->rank >= 0 && s->rank != rank) || s->point != name) return;
   if (s->fail) fail("injected I/O error at ", name, " (step ", step, ", AMSP_FAULT)");
+  if (s->sleep_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(s->sleep_s));
+    return;
+  }
   ::raise(s->signal);
 }
 

@@ -10,6 +10,9 @@
 //   AMSP_FAULT=POINT@STEP:RANK   only that rank (MPI_COMM_WORLD rank)
 //   AMSP_FAULT=POINT@STEP,USR1   a signal other than KILL (USR1 or TERM)
 //   AMSP_FAULT=POINT@STEP,FAIL   no signal: the call throws an I/O error there
+//   AMSP_FAULT=POINT@STEP,SLEEP=S no signal: the process waits S seconds there, a
+//                                 slow step at a known moment (a stop request that
+//                                 arrives meanwhile is taken at the next step)
 //
 // The process raises the signal on itself. SIGKILL: no handler, destructor or
 // atexit runs, exactly as for `kill -9`. USR1 and TERM reach the stop handler

@@ -31,7 +31,8 @@ preempt   a stop request at every moment of a job's life: one uninterrupted run 
                requeues the job;
             C  the time limit: submitted with --time=1 --signal=B:USR1@60, so Slurm's own
                warning signal arrives during the run, within 30 s of its start (Slurm's
-               timer period; the 100 steps take longer than that); the test lifts the
+               timer period; AMSP_FAULT=train.step@2,SLEEP=40 holds the run there for
+               40 s, so that it is still running then on any machine); the test lifts the
                limit of the requeued attempt so that it can finish;
             D  USR1 as soon as the batch script runs, before srun starts: the script holds it
                until every rank has its handlers (AMSP_READY_FILE), amsp stops before its
@@ -347,7 +348,10 @@ def submit_preempt_jobs(c):
     train = ["--steps", str(PREEMPT_STEPS), "--eval-every", "50", "--eval-windows", "8",
              "--checkpoint-every", "10", *SMALL]
     env = {"AMSP_SHARD": "zero3"}
-    extra_env = {"G": {"AMSP_FAULT": f"save.data@{PREEMPT_SAVE},USR1"},
+    # C: Slurm checks time limits every 30 s, so its warning may come up to 30 s after
+    # the start; a 40 s wait at step 2 keeps the job running past that on any machine.
+    extra_env = {"C": {"AMSP_FAULT": "train.step@2,SLEEP=40"},
+                 "G": {"AMSP_FAULT": f"save.data@{PREEMPT_SAVE},USR1"},
                  "H": {"AMSP_FAULT": f"save.begin@{PREEMPT_STEPS},USR1"}}
     # 2 nodes x 1 rank: nine jobs at once on 2 cores.
     layout = ["-N", "2", "--ntasks-per-node=1"]
