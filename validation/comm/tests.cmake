@@ -57,7 +57,14 @@ add_test(NAME comm_bench_small
           --json ${CMAKE_BINARY_DIR}/test-work/comm/bench.json
           --output-table ${CMAKE_BINARY_DIR}/test-work/comm/table.json)
 set_tests_properties(comm_bench_small PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
-  FAIL_REGULAR_EXPRESSION "wrong: [1-9]|FAILED")
+  FAIL_REGULAR_EXPRESSION "wrong: [1-9]|FAILED" FIXTURES_SETUP comm_bench_table)
+# ... and the planner reads that table: it names it as the bandwidth it priced with.
+add_test(NAME comm_bench_table_planned
+  COMMAND ${AMSP_EXPECT_OUTPUT} "^bandwidth: measured table .*/test-work/comm/table.json" "valid plans, [1-9]" --
+          $<TARGET_FILE:amsp> plan --model tiny --nodes 2 --ranks-per-node 2 --precision fp32 --seq-len 32
+          --bandwidth ${CMAKE_BINARY_DIR}/test-work/comm/table.json)
+set_tests_properties(comm_bench_table_planned PROPERTIES LABELS mpi TIMEOUT 60
+  FIXTURES_REQUIRED comm_bench_table)
 
 # A collective that one rank never joins ends the job after the timeout with a
 # message naming the rank, group and op (every progress mode), and exit code 1
