@@ -13,6 +13,7 @@
 #include "cli/text.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "plan/schedule.h"
 #include "plan/search.h"
 
 namespace amsp::cli {
@@ -191,6 +192,8 @@ po::options_description plan_options(PlanArgs& a) {
            "at each, one table (MFU, tokens/s per GPU); replaces --nodes")
       ("plot", po::value<std::string>(&a.plot)->value_name("FILE.png"),
            "with --sweep: plot MFU against GPUs (needs python3-matplotlib)")
+      ("schedule", "print the step's schedule for --shard PLAN (or the chosen plan): every "
+                   "stage of every unit and the order every rank issues them in")
       ("json", "print one JSON object instead of tables");
   desc.add(model_field_options());
   return desc;
@@ -226,6 +229,8 @@ void check_args(const PlanArgs& a, const po::variables_map& vm) {
                                              : load_cluster(a.cluster_name, "cluster").gpus_per_node,
                 vm.count("global-batch") ? parse_token_count(a.global_batch, "global-batch") : 0,
                 a.seq_len * a.micro_batch);
+  } else if (vm.count("schedule") && (vm.count("json") || vm.count("calibrate"))) {
+    fail_usage("--schedule: prints text for one plan; not with --", vm.count("json") ? "json" : "calibrate");
   } else if (vm.count("plot")) {
     fail_usage("--plot ", a.plot, ": expected with --sweep (it plots the sweep)");
   }
@@ -369,6 +374,23 @@ void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   print_paper(os, e, paper);
 }
 
+// --schedule: the plan's step schedule (plan/schedule.h), the chosen one for auto.
+void report_schedule(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
+  ShardPlan plan;
+  if (a.shard != "auto") {
+    plan = parse_shard_plan(a.shard, s.in.mesh);
+  } else {
+    const std::vector<Evaluation> ranked = search(s.in);
+    if (ranked.empty() || !ranked.front().fits)
+      fail_usage("--schedule: no plan fits ", format_gib(s.in.usable_memory()),
+                 " per GPU; name one with --shard");
+    plan = ranked.front().plan;
+  }
+  os << "plan " << to_string(plan) << " on " << s.in.mesh.nodes << " nodes x "
+     << s.in.mesh.ranks_per_node << " ranks, " << s.in.workload.model.name << "\n"
+     << format_schedule(step_schedule(s.in.workload, plan, s.in.mesh), s.M);
+}
+
 // The outcome of the search: every valid plan ranked, and the named ones.
 struct SearchResult {
   std::vector<Evaluation> ranked;
@@ -495,7 +517,9 @@ int run_plan(int argc, char** argv) {
   if (vm.count("sweep"))
     return run_sweep(std::cout, {setup.in, setup.cluster, setup.measured ? a.bandwidth_path : "",
                                  a.sweep, vm.count("global-batch") > 0, a.plot, a.json});
-  if (a.shard != "auto")
+  if (vm.count("schedule"))
+    report_schedule(std::cout, a, setup);
+  else if (a.shard != "auto")
     report_one_plan(std::cout, a, setup);
   else
     report_search(std::cout, a, setup);

@@ -7,6 +7,7 @@
 #include "core/mpi_check.h"
 #include "core/error.h"
 #include "core/parse.h"
+#include "kernels/common/math.h"
 
 namespace amsp::comm {
 
@@ -27,6 +28,31 @@ double default_comm_timeout_s() {
   const auto v = parse_double(t);
   if (!v || *v < 0) fail_usage("AMSP_COMM_TIMEOUT=", t, ": expected seconds >= 0 (0: no timeout)");
   return *v;
+}
+
+void run_local_on_host(const Local& l) {
+  if (l.kind == Local::kNone || l.count == 0) return;
+  const bool s16 = l.src_dtype == DType::kBF16, d16 = l.dst_dtype == DType::kBF16;
+  if (l.src_dtype != DType::kF32 && !s16) fail("local ", dtype_name(l.src_dtype), ": fp32 or bf16 only");
+  if (l.dst_dtype != DType::kF32 && !d16) fail("local ", dtype_name(l.dst_dtype), ": fp32 or bf16 only");
+  auto src = [&](int64_t i) {
+    return s16 ? kernels::bf16_to_float(static_cast<const uint16_t*>(l.src)[i])
+               : static_cast<const float*>(l.src)[i];
+  };
+  auto dst = [&](int64_t i) {
+    return d16 ? kernels::bf16_to_float(static_cast<const uint16_t*>(l.dst)[i])
+               : static_cast<const float*>(l.dst)[i];
+  };
+  auto store = [&](int64_t i, float v) {
+    if (d16)
+      static_cast<uint16_t*>(l.dst)[i] = kernels::float_to_bf16(v);
+    else
+      static_cast<float*>(l.dst)[i] = v;
+  };
+  if (l.kind == Local::kAdd)
+    for (int64_t i = 0; i < l.count; ++i) store(i, dst(i) + src(i));
+  else
+    for (int64_t i = 0; i < l.count; ++i) store(i, src(i));
 }
 
 Communicator::Communicator() = default;

@@ -64,6 +64,7 @@ class Handle {
   // True when wait() would return at once. Never blocks.
   bool test();
   uint64_t sequence() const { return seq_; }  // 1, 2, ... per communicator; 0: none
+  Communicator* communicator() const { return comm_; }
 
  private:
   friend class Communicator;
@@ -75,6 +76,23 @@ class Handle {
   DType dtype_ = DType::kF32;
 };
 
+// Elementwise work a communicator does around an op, in its order and on its
+// own stream (the poller's thread on MPI, the communicator's CUDA stream on
+// NCCL): add sets dst = dst + src, summed in fp32 and stored in dst's dtype;
+// copy sets dst = src converted to dst's dtype (fp32 or bf16; bf16 rounds to
+// nearest even). The same arithmetic as Backend::add and Backend::copy, so
+// moving work here changes no bit. Not a collective: Stats do not count it.
+struct Local {
+  enum Kind { kNone, kAdd, kCopy } kind = kNone;
+  const void* src = nullptr;
+  DType src_dtype = DType::kF32;
+  void* dst = nullptr;
+  DType dst_dtype = DType::kF32;
+  int64_t count = 0;
+};
+// Runs a Local on host memory (the MPI backend's poller).
+void run_local_on_host(const Local& l);
+
 // What an op was asked to do; backends see it in issue().
 struct OpArgs {
   Op op = Op::kAllReduce;
@@ -83,6 +101,12 @@ struct OpArgs {
   int64_t count = 0;     // elements: per rank for all-gather / reduce-scatter, else the buffer
   int root = 0;
   DType dtype = DType::kF32;
+  // Chaining, for the stages of one gradient reduction: the op starts only once
+  // `after` (an op of another communicator of the same backend, issued
+  // earlier) has completed, without the caller waiting for it; then `before`
+  // runs, then the op, then `then`, and only then does the op count as complete.
+  Handle after;
+  Local before, then;
 };
 
 // The interface both backends implement. Accounting (comm/stats.h) and the
@@ -99,6 +123,8 @@ class Communicator {
                         DType dtype = DType::kF32);
   Handle all_reduce(void* buf, int64_t count, DType dtype = DType::kF32);
   Handle broadcast(void* buf, int64_t count, int root, DType dtype = DType::kF32);
+  // Any op, with its chaining (OpArgs).
+  Handle submit(const OpArgs& args);
 
   // Waits for everything issued so far (exposed time goes to the last op).
   void synchronize();
@@ -143,7 +169,6 @@ class Communicator {
 
  private:
   friend class Handle;
-  Handle submit(const OpArgs& args);
   void wait_for(uint64_t seq, Op op, DType dtype);
 
   mutable std::mutex stats_mu_;

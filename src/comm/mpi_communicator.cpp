@@ -136,6 +136,11 @@ class MpiCommunicator final : public Communicator {
         queue_.pop_front();
       }
       if (req_ == MPI_REQUEST_NULL) {
+        if (!current_->begun) {
+          // A chained op waits here, on the poller, for its predecessor.
+          if (!current_->args.after.test()) return {progressed, true};
+          begin(*current_);
+        }
         start(*current_);
         progressed = true;
       }
@@ -144,6 +149,7 @@ class MpiCommunicator final : public Communicator {
       if (!flag) return {progressed, true};
       progressed = true;
       if (finish_stage(*current_)) continue;  // the op's next MPI call starts at once
+      run_local_on_host(current_->args.then);
       record_completion(current_->args.op, current_->args.dtype, now_seconds() - current_->t_issue);
       {
         std::lock_guard lock(mu_);
@@ -204,8 +210,17 @@ class MpiCommunicator final : public Communicator {
     uint64_t seq = 0;
     OpArgs args;
     double t_issue = 0;
-    int stage = 0;  // MPI calls of the op completed so far
+    int stage = 0;       // MPI calls of the op completed so far
+    bool begun = false;  // its predecessor completed and its `before` ran
   };
+
+  // A chained op's time in flight counts from the moment its predecessor
+  // completed: the wait before is the predecessor's, not this op's.
+  void begin(Pending& p) {
+    p.begun = true;
+    if (p.args.after.sequence() != 0) p.t_issue = std::max(p.t_issue, now_seconds());
+    run_local_on_host(p.args.before);
+  }
 
   OpArgs stuck_args(uint64_t seq) {
     std::lock_guard lock(mu_);

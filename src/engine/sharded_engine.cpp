@@ -6,6 +6,7 @@
 
 #include "comm/traffic.h"
 #include "core/error.h"
+#include "plan/schedule.h"
 
 namespace amsp::engine {
 
@@ -14,15 +15,12 @@ using backend::View;
 using plan::GroupKind;
 
 struct ShardedEngine::Impl {
-  // A unit's gradient on its way from the full gradient to the OS-shard.
-  enum class Stage { kP, kG, kOS, kReplica, kDone };
+  // A unit's gradient reduction in flight: every stage of its chain was
+  // issued at once; `done` is the last one's handle.
   struct Reduction {
     int unit = 0;
     int slot = 0;
-    bool last_micro = false;
-    bool in_os_slot = false;  // the OS-part gradient sits in the slot's `os` buffer
-    Stage stage = Stage::kDone;
-    comm::Handle handle;
+    comm::Handle done;
   };
   // A reduction slot: the unit's full gradient and its P-, G- and OS-shard
   // parts, in the wire dtype (the parameters' dtype).
@@ -41,6 +39,7 @@ struct ShardedEngine::Impl {
   model::Llama& model;
   const std::vector<UnitShards>& shards;
   EngineOptions opt;
+  plan::StepSchedule schedule;  // what every step issues, in which order (plan/schedule.h)
   DType wire = DType::kF32;
   int U = 0;
   int64_t sp = 1, sg = 1, sos = 1, replicas = 1, replica = 0;
@@ -50,16 +49,15 @@ struct ShardedEngine::Impl {
   std::vector<State> state;
   std::vector<comm::Handle> param_update;  // gather-group all-gather rebuilding each P-shard
 
-  // Gathered units: `prefetch + 1` slots, position i of the gather order uses
-  // slot i mod (prefetch + 1).
+  // Gathered units: `prefetch + 1` buffers, gather position i of a program
+  // uses buffer i mod (prefetch + 1).
   std::vector<Buffer> gather_slots;
-  std::vector<int> gather_order;
-  std::vector<comm::Handle> gather_handles;
-  size_t gather_issued = 0;
+  std::vector<comm::Handle> gather_handles;  // per position of the running program
 
   std::vector<Slot> slots;
   std::vector<int> free_slots;
   std::deque<Reduction> pending;
+  int backward_slot = -1;  // the slot the last backward wrote its full gradient into
 
   // Host copies of the states handed out by state_views(), taken back by the
   // next step: the P-shard widened to fp32 in bf16, and everything on a
@@ -75,7 +73,7 @@ struct ShardedEngine::Impl {
   bool bf16() const { return opt.precision == DType::kBF16; }
   bool on_host() const { return be.device() == Device::kCpu; }
   // Backward writes the unit's gradient straight into its G-shard.
-  bool direct_gradients() const { return sp == 1 && sg == 1; }
+  bool direct_gradients() const { return schedule.direct_gradients; }
   comm::Communicator& comm(GroupKind kind) { return *comms[static_cast<size_t>(kind)]; }
   comm::Handle issued(comm::Handle h) {
     if (!opt.overlap) h.wait();
@@ -90,35 +88,32 @@ struct ShardedEngine::Impl {
 
   void make_communicators(PlanGroups& pg);
   void allocate();
-  void allocate_slots(int64_t max_padded);
 
   // Parameters.
-  void start_gathers(std::vector<int> order);
-  void issue_gathers_upto(size_t n);
-  View params_at(size_t i);
+  void start_program(const std::vector<plan::Action>& program);
+  void issue_gather(const plan::Action& a);
+  View params_at(const plan::Action& a);
 
-  // Gradients.
+  // Gradients: the schedule's buffers and local steps of unit u in slot s.
+  View buffer(plan::Buf b, int u, int s);
+  comm::Local local(const plan::LocalStep& l, int u, int s);
   int take_slot();
-  void start_reduction(int u, int s, bool last_micro);
-  bool advance(Reduction& r);
-  bool start_last_stages(Reduction& r);
-  bool start_replica(Reduction& r);
+  void issue_reduction(int u, int s, bool last_micro);
   void poll();
   void finish_oldest();
   void drain();
   void wait_reductions_of(int u);
 
-  // One micro-batch.
+  // Compute.
   template <typename F>
   void traced(const char* what, int u, F&& f);
-  void forward(size_t base);
-  void backward(size_t base, bool last_micro);
-  static std::vector<int> step_order(int U, int64_t micro_batches);
+  void forward(const plan::Action& a);
+  void backward(const plan::Action& a);
+  void reduce(const plan::Action& a, int64_t micro_batches);
 
   // The optimizer.
   double grad_norm();
-  void update(const std::vector<model::UnitSpec>& units, double lr, int64_t step,
-              double clip_scale);
+  void update(const model::UnitSpec& unit, int u, double lr, int64_t step, double clip_scale);
 
   // Checkpoint views.
   std::vector<ckpt::StateView> state_views();
@@ -137,6 +132,16 @@ ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vecto
   sos = plan.os.size();
   replicas = pg.mesh.group_size(GroupKind::kReplica);
   replica = pg.mesh.coords(pg.position).r;
+  plan::Workload w;
+  w.model = m.config();
+  w.precision = bf16() ? plan::Precision::kBf16 : plan::Precision::kFp32;
+  w.prefetch = opt.prefetch;
+  w.max_reductions = opt.max_reductions;
+  schedule = plan::step_schedule(w, plan, pg.mesh.shape());
+  for (int u = 0; u < U; ++u)
+    if (schedule.padded[static_cast<size_t>(u)] != sh(u).padded)
+      fail("engine: the schedule pads unit ", u, " to ", schedule.padded[static_cast<size_t>(u)],
+           " elements, its shards to ", sh(u).padded);
   make_communicators(pg);
   allocate();
 }
@@ -179,170 +184,110 @@ void ShardedEngine::Impl::allocate() {
   param_update.resize(static_cast<size_t>(U));
   if (sp > 1)
     for (int i = 0; i <= opt.prefetch; ++i) gather_slots.push_back(be.alloc(wire, max_padded));
-  allocate_slots(max_padded);
-}
-
-// Sizes of the reduction slots; the planner's memory model (plan/memory.h)
-// predicts exactly these.
-void ShardedEngine::Impl::allocate_slots(int64_t max_padded) {
-  const bool full = !direct_gradients(), p = sp > 1 && sg > sp,
-             g = sp > 1 || sg > 1 || (bf16() && (sos > sg || replicas > 1)),
-             os = sos > sg || (bf16() && replicas > 1);
+  // The reduction slots, in the sizes the schedule's stages name; the
+  // planner's memory model (plan/memory.h) predicts exactly these.
+  const plan::SlotElems& e = schedule.slot;
   for (int i = 0; i < opt.max_reductions; ++i) {
-    Slot s;
-    if (full) s.full = be.alloc(wire, max_padded);
-    if (p) s.p = be.alloc(wire, max_padded / sp);
-    if (g) s.g = be.alloc(wire, max_padded / sg);
-    if (os) s.os = be.alloc(wire, max_padded / sos);
-    slots.push_back(std::move(s));
+    slots.push_back({be.alloc(wire, e.full), be.alloc(wire, e.p), be.alloc(wire, e.g),
+                     be.alloc(wire, e.os)});
     free_slots.push_back(i);
   }
 }
 
 // --- parameters ---------------------------------------------------------------
 
-void ShardedEngine::Impl::start_gathers(std::vector<int> order) {
+void ShardedEngine::Impl::start_program(const std::vector<plan::Action>& program) {
   take_staged_state();
-  gather_order = std::move(order);
-  gather_handles.assign(gather_order.size(), comm::Handle());
-  gather_issued = 0;
+  int64_t positions = 0;
+  for (const plan::Action& a : program)
+    if (a.kind == plan::Action::kGather) positions = std::max(positions, a.pos + 1);
+  gather_handles.assign(static_cast<size_t>(positions), comm::Handle());
 }
 
-void ShardedEngine::Impl::issue_gathers_upto(size_t n) {
-  n = std::min(n, gather_order.size());
-  for (; gather_issued < n; ++gather_issued) {
-    const int u = gather_order[gather_issued];
-    param_update[static_cast<size_t>(u)].wait();  // the P-shard is final
-    const Buffer& slot = gather_slots[gather_issued % gather_slots.size()];
-    gather_handles[gather_issued] =
-        issued(comm(GroupKind::kP).all_gather(st(u).p.data(), sh(u).p.size, slot.data(), wire));
-  }
+void ShardedEngine::Impl::issue_gather(const plan::Action& a) {
+  const int u = a.unit;
+  const plan::Stage& g = schedule.gather[static_cast<size_t>(u)];
+  param_update[static_cast<size_t>(u)].wait();  // the P-shard is final
+  const Buffer& slot = gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()];
+  gather_handles[static_cast<size_t>(a.pos)] =
+      issued(comm(g.group).all_gather(st(u).p.data(), g.count, slot.data(), g.dtype));
 }
 
-// Full parameters of the unit at position i of the gather order.
-View ShardedEngine::Impl::params_at(size_t i) {
-  const int u = gather_order[i];
+// Full parameters of the unit of action a.
+View ShardedEngine::Impl::params_at(const plan::Action& a) {
+  const int u = a.unit;
   if (sp == 1) {
     param_update[static_cast<size_t>(u)].wait();
     return st(u).p.view();
   }
-  issue_gathers_upto(i + 1 + static_cast<size_t>(opt.prefetch));
-  gather_handles[i].wait();
-  return gather_slots[i % gather_slots.size()].at(0, sh(u).padded);
+  gather_handles[static_cast<size_t>(a.pos)].wait();
+  return gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()].at(0, sh(u).padded);
 }
 
 // --- gradients ------------------------------------------------------------------
 
+View ShardedEngine::Impl::buffer(plan::Buf b, int u, int s) {
+  const Slot& slot = slots[static_cast<size_t>(s)];
+  switch (b) {
+    case plan::Buf::kFull: return slot.full.at(0, sh(u).padded);
+    case plan::Buf::kSlotP: return slot.p.at(0, sh(u).p.size);
+    case plan::Buf::kSlotG: return slot.g.at(0, sh(u).g.size);
+    case plan::Buf::kSlotOS: return slot.os.at(0, sh(u).os.size);
+    case plan::Buf::kGShard: return st(u).g.view();
+    case plan::Buf::kGShardOS: return g_os(u);
+    case plan::Buf::kPShard: return st(u).p.view();
+    case plan::Buf::kPShardOS: return p_os(u);
+    default: break;
+  }
+  fail("engine: the schedule names buffer ", plan::buf_name(b), " for a reduction");
+}
+
+comm::Local ShardedEngine::Impl::local(const plan::LocalStep& l, int u, int s) {
+  if (l.kind == plan::LocalStep::kNone) return {};
+  const View src = buffer(l.src, u, s), dst = buffer(l.dst, u, s);
+  if (src.count != dst.count)
+    fail("engine: local step ", plan::buf_name(l.src), " -> ", plan::buf_name(l.dst), " of ",
+         src.count, " and ", dst.count, " elements");
+  return {l.kind == plan::LocalStep::kAdd ? comm::Local::kAdd : comm::Local::kCopy, src.data,
+          src.dtype, dst.data, dst.dtype, dst.count};
+}
+
 int ShardedEngine::Impl::take_slot() {
-  while (free_slots.empty()) finish_oldest();
+  if (free_slots.empty()) finish_oldest();
   const int s = free_slots.back();
   free_slots.pop_back();
   return s;
 }
 
-// Starts reducing unit u's gradient, computed into slot s (or, with direct
-// gradients, already in its G-shard).
-void ShardedEngine::Impl::start_reduction(int u, int s, bool last_micro) {
-  Reduction r{u, s, last_micro, false, Stage::kDone, {}};
-  Slot& slot = slots[static_cast<size_t>(s)];
-  bool done = false;
-  if (sp > 1) {
-    // With s_g == s_p the P-shard gradient lands in the G buffer (no G step).
-    const Buffer& out = sg > sp ? slot.p : slot.g;
-    r.stage = Stage::kP;
-    r.handle = issued(comm(GroupKind::kP).reduce_scatter(slot.full.data(), sh(u).p.size, out.data(), wire));
-  } else if (sg > 1) {
-    r.stage = Stage::kG;
-    r.handle = issued(comm(GroupKind::kG).reduce_scatter(slot.full.data(), sh(u).g.size, slot.g.data(), wire));
-  } else {
-    done = start_last_stages(r);
+// Issues every stage of unit u's chain for this micro-batch at once, in the
+// schedule's order: each later stage is chained to the one before on the
+// communicators, so it starts when that completes while compute goes on.
+void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro) {
+  comm::Handle last;
+  for (const plan::Stage* stage : plan::stages_for(schedule, u, last_micro)) {
+    comm::OpArgs a;
+    a.op = stage->op;
+    a.count = stage->count;
+    a.dtype = stage->dtype;
+    a.recv = buffer(stage->recv, u, s).data;
+    a.send = stage->op == comm::Op::kAllReduce ? a.recv : buffer(stage->send, u, s).data;
+    if (stage->chained) a.after = last;
+    a.before = local(stage->before, u, s);
+    a.then = local(stage->after, u, s);
+    last = issued(comm(stage->group).submit(a));
   }
-  if (done) {
+  if (last.sequence() == 0) {
     free_slots.push_back(s);
     return;
   }
-  pending.push_back(std::move(r));
+  pending.push_back({u, s, last});
 }
 
-// Moves r to its next stage; returns false when it issued a collective that
-// has to complete first.
-bool ShardedEngine::Impl::advance(Reduction& r) {
-  Slot& slot = slots[static_cast<size_t>(r.slot)];
-  const int u = r.unit;
-  switch (r.stage) {
-    case Stage::kP:
-      if (sg > sp) {
-        r.stage = Stage::kG;
-        r.handle = issued(comm(GroupKind::kG).reduce_scatter(slot.p.data(), sh(u).g.size, slot.g.data(), wire));
-        return false;
-      }
-      // P-shard and G-shard coincide: the P reduce-scatter wrote the G part.
-      be.add(st(u).g.view(), slot.g.at(0, sh(u).g.size));
-      return start_last_stages(r);
-    case Stage::kG:
-      be.add(st(u).g.view(), slot.g.at(0, sh(u).g.size));
-      return start_last_stages(r);
-    case Stage::kOS:
-      r.in_os_slot = true;
-      return start_replica(r);
-    case Stage::kReplica:
-      if (r.in_os_slot) be.copy(slot.os.at(0, sh(u).os.size), g_os(u));
-      r.stage = Stage::kDone;
-      return true;
-    case Stage::kDone:
-      return true;
-  }
-  return true;
-}
-
-// After the last micro-batch: the G-shard's OS part over the OS group, then
-// over the replica group. In bf16 the G-shard is fp32 and travels as a bf16
-// copy in the slot.
-bool ShardedEngine::Impl::start_last_stages(Reduction& r) {
-  if (!r.last_micro) {
-    r.stage = Stage::kDone;
-    return true;
-  }
-  const int u = r.unit;
-  Slot& slot = slots[static_cast<size_t>(r.slot)];
-  if (sos > sg) {
-    const void* send = st(u).g.data();
-    if (bf16()) {
-      be.copy(st(u).g.view(), slot.g.at(0, sh(u).g.size));
-      send = slot.g.data();
-    }
-    r.stage = Stage::kOS;
-    r.handle = issued(comm(GroupKind::kOS).reduce_scatter(send, sh(u).os.size, slot.os.data(), wire));
-    return false;
-  }
-  return start_replica(r);
-}
-
-bool ShardedEngine::Impl::start_replica(Reduction& r) {
-  const int u = r.unit;
-  Slot& slot = slots[static_cast<size_t>(r.slot)];
-  if (replicas > 1) {
-    if (bf16() && !r.in_os_slot) {
-      be.copy(g_os(u), slot.os.at(0, sh(u).os.size));
-      r.in_os_slot = true;
-    }
-    void* buf = r.in_os_slot ? slot.os.data() : g_os(u).data;
-    r.stage = Stage::kReplica;
-    r.handle = issued(comm(GroupKind::kReplica).all_reduce(buf, sh(u).os.size, wire));
-    return false;
-  }
-  if (r.in_os_slot) be.copy(slot.os.at(0, sh(u).os.size), g_os(u));
-  r.stage = Stage::kDone;
-  return true;
-}
-
-// Advances every reduction whose collective has completed, without blocking.
+// Retires the reductions whose last stage completed, without blocking (and
+// without issuing anything: issue points are the program's alone).
 void ShardedEngine::Impl::poll() {
   for (auto it = pending.begin(); it != pending.end();) {
-    bool done = false;
-    while (it->handle.test())
-      if ((done = advance(*it))) break;
-    if (done) {
+    if (it->done.test()) {
       free_slots.push_back(it->slot);
       it = pending.erase(it);
     } else {
@@ -353,8 +298,7 @@ void ShardedEngine::Impl::poll() {
 
 void ShardedEngine::Impl::finish_oldest() {
   Reduction& r = pending.front();
-  do r.handle.wait();
-  while (!advance(r));
+  r.done.wait();
   free_slots.push_back(r.slot);
   pending.pop_front();
 }
@@ -381,41 +325,31 @@ void ShardedEngine::Impl::traced(const char* what, int u, F&& f) {
                   comm::now_seconds());
 }
 
-void ShardedEngine::Impl::forward(size_t base) {
-  for (int u = 0; u < U; ++u) {
-    const View params = params_at(base + static_cast<size_t>(u));
-    traced("fwd", u, [&] { model.forward(u, params); });
-  }
+void ShardedEngine::Impl::forward(const plan::Action& a) {
+  const View params = params_at(a);
+  traced("fwd", a.unit, [&] { model.forward(a.unit, params); });
 }
 
-void ShardedEngine::Impl::backward(size_t base, bool last_micro) {
-  for (int u = U - 1; u >= 0; --u) {
-    // The head reuses its forward copy; the others were gathered again.
-    const size_t pos = u == U - 1 ? base + static_cast<size_t>(U - 1)
-                                  : base + static_cast<size_t>(U) + static_cast<size_t>(U - 2 - u);
-    const View params = params_at(pos);
-    wait_reductions_of(u);
-    if (direct_gradients()) {
-      traced("bwd", u, [&] { model.backward(u, params, st(u).g.view()); });
-      if (last_micro) start_reduction(u, take_slot(), true);
-    } else {
-      const int s = take_slot();
-      const View grad = slots[static_cast<size_t>(s)].full.at(0, sh(u).padded);
-      be.fill_zero(grad);
-      traced("bwd", u, [&] { model.backward(u, params, grad); });
-      start_reduction(u, s, last_micro);
-    }
-    poll();
+void ShardedEngine::Impl::backward(const plan::Action& a) {
+  const int u = a.unit;
+  const View params = params_at(a);
+  wait_reductions_of(u);
+  if (direct_gradients()) {
+    traced("bwd", u, [&] { model.backward(u, params, st(u).g.view()); });
+  } else {
+    backward_slot = take_slot();
+    const View grad = buffer(plan::Buf::kFull, u, backward_slot);
+    be.fill_zero(grad);
+    traced("bwd", u, [&] { model.backward(u, params, grad); });
   }
+  poll();
 }
 
-std::vector<int> ShardedEngine::Impl::step_order(int U, int64_t micro_batches) {
-  std::vector<int> order;
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    for (int u = 0; u < U; ++u) order.push_back(u);
-    for (int u = U - 2; u >= 0; --u) order.push_back(u);
-  }
-  return order;
+// Right after the unit's backward: its chain, in the slot backward wrote.
+void ShardedEngine::Impl::reduce(const plan::Action& a, int64_t micro_batches) {
+  const int s = direct_gradients() ? take_slot() : backward_slot;
+  backward_slot = -1;
+  issue_reduction(a.unit, s, a.micro == micro_batches - 1);
 }
 
 // --- the optimizer -------------------------------------------------------------------
@@ -432,19 +366,18 @@ double ShardedEngine::Impl::grad_norm() {
   return std::sqrt(total / static_cast<double>(replicas));
 }
 
-void ShardedEngine::Impl::update(const std::vector<model::UnitSpec>& units, double lr, int64_t step,
+void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, int64_t step,
                                  double clip_scale) {
-  for (int u = 0; u < U; ++u) {
-    const plan::Range os = sh(u).os;
-    const OsShard shard{os.begin, os.end(), master(u), g_os(u), st(u).exp_avg.view(),
-                        st(u).exp_avg_sq.view(), bf16() ? p_os(u) : View{}};
-    adamw_update_range(be, units[static_cast<size_t>(u)], shard, opt.adamw, lr, step,
-                       static_cast<float>(clip_scale));
-    // Rebuild the P-shard from the updated OS-shards; the next step waits
-    // for it only when it needs this unit.
-    if (sos > sp)
-      param_update[static_cast<size_t>(u)] = issued(comm(GroupKind::kGather).all_gather(
-          p_os(u).data, os.size, st(u).p.data(), wire));
+  const plan::Range os = sh(u).os;
+  const OsShard shard{os.begin, os.end(), master(u), g_os(u), st(u).exp_avg.view(),
+                      st(u).exp_avg_sq.view(), bf16() ? p_os(u) : View{}};
+  adamw_update_range(be, unit, shard, opt.adamw, lr, step, static_cast<float>(clip_scale));
+  // Rebuild the P-shard from the updated OS-shards; the next step waits for
+  // it only when it needs this unit.
+  if (!schedule.optimizer_gather.empty()) {
+    const plan::Stage& g = schedule.optimizer_gather[static_cast<size_t>(u)];
+    param_update[static_cast<size_t>(u)] =
+        issued(comm(g.group).all_gather(p_os(u).data, g.count, st(u).p.data(), g.dtype));
   }
 }
 
@@ -550,44 +483,63 @@ ShardedEngine::~ShardedEngine() {
 StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_scale, double lr,
                                const BatchFn& batch) {
   Impl& im = *impl_;
-  im.start_gathers(Impl::step_order(im.U, micro_batches));
+  const std::vector<plan::Action> program = plan::step_program(im.schedule, micro_batches);
+  im.start_program(program);
   for (auto& s : im.state) im.be.fill_zero(s.g.view());
   StepResult result;
-  const size_t per_micro = static_cast<size_t>(2 * im.U - 1);
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    batch(m, tokens_.data(), targets_.data());
-    model_.set_batch(tokens_.data(), targets_.data(), batch_, seq_len_, grad_scale);
-    const size_t base = static_cast<size_t>(m) * per_micro;
-    im.forward(base);
-    result.loss_sum += model_.loss_sum();
-    result.loss_count += model_.loss_count();
-    im.backward(base, m == micro_batches - 1);
+  double clip_scale = 1.0, t_update = 0;
+  for (const plan::Action& a : program) {
+    switch (a.kind) {
+      case plan::Action::kGather: im.issue_gather(a); break;
+      case plan::Action::kForward:
+        if (a.unit == 0) {
+          batch(a.micro, tokens_.data(), targets_.data());
+          model_.set_batch(tokens_.data(), targets_.data(), batch_, seq_len_, grad_scale);
+        }
+        im.forward(a);
+        if (a.unit == im.U - 1) {
+          result.loss_sum += model_.loss_sum();
+          result.loss_count += model_.loss_count();
+        }
+        break;
+      case plan::Action::kBackward: im.backward(a); break;
+      case plan::Action::kReduce: im.reduce(a, micro_batches); break;
+      case plan::Action::kNorm:
+        im.drain();
+        result.grad_norm = im.grad_norm();
+        if (im.opt.grad_clip > 0 && result.grad_norm > im.opt.grad_clip)
+          clip_scale = im.opt.grad_clip / (result.grad_norm + 1e-6);
+        t_update = comm::now_seconds();
+        break;
+      case plan::Action::kUpdate:
+        im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step, clip_scale);
+        break;
+    }
   }
-  im.drain();
-  result.grad_norm = im.grad_norm();
-  const double clip_scale = im.opt.grad_clip > 0 && result.grad_norm > im.opt.grad_clip
-                                ? im.opt.grad_clip / (result.grad_norm + 1e-6)
-                                : 1.0;
-  const double t0 = comm::now_seconds();
-  im.update(model_.units(), lr, step, clip_scale);
-  if (im.opt.trace) im.opt.trace->span("compute", "optimizer", t0, comm::now_seconds());
+  if (im.opt.trace) im.opt.trace->span("compute", "optimizer", t_update, comm::now_seconds());
   return result;
 }
 
 std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchFn& batch) {
   Impl& im = *impl_;
-  std::vector<int> order;
-  for (int64_t b = 0; b < batches; ++b)
-    for (int u = 0; u < im.U; ++u) order.push_back(u);
-  im.start_gathers(std::move(order));
+  const std::vector<plan::Action> program = plan::eval_program(im.schedule, batches);
+  im.start_program(program);
   double loss = 0;
   int64_t count = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    batch(b, tokens_.data(), targets_.data());
-    model_.set_batch(tokens_.data(), targets_.data(), batch_, seq_len_, 0.0f);
-    im.forward(static_cast<size_t>(b * im.U));
-    loss += model_.loss_sum();
-    count += model_.loss_count();
+  for (const plan::Action& a : program) {
+    if (a.kind == plan::Action::kGather) {
+      im.issue_gather(a);
+      continue;
+    }
+    if (a.unit == 0) {
+      batch(a.micro, tokens_.data(), targets_.data());
+      model_.set_batch(tokens_.data(), targets_.data(), batch_, seq_len_, 0.0f);
+    }
+    im.forward(a);
+    if (a.unit == im.U - 1) {
+      loss += model_.loss_sum();
+      count += model_.loss_count();
+    }
   }
   return {loss, count};
 }

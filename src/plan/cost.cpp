@@ -10,18 +10,6 @@ namespace amsp::plan {
 
 using comm::Op;
 
-const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::kForwardGather: return "forward gather";
-    case Phase::kBackwardGather: return "backward gather";
-    case Phase::kBackwardReduce: return "backward reduce";
-    case Phase::kLastReduce: return "last micro-batch reduce";
-    case Phase::kGradNorm: return "gradient norm";
-    case Phase::kOptimizerGather: return "optimizer gather";
-  }
-  return "?";
-}
-
 int64_t micro_batches_per_step(int64_t global_batch_tokens, const Workload& w, int64_t world) {
   const int64_t per = w.tokens_per_micro_batch() * world;
   if (global_batch_tokens < per || global_batch_tokens % per != 0)
@@ -91,85 +79,50 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
                                          const MeshShape& shape, int64_t micro_batches,
                                          const Schedule& schedule, int64_t nodes_per_switch) {
   const Mesh mesh(plan, shape);
-  // Parameters and gradients travel in the compute dtype, bP bytes: in bf16
-  // the gradient reductions send bf16 although the G-shard accumulates in fp32.
-  const int64_t wire = state_bytes(w.precision).p;
-  const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
+  const StepSchedule steps = step_schedule(w, plan, shape);
   int64_t nodes[5], switches[5];
   for (GroupKind k : kAllGroups) {
     nodes[static_cast<int>(k)] = mesh.group_nodes(k);
     switches[static_cast<int>(k)] = group_switches(mesh, k, nodes_per_switch);
   }
+  const int64_t M = micro_batches;
 
   std::vector<Collective> list;
-  auto issue = [&](Phase phase, int unit, Op op, GroupKind group, int64_t count, int64_t elem,
-                   int64_t per_step, bool chained = false) {
+  auto issue = [&](const Stage& s, Phase phase) {
     Collective c;
-    c.chained = chained;
     c.phase = phase;
-    c.unit = unit;
-    c.op = op;
-    c.group = group;
-    c.group_size = mesh.group_size(group);
-    c.group_nodes = nodes[static_cast<int>(group)];
-    c.count = count;
-    c.elem_bytes = elem;
-    c.per_step = per_step;
-    const int64_t bucket = op == Op::kAllGather ? schedule.gather_bucket : schedule.reduce_bucket;
-    c.buckets = bucket > 0 ? ceil_div(bench_elements(c), bucket) : 1;
-    c.switches = switches[static_cast<int>(group)];
+    c.unit = s.unit;
+    c.op = s.op;
+    c.group = s.group;
+    c.count = s.count;
+    c.elem_bytes = dtype_bytes(s.dtype);
+    c.chained = s.chained;
+    c.per_step = s.runs == Runs::kEveryMicroBatch ? M : 1;
+    if (phase == Phase::kGradNorm) {
+      c.group_size = shape.world();
+      c.group_nodes = shape.nodes;
+      c.switches = nodes_per_switch > 0 ? ceil_div(shape.nodes, nodes_per_switch) : 1;
+    } else {
+      c.group_size = mesh.group_size(s.group);
+      c.group_nodes = nodes[static_cast<int>(s.group)];
+      c.switches = switches[static_cast<int>(s.group)];
+      const int64_t bucket = c.op == Op::kAllGather ? schedule.gather_bucket : schedule.reduce_bucket;
+      c.buckets = bucket > 0 ? ceil_div(bench_elements(c), bucket) : 1;
+    }
     account(c, shape);
     list.push_back(c);
   };
 
-  const std::vector<int64_t> numels = unit_numels(w.model);
-  const int U = static_cast<int>(numels.size());
-  std::vector<int64_t> phi(numels.size());
-  for (size_t u = 0; u < numels.size(); ++u) phi[u] = padded_numel(numels[u], sos);
-  const int64_t M = micro_batches;
-
-  if (sp > 1)
-    for (int u = 0; u < U; ++u)
-      issue(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, wire, M);
+  const int U = steps.units;
+  for (const Stage& g : steps.gather) issue(g, Phase::kForwardGather);
   for (int u = U - 1; u >= 0; --u) {
     // The head's gathered copy from forward is reused by its backward.
-    if (sp > 1 && u != U - 1)
-      issue(Phase::kBackwardGather, u, Op::kAllGather, GroupKind::kP, phi[u] / sp, wire, M);
-    // A unit's reduction stages in order; every stage after the first is chained.
-    bool staged = false;
-    if (sp > 1) {
-      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kP, phi[u] / sp, wire, M);
-      staged = true;
-    }
-    if (sg > sp) {
-      issue(Phase::kBackwardReduce, u, Op::kReduceScatter, GroupKind::kG, phi[u] / sg, wire, M, staged);
-      staged = true;
-    }
-    if (sos > sg) {
-      issue(Phase::kLastReduce, u, Op::kReduceScatter, GroupKind::kOS, phi[u] / sos, wire, 1, staged);
-      staged = true;
-    }
-    if (d / sos > 1)
-      issue(Phase::kLastReduce, u, Op::kAllReduce, GroupKind::kReplica, phi[u] / sos, wire, 1, staged);
+    if (!steps.gather.empty() && u != U - 1)
+      issue(steps.gather[static_cast<size_t>(u)], Phase::kBackwardGather);
+    for (const Stage& s : steps.reduction[static_cast<size_t>(u)]) issue(s, s.phase);
   }
-  if (d > 1) {
-    // The squared norm, summed in fp64 over one replica: every rank takes part
-    // (ranks of other replicas contribute zero), so the group is the world.
-    Collective c;
-    c.phase = Phase::kGradNorm;
-    c.op = Op::kAllReduce;
-    c.group = GroupKind::kReplica;  // reported as "world"
-    c.group_size = d;
-    c.group_nodes = shape.nodes;
-    c.count = 1;
-    c.elem_bytes = 8;
-    c.switches = nodes_per_switch > 0 ? ceil_div(shape.nodes, nodes_per_switch) : 1;
-    account(c, shape);
-    list.push_back(c);
-  }
-  if (sos > sp)
-    for (int u = 0; u < U; ++u)
-      issue(Phase::kOptimizerGather, u, Op::kAllGather, GroupKind::kGather, phi[u] / sos, wire, 1);
+  for (const Stage& n : steps.norm) issue(n, Phase::kGradNorm);
+  for (const Stage& g : steps.optimizer_gather) issue(g, Phase::kOptimizerGather);
   return list;
 }
 
@@ -297,14 +250,13 @@ UnitTimes unit_times(const Workload& w, const Compute& compute) {
 struct PhaseTimes {
   std::vector<double> fg, bg, br, lr, og;  // forward gather .. optimizer gather
   double norm = 0;
-  double chained = 0, chained_last = 0;    // chained stages: every micro-batch, the last only
 };
 
 // Sorts the timed collectives into PhaseTimes and adds their totals (time,
 // bytes per rank and per node) to `s`.
 PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s) {
   PhaseTimes p{std::vector<double>(units), std::vector<double>(units), std::vector<double>(units),
-               std::vector<double>(units), std::vector<double>(units), 0, 0, 0};
+               std::vector<double>(units), std::vector<double>(units), 0};
   for (const Collective& c : timed) {
     const double t = c.seconds;
     s.comm_s += static_cast<double>(c.per_step) * t;
@@ -313,10 +265,6 @@ PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s
     s.node.nic_sent += c.per_step * c.node.nic_sent;
     s.node.nic_received += c.per_step * c.node.nic_received;
     s.node.intra += c.per_step * c.node.intra;
-    if (c.chained) {
-      (c.phase == Phase::kLastReduce ? p.chained_last : p.chained) += t;
-      continue;
-    }
     switch (c.phase) {
       case Phase::kForwardGather: p.fg[c.unit] += t; break;
       case Phase::kBackwardGather: p.bg[c.unit] += t; break;
@@ -347,15 +295,16 @@ double exposed_micro_batch(const UnitTimes& c, const PhaseTimes& p, bool first, 
     e += over(comm, c.forward[u]);
   }
   // Backward, head first: unit u's backward hides the gather of unit u-1
-  // and the reductions of unit u+1 (issued when its backward finished).
+  // and the reductions of unit u+1 (issued when its backward finished; the
+  // chained stages start as their predecessors complete, on the
+  // communicators, while compute goes on).
   for (int u = U - 1; u >= 0; --u) {
     double comm = u > 0 ? p.bg[u - 1] : 0;
     if (u + 1 < U) comm += p.br[u + 1] + (last ? p.lr[u + 1] : 0);
     e += over(comm, c.backward[u]);
   }
-  // Then the embedding's reductions and the norm, with nothing to hide behind;
-  // and the chained stages, each waited for as soon as it is issued.
-  return e + p.br[0] + (last ? p.lr[0] + p.norm : 0) + p.chained + (last ? p.chained_last : 0);
+  // Then the embedding's reductions and the norm, with nothing to hide behind.
+  return e + p.br[0] + (last ? p.lr[0] + p.norm : 0);
 }
 
 }  // namespace

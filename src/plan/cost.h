@@ -1,9 +1,9 @@
 // The cost model: the collectives one optimizer step issues for a shard plan,
 // their bytes and times, the compute they can hide behind, and the step time.
 //
-// The list is the contract with the sharding engine (doc/planner.md, "The
-// schedule"): the engine issues exactly these collectives, and Stats must
-// account exactly these bytes.
+// The list is the step's schedule (plan/schedule.h) as the cost model sees
+// it: the engine issues exactly these collectives, and Stats must account
+// exactly these bytes.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "plan/bandwidth.h"
 #include "plan/memory.h"
 #include "plan/mesh.h"
+#include "plan/schedule.h"
 
 namespace amsp::plan {
 
@@ -33,15 +34,6 @@ struct Schedule {
   int64_t reduce_bucket = 0;  // elements per reduce-scatter / all-reduce call; 0 = one per unit
 };
 
-enum class Phase {
-  kForwardGather,    // every micro-batch: P all-gather before a unit's forward
-  kBackwardGather,   // every micro-batch: P all-gather again before backward (not the head)
-  kBackwardReduce,   // every micro-batch: P reduce-scatter, then G reduce-scatter
-  kLastReduce,       // last micro-batch: OS reduce-scatter, replica all-reduce
-  kGradNorm,         // once: all-reduce of the squared norm (fp64) over the world
-  kOptimizerGather,  // once, after AdamW: gather-group all-gather of the OS-shards
-};
-const char* phase_name(Phase phase);
 
 struct Collective {
   Phase phase = Phase::kForwardGather;
@@ -55,9 +47,8 @@ struct Collective {
   int64_t calls = 1;        // calls per occurrence (the paper's broadcasts: one per root)
   int64_t buckets = 1;      // each call split into this many (a bucketed schedule)
   // A later stage of a unit's gradient reduction (G after P; OS and replica
-  // after an earlier stage): the engine issues it when it retires the stage
-  // before and waits for it at once (ShardedEngine's finish_oldest), so no
-  // compute runs beside it.
+  // after an earlier stage): its communicator starts it when the stage before
+  // completes, while compute goes on (plan/schedule.h, Stage::chained).
   bool chained = false;
   int64_t per_step = 1;     // occurrences per step: M for per-micro-batch phases, else 1
   int64_t groups_per_node = 1;  // groups of this kind with members on one node: R / p0

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/parse.h"
 #include "model/layout.h"
+#include "plan/schedule.h"
 
 namespace amsp::plan {
 
@@ -79,9 +80,7 @@ int64_t activation_bytes(const Workload& w) {
 
 MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_t world) {
   const StateBytes b = state_bytes(w.precision);
-  const bool bf16 = w.precision == Precision::kBf16;
   const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size();
-  const int64_t replica = world / sos;  // the replica group: d / s_os (plan/mesh.h)
   MemoryBreakdown m;
   int64_t largest = 0;  // max Φu
   for (int64_t numel : unit_numels(w.model)) {
@@ -100,24 +99,10 @@ MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_
   // all-gathers over the P group are in flight, each a full unit.
   if (sp > 1) m.gathered = (w.prefetch + 1) * largest * b.p;
   // Reduction slots: `max_reductions` reductions can be outstanding, each
-  // holding its unit's gradient on the way from backward to the G-shard:
-  //   full  the unit's full gradient as backward computes it, unless the
-  //         G-shard is the whole unit (s_p = s_g = 1) and backward adds into it;
-  //   p     its P-shard part, the P reduce-scatter's output, when a G
-  //         reduce-scatter still has to shrink it (s_p > 1, s_g > s_p);
-  //   g     its G-shard part, the last backward reduce-scatter's output before
-  //         it is added into the G-shard accumulator (s_p > 1 or s_g > 1). In
-  //         bf16 the accumulator is fp32 and gradients travel as bf16, so the
-  //         last micro-batch's OS reduce-scatter (s_os > s_g) or replica
-  //         all-reduce (d/s_os > 1) sends a bf16 copy of it, made here;
-  //   os    its OS-shard part: the OS reduce-scatter's output (s_os > s_g),
-  //         which the replica all-reduce then sums in place; in bf16 the
-  //         replica all-reduce needs this bf16 buffer even when s_os = s_g.
-  const int64_t full = (sp == 1 && sg == 1) ? 0 : largest;
-  const int64_t p = (sp > 1 && sg > sp) ? largest / sp : 0;
-  const int64_t g = (sp > 1 || sg > 1 || (bf16 && (sos > sg || replica > 1))) ? largest / sg : 0;
-  const int64_t os = (sos > sg || (bf16 && replica > 1)) ? largest / sos : 0;
-  m.buckets = w.max_reductions * (full + p + g + os) * b.p;
+  // holding its unit's gradient on the way from backward to the OS-shard in
+  // the slot buffers its stages name (plan/schedule.h: full, p, g, os).
+  // The slot sizes depend on the plan's sizes and the world's only.
+  m.buckets = w.max_reductions * step_schedule(w, plan, MeshShape{world, 1}).slot.total() * b.p;
   return m;
 }
 

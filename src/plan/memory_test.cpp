@@ -97,8 +97,8 @@ TEST(Memory, TemporariesByHand) {
   };
   const Case cases[] = {
       // ddp, R = 4: fp32 all-reduces the G-shard in place, nothing; bf16
-      // needs g = 246 (the bf16 copy) and os = 246 (the all-reduce's buffer).
-      {"ddp", 0, 2 * (246 + 246) * 2, 0, 0},
+      // needs os = 246, the bf16 copy the all-reduce sums in place.
+      {"ddp", 0, 2 * 246 * 2, 0, 0},
       // zero1, R = 1: os = 62 (the OS reduce-scatter's output); bf16 adds
       // g = 248, the bf16 copy of the fp32 accumulator it scatters.
       {"zero1", 0, 2 * (248 + 62) * 2, 0, 2 * 62 * 4},

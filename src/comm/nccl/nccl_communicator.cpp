@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/mpi_check.h"
 #include "gpu/check.h"
+#include "kernels/cuda/ops.h"
 
 namespace amsp::comm {
 namespace {
@@ -54,10 +55,43 @@ cudaEvent_t NcclCommunicator::take_event() {
   return e;
 }
 
+// A Local on this communicator's stream, with its accesses recorded for the
+// emulation's happens-before checker.
+void NcclCommunicator::run_local(const Local& l) {
+  if (l.kind == Local::kNone || l.count == 0) return;
+  namespace kc = kernels::cuda;
+  using bf = uint16_t;
+  const bool s16 = l.src_dtype == DType::kBF16, d16 = l.dst_dtype == DType::kBF16;
+  AMSP_HB_ACCESS(stream_, l.src, static_cast<size_t>(l.count * dtype_bytes(l.src_dtype)), false);
+  AMSP_HB_ACCESS(stream_, l.dst, static_cast<size_t>(l.count * dtype_bytes(l.dst_dtype)), true);
+  const auto* sf = static_cast<const float*>(l.src);
+  const auto* sb = static_cast<const bf*>(l.src);
+  auto* df = static_cast<float*>(l.dst);
+  auto* db = static_cast<bf*>(l.dst);
+  if (l.kind == Local::kAdd) {
+    if (!d16) s16 ? kc::add(df, sb, l.count, stream_) : kc::add(df, sf, l.count, stream_);
+    else s16 ? kc::add(db, sb, l.count, stream_) : kc::add(db, sf, l.count, stream_);
+  } else if (s16 == d16) {
+    AMSP_CUDA_CHECK(cudaMemcpyAsync(l.dst, l.src, static_cast<size_t>(l.count * dtype_bytes(l.dst_dtype)),
+                                    cudaMemcpyDeviceToDevice, stream_));
+  } else if (d16) {
+    kc::to_bf16(sf, db, l.count, stream_);
+  } else {
+    kc::to_f32(sb, df, l.count, stream_);
+  }
+}
+
 uint64_t NcclCommunicator::issue(const OpArgs& a) {
-  // Order after the compute issued so far, on the GPU.
+  // Order after the compute issued so far, on the GPU; a chained op also
+  // after its predecessor on another communicator's stream, on the GPU too.
   AMSP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
   AMSP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  if (a.after.sequence() != 0) {
+    auto* before = dynamic_cast<NcclCommunicator*>(a.after.communicator());
+    if (!before) abort_job(cat(op_name(a.op), " on group ", name(), ": chained after an op of a non-NCCL communicator"));
+    before->stream_wait(a.after, stream_);
+  }
+  run_local(a.before);
   InFlight f{next_seq_++, a, take_event(), take_event()};
   last_op_ = a.op;
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
@@ -81,6 +115,7 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
       break;
   }
   if (rc != ncclSuccess && rc != ncclInProgress) fail_op(cat("issuing ", op_name(a.op), " #", f.seq), rc);
+  run_local(a.then);
   AMSP_CUDA_CHECK(cudaEventRecord(f.end, stream_));
   in_flight_.push_back(f);
   return f.seq;

@@ -60,6 +60,7 @@ class NcclCommunicator final : public Communicator {
   ncclResult_t async_error();  // ncclCommGetAsyncError; ncclInProgress counts as success
   [[noreturn]] void fail_op(const std::string& what, ncclResult_t rc);
   cudaEvent_t take_event();
+  void run_local(const Local& l);
 
   Group group_;
   cudaStream_t compute_ = nullptr;

@@ -1,0 +1,316 @@
+#include "plan/schedule.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace amsp::plan {
+
+using comm::Op;
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kForwardGather: return "forward gather";
+    case Phase::kBackwardGather: return "backward gather";
+    case Phase::kBackwardReduce: return "backward reduce";
+    case Phase::kLastReduce: return "last micro-batch reduce";
+    case Phase::kGradNorm: return "gradient norm";
+    case Phase::kOptimizerGather: return "optimizer gather";
+  }
+  return "?";
+}
+
+const char* buf_name(Buf b) {
+  switch (b) {
+    case Buf::kNone: return "-";
+    case Buf::kFull: return "slot.full";
+    case Buf::kSlotP: return "slot.p";
+    case Buf::kSlotG: return "slot.g";
+    case Buf::kSlotOS: return "slot.os";
+    case Buf::kGShard: return "G-shard";
+    case Buf::kGShardOS: return "G-shard[OS]";
+    case Buf::kPShard: return "P-shard";
+    case Buf::kPShardOS: return "P-shard[OS]";
+    case Buf::kGathered: return "gathered";
+    case Buf::kNorm: return "norm";
+  }
+  return "?";
+}
+
+namespace {
+
+// A unit's reduction chain: its gradient from the full gradient backward
+// wrote (or the G-shard it added into) to the OS-shard, one stage per group
+// it must be summed over. Each stage after the first is chained to the one
+// before; the local work moves the gradient between the wire dtype and the
+// fp32 G-shard.
+std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t sp, int64_t sg, int64_t sos,
+                                   int64_t replicas, DType wire) {
+  const bool bf16 = wire == DType::kBF16, direct = sp == 1 && sg == 1;
+  std::vector<Stage> c;
+  auto add = [&](Phase phase, Op op, GroupKind group, int64_t count, Buf send, Buf recv,
+                 Runs runs) -> Stage& {
+    Stage s;
+    s.phase = phase;
+    s.unit = u;
+    s.op = op;
+    s.group = group;
+    s.count = count;
+    s.dtype = wire;
+    s.send = send;
+    s.recv = recv;
+    s.runs = runs;
+    s.chained = !c.empty();
+    c.push_back(s);
+    return c.back();
+  };
+  // Every micro-batch: the full gradient over P, then its P part over G; the
+  // G part is added into the G-shard.
+  if (sp > 1)
+    add(Phase::kBackwardReduce, Op::kReduceScatter, GroupKind::kP, phi / sp, Buf::kFull,
+        sg > sp ? Buf::kSlotP : Buf::kSlotG, Runs::kEveryMicroBatch);
+  if (sg > sp)
+    add(Phase::kBackwardReduce, Op::kReduceScatter, GroupKind::kG, phi / sg,
+        sp > 1 ? Buf::kSlotP : Buf::kFull, Buf::kSlotG, Runs::kEveryMicroBatch);
+  if (!direct) c.back().after = {LocalStep::kAdd, Buf::kSlotG, Buf::kGShard};
+  // The last micro-batch: the G-shard over OS, then its OS part over the
+  // replicas. In bf16 the fp32 G-shard travels as a bf16 copy in the slot.
+  bool in_os_slot = false;
+  if (sos > sg) {
+    Stage& s = add(Phase::kLastReduce, Op::kReduceScatter, GroupKind::kOS, phi / sos,
+                   bf16 ? Buf::kSlotG : Buf::kGShard, Buf::kSlotOS, Runs::kLastMicroBatch);
+    if (bf16) s.before = {LocalStep::kCopy, Buf::kGShard, Buf::kSlotG};
+    in_os_slot = true;
+  }
+  if (replicas > 1) {
+    const bool slot = in_os_slot || bf16;
+    Stage& s = add(Phase::kLastReduce, Op::kAllReduce, GroupKind::kReplica, phi / sos, Buf::kNone,
+                   slot ? Buf::kSlotOS : Buf::kGShardOS, Runs::kLastMicroBatch);
+    if (slot && !in_os_slot) s.before = {LocalStep::kCopy, Buf::kGShardOS, Buf::kSlotOS};
+    in_os_slot = slot;
+  }
+  if (in_os_slot) c.back().after = {LocalStep::kCopy, Buf::kSlotOS, Buf::kGShardOS};
+  return c;
+}
+
+Stage gather_stage(Phase phase, int u, GroupKind group, int64_t count, Buf send, Buf recv,
+                   Runs runs, DType wire) {
+  Stage s;
+  s.phase = phase;
+  s.unit = u;
+  s.op = Op::kAllGather;
+  s.group = group;
+  s.count = count;
+  s.dtype = wire;
+  s.send = send;
+  s.recv = recv;
+  s.runs = runs;
+  return s;
+}
+
+// Elements of slot buffer b for a unit of phi elements (0: not a slot buffer).
+int64_t slot_elems(Buf b, int64_t phi, int64_t sp, int64_t sg, int64_t sos) {
+  switch (b) {
+    case Buf::kFull: return phi;
+    case Buf::kSlotP: return phi / sp;
+    case Buf::kSlotG: return phi / sg;
+    case Buf::kSlotOS: return phi / sos;
+    default: return 0;
+  }
+}
+
+SlotElems slot_sizes(const std::vector<std::vector<Stage>>& chains, int64_t largest, int64_t sp,
+                     int64_t sg, int64_t sos) {
+  SlotElems e;
+  auto use = [&](Buf b) {
+    const int64_t n = slot_elems(b, largest, sp, sg, sos);
+    if (b == Buf::kFull) e.full = n;
+    if (b == Buf::kSlotP) e.p = n;
+    if (b == Buf::kSlotG) e.g = n;
+    if (b == Buf::kSlotOS) e.os = n;
+  };
+  for (const auto& chain : chains)
+    for (const Stage& s : chain)
+      for (Buf b : {s.send, s.recv, s.before.src, s.before.dst, s.after.src, s.after.dst}) use(b);
+  return e;
+}
+
+}  // namespace
+
+bool StepSchedule::reduces(int unit, bool last_micro) const {
+  for (const Stage& s : reduction[static_cast<size_t>(unit)])
+    if (last_micro || s.runs == Runs::kEveryMicroBatch) return true;
+  return false;
+}
+
+StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshShape& shape) {
+  const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
+  StepSchedule s;
+  s.wire = w.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  s.prefetch = w.prefetch;
+  s.direct_gradients = sp == 1 && sg == 1;
+  for (int64_t numel : unit_numels(w.model)) s.padded.push_back(padded_numel(numel, sos));
+  s.units = static_cast<int>(s.padded.size());
+  int64_t largest = 0;
+  for (int u = 0; u < s.units; ++u) {
+    const int64_t phi = s.padded[static_cast<size_t>(u)];
+    largest = std::max(largest, phi);
+    if (sp > 1)
+      s.gather.push_back(gather_stage(Phase::kForwardGather, u, GroupKind::kP, phi / sp,
+                                      Buf::kPShard, Buf::kGathered, Runs::kEveryMicroBatch, s.wire));
+    s.reduction.push_back(reduction_chain(u, phi, sp, sg, sos, d / sos, s.wire));
+    if (sos > sp)
+      s.optimizer_gather.push_back(gather_stage(Phase::kOptimizerGather, u, GroupKind::kGather,
+                                                phi / sos, Buf::kPShardOS, Buf::kPShard, Runs::kOnce,
+                                                s.wire));
+  }
+  if (d > 1) {
+    // The squared norm, summed in fp64 over one replica: every rank takes part
+    // (ranks of other replicas contribute zero), so the group is the world.
+    Stage n;
+    n.phase = Phase::kGradNorm;
+    n.op = Op::kAllReduce;
+    n.group = GroupKind::kReplica;
+    n.count = 1;
+    n.dtype = DType::kF64;
+    n.recv = Buf::kNorm;
+    n.runs = Runs::kOnce;
+    s.norm.push_back(n);
+  }
+  s.slot = slot_sizes(s.reduction, largest, sp, sg, sos);
+  return s;
+}
+
+std::vector<const Stage*> stages_for(const StepSchedule& s, int unit, bool last_micro) {
+  std::vector<const Stage*> out;
+  for (const Stage& st : s.reduction[static_cast<size_t>(unit)])
+    if (last_micro || st.runs == Runs::kEveryMicroBatch) out.push_back(&st);
+  return out;
+}
+
+std::vector<Action> step_program(const StepSchedule& s, int64_t M) {
+  const int U = s.units;
+  const int64_t per_micro = 2 * U - 1;
+  // Gather positions: per micro-batch, forward units 0..U-1, then backward
+  // U-2..0 (the head's backward reuses its forward copy).
+  auto unit_at = [&](int64_t pos) {
+    const int64_t i = pos % per_micro;
+    return static_cast<int>(i < U ? i : 2 * (U - 1) - i);
+  };
+  const int64_t total = M * per_micro;
+  std::vector<Action> out;
+  int64_t issued = 0;
+  // Before computing position pos, the gathers of the next `prefetch` are issued.
+  auto gathers_upto = [&](int64_t n) {
+    if (s.gather.empty()) return;
+    for (n = std::min(n, total); issued < n; ++issued)
+      out.push_back({Action::kGather, unit_at(issued), issued / per_micro, issued});
+  };
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t base = m * per_micro;
+    for (int u = 0; u < U; ++u) {
+      gathers_upto(base + u + 1 + s.prefetch);
+      out.push_back({Action::kForward, u, m, base + u});
+    }
+    for (int u = U - 1; u >= 0; --u) {
+      const int64_t pos = u == U - 1 ? base + U - 1 : base + U + (U - 2 - u);
+      gathers_upto(pos + 1 + s.prefetch);
+      out.push_back({Action::kBackward, u, m, pos});
+      if (s.reduces(u, m == M - 1)) out.push_back({Action::kReduce, u, m, pos});
+    }
+  }
+  out.push_back({Action::kNorm, -1, M - 1, 0});
+  for (int u = 0; u < U; ++u) out.push_back({Action::kUpdate, u, M - 1, 0});
+  return out;
+}
+
+std::vector<Action> eval_program(const StepSchedule& s, int64_t batches) {
+  std::vector<Action> out;
+  const int U = s.units;
+  const int64_t total = batches * U;
+  int64_t issued = 0;
+  for (int64_t pos = 0; pos < total; ++pos) {
+    if (!s.gather.empty())
+      for (; issued < std::min(total, pos + 1 + s.prefetch); ++issued)
+        out.push_back({Action::kGather, static_cast<int>(issued % U), issued / U, issued});
+    out.push_back({Action::kForward, static_cast<int>(pos % U), pos / U, pos});
+  }
+  return out;
+}
+
+namespace {
+Issue issue_of(const Stage& s) {
+  return {s.phase == Phase::kGradNorm ? "world" : group_name(s.group), s.op, s.count};
+}
+}  // namespace
+
+std::vector<Issue> issue_sequence(const StepSchedule& s, int64_t M) {
+  std::vector<Issue> out;
+  for (const Action& a : step_program(s, M)) {
+    switch (a.kind) {
+      case Action::kGather: out.push_back(issue_of(s.gather[static_cast<size_t>(a.unit)])); break;
+      case Action::kReduce:
+        for (const Stage* st : stages_for(s, a.unit, a.micro == M - 1)) out.push_back(issue_of(*st));
+        break;
+      case Action::kNorm:
+        if (!s.norm.empty()) out.push_back(issue_of(s.norm.front()));
+        break;
+      case Action::kUpdate:
+        if (!s.optimizer_gather.empty())
+          out.push_back(issue_of(s.optimizer_gather[static_cast<size_t>(a.unit)]));
+        break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+std::string format_issue(const Issue& i) {
+  return cat(i.group, " ", comm::op_name(i.op), " ", i.count);
+}
+
+namespace {
+
+std::string local_text(const char* when, const LocalStep& l) {
+  if (l.kind == LocalStep::kNone) return "";
+  return cat("; ", when, " ", buf_name(l.dst), l.kind == LocalStep::kAdd ? " += " : " = ",
+             buf_name(l.src));
+}
+
+std::string stage_line(const Stage& s) {
+  const char* runs = s.runs == Runs::kEveryMicroBatch ? "every micro-batch"
+                     : s.runs == Runs::kLastMicroBatch ? "last micro-batch"
+                                                       : "once";
+  std::string io = s.op == Op::kAllReduce ? cat(buf_name(s.recv), " in place")
+                                          : cat(buf_name(s.send), " -> ", buf_name(s.recv));
+  return cat(s.phase == Phase::kGradNorm ? "world" : group_name(s.group), " ",
+             comm::op_name(s.op), " ", s.count, " ", dtype_name(s.dtype), ", ", io, ", ", runs,
+             s.chained ? ", chained after the stage above" : "", local_text("before:", s.before),
+             local_text("then:", s.after));
+}
+
+}  // namespace
+
+std::string format_schedule(const StepSchedule& s, int64_t M) {
+  std::ostringstream out;
+  out << "Schedule: " << s.units << " units, " << M << " micro-batch" << (M == 1 ? "" : "es")
+      << ", wire " << dtype_name(s.wire) << ", prefetch " << s.prefetch
+      << (s.direct_gradients ? ", backward adds into the G-shard" : "") << "\n";
+  out << "Reduction slot (elements): full " << s.slot.full << ", p " << s.slot.p << ", g "
+      << s.slot.g << ", os " << s.slot.os << "\n";
+  for (int u = s.units - 1; u >= 0; --u) {
+    const size_t k = static_cast<size_t>(u);
+    out << "unit " << u << ":\n";
+    if (!s.gather.empty()) out << "  " << stage_line(s.gather[k]) << "\n";
+    for (const Stage& st : s.reduction[k]) out << "  " << stage_line(st) << "\n";
+    if (!s.optimizer_gather.empty()) out << "  " << stage_line(s.optimizer_gather[k]) << "\n";
+  }
+  if (!s.norm.empty()) out << "step: " << stage_line(s.norm.front()) << "\n";
+  out << "Issue order, the same on every rank:\n";
+  int64_t i = 0;
+  for (const Issue& x : issue_sequence(s, M)) out << "  " << ++i << ". " << format_issue(x) << "\n";
+  return out.str();
+}
+
+}  // namespace amsp::plan
