@@ -37,6 +37,15 @@ set_tests_properties(engine_equivalence_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 600 SKIP_RETURN_CODE 77
   PROCESSORS 8 RESOURCE_LOCK local_slurm)
 
+# The one issue order: every case of the equivalence set on 4 and 8 ranks (fp32 and bf16),
+# 2 steps with each rank's communication thread slowed at random; every rank's log of
+# issued collectives must be the same and be the schedule's order (about 60 s).
+add_test(NAME engine_issue_order
+  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/issue_order_test.py --amsp $<TARGET_FILE:amsp>
+          --data ${AMSP_CORPUS} --work ${AMSP_TEST_WORK}/issue_order --mpiexec ${MPIEXEC_EXECUTABLE})
+set_tests_properties(engine_issue_order PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300
+  PROCESSORS 8)
+
 # What the engine hands to MPI, counted by MPI's profiling interface (a preloaded
 # library, validation/engine/mpi_count.c) rather than by amsp's own accounting,
 # against the planner's prediction and hand-written formulas (doc/engine-tests.md).

@@ -1,0 +1,180 @@
+#include "plan/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "plan/cost.h"
+#include "plan/search.h"
+#include "core/error.h"
+
+namespace amsp::plan {
+namespace {
+
+using comm::Op;
+
+Workload odd_workload(Precision precision) {
+  Workload w;
+  w.model.hidden_size = 6;
+  w.model.intermediate_size = 5;
+  w.model.num_hidden_layers = 2;
+  w.model.num_attention_heads = 3;
+  w.model.num_key_value_heads = 3;
+  w.model.vocab_size = 7;
+  w.model.max_position_embeddings = 16;
+  w.seq_len = 4;
+  w.precision = precision;
+  return w;
+}
+
+const MeshShape k2x2{/*ranks_per_node=*/2, /*nodes=*/2};
+
+// A stage in brief: "group op count send>recv [chained] [before] [then]".
+std::string brief(const Stage& s) {
+  std::string t = cat(group_name(s.group), " ", comm::op_name(s.op), " ", s.count, " ",
+                      buf_name(s.send), ">", buf_name(s.recv),
+                      s.runs == Runs::kLastMicroBatch ? " last" : "", s.chained ? " chained" : "");
+  auto local = [&](const char* when, const LocalStep& l) {
+    if (l.kind != LocalStep::kNone)
+      t += cat(" ", when, ":", buf_name(l.dst), l.kind == LocalStep::kAdd ? "+=" : "=", buf_name(l.src));
+  };
+  local("before", s.before);
+  local("then", s.after);
+  return t;
+}
+
+std::vector<std::string> chain(const char* plan, Precision precision, int unit) {
+  const StepSchedule s = step_schedule(odd_workload(precision), parse_shard_plan(plan, k2x2), k2x2);
+  std::vector<std::string> out;
+  for (const Stage& st : s.reduction[static_cast<size_t>(unit)]) out.push_back(brief(st));
+  return out;
+}
+
+// The head (unit 3) of the odd model: the final norm (6) and the output layer (7 x 6), 48
+// elements, which every plan on 4 ranks splits evenly.
+TEST(Schedule, ReductionChainsByHand) {
+  using V = std::vector<std::string>;
+  // zero1: backward adds into the whole G-shard; the last micro-batch scatters it
+  // over OS (48 / 4 = 12), in bf16 through a bf16 copy in the slot.
+  EXPECT_EQ(chain("zero1", Precision::kFp32, 3),
+            (V{"OS reduce_scatter 12 G-shard>slot.os last then:G-shard[OS]=slot.os"}));
+  EXPECT_EQ(chain("zero1", Precision::kBf16, 3),
+            (V{"OS reduce_scatter 12 slot.g>slot.os last before:slot.g=G-shard then:G-shard[OS]=slot.os"}));
+  // ddp: the replicas all-reduce the G-shard in place; bf16 through the slot.
+  EXPECT_EQ(chain("ddp", Precision::kFp32, 3), (V{"replica all_reduce 48 ->G-shard[OS] last"}));
+  EXPECT_EQ(chain("ddp", Precision::kBf16, 3),
+            (V{"replica all_reduce 48 ->slot.os last before:slot.os=G-shard[OS] then:G-shard[OS]=slot.os"}));
+  // P then G, every micro-batch, the G part added into the G-shard; the G
+  // reduce-scatter is chained after the P one.
+  EXPECT_EQ(chain("p=2x1,g=2x2,os=2x2", Precision::kFp32, 3),
+            (V{"P reduce_scatter 24 slot.full>slot.p", "G reduce_scatter 12 slot.p>slot.g chained then:G-shard+=slot.g"}));
+  // mics:2: P (= G) every micro-batch, then the replicas, chained.
+  EXPECT_EQ(chain("mics:2", Precision::kFp32, 3),
+            (V{"P reduce_scatter 24 slot.full>slot.g then:G-shard+=slot.g",
+               "replica all_reduce 24 ->G-shard[OS] last chained"}));
+  // AMSP-style: G every micro-batch, then OS on the last, chained.
+  EXPECT_EQ(chain("p=1x1,g=2x1,os=2x2", Precision::kBf16, 3),
+            (V{"G reduce_scatter 24 slot.full>slot.g then:G-shard+=slot.g",
+               "OS reduce_scatter 12 slot.g>slot.os last chained before:slot.g=G-shard then:G-shard[OS]=slot.os"}));
+}
+
+// The slots hold exactly the buffers the stages name, sized for the largest
+// unit, and the memory model charges exactly those.
+TEST(Schedule, SlotsAreTheBuffersTheStagesName) {
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    const Workload w = odd_workload(precision);
+    for (const ShardPlan& plan : enumerate_plans(k2x2)) {
+      const StepSchedule s = step_schedule(w, plan, k2x2);
+      std::map<Buf, bool> used;
+      for (const auto& c : s.reduction)
+        for (const Stage& st : c)
+          for (Buf b : {st.send, st.recv, st.before.src, st.before.dst, st.after.src, st.after.dst})
+            used[b] = true;
+      const int64_t largest = *std::max_element(s.padded.begin(), s.padded.end());
+      const std::string name = to_string(plan);
+      EXPECT_EQ(s.slot.full, used[Buf::kFull] ? largest : 0) << name;
+      EXPECT_EQ(s.slot.p, used[Buf::kSlotP] ? largest / plan.p.size() : 0) << name;
+      EXPECT_EQ(s.slot.g, used[Buf::kSlotG] ? largest / plan.g.size() : 0) << name;
+      EXPECT_EQ(s.slot.os, used[Buf::kSlotOS] ? largest / plan.os.size() : 0) << name;
+      EXPECT_EQ(memory_per_rank(w, plan, 4).buckets,
+                w.max_reductions * s.slot.total() * state_bytes(precision).p)
+          << name;
+    }
+  }
+}
+
+// The program issues every collective the cost model prices, as often as it
+// prices it, and nothing else.
+TEST(Schedule, ProgramIssuesWhatTheCostModelPrices) {
+  using Key = std::tuple<std::string, Op, int64_t>;
+  for (const ShardPlan& plan : enumerate_plans(k2x2)) {
+    for (int64_t M : {1, 3}) {
+      const Workload w = odd_workload(Precision::kBf16);
+      std::map<Key, int64_t> issued, priced;
+      for (const Issue& i : issue_sequence(step_schedule(w, plan, k2x2), M))
+        ++issued[{i.group, i.op, i.count}];
+      for (const Collective& c : step_collectives(w, plan, k2x2, M))
+        priced[{c.phase == Phase::kGradNorm ? "world" : group_name(c.group), c.op, c.count}] += c.per_step;
+      EXPECT_EQ(issued, priced) << to_string(plan) << " M=" << M;
+    }
+  }
+}
+
+// Gathers run `prefetch` positions ahead of compute, a unit's reductions are
+// issued right after its backward, the norm after every reduction, AdamW last.
+TEST(Schedule, ProgramOrder) {
+  Workload w = odd_workload(Precision::kFp32);
+  for (int prefetch : {1, 2, 5}) {
+    w.prefetch = prefetch;
+    const StepSchedule s = step_schedule(w, parse_shard_plan("zero3", k2x2), k2x2);
+    const int64_t M = 2, total = M * (2 * s.units - 1);
+    const std::vector<Action> program = step_program(s, M);
+    int64_t gathers = 0;
+    for (size_t i = 0; i < program.size(); ++i) {
+      const Action& a = program[i];
+      if (a.kind == Action::kGather) {
+        EXPECT_EQ(a.pos, gathers++);
+      } else if (a.kind == Action::kForward || a.kind == Action::kBackward) {
+        EXPECT_EQ(gathers, std::min(total, a.pos + 1 + prefetch)) << "prefetch " << prefetch;
+        if (a.kind == Action::kBackward) {
+          ASSERT_LT(i + 1, program.size());
+          EXPECT_EQ(program[i + 1].kind, Action::kReduce);
+          EXPECT_EQ(program[i + 1].unit, a.unit);
+        }
+      }
+    }
+    EXPECT_EQ(gathers, total);
+    ASSERT_EQ(program.size(), static_cast<size_t>(total + 3 * M * s.units + 1 + s.units));
+    EXPECT_EQ(program[program.size() - 1 - static_cast<size_t>(s.units)].kind, Action::kNorm);
+    EXPECT_EQ(program.back().kind, Action::kUpdate);
+  }
+  // ddp gathers nothing and reduces only on the last micro-batch.
+  const StepSchedule ddp = step_schedule(w, parse_shard_plan("ddp", k2x2), k2x2);
+  int reduces = 0;
+  for (const Action& a : step_program(ddp, 3)) {
+    EXPECT_NE(a.kind, Action::kGather);
+    if (a.kind == Action::kReduce) {
+      EXPECT_EQ(a.micro, 2);
+      ++reduces;
+    }
+  }
+  EXPECT_EQ(reduces, ddp.units);
+}
+
+TEST(Schedule, FormatNamesStagesAndTheIssueOrder) {
+  const StepSchedule s = step_schedule(odd_workload(Precision::kBf16),
+                                       parse_shard_plan("p=1x1,g=2x1,os=2x2", k2x2), k2x2);
+  const std::string text = format_schedule(s, 2);
+  EXPECT_NE(text.find("OS reduce_scatter 12 bf16, slot.g -> slot.os, last micro-batch, chained "
+                      "after the stage above; before: slot.g = G-shard; then: G-shard[OS] = slot.os"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Issue order, the same on every rank:\n  1. G reduce_scatter 24\n"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace
+}  // namespace amsp::plan
