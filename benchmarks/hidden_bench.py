@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""How much communication the engine hides, before and after, side by side.
+
+For each layout (mpi4: `mpiexec -n 4`; slurm2x2: 2 nodes x 2 ranks on the local Slurm
+cluster, which the script starts and always stops) and each plan of the engine's
+equivalence set for that layout, runs the same training job with two binaries in
+alternation, --repeats times each: --before (e.g. the previous engine, built from an
+older commit) and --after (today's). From rank 0's metrics, steps after --warmup:
+communication in flight per step, exposed communication (time compute waited), and the
+share hidden, 1 - exposed / in flight; the medians are printed per plan and binary.
+
+The default workload is one where backward compute exceeds communication (the small
+preset, seq 128, two micro-batches per rank): everything could hide, so what does not is
+the engine's schedule. A benchmark, not a test: it never fails on a timing.
+
+Building the previous engine, for example:
+  git worktree add /tmp/amsp-before <commit> && cmake -S /tmp/amsp-before -B /tmp/amsp-before/build \\
+      -DCMAKE_BUILD_TYPE=Release -DAMSP_TESTS=OFF -DAMSP_BENCHMARKS=OFF && make -C /tmp/amsp-before/build amsp
+
+usage: benchmarks/hidden_bench.py --before PATH [--after build/amsp] [--data CORPUS.h5]
+           [--layouts mpi4,slurm2x2] [--plans all|"P1;P2"] [--model small] [--seq-len 128]
+           [--grad-accum 2] [--steps 8] [--warmup 2] [--repeats 2] [--work DIR]
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import plan_validation as pv  # noqa: E402  (layouts, launching, metrics, the local cluster)
+
+
+def measure(args, layout, binary, plan, work, tag):
+    """Median comm in flight and exposed per step (ms), rank 0, steps after the warm-up."""
+    metrics = os.path.join(work, f"{tag}.jsonl")
+    run_args = argparse.Namespace(**{**vars(args), "amsp": binary})
+    cmd = layout.launcher(args) + pv.train_args(run_args, plan, metrics=metrics)
+    pv.run(cmd, layout.env, f"{tag} ({plan})", os.path.join(work, f"{tag}.log"))
+    rows = pv.read_metrics(metrics, args.warmup)
+    return [r["comm_in_flight_ms"] for r in rows], [r["comm_exposed_ms"] for r in rows]
+
+
+def run_layout(args, layout, plans):
+    work = os.path.join(args.work, layout.name)
+    os.makedirs(work, exist_ok=True)
+    print(f"\n{layout.name}: {layout.world} ranks; per step, ms (medians); hidden = 1 - exposed / comm")
+    print(f"{'plan':22s} | {'comm':>7s} {'exposed':>8s} {'hidden':>7s} | {'comm':>7s} {'exposed':>8s} "
+          f"{'hidden':>7s}")
+    print(f"{'':22s} | {'--- before ---':>24s} | {'--- after ---':>24s}")
+    rows = []
+    for i, plan in enumerate(plans):
+        got = {"before": ([], []), "after": ([], [])}
+        for r in range(args.repeats):
+            for side in ("before", "after"):
+                comm, exposed = measure(args, layout, getattr(args, side), plan, work, f"{i}-{side}-{r}")
+                got[side][0].extend(comm)
+                got[side][1].extend(exposed)
+        cells = []
+        for side in ("before", "after"):
+            comm, exposed = (statistics.median(x) for x in got[side])
+            hidden = 1 - exposed / comm if comm > 0 else float("nan")
+            cells.append(f"{comm:7.1f} {exposed:8.1f} {100 * hidden:6.1f}%")
+            rows.append((layout.name, plan, side, comm, exposed, hidden))
+        print(f"{plan:22s} | {cells[0]} | {cells[1]}", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", required=True, help="the amsp binary to compare against")
+    ap.add_argument("--after", default=os.path.join(REPO, "build", "amsp"))
+    ap.add_argument("--data", default=os.path.join(REPO, "build", "test-work", "corpus.h5"))
+    ap.add_argument("--work", default="/tmp/hidden-bench")
+    ap.add_argument("--layouts", default="mpi4,slurm2x2")
+    ap.add_argument("--plans", default="all", help="plans separated by ';', or all: the equivalence set's")
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--grad-accum", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--mpiexec", default=shutil.which("mpiexec") or "mpiexec")
+    ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
+    ap.add_argument("--deadline", type=int, default=3600, help="seconds for the whole run")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    # Copies, so that a rebuild meanwhile changes nothing.
+    for side in ("before", "after"):
+        info = pv.binary_info(os.path.abspath(getattr(args, side)))
+        copy = os.path.join(args.work, f"amsp-{side}")
+        shutil.copy2(info["path"], copy)
+        setattr(args, side, copy)
+        print(f"{side}: {info['path']} ({info['tree_head'] or info['version']}, sha256 {info['sha256']})")
+    print(f"{args.model}, seq {args.seq_len} x batch {args.batch_size} x {args.grad_accum} micro-batches per "
+          f"rank, {args.steps} steps (first {args.warmup} left out), {args.repeats} runs per binary and plan, "
+          f"{pv.cpu_name()}, load {os.getloadavg()[0]:.1f} at start")
+    code = 0
+    with pv.lc.deadline(args.deadline):
+        for name in args.layouts.split(","):
+            layout = pv.Layout(name)
+            plans = layout.plans() if args.plans == "all" else [p for p in args.plans.split(";") if p]
+            if layout.kind == "mpi":
+                layout.env = pv.eq.clean_env()
+                run_layout(args, layout, plans)
+                continue
+            why = pv.lc.missing(("srun", "scontrol", "slurmctld", "slurmd", "munged"))
+            if why:
+                print(f"\n{name}: the local Slurm cluster cannot be started here (missing: {why}); skipped")
+                code = 1
+                continue
+            with pv.lc.local_cluster(args.cluster_scripts, os.path.join(args.work, name + "-cluster")) as conf:
+                layout.env = pv.lc.clean_env({"SLURM_CONF": conf})
+                run_layout(args, layout, plans)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
