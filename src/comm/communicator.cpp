@@ -23,6 +23,10 @@ void Handle::wait() {
 
 bool Handle::test() { return !comm_ || !seq_ || comm_->done(seq_); }
 
+void Handle::compute_wait() {
+  if (comm_ && seq_) comm_->order_compute_after(seq_, op_, dtype_);
+}
+
 double default_comm_timeout_s() {
   const char* t = std::getenv("AMSP_COMM_TIMEOUT");
   if (!t || !*t) return 600;
@@ -94,19 +98,32 @@ class IssueLog {
 
 Communicator::Communicator() = default;
 
+namespace {
+OpArgs args_of(Op op, const void* send, void* recv, int64_t count, int root, DType dtype) {
+  OpArgs a;
+  a.op = op;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.root = root;
+  a.dtype = dtype;
+  return a;
+}
+}  // namespace
+
 Handle Communicator::all_gather(const void* send, int64_t count_per_rank, void* recv,
                                 DType dtype) {
-  return submit({Op::kAllGather, send, recv, count_per_rank, 0, dtype});
+  return submit(args_of(Op::kAllGather, send, recv, count_per_rank, 0, dtype));
 }
 Handle Communicator::reduce_scatter(const void* send, int64_t count_per_rank, void* recv,
                                     DType dtype) {
-  return submit({Op::kReduceScatter, send, recv, count_per_rank, 0, dtype});
+  return submit(args_of(Op::kReduceScatter, send, recv, count_per_rank, 0, dtype));
 }
 Handle Communicator::all_reduce(void* buf, int64_t count, DType dtype) {
-  return submit({Op::kAllReduce, buf, buf, count, 0, dtype});
+  return submit(args_of(Op::kAllReduce, buf, buf, count, 0, dtype));
 }
 Handle Communicator::broadcast(void* buf, int64_t count, int root, DType dtype) {
-  return submit({Op::kBroadcast, buf, buf, count, root, dtype});
+  return submit(args_of(Op::kBroadcast, buf, buf, count, root, dtype));
 }
 
 Handle Communicator::submit(const OpArgs& a) {
@@ -146,14 +163,20 @@ void Communicator::synchronize() {
 }
 
 void Communicator::wait_for(uint64_t seq, Op op, DType dtype) {
+  host_waits_.fetch_add(1, std::memory_order_relaxed);
   if (done(seq)) return;
   const double t0 = now_seconds();
   block_until(seq, timeout_s_ > 0 ? t0 + timeout_s_ : 0.0);
   const double t1 = now_seconds();
+  record_exposed(op, dtype, t1 - t0);
   std::lock_guard lock(stats_mu_);
-  stats_[op].exposed_s += t1 - t0;
-  stats_[op][dtype].exposed_s += t1 - t0;
   if (trace_) trace_(op, t0, t1, true);
+}
+
+void Communicator::record_exposed(Op op, DType dtype, double seconds) {
+  std::lock_guard lock(stats_mu_);
+  stats_[op].exposed_s += seconds;
+  stats_[op][dtype].exposed_s += seconds;
 }
 
 void Communicator::record_completion(Op op, DType dtype, double in_flight_s) {

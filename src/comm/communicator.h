@@ -32,6 +32,7 @@
 // communicator: issue, test and wait from one thread at a time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,6 +64,12 @@ class Handle {
   void wait();
   // True when wait() would return at once. Never blocks.
   bool test();
+  // Makes the compute stream of the backend the communicator was made for
+  // wait until this op (and the ops before it) completed. On a device that is
+  // a wait on the GPU: the host goes on, and the time the stream stalls is
+  // the op's exposed time, measured with device events. On the CPU backend,
+  // whose compute is the host, it is wait().
+  void compute_wait();
   uint64_t sequence() const { return seq_; }  // 1, 2, ... per communicator; 0: none
   Communicator* communicator() const { return comm_; }
 
@@ -128,6 +135,9 @@ class Communicator {
 
   // Waits for everything issued so far (exposed time goes to the last op).
   void synchronize();
+  // Host waits so far (Handle::wait and synchronize calls, whether or not the
+  // op had already completed): on a device, each would stall the host.
+  int64_t host_waits() const { return host_waits_.load(std::memory_order_relaxed); }
 
   virtual const std::string& name() const = 0;
   virtual int size() const = 0;
@@ -164,6 +174,11 @@ class Communicator {
 
   // For backends: an op completed after `in_flight_s` seconds.
   void record_completion(Op op, DType dtype, double in_flight_s);
+  // For backends: compute waited `seconds` for an op (Handle::compute_wait).
+  void record_exposed(Op op, DType dtype, double seconds);
+  // Handle::compute_wait; the default, for backends whose compute is the host,
+  // waits on the host.
+  virtual void order_compute_after(uint64_t seq, Op op, DType dtype) { wait_for(seq, op, dtype); }
   // For backends: aborts the job, naming the group, the op and how long it waited.
   [[noreturn]] void timed_out(uint64_t seq, const OpArgs& args) const;
 
@@ -176,6 +191,7 @@ class Communicator {
   TraceFn trace_;
   double timeout_s_ = default_comm_timeout_s();
   uint64_t last_seq_ = 0;
+  std::atomic<int64_t> host_waits_{0};
   Op last_op_ = Op::kAllReduce;
   DType last_dtype_ = DType::kF32;
 };

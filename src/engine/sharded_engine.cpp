@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 
 #include "comm/traffic.h"
 #include "core/error.h"
@@ -15,17 +14,11 @@ using backend::View;
 using plan::GroupKind;
 
 struct ShardedEngine::Impl {
-  // A unit's gradient reduction in flight: every stage of its chain was
-  // issued at once; `done` is the last one's handle.
-  struct Reduction {
-    int unit = 0;
-    int slot = 0;
-    comm::Handle done;
-  };
   // A reduction slot: the unit's full gradient and its P-, G- and OS-shard
   // parts, in the wire dtype (the parameters' dtype).
   struct Slot {
     Buffer full, p, g, os;
+    comm::Handle busy;  // the last stage of the reduction chain using it
   };
   // One unit's model states.
   struct State {
@@ -55,9 +48,8 @@ struct ShardedEngine::Impl {
   std::vector<comm::Handle> gather_handles;  // per position of the running program
 
   std::vector<Slot> slots;
-  std::vector<int> free_slots;
-  std::deque<Reduction> pending;
-  int backward_slot = -1;  // the slot the last backward wrote its full gradient into
+  int64_t slots_taken = 0;  // slots are taken in turn
+  int backward_slot = -1;   // the slot the last backward wrote its full gradient into
 
   // Host copies of the states handed out by state_views(), taken back by the
   // next step: the P-shard widened to fp32 in bf16, and everything on a
@@ -99,10 +91,7 @@ struct ShardedEngine::Impl {
   comm::Local local(const plan::LocalStep& l, int u, int s);
   int take_slot();
   void issue_reduction(int u, int s, bool last_micro);
-  void poll();
-  void finish_oldest();
   void drain();
-  void wait_reductions_of(int u);
 
   // Compute.
   template <typename F>
@@ -189,8 +178,7 @@ void ShardedEngine::Impl::allocate() {
   const plan::SlotElems& e = schedule.slot;
   for (int i = 0; i < opt.max_reductions; ++i) {
     slots.push_back({be.alloc(wire, e.full), be.alloc(wire, e.p), be.alloc(wire, e.g),
-                     be.alloc(wire, e.os)});
-    free_slots.push_back(i);
+                     be.alloc(wire, e.os), {}});
   }
 }
 
@@ -207,20 +195,24 @@ void ShardedEngine::Impl::start_program(const std::vector<plan::Action>& program
 void ShardedEngine::Impl::issue_gather(const plan::Action& a) {
   const int u = a.unit;
   const plan::Stage& g = schedule.gather[static_cast<size_t>(u)];
-  param_update[static_cast<size_t>(u)].wait();  // the P-shard is final
-  const Buffer& slot = gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()];
-  gather_handles[static_cast<size_t>(a.pos)] =
-      issued(comm(g.group).all_gather(st(u).p.data(), g.count, slot.data(), g.dtype));
+  comm::OpArgs args;
+  args.op = g.op;
+  args.send = st(u).p.data();
+  args.recv = gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()].data();
+  args.count = g.count;
+  args.dtype = g.dtype;
+  args.after = param_update[static_cast<size_t>(u)];  // the P-shard is final
+  gather_handles[static_cast<size_t>(a.pos)] = issued(comm(g.group).submit(args));
 }
 
 // Full parameters of the unit of action a.
 View ShardedEngine::Impl::params_at(const plan::Action& a) {
   const int u = a.unit;
   if (sp == 1) {
-    param_update[static_cast<size_t>(u)].wait();
+    param_update[static_cast<size_t>(u)].compute_wait();
     return st(u).p.view();
   }
-  gather_handles[static_cast<size_t>(a.pos)].wait();
+  gather_handles[static_cast<size_t>(a.pos)].compute_wait();
   return gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()].at(0, sh(u).padded);
 }
 
@@ -252,10 +244,12 @@ comm::Local ShardedEngine::Impl::local(const plan::LocalStep& l, int u, int s) {
           src.dtype, dst.data, dst.dtype, dst.count};
 }
 
+// The next slot in turn, once compute may overwrite it: the chain that used
+// it last has completed (a wait on the compute stream, not the host, on a device).
 int ShardedEngine::Impl::take_slot() {
-  if (free_slots.empty()) finish_oldest();
-  const int s = free_slots.back();
-  free_slots.pop_back();
+  const int s = static_cast<int>(slots_taken++ % static_cast<int64_t>(slots.size()));
+  slots[static_cast<size_t>(s)].busy.compute_wait();
+  slots[static_cast<size_t>(s)].busy = {};
   return s;
 }
 
@@ -276,41 +270,15 @@ void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro) {
     a.then = local(stage->after, u, s);
     last = issued(comm(stage->group).submit(a));
   }
-  if (last.sequence() == 0) {
-    free_slots.push_back(s);
-    return;
-  }
-  pending.push_back({u, s, last});
+  slots[static_cast<size_t>(s)].busy = last;
 }
 
-// Retires the reductions whose last stage completed, without blocking (and
-// without issuing anything: issue points are the program's alone).
-void ShardedEngine::Impl::poll() {
-  for (auto it = pending.begin(); it != pending.end();) {
-    if (it->done.test()) {
-      free_slots.push_back(it->slot);
-      it = pending.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void ShardedEngine::Impl::finish_oldest() {
-  Reduction& r = pending.front();
-  r.done.wait();
-  free_slots.push_back(r.slot);
-  pending.pop_front();
-}
-
+// Every reduction complete, for compute (the norm reads the G-shards).
 void ShardedEngine::Impl::drain() {
-  while (!pending.empty()) finish_oldest();
-}
-
-// A unit's previous reduction adds into the same G-shard: let it finish first.
-void ShardedEngine::Impl::wait_reductions_of(int u) {
-  while (std::any_of(pending.begin(), pending.end(), [u](const Reduction& r) { return r.unit == u; }))
-    finish_oldest();
+  for (Slot& slot : slots) {
+    slot.busy.compute_wait();
+    slot.busy = {};
+  }
 }
 
 // --- one micro-batch ----------------------------------------------------------------
@@ -333,7 +301,6 @@ void ShardedEngine::Impl::forward(const plan::Action& a) {
 void ShardedEngine::Impl::backward(const plan::Action& a) {
   const int u = a.unit;
   const View params = params_at(a);
-  wait_reductions_of(u);
   if (direct_gradients()) {
     traced("bwd", u, [&] { model.backward(u, params, st(u).g.view()); });
   } else {
@@ -342,7 +309,6 @@ void ShardedEngine::Impl::backward(const plan::Action& a) {
     be.fill_zero(grad);
     traced("bwd", u, [&] { model.backward(u, params, grad); });
   }
-  poll();
 }
 
 // Right after the unit's backward: its chain, in the slot backward wrote.

@@ -38,6 +38,8 @@ NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
 NcclCommunicator::~NcclCommunicator() {
   synchronize();
   retire();
+  for (const Stall& st : stalls_)  // compute has not reached them yet: released when it does
+    for (cudaEvent_t e : {st.before, st.after}) AMSP_CUDA_CHECK(cudaEventDestroy(e));
   for (cudaEvent_t e : free_events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
   if (ready_) AMSP_CUDA_CHECK(cudaEventDestroy(ready_));
   if (comm_) AMSP_NCCL_CHECK(ncclCommDestroy(comm_));
@@ -121,7 +123,33 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   return f.seq;
 }
 
+void NcclCommunicator::order_compute_after(uint64_t seq, Op op, DType dtype) {
+  if (done_seq_ >= seq) return;
+  for (const InFlight& f : in_flight_) {
+    if (f.seq != seq) continue;
+    Stall s{take_event(), take_event(), op, dtype};
+    AMSP_CUDA_CHECK(cudaEventRecord(s.before, compute_));
+    AMSP_CUDA_CHECK(cudaStreamWaitEvent(compute_, f.end, 0));
+    AMSP_CUDA_CHECK(cudaEventRecord(s.after, compute_));
+    stalls_.push_back(s);
+    return;
+  }
+}
+
 void NcclCommunicator::retire() {
+  // Stalls whose end the compute stream passed: the time it waited.
+  while (!stalls_.empty()) {
+    const Stall& s = stalls_.front();
+    const cudaError_t rc = cudaEventQuery(s.after);
+    if (rc == cudaErrorNotReady) break;
+    AMSP_CUDA_CHECK(rc);
+    float ms = 0;
+    AMSP_CUDA_CHECK(cudaEventElapsedTime(&ms, s.before, s.after));
+    record_exposed(s.op, s.dtype, ms * 1e-3);
+    free_events_.push_back(s.before);
+    free_events_.push_back(s.after);
+    stalls_.pop_front();
+  }
   while (!in_flight_.empty()) {
     InFlight& f = in_flight_.front();
     const cudaError_t rc = cudaEventQuery(f.end);

@@ -49,6 +49,8 @@ class NcclCommunicator final : public Communicator {
   uint64_t issue(const OpArgs& args) override;
   bool done(uint64_t seq) override;
   void block_until(uint64_t seq, double deadline) override;
+  // The compute stream waits on the GPU; events around the wait time the stall.
+  void order_compute_after(uint64_t seq, Op op, DType dtype) override;
 
  private:
   struct InFlight {
@@ -56,7 +58,14 @@ class NcclCommunicator final : public Communicator {
     OpArgs args;
     cudaEvent_t start = nullptr, end = nullptr;
   };
-  void retire();  // accounts and recycles the completed ops at the front
+  // A compute stream's wait for an op: `before` marks where compute reached
+  // the wait, `after` where the wait resolved.
+  struct Stall {
+    cudaEvent_t before = nullptr, after = nullptr;
+    Op op = Op::kAllReduce;
+    DType dtype = DType::kF32;
+  };
+  void retire();  // accounts and recycles the completed ops at the front, and the stalls
   ncclResult_t async_error();  // ncclCommGetAsyncError; ncclInProgress counts as success
   [[noreturn]] void fail_op(const std::string& what, ncclResult_t rc);
   cudaEvent_t take_event();
@@ -68,6 +77,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // compute has reached the issue point
   std::deque<InFlight> in_flight_;
+  std::deque<Stall> stalls_;
   std::vector<cudaEvent_t> free_events_;
   uint64_t next_seq_ = 1;
   uint64_t done_seq_ = 0;
