@@ -111,8 +111,9 @@ temporaries = {
     # no gathers; slots: a bf16 copy of the fp32 G-shard (the whole unit) for
     # the OS reduce-scatter, and its output (1/1024).
     "zero1": (0, 2 * (phi + phi // 1024) * 2),
-    # no gathers; the replica all-reduce over 1024 needs a bf16 copy and a buffer.
-    "ddp": (0, 2 * (phi + phi) * 2),
+    # no gathers; the replica all-reduce over 1024 sums a bf16 copy of the
+    # G-shard in place (plan/schedule.h: slot.os).
+    "ddp": (0, 2 * phi * 2),
     # 8x1: gathered 3 units; full + G part (1/8) + the replica all-reduce's
     # bf16 buffer (1/8), the replica group being 128 ranks.
     "mics:8": (3 * phi * 2, 2 * (phi + phi // 8 + phi // 8) * 2),
