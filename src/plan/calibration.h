@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,8 +17,9 @@ namespace amsp::plan {
 enum class System {
   kAmsp,           // the planner's plan, amsp's schedule
   kAmspNoOverlap,  // the same plan, communication after compute
+  kAmspPaperPlan,  // the plan the paper ran (PublishedPoint::plan), amsp's schedule
   kDeepSpeedZero1, // zero1 with DeepSpeed's buckets (5e8 elements), no overlap (its stage-1 default)
-  kDeepSpeedZero3, // zero3 with DeepSpeed's buckets (gathers 5e7, reductions 5e8), overlapped
+  kDeepSpeedZero3, // zero3 with DeepSpeed's buckets (gathers 5e7, reductions 5e8), no overlap
 };
 const char* system_name(System system);
 
@@ -35,16 +37,18 @@ struct PublishedPoint {
   int64_t micro_batches = 0;  // per rank per step (the paper's M); 0: the 4M-token batch
   bool recompute = false;
   System system = System::kAmsp;
-  double mfu = 0;          // published
+  std::optional<double> mfu;  // published; absent where the paper gives none for the point
+  std::string plan{};      // kAmspPaperPlan: the paper's plan, as --shard takes it
 };
 
-// Every published figure the calibration compares against.
+// Every published figure the calibration compares against, and the plans the
+// paper ran at 1024 GPUs (evaluated as given; only 13B's has a figure).
 std::vector<PublishedPoint> published_points();
 
 struct CalibrationRow {
   PublishedPoint point;
   Evaluation eval;         // the plan as evaluated for this point
-  double predicted = 0;    // MFU as the paper counts it (recomputation counted, see .cpp)
+  double predicted = 0;    // MFU as the paper counts it: model FLOPs, not the recomputed forward
   bool fits = false;
 };
 
@@ -53,7 +57,8 @@ struct CalibrationRow {
 std::vector<CalibrationRow> calibrate(const Cluster& cluster);
 
 // The input of one point on `cluster`: 8 ranks per node, sequence 4096,
-// micro-batch 1, bf16, the point's batch and recomputation.
+// micro-batch 1, bf16, the point's batch and recomputation, and its system's
+// schedule (DeepSpeed's buckets; overlap off for kAmspNoOverlap).
 PlanInput calibration_input(const PublishedPoint& point, const Cluster& cluster);
 
 }  // namespace amsp::plan
