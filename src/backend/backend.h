@@ -95,6 +95,10 @@ class Backend {
   virtual Event record() = 0;                // marks the compute stream's current point
   virtual void wait(const Event& event) = 0;  // the host waits until the stream passed it
   virtual void synchronize() = 0;             // the host waits for all work issued so far
+  // Times the host has waited for the device so far (a download, an upload
+  // through the staging buffer, wait, synchronize); 0 on the CPU, whose
+  // compute is the host.
+  virtual int64_t host_syncs() const { return 0; }
   // A timer of this backend's calls' work, for the kernel profile
   // (profiled_backend.h); the backend costs nothing more until one is made.
   virtual std::unique_ptr<StreamTimer> make_stream_timer() = 0;

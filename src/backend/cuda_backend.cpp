@@ -142,11 +142,16 @@ void* CudaBackend::staging(int64_t bytes) {
   return staging_;
 }
 
+void CudaBackend::sync_host() {
+  ++host_syncs_;
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 const void* CudaBackend::download(const void* src, int64_t bytes) {
   void* host = staging(bytes);
   reads(src, bytes);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
-  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_host();
   return host;
 }
 
@@ -164,7 +169,7 @@ void CudaBackend::to_host(const View& src, float* dst) {
     }
     reads(from, bytes);
     AMSP_CUDA_CHECK(cudaMemcpyAsync(dst, from, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
-    AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    sync_host();
   };
   if (src.dtype == DType::kF32) {
     fetch(src.data);
@@ -195,7 +200,7 @@ void CudaBackend::from_host(const float* src, const View& dst) {
     AMSP_CUDA_CHECK_LAUNCH("to_bf16");
   }
   // The staging buffer is reused by the next transfer.
-  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_host();
 }
 
 void CudaBackend::from_host(const int32_t* src, const View& dst) {
@@ -206,7 +211,7 @@ void CudaBackend::from_host(const int32_t* src, const View& dst) {
   writes(dst);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.bytes()),
                                   cudaMemcpyHostToDevice, stream_));
-  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_host();
 }
 
 // ---- ordering ------------------------------------------------------------------------
@@ -238,6 +243,7 @@ void CudaBackend::wait(const Event& event) {
   check.event(event.id, last_event_);
   const auto it = events_.find(event.id);
   if (it == events_.end()) return;  // already known complete
+  ++host_syncs_;
   AMSP_CUDA_CHECK(cudaEventSynchronize(it->second));
   // The stream is in order: every earlier event is complete too.
   for (auto e = events_.begin(); e != events_.end() && e->first <= event.id;) {
@@ -247,7 +253,7 @@ void CudaBackend::wait(const Event& event) {
 }
 
 void CudaBackend::synchronize() {
-  AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  sync_host();
   for (auto& [id, e] : events_) free_events_.push_back(e);
   events_.clear();
 }

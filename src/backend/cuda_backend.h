@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
   Buffer alloc(DType dtype, int64_t count) override;
   Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
+  int64_t host_syncs() const override { return host_syncs_; }
   void to_host(const View& src, float* dst) override;
   void from_host(const float* src, const View& dst) override;
   void from_host(const int32_t* src, const View& dst) override;
@@ -152,6 +153,8 @@ class CudaBackend final : public Backend {
   double peak_flops() override;
 
  private:
+  void sync_host();  // the host waits for the compute stream, counted
+  int64_t host_syncs_ = 0;
   // Device memory released back to the allocator when it goes out of scope.
   class Scratch {
    public:

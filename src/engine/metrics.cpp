@@ -61,6 +61,7 @@ void MetricsSink::step(const StepMetrics& m) {
     j["activation_bytes"] = m.activation_bytes;
     j["mem_peak_bytes"] = m.mem_peak_bytes;
     if (m.mem_reserved_bytes) j["mem_reserved_bytes"] = *m.mem_reserved_bytes;
+    if (m.host_syncs) j["host_syncs"] = *m.host_syncs;
     j["rss_peak_bytes"] = m.rss_peak_bytes;
     nlohmann::json groups = nlohmann::json::object();
     double in_flight_ms = 0, exposed_ms = 0;

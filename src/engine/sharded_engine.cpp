@@ -559,6 +559,13 @@ std::vector<comm::Stats> ShardedEngine::comm_stats() const {
   return out;
 }
 
+int64_t ShardedEngine::comm_host_waits() const {
+  int64_t n = impl_->world->host_waits();
+  for (const auto& c : impl_->comms)
+    if (c) n += c->host_waits();
+  return n;
+}
+
 void ShardedEngine::reset_comm_stats() {
   for (auto& c : impl_->comms)
     if (c) c->reset_stats();

@@ -117,6 +117,8 @@ class ShardedEngine {
   int64_t activation_bytes() const { return model_.activation_bytes(); }
   // Per group (those with more than one rank), plus "world" for the norm.
   std::vector<comm::Stats> comm_stats() const;
+  // Host waits on this engine's communicators so far (comm::Communicator::host_waits).
+  int64_t comm_host_waits() const;
   void reset_comm_stats();
 
  private:

@@ -634,6 +634,7 @@ StepMetrics Run::train_step(int64_t step) {
   engine->reset_comm_stats();
   if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
   const auto t0 = Clock::now();
+  const int64_t syncs0 = be->host_syncs() + engine->comm_host_waits();
   if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
@@ -648,6 +649,7 @@ StepMetrics Run::train_step(int64_t step) {
   if (profile) profile->end_step();
 
   StepMetrics m;
+  if (o.device == Device::kCuda) m.host_syncs = be->host_syncs() + engine->comm_host_waits() - syncs0;
   m.step = step;
   m.total_steps = o.steps;
   m.loss = sums[0] / std::max(1.0, sums[1]);
