@@ -103,6 +103,7 @@ void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
     targets[i] = static_cast<int32_t>(random_below(4, 0, i, config.vocab_size));
   }
   const engine::AdamWOptions adamw;
+  float no_clipping = 1.0f;  // the gradient's scale
   int64_t step = 0;
   for (auto _ : state) {
     llama.set_batch(tokens.data(), targets.data(), batch, T, 1.0f / (batch * T));
@@ -115,7 +116,7 @@ void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
                                   backend::host_view(g[u].data(), units[u].numel),
                                   backend::host_view(m[u].data(), units[u].numel),
                                   backend::host_view(v[u].data(), units[u].numel), {}},
-                                 adamw, 1e-4, step, 1.0f);
+                                 adamw, 1e-4, step, backend::host_view(&no_clipping, 1));
   }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(batch * T) * state.iterations(),
                                                   benchmark::Counter::kIsRate);

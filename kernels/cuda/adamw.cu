@@ -29,11 +29,12 @@ AMSP_DEVICE_INLINE void store_copy(const AdamWTensor& t, int64_t i, float p) {
 
 __global__ void adamw_kernel(AdamWBatch batch, AdamWHyper h) {
   const AdamWTensor& t = batch.tensors[blockIdx.y];
-  const bool scaled = h.grad_scale != 1.0f;
+  const float scale = h.scale != nullptr ? *h.scale : h.grad_scale;
+  const bool scaled = scale != 1.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float g = load_grad(t, i);
-    if (scaled) g = g * h.grad_scale;
+    if (scaled) g = g * scale;
     adamw_update_element(t.master[i], t.m[i], t.v[i], g, h.lr, h.beta1, h.beta2, h.eps,
                          h.weight_decay, h.bias_correction1, h.bias_correction2);
     store_copy(t, i, t.master[i]);

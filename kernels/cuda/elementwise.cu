@@ -70,20 +70,34 @@ __global__ void chunk_squares_kernel(const T* x, int64_t n, double* partials) {
 }
 
 // The chunks in order, by one thread: the order the CPU backend sums them in.
-__global__ void sum_chunks_kernel(const double* partials, int64_t chunks, double* out) {
+// With add, the total is added into *out.
+__global__ void sum_chunks_kernel(const double* partials, int64_t chunks, double* out, bool add) {
   double total = 0.0;
   for (int64_t c = 0; c < chunks; ++c) total += partials[c];
-  *out = total;
+  *out = add ? *out + total : total;
 }
 
 template <typename T>
-void sum_squares_impl(const T* x, int64_t n, double* partials, double* out, cudaStream_t s) {
+void sum_squares_impl(const T* x, int64_t n, double* partials, double* out, bool add,
+                      cudaStream_t s) {
   const int64_t chunks = sum_squares_chunks(n);
   if (chunks > 0)
     AMSP_LAUNCH(chunk_squares_kernel<T>, static_cast<unsigned>(chunks), kBlockThreads, 0, s)(
         x, n, partials);
   // n == 0 still stores the total (0), so the caller's read is defined.
-  AMSP_LAUNCH(sum_chunks_kernel, 1, 1, 0, s)(partials, chunks, out);
+  AMSP_LAUNCH(sum_chunks_kernel, 1, 1, 0, s)(partials, chunks, out, add);
+}
+
+__global__ void clip_scale_kernel(const double* sumsq, double divisor, double max_norm,
+                                  float* scale) {
+  const double norm = sqrt(*sumsq / divisor);
+  *scale = max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+__global__ void fill_i32_kernel(int32_t* x, int32_t value, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = value;
 }
 
 }  // namespace
@@ -123,11 +137,27 @@ void finish_bf16_product(const float* p, float* y, int64_t n, float beta, cudaSt
 int64_t sum_squares_chunks(int64_t n) { return (n + kSumSquaresChunk - 1) / kSumSquaresChunk; }
 
 void sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s) {
-  sum_squares_impl(x, n, partials, out, s);
+  sum_squares_impl(x, n, partials, out, false, s);
 }
 
 void sum_squares(const bf16* x, int64_t n, double* partials, double* out, cudaStream_t s) {
-  sum_squares_impl(x, n, partials, out, s);
+  sum_squares_impl(x, n, partials, out, false, s);
+}
+
+void sum_squares_add(const float* x, int64_t n, double* partials, double* acc, cudaStream_t s) {
+  sum_squares_impl(x, n, partials, acc, true, s);
+}
+
+void sum_squares_add(const bf16* x, int64_t n, double* partials, double* acc, cudaStream_t s) {
+  sum_squares_impl(x, n, partials, acc, true, s);
+}
+
+void clip_scale(const double* sumsq, double divisor, double max_norm, float* scale, cudaStream_t s) {
+  AMSP_LAUNCH(clip_scale_kernel, 1, 1, 0, s)(sumsq, divisor, max_norm, scale);
+}
+
+void fill_i32(int32_t* x, int32_t value, int64_t n, cudaStream_t s) {
+  if (n > 0) AMSP_LAUNCH(fill_i32_kernel, grid_for(n), kBlockThreads, 0, s)(x, value, n);
 }
 
 }  // namespace amsp::kernels::cuda

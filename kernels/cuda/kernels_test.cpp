@@ -541,7 +541,7 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
     step.weight_decay = 0.1f, step.bias_correction1 = 1 - 0.9f * 0.9f * 0.9f;
     step.bias_correction2 = 1 - 0.95f * 0.95f * 0.95f, step.grad_scale = grad_scale;
     const cuda::AdamWHyper hyper{step.lr, step.beta1, step.beta2, step.eps, step.weight_decay,
-                                 step.bias_correction1, step.bias_correction2, step.grad_scale};
+                                 step.bias_correction1, step.bias_correction2, step.grad_scale, nullptr};
     struct Host {
       std::vector<float> master, m, v, grad, copy_f32;
       std::vector<bf16> grad_b, copy_b;

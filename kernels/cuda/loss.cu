@@ -37,6 +37,25 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t*
   }
 }
 
+// One thread, rows in order: the host's double sum, on the device.
+__global__ void accumulate_loss_kernel(const float* losses, const int32_t* targets,
+                                       const int32_t* bad_row, int64_t rows, double* acc) {
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    sum += static_cast<double>(losses[r]);
+    ++count;
+  }
+  acc[0] += sum;
+  acc[1] += static_cast<double>(count);
+  const int32_t bad = *bad_row;
+  if (bad != 0x7fffffff && acc[2] == 0.0) {
+    acc[2] = static_cast<double>(bad) + 1.0;
+    acc[3] = static_cast<double>(targets[bad]);
+  }
+}
+
 // z := scale * exp(z - lse), then the target's entry minus scale, as the CPU
 // writes then subtracts; ignored rows become 0.
 __global__ void cross_entropy_backward_kernel(float* logits, const int32_t* targets,
@@ -66,6 +85,11 @@ void cross_entropy_forward(const float* logits, const int32_t* targets, float* l
   if (rows > 0 && V > 0)
     AMSP_LAUNCH(cross_entropy_forward_kernel, grid_for(rows, 1), kBlockThreads, 0, s)(
         logits, targets, lse, losses, bad_row, rows, V);
+}
+
+void accumulate_loss(const float* losses, const int32_t* targets, const int32_t* bad_row,
+                     int64_t rows, double* acc, cudaStream_t s) {
+  AMSP_LAUNCH(accumulate_loss_kernel, 1, 1, 0, s)(losses, targets, bad_row, rows, acc);
 }
 
 void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse, int64_t rows,

@@ -49,6 +49,14 @@ constexpr int64_t kSumSquaresChunk = 1 << 14;
 int64_t sum_squares_chunks(int64_t n);
 void sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s);
 void sum_squares(const bf16* x, int64_t n, double* partials, double* out, cudaStream_t s);
+// The same, added into *acc (device) instead: *acc = *acc + total, one double addition.
+void sum_squares_add(const float* x, int64_t n, double* partials, double* acc, cudaStream_t s);
+void sum_squares_add(const bf16* x, int64_t n, double* partials, double* acc, cudaStream_t s);
+// *scale = max_norm / (norm + 1e-6) rounded to fp32 when max_norm > 0 and norm > max_norm,
+// else 1, for norm = sqrt(*sumsq / divisor): the engine's clipping factor, in double.
+void clip_scale(const double* sumsq, double divisor, double max_norm, float* scale, cudaStream_t s);
+// x[0..n) = value.
+void fill_i32(int32_t* x, int32_t value, int64_t n, cudaStream_t s);
 
 // ---- embedding -------------------------------------------------------------------------
 // out[r, :] = table[tokens[r], :] (tokens are checked by the caller).
@@ -115,6 +123,11 @@ void swiglu_backward(const float* gate, const float* up, const float* dout, floa
 void cross_entropy_forward(const float* logits, const int32_t* targets, float* lse,
                            float* losses, int32_t* bad_row, int64_t rows, int64_t V,
                            cudaStream_t s);
+// After cross_entropy_forward: acc[0] += the losses of rows with a target >= 0, summed
+// in double in row order, acc[1] += their count (as a double); if *bad_row names a row
+// (< INT32_MAX) and acc[2] is 0: acc[2] = that row + 1, acc[3] = its target. One thread.
+void accumulate_loss(const float* losses, const int32_t* targets, const int32_t* bad_row,
+                     int64_t rows, double* acc, cudaStream_t s);
 // In place: logits := scale * (softmax - onehot); rows with target < 0 become 0.
 // Targets must be < V (the forward reported any that are not).
 void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse, int64_t rows,
@@ -126,6 +139,7 @@ void cross_entropy_backward(float* logits, const int32_t* targets, const float* 
 // updated master in its dtype. One launch covers up to kAdamWTensors tensors.
 struct AdamWHyper {
   float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale;
+  const float* scale;  // device; when not null, the gradient is multiplied by *scale instead
 };
 struct AdamWTensor {
   float* master;

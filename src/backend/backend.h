@@ -64,7 +64,13 @@ struct AdamWStep {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float bias_correction1 = 1, bias_correction2 = 1;  // 1 - beta^step
   float grad_scale = 1;
+  View scale;  // fp32 [1] on the backend; when set, it multiplies the gradient instead of grad_scale
 };
+
+// A loss accumulator (Backend::cross_entropy_forward_into) read back to the
+// host: throws the Error cross_entropy_forward would have thrown if a target
+// was outside the vocabulary of V.
+void check_loss_acc(const double* acc, int64_t V);
 
 class Backend {
  public:
@@ -177,6 +183,27 @@ class Backend {
                                         int64_t rows, int64_t V) = 0;
   virtual void cross_entropy_backward(const View& logits, const View& targets, const View& lse,
                                       int64_t rows, int64_t V, float scale) = 0;
+
+  // ---- the training step's scalars, kept on the backend ------------------------
+  // So that a device step needs one host synchronisation, at its end.
+  //
+  // Host -> device without waiting: src is memory from alloc_host that the
+  // caller leaves untouched until a later synchronisation has passed the copy
+  // (a plain copy on the CPU).
+  virtual void from_host_async(const int32_t* src, const View& dst) = 0;
+  // fp64 values to the host (waits for the stream).
+  virtual void to_host_f64(const View& src, double* dst) = 0;
+  // cross_entropy_forward, its loss added into acc (fp64 [4]) instead of
+  // returned: acc[0] += the sum over valid targets in row order, acc[1] += their
+  // count. A target >= V is an Error at once on the CPU; a device records the
+  // first (acc[2] = row + 1, acc[3] = target) for check_loss_acc.
+  virtual void cross_entropy_forward_into(const View& logits, const View& targets, const View& lse,
+                                          int64_t rows, int64_t V, const View& acc) = 0;
+  // acc (fp64 [1]) += sum_squares(x): the host's double addition, on the backend.
+  virtual void sum_squares_into(const View& x, const View& acc) = 0;
+  // scale (fp32 [1]) = max_norm / (norm + 1e-6) if max_norm > 0 and norm >
+  // max_norm, else 1, for norm = sqrt(sumsq[0] / divisor) (fp64 sumsq).
+  virtual void clip_scale(const View& sumsq, double divisor, double max_norm, const View& scale) = 0;
 
   // ---- the optimizer ---------------------------------------------------------
   // AdamW over equal-length views: master (fp32) parameters, moments m and v

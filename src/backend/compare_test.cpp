@@ -107,6 +107,16 @@ class Forwarding : public Backend {
                                 int64_t V) override {
     return in_->cross_entropy_forward(z, t, lse, rows, V);
   }
+  void cross_entropy_forward_into(const View& z, const View& t, const View& lse, int64_t rows, int64_t V,
+                                  const View& acc) override {
+    in_->cross_entropy_forward_into(z, t, lse, rows, V, acc);
+  }
+  void from_host_async(const int32_t* src, const View& dst) override { in_->from_host_async(src, dst); }
+  void to_host_f64(const View& src, double* dst) override { in_->to_host_f64(src, dst); }
+  void sum_squares_into(const View& x, const View& acc) override { in_->sum_squares_into(x, acc); }
+  void clip_scale(const View& sumsq, double divisor, double max_norm, const View& scale) override {
+    in_->clip_scale(sumsq, divisor, max_norm, scale);
+  }
   void cross_entropy_backward(const View& z, const View& t, const View& lse, int64_t rows,
                               int64_t V, float scale) override {
     in_->cross_entropy_backward(z, t, lse, rows, V, scale);

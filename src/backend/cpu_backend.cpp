@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -310,6 +311,36 @@ LossSum CpuBackend::cross_entropy_forward(const View& logits, const View& target
   loss.sum =
       kernels::cross_entropy_forward(logits.f32(), targets.i32(), lse.f32(), rows, V, &loss.count);
   return loss;
+}
+
+void CpuBackend::cross_entropy_forward_into(const View& logits, const View& targets, const View& lse,
+                                            int64_t rows, int64_t V, const View& acc) {
+  check.expect("cross_entropy_forward_into", "acc", acc, DType::kF64);
+  const LossSum loss = cross_entropy_forward(logits, targets, lse, rows, V);
+  double* a = static_cast<double*>(acc.data);
+  a[0] += loss.sum;
+  a[1] += static_cast<double>(loss.count);
+}
+
+// ---- the step's scalars -----------------------------------------------------------------
+
+void CpuBackend::from_host_async(const int32_t* src, const View& dst) { from_host(src, dst); }
+
+void CpuBackend::to_host_f64(const View& src, double* dst) {
+  check.expect("to_host_f64", "src", src, DType::kF64);
+  if (src.count > 0) std::memcpy(dst, src.data, static_cast<size_t>(src.bytes()));
+}
+
+void CpuBackend::sum_squares_into(const View& x, const View& acc) {
+  check.expect("sum_squares_into", "acc", acc, DType::kF64);
+  static_cast<double*>(acc.data)[0] += sum_squares(x);
+}
+
+void CpuBackend::clip_scale(const View& sumsq, double divisor, double max_norm, const View& scale) {
+  check.expect("clip_scale", "sumsq", sumsq, DType::kF64);
+  check.expect("clip_scale", "scale", scale, DType::kF32);
+  const double norm = std::sqrt(static_cast<const double*>(sumsq.data)[0] / divisor);
+  scale.f32()[0] = max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
 void CpuBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse,

@@ -284,7 +284,8 @@ template <typename Grad, typename Copy>
 void adamw_loop(float* p, float* m, float* v, const Grad* g, Copy* copy, int64_t n,
                 const AdamWStep& s) {
   const float lr = s.lr, b1 = s.beta1, b2 = s.beta2, eps = s.eps, wd = s.weight_decay,
-              bc1 = s.bias_correction1, bc2 = s.bias_correction2, scale = s.grad_scale;
+              bc1 = s.bias_correction1, bc2 = s.bias_correction2,
+              scale = s.scale.empty() ? s.grad_scale : s.scale.f32()[0];
   const bool scaled = scale != 1.0f;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {

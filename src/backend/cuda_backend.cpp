@@ -214,6 +214,24 @@ void CudaBackend::from_host(const int32_t* src, const View& dst) {
   sync_host();
 }
 
+// No staging and no wait: the caller's buffer is page-locked (alloc_host) and
+// left alone until a later synchronisation.
+void CudaBackend::from_host_async(const int32_t* src, const View& dst) {
+  check.expect("from_host_async", "dst", dst, DType::kI32);
+  if (dst.count == 0) return;
+  if (!in_host_block(src, dst.bytes()))
+    fail("from_host_async: the source is not memory from alloc_host");
+  writes(dst);
+  AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, static_cast<size_t>(dst.bytes()), cudaMemcpyHostToDevice,
+                                  stream_));
+}
+
+void CudaBackend::to_host_f64(const View& src, double* dst) {
+  check.expect("to_host_f64", "src", src, DType::kF64);
+  if (src.count == 0) return;
+  std::memcpy(dst, download(src.data, src.bytes()), static_cast<size_t>(src.bytes()));
+}
+
 // ---- ordering ------------------------------------------------------------------------
 
 Event CudaBackend::record() {
@@ -306,6 +324,33 @@ void CudaBackend::add(const View& dst, const View& src) {
   if (d16 && !s16) kc::add(static_cast<bf*>(dst.data), static_cast<const float*>(src.data), n, stream_);
   if (d16 && s16) kc::add(static_cast<bf*>(dst.data), static_cast<const bf*>(src.data), n, stream_);
   AMSP_CUDA_CHECK_LAUNCH("add");
+}
+
+void CudaBackend::sum_squares_into(const View& x, const View& acc) {
+  check.expect_float("sum_squares_into", "x", x);
+  check.expect("sum_squares_into", "acc", acc, DType::kF64);
+  if (x.count == 0) return;
+  Scratch partials = scratch(kc::sum_squares_chunks(x.count) * int64_t{sizeof(double)});
+  reads(x);
+  reads(acc);
+  writes(acc);
+  writes(partials.as<double>(), kc::sum_squares_chunks(x.count) * int64_t{sizeof(double)});
+  auto* a = static_cast<double*>(acc.data);
+  if (x.dtype == DType::kF32)
+    kc::sum_squares_add(static_cast<const float*>(x.data), x.count, partials.as<double>(), a, stream_);
+  else
+    kc::sum_squares_add(static_cast<const uint16_t*>(x.data), x.count, partials.as<double>(), a, stream_);
+  AMSP_CUDA_CHECK_LAUNCH("sum_squares_into");
+}
+
+void CudaBackend::clip_scale(const View& sumsq, double divisor, double max_norm, const View& scale) {
+  check.expect("clip_scale", "sumsq", sumsq, DType::kF64);
+  check.expect("clip_scale", "scale", scale, DType::kF32);
+  reads(sumsq);
+  writes(scale);
+  kc::clip_scale(static_cast<const double*>(sumsq.data), divisor, max_norm, static_cast<float*>(scale.data),
+                 stream_);
+  AMSP_CUDA_CHECK_LAUNCH("clip_scale");
 }
 
 double CudaBackend::sum_squares(const View& x) {

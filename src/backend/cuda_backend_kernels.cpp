@@ -422,6 +422,33 @@ LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targe
   return loss;
 }
 
+// The losses stay on the device: summed in row order by one thread into acc,
+// with the first bad row, read back when the caller next synchronises.
+void CudaBackend::cross_entropy_forward_into(const View& logits, const View& targets, const View& lse,
+                                             int64_t rows, int64_t V, const View& acc) {
+  const char* kn = "cross_entropy_forward_into";
+  check.cross_entropy(kn, logits, targets, lse, rows, V);
+  check.expect(kn, "acc", acc, DType::kF64);
+  if (rows == 0) return;
+  Scratch back = scratch(rows * 4 + 4);  // [losses: rows floats][bad_row: one int32]
+  float* losses = back.as<float>();
+  int32_t* bad = reinterpret_cast<int32_t*>(back.as<char>() + rows * 4);
+  writes(bad, 4);
+  kc::fill_i32(bad, std::numeric_limits<int32_t>::max(), 1, stream_);
+  reads(logits.data, rows * V * 4);
+  reads(targets.data, rows * 4);
+  writes(lse.data, rows * 4);
+  writes(losses, rows * 4);
+  kc::cross_entropy_forward(f32p(logits), i32p(targets), f32w(lse), losses, bad, rows, V, stream_);
+  reads(losses, rows * 4);
+  reads(bad, 4);
+  reads(targets.data, rows * 4);
+  reads(acc);
+  writes(acc);
+  kc::accumulate_loss(losses, i32p(targets), bad, rows, static_cast<double*>(acc.data), stream_);
+  AMSP_CUDA_CHECK_LAUNCH(kn);
+}
+
 void CudaBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse, int64_t rows,
                                          int64_t V, float scale) {
   const char* kn = "cross_entropy_backward";
@@ -452,8 +479,12 @@ void CudaBackend::adamw(const View& master, const View& m, const View& v, const 
   const kc::AdamWTensor t{f32w(master), f32w(m), f32w(v), grad.data,
                           param_copy.empty() ? nullptr : param_copy.data, n,
                           grad.dtype == DType::kBF16, param_copy.dtype == DType::kBF16};
+  if (!s.scale.empty()) {
+    check.expect(kn, "scale", s.scale, DType::kF32);
+    reads(s.scale);
+  }
   const kc::AdamWHyper h{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.bias_correction1, s.bias_correction2,
-                         s.grad_scale};
+                         s.grad_scale, s.scale.empty() ? nullptr : f32p(s.scale)};
   kc::adamw(&t, 1, h, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }

@@ -123,6 +123,69 @@ TEST(CudaBackend, CrossEntropyNamesATargetOutsideTheVocabulary) {
   EXPECT_NEAR(l.sum, 2 * std::log(4.0), 1e-6);
 }
 
+// The step's scalars stay on the device and come back in one read, equal to
+// what the CPU backend computes on the host: the loss summed in row order, the
+// squared norm added unit by unit, the clipping factor; a bad target is
+// recorded on the device and reported as cross_entropy_forward reports it.
+TEST(CudaBackend, StepScalarsMatchTheCpuBackendAndCostOneSync) {
+  const int64_t rows = 3, V = 4;
+  const std::vector<float> z = {0.5f, -1, 2, 0.25f, 1, 1, -3, 0, 0.1f, 0.2f, 0.3f, 0.4f};
+  const std::vector<float> g = {3, 4, 0.5f, -2, 1e-3f};
+  const std::vector<int32_t> t = {1, 3, -1}, pinned_t = {2, 0, 1};
+  std::vector<double> got[2];
+  for (int k = 0; k < 2; ++k) {
+    auto be = k == 0 ? make_cpu_backend(DType::kF32) : make_cuda_backend(DType::kF32, 0);
+    Buffer logits = be->alloc(DType::kF32, rows * V), lse = be->alloc(DType::kF32, rows);
+    Buffer targets = be->alloc(DType::kI32, rows), x = be->alloc(DType::kF32, 5);
+    Buffer acc = be->alloc(DType::kF64, 5), scale = be->alloc(DType::kF32, 1);
+    Buffer host = be->alloc_host(rows);
+    std::copy(pinned_t.begin(), pinned_t.end(), static_cast<int32_t*>(host.data()));
+    be->from_host(t.data(), targets.view());
+    be->from_host(g.data(), x.view());
+    const int64_t syncs = be->host_syncs();
+    for (int micro = 0; micro < 2; ++micro) {
+      be->from_host(z.data(), logits.view());
+      be->cross_entropy_forward_into(logits.view(), targets.view(), lse.view(), rows, V, acc.at(0, 4));
+      be->from_host_async(static_cast<const int32_t*>(host.data()), targets.view());
+    }
+    be->sum_squares_into(x.view(), acc.at(4, 1));
+    be->sum_squares_into(x.at(1, 3), acc.at(4, 1));
+    be->clip_scale(acc.at(4, 1), 2.0, 1.0, scale.view());
+    got[k].resize(6);
+    be->to_host_f64(acc.view(), got[k].data());
+    float s = 0;
+    be->to_host(scale.view(), &s);
+    got[k][5] = s;
+    // CPU: none; CUDA: the uploads of the logits (staged) and the two reads.
+    EXPECT_EQ(be->host_syncs() - syncs, k == 0 ? 0 : 2 + 2) << k;
+    if (k == 1) EXPECT_THROW(be->from_host_async(t.data(), targets.view()), Error) << "not alloc_host memory";
+  }
+  // The loss to the last bits of the fused log-sum-exp (a tree order on the
+  // device); everything else exactly.
+  EXPECT_NEAR(got[1][0], got[0][0], 1e-6 * got[0][0]);
+  for (size_t i = 1; i < 6; ++i) EXPECT_EQ(got[1][i], got[0][i]) << i;
+  EXPECT_EQ(got[1][1], 2.0 + 3.0);  // valid targets: {1, 3, -1}, then the pinned {2, 0, 1}
+  const double sumsq = 9 + 16 + 0.25 + 4 + 1e-6 + 16 + 0.25 + 4;
+  EXPECT_NEAR(got[1][4], sumsq, 1e-6);
+  EXPECT_EQ(static_cast<float>(got[1][5]), static_cast<float>(1.0 / (std::sqrt(got[1][4] / 2) + 1e-6)));
+  // A target outside the vocabulary: recorded on the device, reported at the read.
+  auto be = make_cuda_backend(DType::kF32, 0);
+  Buffer logits = be->alloc(DType::kF32, rows * V), lse = be->alloc(DType::kF32, rows);
+  Buffer targets = be->alloc(DType::kI32, rows), acc = be->alloc(DType::kF64, 4);
+  const std::vector<int32_t> bad = {1, 7, -1};
+  be->from_host(bad.data(), targets.view());
+  be->cross_entropy_forward_into(logits.view(), targets.view(), lse.view(), rows, V, acc.view());
+  double a[4];
+  be->to_host_f64(acc.view(), a);
+  try {
+    check_loss_acc(a, V);
+    ADD_FAILURE() << "target 7 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 7 at row 1 is outside the vocabulary of 4"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CachingAllocator, ReusesFreedBlocksBySizeClass) {
   auto be = make_cuda_backend(DType::kF32, 0);
   const MemoryStats before = be->memory();

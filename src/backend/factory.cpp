@@ -8,6 +8,12 @@
 
 namespace amsp::backend {
 
+void check_loss_acc(const double* acc, int64_t V) {
+  if (acc[2] == 0.0) return;
+  fail("cross_entropy_forward: target ", static_cast<int64_t>(acc[3]), " at row ",
+       static_cast<int64_t>(acc[2]) - 1, " is outside the vocabulary of ", V);
+}
+
 std::optional<Device> parse_device(const std::string& text) {
   if (text == "cpu") return Device::kCpu;
   if (text == "cuda") return Device::kCuda;

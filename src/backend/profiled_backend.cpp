@@ -196,6 +196,29 @@ LossSum ProfiledBackend::cross_entropy_forward(const View& logits, const View& t
   return timed("cross_entropy_forward", [&] { return inner_->cross_entropy_forward(logits, targets, lse, rows, V); });
 }
 
+void ProfiledBackend::cross_entropy_forward_into(const View& logits, const View& targets, const View& lse,
+                                                 int64_t rows, int64_t V, const View& acc) {
+  timed("cross_entropy_forward", [&] { inner_->cross_entropy_forward_into(logits, targets, lse, rows, V, acc); });
+}
+
+// ---- the step's scalars ------------------------------------------------------------
+
+void ProfiledBackend::from_host_async(const int32_t* src, const View& dst) {
+  timed("from_host", [&] { inner_->from_host_async(src, dst); });
+}
+
+void ProfiledBackend::to_host_f64(const View& src, double* dst) {
+  timed("to_host", [&] { inner_->to_host_f64(src, dst); });
+}
+
+void ProfiledBackend::sum_squares_into(const View& x, const View& acc) {
+  timed("sum_squares", [&] { inner_->sum_squares_into(x, acc); });
+}
+
+void ProfiledBackend::clip_scale(const View& sumsq, double divisor, double max_norm, const View& scale) {
+  timed("clip_scale", [&] { inner_->clip_scale(sumsq, divisor, max_norm, scale); });
+}
+
 void ProfiledBackend::cross_entropy_backward(const View& logits, const View& targets, const View& lse,
                                              int64_t rows, int64_t V, float scale) {
   timed("cross_entropy_backward", [&] { inner_->cross_entropy_backward(logits, targets, lse, rows, V, scale); });

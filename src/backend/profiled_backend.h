@@ -116,6 +116,12 @@ class ProfiledBackend final : public Backend {
 
   LossSum cross_entropy_forward(const View& logits, const View& targets, const View& lse,
                                 int64_t rows, int64_t V) override;
+  void from_host_async(const int32_t* src, const View& dst) override;
+  void to_host_f64(const View& src, double* dst) override;
+  void cross_entropy_forward_into(const View& logits, const View& targets, const View& lse, int64_t rows,
+                                  int64_t V, const View& acc) override;
+  void sum_squares_into(const View& x, const View& acc) override;
+  void clip_scale(const View& sumsq, double divisor, double max_norm, const View& scale) override;
   void cross_entropy_backward(const View& logits, const View& targets, const View& lse,
                               int64_t rows, int64_t V, float scale) override;
 

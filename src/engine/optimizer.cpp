@@ -11,7 +11,7 @@ double tensor_weight_decay(const model::TensorSpec& tensor, const AdamWOptions& 
 }
 
 void adamw_update_range(backend::Backend& be, const model::UnitSpec& unit, const OsShard& s,
-                        const AdamWOptions& options, double lr, int64_t step, float grad_scale) {
+                        const AdamWOptions& options, double lr, int64_t step, const backend::View& scale) {
   backend::AdamWStep a;
   a.lr = static_cast<float>(lr);
   a.beta1 = static_cast<float>(options.beta1);
@@ -19,7 +19,7 @@ void adamw_update_range(backend::Backend& be, const model::UnitSpec& unit, const
   a.eps = static_cast<float>(options.eps);
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(options.beta1, static_cast<double>(step)));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(options.beta2, static_cast<double>(step)));
-  a.grad_scale = grad_scale;
+  a.scale = scale;
   for (const auto& t : unit.tensors) {
     const int64_t lo = std::max(s.begin, t.offset), hi = std::min(s.end, t.offset + t.numel);
     if (lo >= hi) continue;

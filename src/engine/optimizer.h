@@ -31,8 +31,9 @@ struct OsShard {
 };
 
 // One AdamW step on the shard; step is the 1-based optimizer step (bias
-// correction); grad_scale multiplies the gradient first (clipping).
+// correction); scale (fp32 [1] on the backend) multiplies the gradient first
+// (clipping).
 void adamw_update_range(backend::Backend& be, const model::UnitSpec& unit, const OsShard& shard,
-                        const AdamWOptions& options, double lr, int64_t step, float grad_scale);
+                        const AdamWOptions& options, double lr, int64_t step, const backend::View& scale);
 
 }  // namespace amsp::engine

@@ -101,8 +101,17 @@ struct ShardedEngine::Impl {
   void reduce(const plan::Action& a, int64_t micro_batches);
 
   // The optimizer.
-  double grad_norm();
-  void update(const model::UnitSpec& unit, int u, double lr, int64_t step, double clip_scale);
+  void norm_and_clip_scale();
+  void update(const model::UnitSpec& unit, int u, double lr, int64_t step);
+
+  // The step's scalars on the backend, read back once at its end: the loss
+  // accumulator [0..4) (Backend::cross_entropy_forward_into) and the squared
+  // norm [4]; the clipping factor (fp32); and the micro-batches' token ids and
+  // targets in page-locked host memory, copied without waiting.
+  Buffer scalars, clip;
+  Buffer pinned;
+  int32_t* pinned_batch(int64_t micro_batches, int64_t tokens);
+  View sumsq() { return scalars.at(4, 1); }
 
   // Checkpoint views.
   std::vector<ckpt::StateView> state_views();
@@ -151,10 +160,8 @@ void ShardedEngine::Impl::make_communicators(PlanGroups& pg) {
       });
     }
   }
-  // The norm's partial sums are host doubles: on a device backend they travel
-  // over MPI, not over the device communicator.
-  world = on_host() ? be.make_communicator(std::move(pg.world))
-                    : comm::make_mpi_communicator(std::move(pg.world));
+  // The norm's partial sums stay on the backend: on a device, NCCL sums them.
+  world = be.make_communicator(std::move(pg.world));
   if (opt.comm_timeout_s > 0) world->set_timeout(opt.comm_timeout_s);
 }
 
@@ -171,6 +178,8 @@ void ShardedEngine::Impl::allocate() {
     max_padded = std::max(max_padded, s.padded);
   }
   param_update.resize(static_cast<size_t>(U));
+  scalars = be.alloc(DType::kF64, 5);
+  clip = be.alloc(DType::kF32, 1);
   if (sp > 1)
     for (int i = 0; i <= opt.prefetch; ++i) gather_slots.push_back(be.alloc(wire, max_padded));
   // The reduction slots, in the sizes the schedule's stages name; the
@@ -320,24 +329,34 @@ void ShardedEngine::Impl::reduce(const plan::Action& a, int64_t micro_batches) {
 
 // --- the optimizer -------------------------------------------------------------------
 
-double ShardedEngine::Impl::grad_norm() {
-  double total = 0.0;
-  for (int u = 0; u < U; ++u) total += be.sum_squares(g_os(u));
+// The squared norm of the OS-shards, summed in unit order and over the world
+// on the backend, then the clipping factor from it, on the backend too:
+// nothing is read back (each OS-shard is held once per replica, hence the
+// division by the replicas).
+void ShardedEngine::Impl::norm_and_clip_scale() {
+  for (int u = 0; u < U; ++u) be.sum_squares_into(g_os(u), sumsq());
   if (world->size() > 1) {
     const double t0 = comm::now_seconds();
-    world->all_reduce(&total, 1, DType::kF64).wait();
+    world->all_reduce(sumsq().data, 1, DType::kF64).compute_wait();
     if (opt.trace) opt.trace->span("comm world", "all_reduce (norm)", t0, comm::now_seconds());
   }
-  // Each OS-shard is held once per replica.
-  return std::sqrt(total / static_cast<double>(replicas));
+  be.clip_scale(sumsq(), static_cast<double>(replicas), opt.grad_clip, clip.view());
 }
 
-void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, int64_t step,
-                                 double clip_scale) {
+// Room for every micro-batch's tokens and targets; grown (never in a run whose
+// micro-batches per step stay the same) only at the start of a step, when the
+// previous step's end has synchronised.
+int32_t* ShardedEngine::Impl::pinned_batch(int64_t micro_batches, int64_t tokens) {
+  const int64_t need = micro_batches * 2 * tokens;
+  if (pinned.count() < need) pinned = be.alloc_host(need);
+  return static_cast<int32_t*>(pinned.data());
+}
+
+void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, int64_t step) {
   const plan::Range os = sh(u).os;
   const OsShard shard{os.begin, os.end(), master(u), g_os(u), st(u).exp_avg.view(),
                       st(u).exp_avg_sq.view(), bf16() ? p_os(u) : View{}};
-  adamw_update_range(be, unit, shard, opt.adamw, lr, step, static_cast<float>(clip_scale));
+  adamw_update_range(be, unit, shard, opt.adamw, lr, step, clip.view());
   // Rebuild the P-shard from the updated OS-shards; the next step waits for
   // it only when it needs this unit.
   if (!schedule.optimizer_gather.empty()) {
@@ -452,37 +471,43 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
   const std::vector<plan::Action> program = plan::step_program(im.schedule, micro_batches);
   im.start_program(program);
   for (auto& s : im.state) im.be.fill_zero(s.g.view());
-  StepResult result;
-  double clip_scale = 1.0, t_update = 0;
+  im.be.fill_zero(im.scalars.view());
+  // Every micro-batch's data first, into page-locked memory the copies read
+  // while the step runs.
+  const int64_t N = batch_ * seq_len_;
+  int32_t* data = im.pinned_batch(micro_batches, N);
+  for (int64_t m = 0; m < micro_batches; ++m) batch(m, data + 2 * m * N, data + (2 * m + 1) * N);
+  model_.accumulate_loss_into(im.scalars.at(0, 4));
+  double t_update = 0;
   for (const plan::Action& a : program) {
     switch (a.kind) {
       case plan::Action::kGather: im.issue_gather(a); break;
       case plan::Action::kForward:
-        if (a.unit == 0) {
-          batch(a.micro, tokens_.data(), targets_.data());
-          model_.set_batch(tokens_.data(), targets_.data(), batch_, seq_len_, grad_scale);
-        }
+        if (a.unit == 0)
+          model_.set_batch_pinned(data + 2 * a.micro * N, data + (2 * a.micro + 1) * N, batch_, seq_len_,
+                                  grad_scale);
         im.forward(a);
-        if (a.unit == im.U - 1) {
-          result.loss_sum += model_.loss_sum();
-          result.loss_count += model_.loss_count();
-        }
         break;
       case plan::Action::kBackward: im.backward(a); break;
       case plan::Action::kReduce: im.reduce(a, micro_batches); break;
       case plan::Action::kNorm:
         im.drain();
-        result.grad_norm = im.grad_norm();
-        if (im.opt.grad_clip > 0 && result.grad_norm > im.opt.grad_clip)
-          clip_scale = im.opt.grad_clip / (result.grad_norm + 1e-6);
+        im.norm_and_clip_scale();
         t_update = comm::now_seconds();
         break;
-      case plan::Action::kUpdate:
-        im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step, clip_scale);
-        break;
+      case plan::Action::kUpdate: im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step); break;
     }
   }
+  model_.accumulate_loss_into(View{});
+  // The step's one synchronisation: the loss and the squared norm.
+  double scalars[5];
+  im.be.to_host_f64(im.scalars.view(), scalars);
+  backend::check_loss_acc(scalars, model_.config().vocab_size);
   if (im.opt.trace) im.opt.trace->span("compute", "optimizer", t_update, comm::now_seconds());
+  StepResult result;
+  result.loss_sum = scalars[0];
+  result.loss_count = static_cast<int64_t>(scalars[1]);
+  result.grad_norm = std::sqrt(scalars[4] / static_cast<double>(im.replicas));
   return result;
 }
 

@@ -52,6 +52,7 @@ struct Llama::Impl {
 
   double loss_sum = 0.0;
   int64_t loss_count = 0;
+  View loss_acc;  // when set, the head's forward adds its loss here (accumulate_loss_into)
 
   explicit Impl(backend::Backend& b) : be(b) {}
 
@@ -67,6 +68,8 @@ struct Llama::Impl {
   LayerActs& layer_acts(int layer) { return acts[recompute ? 0 : static_cast<size_t>(layer)]; }
   void forward_decoder(int u, const View& p);
   void backward_decoder(int u, const View& p, const View& g);
+  void set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                 float grad_scale, bool pinned);
   void forward_head(int u, const View& p);
   void backward_head(int u, const View& p, const View& g);
 };
@@ -138,7 +141,19 @@ int64_t Llama::activation_bytes() const { return impl_->allocated; }
 
 void Llama::set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                       float grad_scale) {
-  Impl& m = *impl_;
+  impl_->set_batch(tokens, targets, B, T, grad_scale, false);
+}
+
+void Llama::set_batch_pinned(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                             float grad_scale) {
+  impl_->set_batch(tokens, targets, B, T, grad_scale, true);
+}
+
+void Llama::accumulate_loss_into(const View& acc) { impl_->loss_acc = acc; }
+
+void Llama::Impl::set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                            float grad_scale, bool pinned) {
+  Impl& m = *this;
   if (B <= 0 || T <= 0 || B > m.max_batch || T > m.max_seq_len)
     fail("model: micro-batch ", B, " x ", T, " does not fit the allocated ", m.max_batch, " x ",
          m.max_seq_len);
@@ -151,9 +166,15 @@ void Llama::set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, 
     if (tokens[i] < 0 || tokens[i] >= m.vocab)
       fail("model: token ", tokens[i], " at position ", i, " of the micro-batch is outside the vocabulary of ",
            m.vocab);
-  m.be.from_host(tokens, m.tokens.at(0, m.N));
+  auto upload = [&](const int32_t* src, const View& dst) {
+    if (pinned)
+      m.be.from_host_async(src, dst);
+    else
+      m.be.from_host(src, dst);
+  };
+  upload(tokens, m.tokens.at(0, m.N));
   m.has_targets = targets != nullptr;
-  if (m.has_targets) m.be.from_host(targets, m.targets.at(0, m.N));
+  if (m.has_targets) upload(targets, m.targets.at(0, m.N));
   m.has_batch = true;
   m.grad_scale = grad_scale;
   m.loss_sum = 0.0;
@@ -278,7 +299,9 @@ void Llama::Impl::forward_head(int u, const View& p) {
   // Without targets (inference), logits only.
   loss_sum = 0.0;
   loss_count = 0;
-  if (has_targets) {
+  if (has_targets && !loss_acc.empty()) {
+    be.cross_entropy_forward_into(lg, targets.at(0, N), lse.at(0, N), N, vocab, loss_acc);
+  } else if (has_targets) {
     const backend::LossSum l = be.cross_entropy_forward(lg, targets.at(0, N), lse.at(0, N), N, vocab);
     loss_sum = l.sum;
     loss_count = l.count;

@@ -48,6 +48,14 @@ class Llama {
   // on the host, before anything is copied).
   void set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                  float grad_scale);
+  // The same from memory of the backend's alloc_host, copied without waiting:
+  // the caller leaves it untouched until the backend next synchronises.
+  void set_batch_pinned(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                        float grad_scale);
+  // With acc set (fp64 [4] on the backend), the head's forward adds its loss
+  // into acc (Backend::cross_entropy_forward_into) and loss_sum() and
+  // loss_count() stay 0: nothing is read back. An empty view goes back.
+  void accumulate_loss_into(const backend::View& acc);
 
   // params: the unit's flat buffer; grads: its gradient buffer, which backward
   // accumulates into. Either dtype the backend takes (fp32 or bf16).

@@ -50,8 +50,9 @@ PER_MICRO = {
 # The linear kernels by shape (M, in, out): q and o; k and v; gate and up; down; the head.
 LINEAR_SHAPES = {(N, H, H): 2 * L, (N, H, KV): 2 * L, (N, H, I): 2 * L, (N, I, H): L, (N, H, V): 1}
 # Per step: AdamW once per tensor (embedding; 9 per layer; final norm and LM head on one
-# rank, where the OS-shard holds every tensor whole); one sum of squares per unit.
-PER_STEP = {"adamw": 1 + 9 * L + 2, "sum_squares": L + 2}
+# rank, where the OS-shard holds every tensor whole); one sum of squares per unit; the
+# clipping factor; the one read of the step's loss and norm.
+PER_STEP = {"adamw": 1 + 9 * L + 2, "sum_squares": L + 2, "clip_scale": 1, "to_host": 1}
 # Ops the engine also calls, so only a floor: the model's residual copies and the
 # head's zeroed gradient per micro-batch.
 AT_LEAST_PER_MICRO = {"copy": 2 * L, "fill_zero": 1}
