@@ -180,6 +180,7 @@ void ShardedEngine::Impl::allocate() {
   param_update.resize(static_cast<size_t>(U));
   scalars = be.alloc(DType::kF64, 5);
   clip = be.alloc(DType::kF32, 1);
+
   if (sp > 1)
     for (int i = 0; i <= opt.prefetch; ++i) gather_slots.push_back(be.alloc(wire, max_padded));
   // The reduction slots, in the sizes the schedule's stages name; the
@@ -441,6 +442,11 @@ ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend&
     fail_usage("engine: the backend computes in ", dtype_name(backend.compute()),
                " but the engine was asked for ", dtype_name(options.precision));
   impl_ = std::make_unique<Impl>(backend, model_, shards_, groups, options);
+  // Staging sized now, not in a step: the batch buffer for the expected
+  // micro-batches, and the backend's read-back buffer (one read of the scalars).
+  impl_->pinned_batch(std::max<int64_t>(1, options.micro_batches), batch * seq_len);
+  double warm[5];
+  backend.to_host_f64(impl_->scalars.view(), warm);
   init_parameters(seed);
 }
 

@@ -50,6 +50,7 @@ struct EngineOptions {
   int prefetch = 2;          // gathered units in flight ahead of the one computing
   int max_reductions = 2;    // outstanding gradient reductions
   bool overlap = true;       // false: wait for every collective as soon as it is issued
+  int64_t micro_batches = 1; // per step, to size the page-locked batch buffer at start-up
   bool recompute = false;    // rebuild each layer's activations in backward (model/llama.h)
   AdamWOptions adamw;
   double grad_clip = 1.0;    // 0: no clipping

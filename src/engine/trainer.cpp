@@ -498,6 +498,7 @@ void Run::set_up_engine() {
   eo.precision = o.precision;
   eo.adamw = o.adamw;
   eo.grad_clip = o.grad_clip;
+  eo.micro_batches = o.grad_accum;
   eo.overlap = o.overlap;
   eo.recompute = recompute;
   eo.comm_timeout_s = o.comm_timeout_s;

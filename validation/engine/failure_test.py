@@ -34,7 +34,7 @@ def timeout_lines():
     head = (rf"amsp: error: rank (?P<rank>\d+) of {RANKS} on host {re.escape(socket.gethostname())}: "
             rf"timeout: ")
     within = rf"did not complete within {TIMEOUT_S} s; another rank"
-    return [re.compile(head + rf"(?P<op>{OPS}) \(op #\d+, count \d+( bf16)?\) on group (?P<group>{GROUPS}) "
+    return [re.compile(head + rf"(?P<op>{OPS}) \(op #\d+, count \d+( bf16| fp64)?\) on group (?P<group>{GROUPS}) "
                        rf"\({RANKS} ranks, backend mpi/thread\) {within} of the group is probably stuck or dead "
                        rf"\(set AMSP_COMM_TIMEOUT to change the limit\)$"),
             re.compile(head + rf"(?P<op>all_reduce) of the [a-z ]+ on group (?P<group>world) {within} is "
