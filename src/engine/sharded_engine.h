@@ -2,13 +2,15 @@
 // parameters, gradients and optimizer states are each sharded as a plan says
 // (doc/engine.md), with communication overlapping compute.
 //
-// Per micro-batch, per unit:
+// What a step issues, in which order, is the step's schedule (plan/schedule.h),
+// which the engine executes action by action; in outline, per micro-batch, per unit:
 //   forward   all-gather the unit over the P group (the next `prefetch` units
 //             are already on their way), compute, release the gathered copy;
 //   backward  gather again (prefetched; the head keeps its forward copy),
 //             compute the unit's full gradient, reduce-scatter it over the P
-//             group and then over the G group, asynchronously, while earlier
-//             units compute; the G-shard accumulates across micro-batches.
+//             group and then over the G group, issued at once and chained on
+//             the communicators, while earlier units compute; the G-shard
+//             accumulates across micro-batches.
 // Last micro-batch: each unit's G-shard is reduce-scattered over the OS group
 // and all-reduced over the replica group as soon as it is ready.
 // Then the global gradient norm, clipping, AdamW on the OS-shard, and an
