@@ -5,9 +5,9 @@ For each layout (mpi4: `mpiexec -n 4`; slurm2x2: 2 nodes x 2 ranks on the local 
 cluster, which the script starts and always stops) and each plan of the engine's
 equivalence set for that layout, runs the same training job with two binaries in
 alternation, --repeats times each: --before (e.g. the previous engine, built from an
-older commit) and --after (today's). From rank 0's metrics, steps after --warmup:
-communication in flight per step, exposed communication (time compute waited), and the
-share hidden, 1 - exposed / in flight; the medians are printed per plan and binary.
+older commit) and --after (today's). From rank 0's metrics, steps after --warmup: step
+time, communication in flight per step, exposed communication (time compute waited), and
+the share hidden, 1 - exposed / in flight; the medians are printed per plan and binary.
 
 The default workload is one where backward compute exceeds communication (the small
 preset, seq 128, two micro-batches per rank): everything could hide, so what does not is
@@ -34,37 +34,40 @@ sys.path.insert(0, HERE)
 import plan_validation as pv  # noqa: E402  (layouts, launching, metrics, the local cluster)
 
 
+FIELDS = ("step_ms", "comm_in_flight_ms", "comm_exposed_ms")
+
+
 def measure(args, layout, binary, plan, work, tag):
-    """Median comm in flight and exposed per step (ms), rank 0, steps after the warm-up."""
+    """Step time, comm in flight and exposed per step (ms), rank 0, steps after the warm-up."""
     metrics = os.path.join(work, f"{tag}.jsonl")
     run_args = argparse.Namespace(**{**vars(args), "amsp": binary})
     cmd = layout.launcher(args) + pv.train_args(run_args, plan, metrics=metrics)
     pv.run(cmd, layout.env, f"{tag} ({plan})", os.path.join(work, f"{tag}.log"))
     rows = pv.read_metrics(metrics, args.warmup)
-    return [r["comm_in_flight_ms"] for r in rows], [r["comm_exposed_ms"] for r in rows]
+    return [[r[f] for r in rows] for f in FIELDS]
 
 
 def run_layout(args, layout, plans):
     work = os.path.join(args.work, layout.name)
     os.makedirs(work, exist_ok=True)
     print(f"\n{layout.name}: {layout.world} ranks; per step, ms (medians); hidden = 1 - exposed / comm")
-    print(f"{'plan':22s} | {'comm':>7s} {'exposed':>8s} {'hidden':>7s} | {'comm':>7s} {'exposed':>8s} "
-          f"{'hidden':>7s}")
-    print(f"{'':22s} | {'--- before ---':>24s} | {'--- after ---':>24s}")
+    head = f"{'step':>6s} {'comm':>7s} {'exposed':>8s} {'hidden':>7s}"
+    print(f"{'plan':22s} | {head} | {head}")
+    print(f"{'':22s} | {'--- before ---':>31s} | {'--- after ---':>31s}")
     rows = []
     for i, plan in enumerate(plans):
-        got = {"before": ([], []), "after": ([], [])}
+        got = {side: ([], [], []) for side in ("before", "after")}
         for r in range(args.repeats):
             for side in ("before", "after"):
-                comm, exposed = measure(args, layout, getattr(args, side), plan, work, f"{i}-{side}-{r}")
-                got[side][0].extend(comm)
-                got[side][1].extend(exposed)
+                for acc, values in zip(got[side], measure(args, layout, getattr(args, side), plan, work,
+                                                          f"{i}-{side}-{r}")):
+                    acc.extend(values)
         cells = []
         for side in ("before", "after"):
-            comm, exposed = (statistics.median(x) for x in got[side])
+            step, comm, exposed = (statistics.median(x) for x in got[side])
             hidden = 1 - exposed / comm if comm > 0 else float("nan")
-            cells.append(f"{comm:7.1f} {exposed:8.1f} {100 * hidden:6.1f}%")
-            rows.append((layout.name, plan, side, comm, exposed, hidden))
+            cells.append(f"{step:6.0f} {comm:7.1f} {exposed:8.1f} {100 * hidden:6.1f}%")
+            rows.append((layout.name, plan, side, step, comm, exposed, hidden))
         print(f"{plan:22s} | {cells[0]} | {cells[1]}", flush=True)
     return rows
 
