@@ -46,6 +46,19 @@ add_test(NAME engine_issue_order
 set_tests_properties(engine_issue_order PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300
   PROCESSORS 8)
 
+# benchmarks/hidden_bench.py, sampled: one plan, the same binary on both sides, a few
+# steps of the tiny preset on 4 ranks; the table must come out (about 15 s). The
+# benchmark itself, with the previous engine, is doc/engine.md's "Hidden communication".
+add_test(NAME hidden_bench_sample
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_output.sh
+          "^p=1,g=2x1,os=4x1 +\\| +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+% \\| +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+%$" --
+          python3 ${PROJECT_SOURCE_DIR}/benchmarks/hidden_bench.py --before $<TARGET_FILE:amsp>
+          --after $<TARGET_FILE:amsp> --data ${AMSP_CORPUS} --work ${AMSP_TEST_WORK}/hidden_bench
+          --layouts mpi4 --plans "p=1,g=2x1,os=4x1" --model tiny --seq-len 32 --steps 5
+          --warmup 2 --repeats 1)
+set_tests_properties(hidden_bench_sample PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 120
+  PROCESSORS 4)
+
 # What the engine hands to MPI, counted by MPI's profiling interface (a preloaded
 # library, validation/engine/mpi_count.c) rather than by amsp's own accounting,
 # against the planner's prediction and hand-written formulas (doc/engine-tests.md).
