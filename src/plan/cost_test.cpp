@@ -1,4 +1,5 @@
 #include "plan/cost.h"
+#include "plan/test_workload.h"
 
 #include <gtest/gtest.h>
 
@@ -12,18 +13,7 @@ namespace {
 
 // Units 42, 246, 246, 48 (see memory_test.cpp); padded to 4: 44, 248, 248, 48
 // (147 elements per rank over 4); to 2: 42, 246, 246, 48 (291 per rank over 2).
-Workload odd_workload() {
-  Workload w;
-  w.model.hidden_size = 6;
-  w.model.intermediate_size = 5;
-  w.model.num_hidden_layers = 2;
-  w.model.num_attention_heads = 3;
-  w.model.num_key_value_heads = 3;
-  w.model.vocab_size = 7;
-  w.model.max_position_embeddings = 16;
-  w.seq_len = 4;
-  return w;
-}
+using testing::odd_workload;
 
 const MeshShape k2x2{/*ranks_per_node=*/2, /*nodes=*/2};
 

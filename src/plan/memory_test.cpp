@@ -1,4 +1,5 @@
 #include "plan/memory.h"
+#include "plan/test_workload.h"
 
 #include <gtest/gtest.h>
 
@@ -9,27 +10,8 @@
 namespace amsp::plan {
 namespace {
 
-// A tiny model whose units need padding: embed 7x6 = 42, each layer
-// 2*6 + 36 + 2*36 + 36 + 3*5*6 = 246, head 6 + 42 = 48.
-model::LlamaConfig odd_config() {
-  model::LlamaConfig c;
-  c.hidden_size = 6;
-  c.intermediate_size = 5;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 3;
-  c.vocab_size = 7;
-  c.max_position_embeddings = 16;
-  return c;
-}
-
-Workload odd_workload() {
-  Workload w;
-  w.model = odd_config();
-  w.seq_len = 4;
-  w.micro_batch = 1;
-  return w;
-}
+using testing::odd_config;
+using testing::odd_workload;
 
 TEST(Memory, UnitsAndPadding) {
   EXPECT_EQ(unit_numels(odd_config()), (std::vector<int64_t>{42, 246, 246, 48}));

@@ -40,6 +40,21 @@ const char* buf_name(Buf b) {
 
 namespace {
 
+Stage make_stage(Phase phase, int unit, Op op, GroupKind group, int64_t count, DType dtype,
+                 Buf send, Buf recv, Runs runs) {
+  Stage s;
+  s.phase = phase;
+  s.unit = unit;
+  s.op = op;
+  s.group = group;
+  s.count = count;
+  s.dtype = dtype;
+  s.send = send;
+  s.recv = recv;
+  s.runs = runs;
+  return s;
+}
+
 // A unit's reduction chain: its gradient from the full gradient backward
 // wrote (or the G-shard it added into) to the OS-shard, one stage per group
 // it must be summed over. Each stage after the first is chained to the one
@@ -51,18 +66,8 @@ std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t sp, int64_t sg, i
   std::vector<Stage> c;
   auto add = [&](Phase phase, Op op, GroupKind group, int64_t count, Buf send, Buf recv,
                  Runs runs) -> Stage& {
-    Stage s;
-    s.phase = phase;
-    s.unit = u;
-    s.op = op;
-    s.group = group;
-    s.count = count;
-    s.dtype = wire;
-    s.send = send;
-    s.recv = recv;
-    s.runs = runs;
-    s.chained = !c.empty();
-    c.push_back(s);
+    c.push_back(make_stage(phase, u, op, group, count, wire, send, recv, runs));
+    c.back().chained = c.size() > 1;
     return c.back();
   };
   // Every micro-batch: the full gradient over P, then its P part over G; the
@@ -92,21 +97,6 @@ std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t sp, int64_t sg, i
   }
   if (in_os_slot) c.back().after = {LocalStep::kCopy, Buf::kSlotOS, Buf::kGShardOS};
   return c;
-}
-
-Stage gather_stage(Phase phase, int u, GroupKind group, int64_t count, Buf send, Buf recv,
-                   Runs runs, DType wire) {
-  Stage s;
-  s.phase = phase;
-  s.unit = u;
-  s.op = Op::kAllGather;
-  s.group = group;
-  s.count = count;
-  s.dtype = wire;
-  s.send = send;
-  s.recv = recv;
-  s.runs = runs;
-  return s;
 }
 
 // Elements of slot buffer b for a unit of phi elements (0: not a slot buffer).
@@ -157,26 +147,19 @@ StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshS
     const int64_t phi = s.padded[static_cast<size_t>(u)];
     largest = std::max(largest, phi);
     if (sp > 1)
-      s.gather.push_back(gather_stage(Phase::kForwardGather, u, GroupKind::kP, phi / sp,
-                                      Buf::kPShard, Buf::kGathered, Runs::kEveryMicroBatch, s.wire));
+      s.gather.push_back(make_stage(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP, phi / sp,
+                                    s.wire, Buf::kPShard, Buf::kGathered, Runs::kEveryMicroBatch));
     s.reduction.push_back(reduction_chain(u, phi, sp, sg, sos, d / sos, s.wire));
     if (sos > sp)
-      s.optimizer_gather.push_back(gather_stage(Phase::kOptimizerGather, u, GroupKind::kGather,
-                                                phi / sos, Buf::kPShardOS, Buf::kPShard, Runs::kOnce,
-                                                s.wire));
+      s.optimizer_gather.push_back(make_stage(Phase::kOptimizerGather, u, Op::kAllGather,
+                                              GroupKind::kGather, phi / sos, s.wire, Buf::kPShardOS,
+                                              Buf::kPShard, Runs::kOnce));
   }
   if (d > 1) {
     // The squared norm, summed in fp64 over one replica: every rank takes part
     // (ranks of other replicas contribute zero), so the group is the world.
-    Stage n;
-    n.phase = Phase::kGradNorm;
-    n.op = Op::kAllReduce;
-    n.group = GroupKind::kReplica;
-    n.count = 1;
-    n.dtype = DType::kF64;
-    n.recv = Buf::kNorm;
-    n.runs = Runs::kOnce;
-    s.norm.push_back(n);
+    s.norm.push_back(make_stage(Phase::kGradNorm, -1, Op::kAllReduce, GroupKind::kReplica, 1,
+                                DType::kF64, Buf::kNone, Buf::kNorm, Runs::kOnce));
   }
   s.slot = slot_sizes(s.reduction, largest, sp, sg, sos);
   return s;

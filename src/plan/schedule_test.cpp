@@ -1,4 +1,5 @@
 #include "plan/schedule.h"
+#include "plan/test_workload.h"
 
 #include <gtest/gtest.h>
 
@@ -15,19 +16,7 @@ namespace {
 
 using comm::Op;
 
-Workload odd_workload(Precision precision) {
-  Workload w;
-  w.model.hidden_size = 6;
-  w.model.intermediate_size = 5;
-  w.model.num_hidden_layers = 2;
-  w.model.num_attention_heads = 3;
-  w.model.num_key_value_heads = 3;
-  w.model.vocab_size = 7;
-  w.model.max_position_embeddings = 16;
-  w.seq_len = 4;
-  w.precision = precision;
-  return w;
-}
+using testing::odd_workload;
 
 const MeshShape k2x2{/*ranks_per_node=*/2, /*nodes=*/2};
 
