@@ -415,6 +415,15 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const cha
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }
 
+// The FLOPs of `products` matrix products over the causal (query, key) pairs of
+// every (sequence, head): 2 D each per pair. Forward makes two (scores, then
+// weighted values); backward seven: the dq kernel recomputes scores and dP and
+// forms dq, the dk/dv kernel recomputes both again and forms dv and dk.
+[[maybe_unused]] double causal_flops(int products, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const double pairs = static_cast<double>(T) * static_cast<double>(T + 1) / 2;
+  return products * 2.0 * static_cast<double>(B * H * D) * pairs;
+}
+
 }  // namespace
 
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) { return B * H * T; }
@@ -428,6 +437,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ls
   const Tiles tiles = tiles_for(sh.D, 1, 2, 0, 1);
   sh.streamed = tiles.streamed;
   const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
+  AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, sh.D), false);
   with_per_lane(sh.D, [&](auto per_lane) {
     constexpr int P = decltype(per_lane)::value;
     AMSP_LAUNCH(attention_forward_kernel<P>, grid, kThreads, tiles.shared_bytes, s)(q, k, v, lse,
@@ -451,6 +461,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   Shape dkv_sh = sh;
   const Tiles dkv_tiles = tiles_for(sh.D, 2, 2, 2, 2);
   dkv_sh.streamed = dkv_tiles.streamed;
+  AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, sh.D), false);
   with_per_lane(sh.D, [&](auto per_lane) {
     constexpr int P = decltype(per_lane)::value;
     AMSP_LAUNCH(attention_dq_kernel<P>, dim3(static_cast<unsigned>(B * H), tiles_of(T)), kThreads,

@@ -52,6 +52,19 @@ struct MemoryStats {
   int64_t host = 0;      // bytes of host staging memory live through alloc_host()
 };
 
+// What a backend's device has done so far, as the CUDA emulation counts it
+// (kernels/cuda/emu/runtime.h, device_counts): stream operations, host
+// synchronisations, device-memory bytes read and written, FLOPs on tensor
+// cores and on other units. `counted` is false where nothing counts them (the
+// CPU, a real GPU).
+struct DeviceCounts {
+  bool counted = false;
+  int64_t launches = 0;
+  int64_t host_syncs = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+  double tensor_flops = 0, simt_flops = 0;
+};
+
 struct LossSum {
   double sum = 0;     // cross-entropy summed over valid targets, in row order
   int64_t count = 0;  // valid targets
@@ -105,6 +118,8 @@ class Backend {
   // through the staging buffer, wait, synchronize); 0 on the CPU, whose
   // compute is the host.
   virtual int64_t host_syncs() const { return 0; }
+  // The device's counts on the calling thread so far (DeviceCounts).
+  virtual DeviceCounts device_counts() const { return {}; }
   // A timer of this backend's calls' work, for the kernel profile
   // (profiled_backend.h); the backend costs nothing more until one is made.
   virtual std::unique_ptr<StreamTimer> make_stream_timer() = 0;

@@ -62,22 +62,41 @@ std::unique_ptr<Backend> make_cuda_backend(DType compute, int device) {
   return std::make_unique<CudaBackend>(compute, device);
 }
 
+DeviceCounts CudaBackend::device_counts() const {
+#if AMSP_CUDA_EMULATION
+  const emu::DeviceCounts c = emu::device_counts();
+  return {true, c.launches, c.host_syncs, c.bytes_read, c.bytes_written, c.tensor_flops, c.simt_flops};
+#else
+  return {};
+#endif
+}
+
 // ---- happens-before declarations ------------------------------------------------
 
 // AMSP_HB_ACCESS with the caller's file and line instead of this one's.
+// `traffic` of the `bytes` are counted (runtime.h, device_counts).
 #if AMSP_CUDA_EMULATION
-#define AMSP_HB_ACCESS_AT(stream, ptr, bytes, write, file, line) \
-  ::amsp::emu::hb_access((stream), (ptr), (bytes), (write), (file), (line))
+#define AMSP_HB_ACCESS_AT(stream, ptr, bytes, traffic, write, file, line)                     \
+  ::amsp::emu::hb_access_sparse((stream), (ptr), static_cast<size_t>(bytes),                 \
+                                static_cast<size_t>(traffic), (write), (file), (line))
 #else
-#define AMSP_HB_ACCESS_AT(stream, ptr, bytes, write, file, line) ((void)0)
+#define AMSP_HB_ACCESS_AT(stream, ptr, bytes, traffic, write, file, line) ((void)0)
 #endif
 
 void CudaBackend::reads(const void* p, int64_t bytes, const char* file, int line) {
-  if (bytes > 0) AMSP_HB_ACCESS_AT(stream_, p, static_cast<size_t>(bytes), false, file, line);
+  if (bytes > 0) AMSP_HB_ACCESS_AT(stream_, p, bytes, bytes, false, file, line);
 }
 
 void CudaBackend::writes(const void* p, int64_t bytes, const char* file, int line) {
-  if (bytes > 0) AMSP_HB_ACCESS_AT(stream_, p, static_cast<size_t>(bytes), true, file, line);
+  if (bytes > 0) AMSP_HB_ACCESS_AT(stream_, p, bytes, bytes, true, file, line);
+}
+
+void CudaBackend::reads_rows(const View& v, int64_t traffic, const char* file, int line) {
+  if (v.bytes() > 0) AMSP_HB_ACCESS_AT(stream_, v.data, v.bytes(), traffic, false, file, line);
+}
+
+void CudaBackend::writes_rows(const View& v, int64_t traffic, const char* file, int line) {
+  if (v.bytes() > 0) AMSP_HB_ACCESS_AT(stream_, v.data, v.bytes(), traffic, true, file, line);
 }
 
 // ---- memory ----------------------------------------------------------------------
@@ -86,7 +105,6 @@ Buffer CudaBackend::alloc(DType dtype, int64_t count) {
   const int64_t bytes = check.alloc_bytes(dtype, count);
   if (count == 0) return Buffer(View{nullptr, dtype, 0, Device::kCuda}, {});
   void* p = allocator_->allocate(bytes);
-  writes(p, bytes);
   AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), stream_));
   std::shared_ptr<CachingAllocator> a = allocator_;
   return Buffer(View{p, dtype, count, Device::kCuda}, [a](void* data, int64_t) { a->release(data); });
@@ -149,7 +167,6 @@ void CudaBackend::sync_host() {
 
 const void* CudaBackend::download(const void* src, int64_t bytes) {
   void* host = staging(bytes);
-  reads(src, bytes);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
   sync_host();
   return host;
@@ -167,7 +184,6 @@ void CudaBackend::to_host(const View& src, float* dst) {
       std::memcpy(dst, download(from, bytes), static_cast<size_t>(bytes));
       return;
     }
-    reads(from, bytes);
     AMSP_CUDA_CHECK(cudaMemcpyAsync(dst, from, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_));
     sync_host();
   };
@@ -191,7 +207,6 @@ void CudaBackend::from_host(const float* src, const View& dst) {
   std::memcpy(host, src, static_cast<size_t>(bytes));
   Scratch wide = scratch(dst.dtype == DType::kF32 ? 0 : bytes);
   float* target = dst.dtype == DType::kF32 ? static_cast<float*>(dst.data) : wide.as<float>();
-  writes(target, bytes);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(target, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
   if (dst.dtype == DType::kBF16) {
     reads(target, bytes);
@@ -208,7 +223,6 @@ void CudaBackend::from_host(const int32_t* src, const View& dst) {
   if (dst.count == 0) return;
   void* host = staging(dst.bytes());
   std::memcpy(host, src, static_cast<size_t>(dst.bytes()));
-  writes(dst);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.bytes()),
                                   cudaMemcpyHostToDevice, stream_));
   sync_host();
@@ -221,7 +235,6 @@ void CudaBackend::from_host_async(const int32_t* src, const View& dst) {
   if (dst.count == 0) return;
   if (!in_host_block(src, dst.bytes()))
     fail("from_host_async: the source is not memory from alloc_host");
-  writes(dst);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, static_cast<size_t>(dst.bytes()), cudaMemcpyHostToDevice,
                                   stream_));
 }
@@ -285,7 +298,6 @@ std::unique_ptr<comm::Communicator> CudaBackend::make_communicator(comm::Group g
 void CudaBackend::fill_zero(const View& x) {
   check.device("fill_zero", "x", x);
   if (x.count == 0) return;
-  writes(x);
   AMSP_CUDA_CHECK(cudaMemsetAsync(x.data, 0, static_cast<size_t>(x.bytes()), stream_));
 }
 
@@ -296,13 +308,13 @@ void CudaBackend::copy(const View& src, const View& dst) {
     check.expect_float("copy", "src", src);
     check.expect_float("copy", "dst", dst);
   }
-  reads(src);
-  writes(dst);
   if (src.dtype == dst.dtype) {
     AMSP_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.bytes()),
                                     cudaMemcpyDeviceToDevice, stream_));
     return;
   }
+  reads(src);
+  writes(dst);
   if (src.dtype == DType::kF32)
     kc::to_bf16(static_cast<const float*>(src.data), static_cast<uint16_t*>(dst.data), src.count, stream_);
   else

@@ -44,9 +44,11 @@
 //     loss comes back to the host (Error naming row, target and vocabulary);
 //     cross_entropy_backward relies on the forward having done so.
 //
-// Happens-before. Every enqueued access to device memory is declared with
+// Happens-before. Every kernel's access to device memory is declared with
 // AMSP_HB_ACCESS, so that the emulation's checker sees each kernel's reads
-// and writes (kernels/cuda/api.h).
+// and writes (kernels/cuda/api.h); copies, sets and cuBLAS calls declare their
+// own in the emulated runtime and cuBLAS. Once each, so that the emulation's
+// byte counts (the roofline benchmark's) count each access once.
 //
 // A CudaBackend is one compute stream: call it from one thread at a time.
 #pragma once
@@ -81,6 +83,7 @@ class CudaBackend final : public Backend {
   Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
   int64_t host_syncs() const override { return host_syncs_; }
+  DeviceCounts device_counts() const override;
   void to_host(const View& src, float* dst) override;
   void from_host(const float* src, const View& dst) override;
   void from_host(const int32_t* src, const View& dst) override;
@@ -192,6 +195,12 @@ class CudaBackend final : public Backend {
   void writes(const View& v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     writes(v.data, v.bytes(), file, line);
   }
+  // The same for a gather or scatter that touches at most `traffic` bytes of v,
+  // which rows depending on data: the whole of v is ordered, `traffic` counted.
+  void reads_rows(const View& v, int64_t traffic, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE());
+  void writes_rows(const View& v, int64_t traffic, const char* file = __builtin_FILE(),
+                   int line = __builtin_LINE());
   // Pinned host memory of at least `bytes`, reused by every transfer.
   void* staging(int64_t bytes);
   // Device -> pinned staging, then waits for the stream. Returns the staging.

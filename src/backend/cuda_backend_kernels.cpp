@@ -44,7 +44,7 @@ void CudaBackend::embedding_forward(const View& tokens, const View& table, const
   check.embedding(kn, tokens, table, "table", out, "out", rows, dim);
   if (rows == 0 || dim == 0) return;
   reads(tokens.data, rows * 4);
-  reads(table);
+  reads_rows(table, rows * dim * dtype_bytes(table.dtype));
   writes(out.data, rows * dim * 4);
   if (table.dtype == DType::kF32)
     kc::embedding_forward(i32p(tokens), f32p(table), f32w(out), rows, dim, stream_);
@@ -61,8 +61,8 @@ void CudaBackend::embedding_backward(const View& tokens, const View& dout, const
   Scratch ws = scratch(kc::embedding_backward_workspace(rows, vocab) * int64_t{sizeof(int32_t)});
   reads(tokens.data, rows * 4);
   reads(dout.data, rows * dim * 4);
-  reads(dtable);
-  writes(dtable);
+  reads_rows(dtable, rows * dim * dtype_bytes(dtable.dtype));
+  writes_rows(dtable, rows * dim * dtype_bytes(dtable.dtype));
   writes(ws.as<int32_t>(), kc::embedding_backward_workspace(rows, vocab) * int64_t{sizeof(int32_t)});
   if (dtable.dtype == DType::kF32)
     kc::embedding_backward(i32p(tokens), f32p(dout), f32w(dtable), rows, dim, vocab, ws.as<int32_t>(), stream_);
@@ -93,6 +93,8 @@ const bf16_t* CudaBackend::as_bf16(const View& v, Scratch& s) {
 
 // C[m, n] = op(A) op(B) + beta C, column-major, as cuBLAS sees the row-major
 // matrices; fp32 accumulation (Sgemm for fp32, GemmEx for bf16 operands).
+// cuBLAS declares its operands' accesses itself (in the emulation), so the
+// callers do not.
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, bool a_bf16,
                        int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, float* C, int64_t ldc) {
   const char* kn = "gemm";
@@ -147,15 +149,10 @@ void CudaBackend::linear_product(const View& a, const View& w, const View& y, in
   float* p = bf ? (beta == 0.0f ? f32w(yv) : sp.as<float>()) : f32w(yv);
   if (k == 0 && bf) {
     // An empty sum: the product is zero.
-    writes(p, ny * 4);
     AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(ny) * 4, stream_));
   } else {
     const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
     const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
-    reads(A, n * k * (bf ? 2 : 4));
-    reads(B, M * k * (bf ? 2 : 4));
-    if (!bf && beta != 0.0f) reads(p, ny * 4);
-    writes(p, ny * 4);
     gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
          std::max<int64_t>(k, 1), bf ? 0.0f : beta, p, n);
   }
@@ -183,10 +180,6 @@ void CudaBackend::linear_backward_weight(const View& dy, const View& x, const Vi
   const int64_t n = out * in;
   const bool bf = compute() == DType::kBF16;
   if (!bf && dwv.dtype == DType::kF32) {
-    reads(xv);
-    reads(dyv);
-    reads(dwv);
-    writes(dwv);
     gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, 1.0f, f32w(dwv), in);
     return;
   }
@@ -195,9 +188,6 @@ void CudaBackend::linear_backward_weight(const View& dy, const View& x, const Vi
   Scratch sc = scratch(n * 4), sx = scratch(bf ? M * in * 2 : 0), sdy = scratch(bf ? M * out * 2 : 0);
   const void* A = bf ? static_cast<const void*>(as_bf16(xv, sx)) : f32p(xv);
   const void* B = bf ? static_cast<const void*>(as_bf16(dyv, sdy)) : f32p(dyv);
-  reads(A, M * in * (bf ? 2 : 4));
-  reads(B, M * out * (bf ? 2 : 4));
-  writes(sc.as<float>(), n * 4);
   gemm(false, true, in, out, M, A, bf, in, B, bf, out, 0.0f, sc.as<float>(), in);
   if (bf) {
     reads(sc.as<float>(), n * 4);
@@ -394,7 +384,6 @@ LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targe
   int32_t* bad = reinterpret_cast<int32_t*>(base + rows * 8);
   const int32_t none = std::numeric_limits<int32_t>::max();
   std::memcpy(host_flag, &none, 4);
-  writes(bad, 4);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(bad, host_flag, 4, cudaMemcpyHostToDevice, stream_));
   reads(logits.data, rows * V * 4);
   reads(targets.data, rows * 4);
@@ -402,8 +391,6 @@ LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targe
   writes(losses, rows * 4);
   kc::cross_entropy_forward(f32p(logits), i32p(targets), f32w(lse), losses, bad, rows, V, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
-  reads(targets.data, rows * 4);
-  writes(tgt, rows * 4);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(tgt, targets.data, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToDevice,
                                   stream_));
   const char* host = static_cast<const char*>(download(base, bytes));

@@ -17,6 +17,14 @@
 //
 // Timing is off until set_timing(true): the engine's set-up, evaluations and
 // checkpoints are not part of the profile.
+//
+// Counting (set_counting(true)), where the wrapped backend's device counts
+// (Backend::device_counts: the CUDA emulation): per name, what the calls asked
+// of the device (stream operations, host synchronisations, bytes read and
+// written, FLOPs by unit) and the least device memory they could have moved:
+// each operand of the call read once and each result written once (an
+// accumulated one read and written), at the dtypes and extents the call was
+// given. The roofline benchmark (benchmarks/roofline_bench.cpp) reads both.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +43,14 @@ struct KernelTime {
   std::string name;  // "linear_forward[M=..,in=..,out=..]", "attention_forward", ...
   std::string op;    // the Backend method: name up to '['
   int64_t calls = 0;
-  double ms = 0;     // summed
+  double ms = 0;     // summed (0 unless timing)
+  // Summed, while counting (ProfiledBackend::set_counting); `counted` says
+  // whether the device counted anything.
+  bool counted = false;
+  int64_t launches = 0, host_syncs = 0;
+  int64_t bytes = 0;      // device memory read and written
+  int64_t min_bytes = 0;  // operands read once, results written once
+  double tensor_flops = 0, simt_flops = 0;
 };
 
 class ProfiledBackend final : public Backend {
@@ -44,6 +59,8 @@ class ProfiledBackend final : public Backend {
 
   // Calls are timed while on.
   void set_timing(bool on) { timing_ = on; }
+  // Calls are counted while on.
+  void set_counting(bool on) { counting_ = on; }
   // The calls timed since the last take, one entry per name that had any
   // (first-call order); waits for the device to finish them.
   std::vector<KernelTime> take();
@@ -131,21 +148,25 @@ class ProfiledBackend final : public Backend {
   double peak_flops() override { return inner_->peak_flops(); }
 
  private:
-  // Runs `call`, timed under the name `make_name()` returns (built only while
-  // timing is on), or under `name`.
+  // Runs `call`, timed and counted under the name `make_name()` returns (built
+  // only while timing or counting), or under `name`; `min_bytes` is the call's
+  // least device traffic (see the top).
   template <typename MakeName, typename Call>
-  auto timed_as(const MakeName& make_name, const Call& call);
+  auto timed_as(const MakeName& make_name, int64_t min_bytes, const Call& call);
   template <typename Call>
-  auto timed(const char* name, const Call& call);
+  auto timed(const char* name, int64_t min_bytes, const Call& call);
   int slot(const std::string& name);
+  // Adds what the device counted since `before` to slot s.
+  void count(int s, const DeviceCounts& before, int64_t min_bytes);
 
   // Declared before timer_: the timer's events belong to the inner backend's
   // stream and go first.
   std::unique_ptr<Backend> inner_;
   std::unique_ptr<StreamTimer> timer_;
-  bool timing_ = false;
+  bool timing_ = false, counting_ = false;
   std::map<std::string, int> slots_;
   std::vector<std::string> names_;  // by slot
+  std::vector<KernelTime> counts_;  // by slot: calls and, while counting, counts
 };
 
 }  // namespace amsp::backend

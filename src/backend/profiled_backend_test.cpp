@@ -61,6 +61,43 @@ TEST_P(ProfiledBackendTest, KeepsEveryCallOfALongStep) {
   EXPECT_EQ(times[0].calls, 5000);
 }
 
+// Counting: per name, what the device did and the call's least traffic. On
+// the emulated device, a bf16 linear_forward over fp32 activations converts x
+// and w to bf16, multiplies on tensor cores into y and rounds y: four stream
+// operations and more bytes than x, w and y once each. The CPU counts nothing.
+TEST_P(ProfiledBackendTest, CountsWhatTheDeviceDidBesideTheLeast) {
+  const bool cuda = GetParam() == "cuda";
+  ProfiledBackend be(cuda ? make_cuda_backend(DType::kBF16, 0) : make_cpu_backend(DType::kBF16));
+  const int64_t M = 4, in = 8, out = 6;
+  Buffer x = be.alloc(DType::kF32, M * in), w = be.alloc(DType::kF32, out * in), y = be.alloc(DType::kF32, M * out);
+  be.set_counting(true);
+  be.linear_forward(x.view(), w.view(), y.view(), M, in, out, 0.0f);
+  be.fill_zero(y.view());
+  be.set_counting(false);
+  be.fill_zero(x.view());
+  const std::vector<KernelTime> got = be.take();
+  ASSERT_EQ(got.size(), 2u) << "nothing is kept while neither timing nor counting";
+  const KernelTime& lin = got[0];
+  EXPECT_EQ(lin.name, "linear_forward[M=4,in=8,out=6]");
+  EXPECT_EQ(lin.min_bytes, (M * in + out * in + M * out) * 4);
+  EXPECT_EQ(got[1].min_bytes, M * out * 4);
+  EXPECT_EQ(lin.ms, 0.0) << "counting does not time";
+  EXPECT_EQ(lin.counted, cuda);
+  if (!cuda) {
+    EXPECT_EQ(lin.launches, 0);
+    EXPECT_EQ(lin.bytes, 0);
+    return;
+  }
+  EXPECT_EQ(lin.launches, 4);
+  EXPECT_EQ(lin.tensor_flops, 2.0 * M * in * out);
+  EXPECT_EQ(lin.simt_flops, 0.0);
+  // x and w read and written as bf16 copies, the copies read, y written in
+  // fp32 by the product, then read and written by the rounding.
+  EXPECT_EQ(lin.bytes, (M * in + out * in) * (4 + 2 + 2) + M * out * 4 * 3);
+  EXPECT_EQ(got[1].launches, 1);
+  EXPECT_EQ(got[1].bytes, M * out * 4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, ProfiledBackendTest, ::testing::Values("cpu", "cuda"),
                          [](const auto& info) { return info.param; });
 

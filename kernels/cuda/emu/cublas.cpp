@@ -132,6 +132,9 @@ cublasStatus_t gemm(cublasHandle_t handle, Gemm g, const char* op, const char* f
   }
   if (g.beta != 0) access(s, g.c, false, op, "C", file, line);
   access(s, g.c, true, op, "C", file, line);
+  amsp::emu::count_launch();
+  amsp::emu::count_flops(2.0 * g.m * g.n * g.k, g.a.type == CUDA_R_16BF);
+  if (amsp::emu::dry_run()) return CUBLAS_STATUS_SUCCESS;
   compute(g);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -124,6 +124,15 @@ State& state() {
 
 thread_local int t_device = 0;
 thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local DeviceCounts t_counts;
+thread_local bool t_dry_run = false;
+
+// Counts an access of device memory: `traffic` bytes read or written.
+void count_access(size_t traffic, bool write) {
+  (write ? t_counts.bytes_written : t_counts.bytes_read) += static_cast<int64_t>(traffic);
+}
+
+void count_host_sync() { ++t_counts.host_syncs; }
 
 cudaError_t fail(cudaError_t e) {
   t_last_error = e;
@@ -212,8 +221,11 @@ Memory memory_of(const void* ptr, size_t bytes) {
   return memory_locked(st, reinterpret_cast<uintptr_t>(ptr), bytes);
 }
 
-bool op_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, const char* what,
-               const char* file, int line) {
+namespace {
+
+// op_access, counting `traffic` bytes of device memory for the access.
+bool access_counted(cudaStream_t stream, const void* ptr, size_t bytes, size_t traffic, bool write,
+                    const char* what, const char* file, int line) {
   if (bytes == 0) return true;
   State& st = state();
   std::lock_guard lock(st.mu);
@@ -226,6 +238,7 @@ bool op_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, c
   issue(st, *s);
   const uint64_t t = tick(*s);
   if (m != Memory::kDevice) return true;
+  count_access(traffic, write);
   auto it = std::prev(st.blocks.upper_bound(p));
   const Access a{s->id, t, write, what, file, line};
   ++st.checked;
@@ -235,8 +248,20 @@ bool op_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, c
   return true;
 }
 
+}  // namespace
+
+bool op_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, const char* what,
+               const char* file, int line) {
+  return access_counted(stream, ptr, bytes, bytes, write, what, file, line);
+}
+
 void hb_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, const char* file,
                int line) {
+  hb_access_sparse(stream, ptr, bytes, bytes, write, file, line);
+}
+
+void hb_access_sparse(cudaStream_t stream, const void* ptr, size_t bytes, size_t traffic,
+                      bool write, const char* file, int line) {
   if (bytes == 0) return;
   const Memory m = memory_of(ptr, bytes);
   char range[96];
@@ -245,10 +270,18 @@ void hb_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, c
   if (m == Memory::kHost)
     die(std::string("a kernel") + where + " accesses " + range +
         ", which is neither cudaMalloc'd nor cudaMallocHost'd memory");
-  if (!op_access(stream, ptr, bytes, write, "kernel", file, line))
+  if (!access_counted(stream, ptr, bytes, std::min(traffic, bytes), write, "kernel", file, line))
     die(std::string("a kernel") + where + " accesses " + range +
         ", which runs past the end of its allocation");
 }
+
+DeviceCounts device_counts() { return t_counts; }
+void count_launch() { ++t_counts.launches; }
+void count_flops(double flops, bool tensor) {
+  (tensor ? t_counts.tensor_flops : t_counts.simt_flops) += flops;
+}
+void set_dry_run(bool on) { t_dry_run = on; }
+bool dry_run() { return t_dry_run; }
 
 int64_t hb_checked() {
   State& st = state();
@@ -317,6 +350,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 }
 
 cudaError_t cudaDeviceSynchronize() {
+  count_host_sync();
   State& st = state();
   std::lock_guard lock(st.mu);
   clock_join(st.host, st.legacy.clock);
@@ -382,6 +416,7 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
   if (!op_access(stream, src, bytes, false, what, file, line) ||
       !op_access(stream, dst, bytes, true, what, file, line))
     return fail(cudaErrorInvalidValue);
+  if (bytes) count_launch();
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -404,6 +439,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
                        const char* file, int line) {
   const cudaError_t rc = copy(dst, src, bytes, kind, nullptr, "cudaMemcpy", file, line);
   if (rc != cudaSuccess) return rc;
+  count_host_sync();
   State& st = state();
   std::lock_guard lock(st.mu);
   clock_join(st.host, st.legacy.clock);  // synchronous for the host
@@ -421,6 +457,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   if (!stream_valid(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (!op_access(stream, ptr, bytes, true, "cudaMemsetAsync", file, line))
     return fail(cudaErrorInvalidValue);
+  if (bytes) count_launch();
   if (bytes) std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
@@ -455,6 +492,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  count_host_sync();
   State& st = state();
   std::lock_guard lock(st.mu);
   CUstream_st* s = find_stream(st, stream);
@@ -518,6 +556,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  count_host_sync();
   State& st = state();
   std::lock_guard lock(st.mu);
   CUevent_st* e = find_event(st, event);

@@ -114,8 +114,47 @@ inline constexpr int kEmulatedCudaVersion = 13000;
 void hb_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write, const char* file,
                int line);
 
+// The same for a gather or scatter whose rows depend on data: the whole range
+// is checked and recorded, and `traffic` bytes (the rows it can touch at most)
+// are counted (device_counts) instead of the range.
+void hb_access_sparse(cudaStream_t stream, const void* ptr, size_t bytes, size_t traffic,
+                      bool write, const char* file, int line);
+
 // Happens-before accounting for the tests: accesses checked so far.
 int64_t hb_checked();
+
+// What this OS thread has asked of the emulated device since it started: the
+// kernel profile's counts (backend/profiled_backend.h) and the roofline
+// benchmark's (benchmarks/roofline_bench.cpp). Work runs on the thread that
+// issues it, so a span of one thread's calls is the device work of that span.
+//   launches      stream operations: kernels, cuBLAS calls, copies and sets
+//   host_syncs    cudaStreamSynchronize, cudaEventSynchronize (and the queries),
+//                 cudaDeviceSynchronize, cudaMemcpy
+//   bytes_read, bytes_written
+//                 device memory each operation reads and writes: the ranges
+//                 its accesses name (AMSP_HB_ACCESS, cuBLAS's operands,
+//                 copies and sets), each once per operation; re-reads inside a
+//                 kernel (through shared memory or the caches) are not seen
+//   tensor_flops, simt_flops
+//                 cuBLAS's 2mnk by the unit its types run on (bf16 operands:
+//                 tensor cores; fp32: CUDA cores), and what kernels declare
+//                 (AMSP_DEVICE_FLOPS)
+struct DeviceCounts {
+  int64_t launches = 0;
+  int64_t host_syncs = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+  double tensor_flops = 0, simt_flops = 0;
+};
+DeviceCounts device_counts();
+void count_launch();
+void count_flops(double flops, bool tensor);
+
+// A dry run: kernels and cuBLAS calls are checked (configuration, operands,
+// ordering) and counted, and do not run; copies and sets still do. For
+// counting a step at sizes the emulation could not execute in time; every
+// value computed on the device is garbage. Per OS thread, off by default.
+void set_dry_run(bool on);
+bool dry_run();
 
 // Makes `error` what cudaGetLastError returns next, as a failed launch would
 // (for the emulated kernel launcher).

@@ -249,6 +249,8 @@ void run(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, KernelB
     throw std::runtime_error(std::string("SIMT emulation: kernel ") + kernel +
                              " launched from inside kernel " + active->kernel);
   check_config(kernel, grid, block, shared_bytes);
+  amsp::emu::count_launch();
+  if (amsp::emu::dry_run()) return;
   std::vector<std::max_align_t> shared((shared_bytes + sizeof(std::max_align_t) - 1) /
                                        sizeof(std::max_align_t));
   Block b;
