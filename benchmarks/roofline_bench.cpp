@@ -194,13 +194,13 @@ KernelTime scaled(const Row& r) {
 }
 
 void print_rows(const std::vector<Row>& rows) {
-  std::printf("%-46s %5s %6s %9s %9s %6s %9s %9s %10s %s\n", "call (per layer: x layers)", "calls", "launch",
+  std::printf("%-52s %5s %6s %9s %9s %6s %9s %9s %10s %s\n", "call (per layer: x layers)", "calls", "launch",
               "MB", "min MB", "x min", "TC GFLOP", "CC GFLOP", "H100 us", "bound");
   for (const Row& r : rows) {
     const KernelTime& k = r.k;
     const std::string name = (r.repeat > 1 ? "[layer] " : "") + k.name;
     const double ratio = k.min_bytes > 0 ? static_cast<double>(k.bytes) / static_cast<double>(k.min_bytes) : 0;
-    std::printf("%-46.46s %5lld %6lld %9.1f %9.1f %6.2f %9.1f %9.1f %10.1f %s\n", name.c_str(),
+    std::printf("%-52.52s %5lld %6lld %9.1f %9.1f %6.2f %9.1f %9.1f %10.1f %s\n", name.c_str(),
                 static_cast<long long>(k.calls), static_cast<long long>(k.launches), k.bytes / 1e6,
                 k.min_bytes / 1e6, ratio, k.tensor_flops / 1e9, k.simt_flops / 1e9, roofline_s(k) * 1e6,
                 memory_bound(k) ? "memory" : (k.simt_flops > k.tensor_flops ? "CUDA cores" : "tensor cores"));
@@ -210,12 +210,14 @@ void print_rows(const std::vector<Row>& rows) {
 // The step's totals and the three goals.
 void print_summary(const Options& o, const model::LlamaConfig& config, const std::vector<Row>& rows) {
   KernelTime step;
-  double t = 0, matmul_tc = 0, matmul_all = 0;
+  double t = 0, t_adamw = 0, t_attention = 0, matmul_tc = 0, matmul_all = 0;
   std::vector<std::string> over;
   for (const Row& r : rows) {
     const KernelTime k = scaled(r);
     add_into(step, k);
     t += roofline_s(k);
+    if (k.op == "adamw") t_adamw += roofline_s(k);
+    if (k.op.rfind("attention", 0) == 0) t_attention += roofline_s(k);
     if (k.op.rfind("linear", 0) == 0 || k.op.rfind("attention", 0) == 0) {
       matmul_tc += k.tensor_flops;
       matmul_all += flops(k);
@@ -243,6 +245,8 @@ void print_summary(const Options& o, const model::LlamaConfig& config, const std
   std::printf("  roofline step %.1f ms: %.0f tokens/s, MFU at most %.1f%% (model FLOPs %.2f TFLOP per step)\n",
               t * 1e3, static_cast<double>(o.seq_len) / t, 100.0 * model_flops / (t * kTensorPeak),
               model_flops / 1e12);
+  std::printf("  of which attention %.1f ms, AdamW %.1f ms (every parameter on this rank: 1/k of it with the "
+              "optimizer states sharded over k ranks)\n", t_attention * 1e3, t_adamw * 1e3);
 }
 
 }  // namespace

@@ -118,6 +118,11 @@ class Backend {
   // through the staging buffer, wait, synchronize); 0 on the CPU, whose
   // compute is the host.
   virtual int64_t host_syncs() const { return 0; }
+  // Sets device memory aside for the run's working set at start-up, so that
+  // the step allocates from it without asking the device (which would
+  // synchronise); `predicted_peak` is the plan's prediction for this rank, which
+  // an out-of-memory error names. Nothing where memory is the host's.
+  virtual void reserve(int64_t predicted_peak) { (void)predicted_peak; }
   // The device's counts on the calling thread so far (DeviceCounts).
   virtual DeviceCounts device_counts() const { return {}; }
   // A timer of this backend's calls' work, for the kernel profile

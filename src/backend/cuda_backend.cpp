@@ -110,6 +110,14 @@ Buffer CudaBackend::alloc(DType dtype, int64_t count) {
   return Buffer(View{p, dtype, count, Device::kCuda}, [a](void* data, int64_t) { a->release(data); });
 }
 
+// The prediction less what is already reserved, as one segment; if the
+// device refuses it, the step takes what it needs as it goes (and an
+// out-of-memory names the prediction).
+void CudaBackend::reserve(int64_t predicted_peak) {
+  const int64_t more = predicted_peak - allocator_->stats().reserved;
+  if (!allocator_->reserve(std::max<int64_t>(more, 0), predicted_peak)) allocator_->reserve(0, predicted_peak);
+}
+
 MemoryStats CudaBackend::memory() const {
   const CachingAllocator::Stats s = allocator_->stats();
   std::lock_guard lock(host_blocks_->mu);

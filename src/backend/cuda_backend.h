@@ -84,6 +84,7 @@ class CudaBackend final : public Backend {
   MemoryStats memory() const override;
   int64_t host_syncs() const override { return host_syncs_; }
   DeviceCounts device_counts() const override;
+  void reserve(int64_t predicted_peak) override;
   void to_host(const View& src, float* dst) override;
   void from_host(const float* src, const View& dst) override;
   void from_host(const int32_t* src, const View& dst) override;

@@ -186,24 +186,60 @@ TEST(CudaBackend, StepScalarsMatchTheCpuBackendAndCostOneSync) {
   }
 }
 
-TEST(CachingAllocator, ReusesFreedBlocksBySizeClass) {
-  auto be = make_cuda_backend(DType::kF32, 0);
-  const MemoryStats before = be->memory();
-  void* first = nullptr;
-  {
-    Buffer a = be->alloc(DType::kF32, 1000);  // 4000 bytes: the 4096-byte class
-    first = a.data();
-    EXPECT_EQ(be->memory().in_use - before.in_use, 4096);
-  }
-  EXPECT_EQ(be->memory().in_use, before.in_use);
-  Buffer b = be->alloc(DType::kF32, 1010);  // the same class: the same block
-  EXPECT_EQ(b.data(), first);
-  EXPECT_EQ(be->memory().reserved, before.reserved + 4096);
-  Buffer c = be->alloc(DType::kBF16, 3 << 20);  // 6 MiB: a 2 MiB multiple
-  EXPECT_EQ(be->memory().in_use - before.in_use, 4096 + (6 << 20));
-  EXPECT_GE(be->memory().peak, be->memory().in_use);
+TEST(CachingAllocator, SplitsASegmentAndMergesFreedNeighbours) {
+  CachingAllocator a("cuda:0");
+  constexpr int64_t MiB = int64_t{1} << 20;
+  ASSERT_TRUE(a.reserve(16 * MiB, 0));
+  EXPECT_EQ(a.stats().reserved, 16 * MiB);
+  char* p1 = static_cast<char*>(a.allocate(3 * MiB));
+  char* p2 = static_cast<char*>(a.allocate(3 * MiB));
+  char* p3 = static_cast<char*>(a.allocate(3 * MiB - 100));  // rounded to 512 bytes
+  EXPECT_EQ(p2, p1 + 3 * MiB) << "split from the reserved segment, one after the other";
+  EXPECT_EQ(p3, p2 + 3 * MiB);
+  EXPECT_EQ(a.stats().in_use, 9 * MiB);
+  a.release(p1);
+  a.release(p2);
+  EXPECT_EQ(a.allocate(5 * MiB), p1) << "two freed neighbours merge into one block";
+  a.release(p1);
+  a.release(p3);
+  EXPECT_EQ(a.allocate(16 * MiB), p1) << "the whole segment again";
+  EXPECT_EQ(a.stats().device_allocs, 1) << "nothing asked of the device after the reserve";
+  EXPECT_EQ(a.stats().peak, 16 * MiB);
+  a.release(p1);
+
+  // Small requests come from 2 MiB segments of their own, split in 512-byte steps.
+  char* s1 = static_cast<char*>(a.allocate(1000));
+  char* s2 = static_cast<char*>(a.allocate(1000));
+  EXPECT_EQ(s2, s1 + 1024);
+  EXPECT_EQ(a.stats().device_allocs, 2);
+  EXPECT_EQ(a.stats().reserved, 18 * MiB);
+  a.release(s1);
+  a.release(s2);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, 0) << "empty_cache gives back the wholly free segments";
   EXPECT_EQ(CachingAllocator::size_class(1), 512);
-  EXPECT_EQ(CachingAllocator::size_class((1 << 20) + 1), 2 << 20);
+  EXPECT_EQ(CachingAllocator::size_class(513), 1024);
+}
+
+// Out of memory: the error names the request, the reserve and the prediction,
+// and nothing cached is given back (no device synchronisation mid-step).
+TEST(CachingAllocator, OutOfMemoryNamesTheRequestAndThePlanAndFreesNothing) {
+  CachingAllocator a("cuda:0");
+  constexpr int64_t GiB = int64_t{1} << 30;
+  ASSERT_TRUE(a.reserve(0, 5 * GiB));
+  a.release(a.allocate(4 << 20));
+  const CachingAllocator::Stats before = a.stats();
+  try {
+    a.allocate(64 * GiB);  // past the emulated device's 16 GiB
+    ADD_FAILURE() << "64 GiB allocated";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cuda:0: out of memory asking for 68719476736 bytes (64.00 GiB): 0.00 GiB in use, 0.00 GiB "
+                     "reserved (largest free block 0.00 GiB)"), std::string::npos) << m;
+    EXPECT_NE(m.find("the plan predicted a peak of 5.00 GiB per rank"), std::string::npos) << m;
+  }
+  EXPECT_EQ(a.stats().reserved, before.reserved);
+  EXPECT_EQ(a.stats().device_allocs, before.device_allocs);
 }
 
 TEST(CudaBackend, PeaksComeFromATableByDeviceName) {

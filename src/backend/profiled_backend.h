@@ -72,6 +72,8 @@ class ProfiledBackend final : public Backend {
   Buffer alloc(DType dtype, int64_t count) override;
   MemoryStats memory() const override { return inner_->memory(); }
   int64_t host_syncs() const override { return inner_->host_syncs(); }
+  DeviceCounts device_counts() const override { return inner_->device_counts(); }
+  void reserve(int64_t predicted_peak) override { inner_->reserve(predicted_peak); }
   Buffer alloc_host(int64_t count) override { return inner_->alloc_host(count); }
   void to_host(const View& src, float* dst) override;
   void from_host(const float* src, const View& dst) override;

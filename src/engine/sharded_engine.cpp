@@ -5,6 +5,7 @@
 
 #include "comm/traffic.h"
 #include "core/error.h"
+#include "plan/memory.h"
 #include "plan/schedule.h"
 
 namespace amsp::engine {
@@ -427,6 +428,29 @@ void ShardedEngine::Impl::copy_os_states(const std::vector<ckpt::StateView>& dst
 
 // --- the public face ------------------------------------------------------------------
 
+namespace {
+
+// The rank's predicted peak, set aside on the backend now, before the model
+// and the engine allocate (Backend::reserve). The activations are the model's
+// own allocation (fp32 on every backend), not the planner's bf16 GPU estimate.
+int64_t reserve_working_set(backend::Backend& be, const model::LlamaConfig& config, const PlanGroups& pg,
+                            int64_t batch, int64_t seq_len, const EngineOptions& o) {
+  plan::Workload w;
+  w.model = config;
+  w.seq_len = seq_len;
+  w.micro_batch = batch;
+  w.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
+  w.recompute = o.recompute ? plan::Recompute::kFull : plan::Recompute::kNone;
+  w.prefetch = o.prefetch;
+  w.max_reductions = o.max_reductions;
+  plan::MemoryBreakdown m = plan::memory_per_rank(w, pg.mesh.plan(), pg.mesh.shape().world());
+  m.activations = 4 * plan::cpu_activation_floats(config, batch, seq_len, o.recompute);
+  be.reserve(m.total());
+  return m.total();
+}
+
+}  // namespace
+
 ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend& backend,
                              int64_t batch, int64_t seq_len, PlanGroups& groups, uint64_t seed,
                              const EngineOptions& options)
@@ -434,6 +458,7 @@ ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend&
       seq_len_(seq_len),
       tokens_(static_cast<size_t>(batch * seq_len)),
       targets_(static_cast<size_t>(batch * seq_len)),
+      predicted_peak_(reserve_working_set(backend, config, groups, batch, seq_len, options)),
       model_(config, backend, batch, seq_len, options.recompute),
       shards_(plan::unit_shards(model_.units(), groups.mesh, groups.position)) {
   if (options.prefetch < 1 || options.max_reductions < 1)

@@ -118,6 +118,11 @@ class ShardedEngine {
   int64_t model_state_bytes() const;
   int64_t temporary_bytes() const;
   int64_t activation_bytes() const { return model_.activation_bytes(); }
+  // The bytes this rank was predicted to hold at its peak, which the backend
+  // set aside before anything was allocated (Backend::reserve): the planner's
+  // model states and temporaries (plan/memory.h) and the activations as the
+  // model allocates them.
+  int64_t predicted_peak_bytes() const { return predicted_peak_; }
   // Per group (those with more than one rank), plus "world" for the norm.
   std::vector<comm::Stats> comm_stats() const;
   // Host waits on this engine's communicators so far (comm::Communicator::host_waits).
@@ -128,6 +133,7 @@ class ShardedEngine {
   struct Impl;
   int64_t batch_, seq_len_;
   std::vector<int32_t> tokens_, targets_;
+  int64_t predicted_peak_;  // before model_: reserved before the model allocates
   model::Llama model_;
   std::vector<UnitShards> shards_;
   std::unique_ptr<Impl> impl_;

@@ -14,6 +14,8 @@ and data, and:
   - every step's loss and the final validation loss agree within 2^-8 relative;
   - the host waits for the device once per step (host_syncs): the read of the loss
     and the norm at its end;
+  - the device memory reserved (mem_reserved_bytes) is the same at every step: no
+    step after the first asks the device for memory;
   - the parameters of the final checkpoint (read with h5py) agree per tensor within
     1e-2 relative L2 and 0.25 of the tensor's largest element.
 
@@ -219,6 +221,13 @@ def main():
         syncs = [r.get("host_syncs") for r in rows(os.path.join(cuda, "metrics.jsonl")) if "loss" in r and "step" in r]
         check(len(syncs) == STEPS and all(x == 1 for x in syncs),
               f"{name}: host synchronisations per step {syncs}, expected 1 each")
+        # Device memory is taken once: the plan's predicted peak at start-up, whatever it
+        # missed in the first step, nothing after (no cudaMalloc, which synchronises, in
+        # a later step): the caching allocator's reserve is the same at every step.
+        reserved = [r.get("mem_reserved_bytes") for r in rows(os.path.join(cuda, "metrics.jsonl"))
+                    if "loss" in r and "step" in r]
+        check(len(reserved) == STEPS and len(set(reserved)) == 1 and reserved[0] > 0,
+              f"{name}: device memory reserved per step {reserved}, expected the same at every step")
         (lc, vc), (lg, vg) = losses(cpu), losses(cuda)
         worst, at = 0.0, None
         for step in sorted(lc):
