@@ -18,7 +18,9 @@
 // fp32, or bf16, in which case both inputs are rounded to bf16, products are
 // accumulated in fp32 and the result is rounded to bf16 (as a GPU's bf16
 // tensor-core GEMM with fp32 accumulation does), before beta * y is added in
-// fp32. Activations are fp32 on the CPU backend; parameters and gradients may
+// fp32. Weight gradients are the exception: the product accumulates into the
+// gradient in fp32, rounded once when the gradient is bf16 (a GEMM with
+// beta = 1 into the gradient, as Megatron and llm.c accumulate them). Activations are fp32 on the CPU backend; parameters and gradients may
 // be fp32 or bf16 (the kernels below say which dtypes they take). Everything
 // else (norms, softmax, losses, optimizer) computes in fp32.
 //

@@ -215,24 +215,22 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
 void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
                                         int64_t in, int64_t out) {
   check.linear_backward_weight(dy, x, dw, M, in, out);
-  if (compute() == DType::kF32 && dw.dtype == DType::kF32) {
-    k::linear_backward_weight(dy.f32(), x.f32(), dw.f32(), M, in, out);
+  if (M == 0 || in == 0 || out == 0) return;
+  // Under bf16 compute from bf16-rounded inputs; accumulated into dw in fp32
+  // as a GEMM with beta = 1 does, rounded once into a bf16 dw.
+  const bool bf = compute() == DType::kBF16;
+  const float* dyr = bf ? bf16_values(dy.at(0, M * out), kSlotX) : dy.f32();
+  const float* xr = bf ? bf16_values(x.at(0, M * in), kSlotW) : x.f32();
+  if (dw.dtype == DType::kF32) {
+    k::linear_backward_weight(dyr, xr, dw.f32(), M, in, out);
     return;
   }
-  if (M == 0 || in == 0 || out == 0) return;
-  // The contribution dy^T x in fp32 (the kernel adds it into zeros), from
-  // bf16-rounded inputs and rounded to bf16 itself under bf16 compute.
+  // A bf16 dw: the contribution in fp32 (the kernel adds it into zeros), then
+  // added with one rounding.
   const int64_t n = out * in;
   float* c = scratch_f32(kSlotOut, n);
   std::memset(c, 0, static_cast<size_t>(n) * sizeof(float));
-  if (compute() == DType::kF32) {
-    k::linear_backward_weight(dy.f32(), x.f32(), c, M, in, out);
-  } else {
-    const float* dyr = bf16_values(dy.at(0, M * out), kSlotX);
-    const float* xr = bf16_values(x.at(0, M * in), kSlotW);
-    k::linear_backward_weight(dyr, xr, c, M, in, out);
-    round_values(c, c, n);
-  }
+  k::linear_backward_weight(dyr, xr, c, M, in, out);
   accumulate_gradient(dw.at(0, n), c, n);
 }
 

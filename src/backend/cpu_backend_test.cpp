@@ -675,14 +675,16 @@ TEST(CpuBackendBf16, AdamWWithBf16GradAndCopy) {
 // over k of a(r, k) * b(c, k)) with a and b already rounded to bf16; the sum is
 // exact (double: bf16 x bf16 products have 16 significant bits, and the sums
 // here stay far inside double's 53).
+// With round = false, the sum as it is (in fp32: exact for the inputs of the
+// tests below).
 template <typename A, typename B>
-Floats bf16_product(int64_t rows, int64_t cols, int64_t K, A a, B b) {
+Floats bf16_product(int64_t rows, int64_t cols, int64_t K, A a, B b, bool round = true) {
   Floats c(rows * cols);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; ++j) {
       double s = 0;
       for (int64_t i = 0; i < K; ++i) s += static_cast<double>(a(r, i)) * b(j, i);
-      c[r * cols + j] = k::round_bf16(static_cast<float>(s));
+      c[r * cols + j] = round ? k::round_bf16(static_cast<float>(s)) : static_cast<float>(s);
     }
   return c;
 }
@@ -740,10 +742,12 @@ TEST(CpuBackendBf16, LinearExactAccumulationMatchesTheReference) {
     be.linear_backward_input(fv(dy), fv(w), fv(dx), M, in, out, beta);
     EXPECT_TRUE(same_bits(dx, want_dx)) << "backward input, beta " << beta;
   }
-  // dw += round(round(dy)^T round(x)), into fp32 and into bf16 gradients.
+  // dw += round(dy)^T round(x), the product not rounded (a GEMM with beta = 1
+  // into the gradient), into fp32 and, rounded once, into bf16 gradients.
   const Floats c = bf16_product(
       out, in, M, [&](int64_t o, int64_t r) { return dyr[r * out + o]; },
-      [&](int64_t i, int64_t r) { return xr[r * in + i]; });
+      [&](int64_t i, int64_t r) { return xr[r * in + i]; }, false);
+  ASSERT_FALSE(same_bits(c, rounded(c)));  // the product is not a bf16 value
   Floats dw = randn(out * in, 6), want_dw = dw;
   for (int64_t i = 0; i < out * in; ++i) want_dw[i] += c[i];
   be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out);

@@ -212,7 +212,7 @@ class CudaBackend final : public Backend {
   const uint16_t* as_bf16(const View& v, Scratch& s);
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
             bool a_bf16, int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta,
-            float* C, int64_t ldc);
+            void* C, bool c_bf16, int64_t ldc);
   void finish_linear(const View& y, int64_t n, float beta, const float* product);
   // y[M, n] = a[M, k] op(w) + beta y, op(w) = w^T for w[n, k] (w_transposed,
   // linear_forward) or w for w[k, n] (linear_backward_input).

@@ -92,24 +92,25 @@ const bf16_t* CudaBackend::as_bf16(const View& v, Scratch& s) {
 }
 
 // C[m, n] = op(A) op(B) + beta C, column-major, as cuBLAS sees the row-major
-// matrices; fp32 accumulation (Sgemm for fp32, GemmEx for bf16 operands).
-// cuBLAS declares its operands' accesses itself (in the emulation), so the
-// callers do not.
+// matrices; fp32 accumulation (Sgemm for fp32, GemmEx for bf16 operands, whose
+// C may be bf16: computed in fp32 with beta C, rounded once). cuBLAS declares
+// its operands' accesses itself (in the emulation), so the callers do not.
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, bool a_bf16,
-                       int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, float* C, int64_t ldc) {
+                       int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, void* C, bool c_bf16,
+                       int64_t ldc) {
   const char* kn = "gemm";
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int im = gemm_dim(kn, "m", m), in = gemm_dim(kn, "n", n), ik = gemm_dim(kn, "k", k);
   const int ia = gemm_dim(kn, "lda", lda), ib = gemm_dim(kn, "ldb", ldb), ic = gemm_dim(kn, "ldc", ldc);
   const float alpha = 1.0f;
-  if (!a_bf16 && !b_bf16) {
+  if (!a_bf16 && !b_bf16 && !c_bf16) {
     AMSP_CUBLAS_CHECK(cublasSgemm(cublas_, ta, tb, im, in, ik, &alpha, static_cast<const float*>(A), ia,
-                                  static_cast<const float*>(B), ib, &beta, C, ic));
+                                  static_cast<const float*>(B), ib, &beta, static_cast<float*>(C), ic));
     return;
   }
   AMSP_CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, im, in, ik, &alpha, A, a_bf16 ? CUDA_R_16BF : CUDA_R_32F, ia,
-                                 B, b_bf16 ? CUDA_R_16BF : CUDA_R_32F, ib, &beta, C, CUDA_R_32F, ic,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                 B, b_bf16 ? CUDA_R_16BF : CUDA_R_32F, ib, &beta, C,
+                                 c_bf16 ? CUDA_R_16BF : CUDA_R_32F, ic, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // y = round_bf16(product) + beta * y; product may be y itself when beta == 0.
@@ -154,7 +155,7 @@ void CudaBackend::linear_product(const View& a, const View& w, const View& y, in
     const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
     const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
     gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
-         std::max<int64_t>(k, 1), bf ? 0.0f : beta, p, n);
+         std::max<int64_t>(k, 1), bf ? 0.0f : beta, p, false, n);
   }
   if (bf) finish_linear(yv, ny, beta, p);
 }
@@ -179,22 +180,22 @@ void CudaBackend::linear_backward_weight(const View& dy, const View& x, const Vi
   const View dyv = dy.at(0, M * out), xv = x.at(0, M * in), dwv = dw.at(0, out * in);
   const int64_t n = out * in;
   const bool bf = compute() == DType::kBF16;
-  if (!bf && dwv.dtype == DType::kF32) {
-    gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, 1.0f, f32w(dwv), in);
+  if (bf) {
+    // From bf16-rounded inputs, accumulated into dw by the product itself
+    // (beta = 1) in fp32 and rounded once into dw's dtype.
+    Scratch sx = scratch(M * in * 2), sdy = scratch(M * out * 2);
+    gemm(false, true, in, out, M, as_bf16(xv, sx), true, in, as_bf16(dyv, sdy), true, out, 1.0f, dwv.data,
+         dwv.dtype == DType::kBF16, in);
     return;
   }
-  // The contribution in fp32 scratch, rounded to bf16 under bf16 compute, then
-  // added into dw with one rounding per element.
-  Scratch sc = scratch(n * 4), sx = scratch(bf ? M * in * 2 : 0), sdy = scratch(bf ? M * out * 2 : 0);
-  const void* A = bf ? static_cast<const void*>(as_bf16(xv, sx)) : f32p(xv);
-  const void* B = bf ? static_cast<const void*>(as_bf16(dyv, sdy)) : f32p(dyv);
-  gemm(false, true, in, out, M, A, bf, in, B, bf, out, 0.0f, sc.as<float>(), in);
-  if (bf) {
-    reads(sc.as<float>(), n * 4);
-    writes(sc.as<float>(), n * 4);
-    kc::round_bf16_values(sc.as<float>(), sc.as<float>(), n, stream_);
-    AMSP_CUDA_CHECK_LAUNCH("round_bf16_values");
+  if (dwv.dtype == DType::kF32) {
+    gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, 1.0f, dwv.data, false, in);
+    return;
   }
+  // fp32 products into a bf16 gradient: the contribution in fp32 scratch, then
+  // added into dw with one rounding per element.
+  Scratch sc = scratch(n * 4);
+  gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, 0.0f, sc.as<float>(), false, in);
   accumulate(dwv, sc.as<float>(), n);
 }
 
