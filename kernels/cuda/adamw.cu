@@ -36,7 +36,7 @@ __global__ void adamw_kernel(AdamWBatch batch, AdamWHyper h) {
     float g = load_grad(t, i);
     if (scaled) g = g * scale;
     adamw_update_element(t.master[i], t.m[i], t.v[i], g, h.lr, h.beta1, h.beta2, h.eps,
-                         h.weight_decay, h.bias_correction1, h.bias_correction2);
+                         t.weight_decay, h.bias_correction1, h.bias_correction2);
     store_copy(t, i, t.master[i]);
   }
 }

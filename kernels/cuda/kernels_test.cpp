@@ -540,8 +540,8 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
     step.lr = 3e-3f, step.beta1 = 0.9f, step.beta2 = 0.95f, step.eps = 1e-8f;
     step.weight_decay = 0.1f, step.bias_correction1 = 1 - 0.9f * 0.9f * 0.9f;
     step.bias_correction2 = 1 - 0.95f * 0.95f * 0.95f, step.grad_scale = grad_scale;
-    const cuda::AdamWHyper hyper{step.lr, step.beta1, step.beta2, step.eps, step.weight_decay,
-                                 step.bias_correction1, step.bias_correction2, step.grad_scale, nullptr};
+    const cuda::AdamWHyper hyper{step.lr, step.beta1, step.beta2, step.eps, step.bias_correction1,
+                                 step.bias_correction2, step.grad_scale, nullptr};
     struct Host {
       std::vector<float> master, m, v, grad, copy_f32;
       std::vector<bf16> grad_b, copy_b;
@@ -564,11 +564,13 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
           g.master.data(), g.m.data(), g.v.data(),
           grad_bf16 ? static_cast<const void*>(g.grad_b.data()) : g.grad.data(),
           !copy ? nullptr : copy_bf16 ? static_cast<void*>(g.copy_b.data()) : g.copy_f32.data(),
-          n, grad_bf16, copy_bf16};
+          n, grad_bf16, copy_bf16, k % 4 == 2 ? 0.0f : 0.1f};  // each tensor its own decay
       Host& w = want[k];
       const View copy_view = !copy ? View{} : copy_bf16 ? bf16_view(w.copy_b) : f32_view(w.copy_f32);
+      amsp::backend::AdamWStep own = step;
+      own.weight_decay = tensors[k].weight_decay;
       ref.adamw(f32_view(w.master), f32_view(w.m), f32_view(w.v),
-                grad_bf16 ? bf16_view(w.grad_b) : f32_view(w.grad), copy_view, step);
+                grad_bf16 ? bf16_view(w.grad_b) : f32_view(w.grad), copy_view, own);
     }
     cuda::adamw(tensors.data(), count, hyper, nullptr);
     for (int k = 0; k < count; ++k) {

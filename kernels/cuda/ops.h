@@ -138,7 +138,7 @@ void cross_entropy_backward(float* logits, const int32_t* targets, const float* 
 // the gradient first multiplied by grad_scale; copy (if not null) receives the
 // updated master in its dtype. One launch covers up to kAdamWTensors tensors.
 struct AdamWHyper {
-  float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2, grad_scale;
+  float lr, beta1, beta2, eps, bias_correction1, bias_correction2, grad_scale;
   const float* scale;  // device; when not null, the gradient is multiplied by *scale instead
 };
 struct AdamWTensor {
@@ -150,6 +150,7 @@ struct AdamWTensor {
   int64_t n;
   bool grad_bf16;
   bool copy_bf16;
+  float weight_decay;  // per tensor: norms and embeddings may have none
 };
 constexpr int kAdamWTensors = 16;
 void adamw(const AdamWTensor* tensors, int count, const AdamWHyper& hyper, cudaStream_t s);

@@ -155,6 +155,7 @@ class CudaBackend final : public Backend {
 
   void adamw(const View& master, const View& m, const View& v, const View& grad,
              const View& param_copy, const AdamWStep& step) override;
+  void adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) override;
 
   // The bf16 dense tensor-core peak of this device from a table by name
   // (cuda_peaks.cpp); 0 for a device the table does not know. On the

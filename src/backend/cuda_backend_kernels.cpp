@@ -454,26 +454,34 @@ void CudaBackend::cross_entropy_backward(const View& logits, const View& targets
 
 void CudaBackend::adamw(const View& master, const View& m, const View& v, const View& grad, const View& param_copy,
                         const AdamWStep& s) {
+  adamw_parts({AdamWPart{master, m, v, grad, param_copy, s.weight_decay}}, s);
+}
+
+// Every part in as few launches as the kernel takes (kc::kAdamWTensors each).
+void CudaBackend::adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& s) {
   const char* kn = "adamw";
-  check.adamw(master, m, v, grad, param_copy);
-  const int64_t n = master.count;
-  if (n == 0) return;
-  for (const View* x : {&master, &m, &v}) {
-    reads(*x);
-    writes(*x);
+  std::vector<kc::AdamWTensor> tensors;
+  for (const AdamWPart& p : parts) {
+    check.adamw(p.master, p.m, p.v, p.grad, p.param_copy);
+    if (p.master.count == 0) continue;
+    for (const View* x : {&p.master, &p.m, &p.v}) {
+      reads(*x);
+      writes(*x);
+    }
+    reads(p.grad);
+    if (!p.param_copy.empty()) writes(p.param_copy);
+    tensors.push_back({f32w(p.master), f32w(p.m), f32w(p.v), p.grad.data,
+                       p.param_copy.empty() ? nullptr : p.param_copy.data, p.master.count,
+                       p.grad.dtype == DType::kBF16, p.param_copy.dtype == DType::kBF16, p.weight_decay});
   }
-  reads(grad);
-  if (!param_copy.empty()) writes(param_copy);
-  const kc::AdamWTensor t{f32w(master), f32w(m), f32w(v), grad.data,
-                          param_copy.empty() ? nullptr : param_copy.data, n,
-                          grad.dtype == DType::kBF16, param_copy.dtype == DType::kBF16};
+  if (tensors.empty()) return;
   if (!s.scale.empty()) {
     check.expect(kn, "scale", s.scale, DType::kF32);
     reads(s.scale);
   }
-  const kc::AdamWHyper h{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.bias_correction1, s.bias_correction2,
-                         s.grad_scale, s.scale.empty() ? nullptr : f32p(s.scale)};
-  kc::adamw(&t, 1, h, stream_);
+  const kc::AdamWHyper h{s.lr, s.beta1, s.beta2, s.eps, s.bias_correction1, s.bias_correction2, s.grad_scale,
+                         s.scale.empty() ? nullptr : f32p(s.scale)};
+  kc::adamw(tensors.data(), static_cast<int>(tensors.size()), h, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 

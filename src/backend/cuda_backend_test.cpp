@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -184,6 +186,53 @@ TEST(CudaBackend, StepScalarsMatchTheCpuBackendAndCostOneSync) {
     EXPECT_NE(std::string(e.what()).find("target 7 at row 1 is outside the vocabulary of 4"), std::string::npos)
         << e.what();
   }
+}
+
+// AdamW over an OS-shard's parts: one launch for up to 16 parts, each with its
+// own weight decay and dtypes, the same bits as the CPU backend's adamw per part.
+TEST(CudaBackend, AdamWPartsInOneLaunchMatchTheCpuBackendPerPart) {
+  const int64_t n[] = {5, 300, 1, 64};
+  const float decay[] = {0.1f, 0.0f, 0.1f, 0.01f};
+  AdamWStep step;
+  step.lr = 1e-2f, step.bias_correction1 = 0.19f, step.bias_correction2 = 0.0975f, step.grad_scale = 0.5f;
+  std::vector<float> got[4], want[4];
+  for (int k = 0; k < 2; ++k) {
+    auto be = k == 0 ? make_cpu_backend(DType::kBF16) : make_cuda_backend(DType::kBF16, 0);
+    std::vector<Buffer> keep;
+    std::vector<AdamWPart> parts;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> init(static_cast<size_t>(n[i]));
+      for (size_t e = 0; e < init.size(); ++e) init[e] = 0.01f * static_cast<float>((e * 7 + i * 3) % 23) - 0.1f;
+      Buffer master = be->alloc(DType::kF32, n[i]), m = be->alloc(DType::kF32, n[i]);
+      Buffer v = be->alloc(DType::kF32, n[i]), copy = be->alloc(DType::kBF16, n[i]);
+      Buffer grad = be->alloc(i % 2 ? DType::kBF16 : DType::kF32, n[i]);
+      be->from_host(init.data(), master.view());
+      std::reverse(init.begin(), init.end());
+      be->from_host(init.data(), grad.view());
+      parts.push_back({master.view(), m.view(), v.view(), grad.view(), copy.view(), decay[i]});
+      for (Buffer* b : {&master, &m, &v, &copy, &grad}) keep.push_back(std::move(*b));
+    }
+    const DeviceCounts before = be->device_counts();
+    if (k == 0) {
+      AdamWStep s = step;
+      for (const AdamWPart& p : parts) {
+        s.weight_decay = p.weight_decay;
+        be->adamw(p.master, p.m, p.v, p.grad, p.param_copy, s);
+      }
+    } else {
+      be->adamw_parts(parts, step);
+      EXPECT_EQ(be->device_counts().launches - before.launches, 1) << "four parts, one launch";
+    }
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> out(static_cast<size_t>(4 * n[i]));
+      be->to_host(parts[static_cast<size_t>(i)].master, out.data());
+      be->to_host(parts[static_cast<size_t>(i)].m, out.data() + n[i]);
+      be->to_host(parts[static_cast<size_t>(i)].v, out.data() + 2 * n[i]);
+      be->to_host(parts[static_cast<size_t>(i)].param_copy, out.data() + 3 * n[i]);
+      (k == 0 ? want : got)[i] = out;
+    }
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[i]) << "part " << i;
 }
 
 TEST(CachingAllocator, SplitsASegmentAndMergesFreedNeighbours) {

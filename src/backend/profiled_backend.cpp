@@ -266,4 +266,11 @@ void ProfiledBackend::adamw(const View& master, const View& m, const View& v, co
   timed("adamw", 2 * (master.bytes() + m.bytes() + v.bytes()) + grad.bytes() + param_copy.bytes(), [&] { inner_->adamw(master, m, v, grad, param_copy, step); });
 }
 
+void ProfiledBackend::adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) {
+  int64_t bytes = 0;
+  for (const AdamWPart& p : parts)
+    bytes += 2 * (p.master.bytes() + p.m.bytes() + p.v.bytes()) + p.grad.bytes() + p.param_copy.bytes();
+  timed("adamw", bytes, [&] { inner_->adamw_parts(parts, step); });
+}
+
 }  // namespace amsp::backend

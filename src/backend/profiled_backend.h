@@ -146,6 +146,7 @@ class ProfiledBackend final : public Backend {
 
   void adamw(const View& master, const View& m, const View& v, const View& grad,
              const View& param_copy, const AdamWStep& step) override;
+  void adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) override;
 
   double peak_flops() override { return inner_->peak_flops(); }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace amsp::engine {
 
@@ -20,14 +21,17 @@ void adamw_update_range(backend::Backend& be, const model::UnitSpec& unit, const
   a.bias_correction1 = static_cast<float>(1.0 - std::pow(options.beta1, static_cast<double>(step)));
   a.bias_correction2 = static_cast<float>(1.0 - std::pow(options.beta2, static_cast<double>(step)));
   a.scale = scale;
+  // The slice of every tensor inside the shard, each with its own decay, in one call.
+  std::vector<backend::AdamWPart> parts;
   for (const auto& t : unit.tensors) {
     const int64_t lo = std::max(s.begin, t.offset), hi = std::min(s.end, t.offset + t.numel);
     if (lo >= hi) continue;
-    a.weight_decay = static_cast<float>(tensor_weight_decay(t, options));
     const int64_t at = lo - s.begin, n = hi - lo;
-    be.adamw(s.master.at(at, n), s.exp_avg.at(at, n), s.exp_avg_sq.at(at, n), s.grad.at(at, n),
-             s.param_copy.empty() ? backend::View{} : s.param_copy.at(at, n), a);
+    parts.push_back({s.master.at(at, n), s.exp_avg.at(at, n), s.exp_avg_sq.at(at, n), s.grad.at(at, n),
+                     s.param_copy.empty() ? backend::View{} : s.param_copy.at(at, n),
+                     static_cast<float>(tensor_weight_decay(t, options))});
   }
+  be.adamw_parts(parts, a);
   // Padding past the last tensor (in sharded buffers) is left untouched.
 }
 

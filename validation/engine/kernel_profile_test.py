@@ -7,7 +7,7 @@ rank trains the tiny preset a few steps with two micro-batches per step, once wi
 
   - the profile: the first step is left out as warm-up; every op the model and the
     optimizer run is there, each with exactly the calls per step the model implies
-    (e.g. attention_forward: layers x micro-batches; adamw: one per tensor), the linear
+    (e.g. attention_forward: layers x micro-batches; adamw: one per unit), the linear
     kernels split by shape as the model's projections are, every op's time positive,
     the kernels sorted by time, shares summing to 1, and the kernels' time within the
     step's;
@@ -49,10 +49,9 @@ PER_MICRO = {
 }
 # The linear kernels by shape (M, in, out): q and o; k and v; gate and up; down; the head.
 LINEAR_SHAPES = {(N, H, H): 2 * L, (N, H, KV): 2 * L, (N, H, I): 2 * L, (N, I, H): L, (N, H, V): 1}
-# Per step: AdamW once per tensor (embedding; 9 per layer; final norm and LM head on one
-# rank, where the OS-shard holds every tensor whole); one sum of squares per unit; the
-# clipping factor; the one read of the step's loss and norm.
-PER_STEP = {"adamw": 1 + 9 * L + 2, "sum_squares": L + 2, "clip_scale": 1, "to_host": 1}
+# Per step: AdamW once per unit, over every tensor of its OS-shard (Backend::adamw_parts);
+# one sum of squares per unit; the clipping factor; the one read of the step's loss and norm.
+PER_STEP = {"adamw": L + 2, "sum_squares": L + 2, "clip_scale": 1, "to_host": 1}
 # Ops the engine also calls, so only a floor: the model's residual copies and the
 # head's zeroed gradient per micro-batch.
 AT_LEAST_PER_MICRO = {"copy": 2 * L, "fill_zero": 1}
