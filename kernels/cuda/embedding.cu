@@ -4,8 +4,9 @@
 // device, then one block per distinct token adds that token's rows in row
 // order: the same additions in the same order as the CPU backend, so the
 // result is bit-identical to it, and no two blocks write the same table row.
-// The sort is one thread's work (O(rows + vocab)): simple and deterministic;
-// a parallel scan would be the next step if it shows in a profile.
+// The sort is spread over the device: the counts over every row, the scan of
+// the vocabulary by a block of 1024 threads (each a run of vocab / 1024
+// entries), the placement of the rows by that block a tile at a time.
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -28,35 +29,97 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, 
 }
 
 // The workspace: begin[vocab + 1] (token t's rows are order[begin[t] ..
-// begin[t + 1])), order[rows], used[rows] (the distinct tokens, increasing),
+// begin[t + 1])), cursor[vocab + 1] (where the next row of token t goes while
+// they are placed), order[rows], used[rows] (the distinct tokens, increasing),
 // and the number of distinct tokens.
 struct Sorted {
   int32_t* begin;
+  int32_t* cursor;
   int32_t* order;
   int32_t* used;
   int32_t* distinct;
 };
 
 AMSP_DEVICE_INLINE Sorted split_workspace(int32_t* w, int64_t rows, int64_t vocab) {
-  return Sorted{w, w + vocab + 1, w + vocab + 1 + rows, w + vocab + 1 + 2 * rows};
+  return Sorted{w, w + vocab + 1, w + 2 * (vocab + 1), w + 2 * (vocab + 1) + rows,
+                w + 2 * (vocab + 1) + 2 * rows};
 }
 
-__global__ void sort_rows_kernel(const int32_t* tokens, int32_t* workspace, int64_t rows,
-                                 int64_t vocab) {
+// The sort, in three launches after begin is zeroed: count each token's rows
+// (integer atomics: the counts do not depend on their order), scan the counts
+// into starts, place the rows. Each step's result depends only on the tokens.
+constexpr int kSortThreads = 1024;
+
+// begin[t + 1] = rows of token t.
+__global__ void count_tokens_kernel(const int32_t* tokens, int32_t* workspace, int64_t rows, int64_t vocab) {
   const Sorted s = split_workspace(workspace, rows, vocab);
-  for (int64_t t = 0; t <= vocab; ++t) s.begin[t] = 0;
-  for (int64_t r = 0; r < rows; ++r) ++s.begin[tokens[r] + 1];
-  int32_t distinct = 0;
-  for (int64_t t = 0; t < vocab; ++t) {
-    if (s.begin[t + 1] > 0) s.used[distinct++] = static_cast<int32_t>(t);
-    s.begin[t + 1] += s.begin[t];
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    atomicAdd(&s.begin[tokens[r] + 1], 1);
+}
+
+// One block: begin becomes its inclusive prefix sum (token t's first place),
+// cursor a copy, used the tokens with rows in increasing order. Each thread
+// owns a contiguous run of entries; thread 0 scans the runs' totals.
+__global__ void scan_tokens_kernel(int32_t* workspace, int64_t rows, int64_t vocab) {
+  __shared__ int32_t run_sum[kSortThreads], run_used[kSortThreads];
+  const Sorted s = split_workspace(workspace, rows, vocab);
+  const int64_t n = vocab + 1, per = (n + kSortThreads - 1) / kSortThreads;
+  const int64_t lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
+  int32_t sum = 0, used = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    sum += s.begin[j];
+    used += j > 0 && s.begin[j] > 0;
   }
-  *s.distinct = distinct;
-  // Placing a row advances its token's begin to the next token's; shifting
-  // begin up by one afterwards restores the starts.
-  for (int64_t r = 0; r < rows; ++r) s.order[s.begin[tokens[r]]++] = static_cast<int32_t>(r);
-  for (int64_t t = vocab; t > 0; --t) s.begin[t] = s.begin[t - 1];
-  s.begin[0] = 0;
+  run_sum[threadIdx.x] = sum;
+  run_used[threadIdx.x] = used;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t total = 0, distinct = 0;
+    for (int i = 0; i < kSortThreads; ++i) {
+      const int32_t a = run_sum[i], b = run_used[i];
+      run_sum[i] = total;
+      run_used[i] = distinct;
+      total += a;
+      distinct += b;
+    }
+    *s.distinct = distinct;
+  }
+  __syncthreads();
+  sum = run_sum[threadIdx.x];
+  used = run_used[threadIdx.x];
+  for (int64_t j = lo; j < hi; ++j) {
+    if (j > 0 && s.begin[j] > 0) s.used[used++] = static_cast<int32_t>(j - 1);
+    sum += s.begin[j];
+    s.begin[j] = sum;
+    s.cursor[j] = sum;
+  }
+}
+
+// One block, rows in tiles of its threads, in order: a row goes to its
+// token's cursor plus the rows of its token earlier in the tile (a stable
+// placement); then the last row of each token in the tile moves the cursor.
+__global__ void place_rows_kernel(const int32_t* tokens, int32_t* workspace, int64_t rows, int64_t vocab) {
+  __shared__ int32_t tile[kSortThreads];
+  const Sorted s = split_workspace(workspace, rows, vocab);
+  const int i = static_cast<int>(threadIdx.x);
+  for (int64_t base = 0; base < rows; base += kSortThreads) {
+    const int64_t r = base + i;
+    const int in_tile = static_cast<int>(rows - base < kSortThreads ? rows - base : kSortThreads);
+    const int32_t t = r < rows ? tokens[r] : -1;
+    tile[i] = t;
+    __syncthreads();
+    int32_t before = 0;
+    bool last = true;
+    if (i < in_tile) {
+      for (int j = 0; j < i; ++j) before += tile[j] == t;
+      for (int j = i + 1; j < in_tile && last; ++j) last = tile[j] != t;
+      s.order[s.cursor[t] + before] = static_cast<int32_t>(r);
+    }
+    __syncthreads();  // every row of the tile placed from the old cursors
+    if (i < in_tile && last) s.cursor[t] += before + 1;
+    __syncthreads();  // the cursors moved before the next tile reads them, and the tile is free
+  }
 }
 
 // fp32 table: added into the table row by row, as the CPU kernel does.
@@ -95,7 +158,10 @@ template <typename T>
 void embedding_backward_impl(const int32_t* tokens, const float* dout, T* dtable, int64_t rows,
                              int64_t dim, int64_t vocab, int32_t* workspace, cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
-  AMSP_LAUNCH(sort_rows_kernel, 1, 1, 0, s)(tokens, workspace, rows, vocab);
+  fill_i32(workspace, 0, vocab + 1, s);
+  AMSP_LAUNCH(count_tokens_kernel, grid_for(rows), kBlockThreads, 0, s)(tokens, workspace, rows, vocab);
+  AMSP_LAUNCH(scan_tokens_kernel, 1, kSortThreads, 0, s)(workspace, rows, vocab);
+  AMSP_LAUNCH(place_rows_kernel, 1, kSortThreads, 0, s)(tokens, workspace, rows, vocab);
   const int64_t blocks = rows < vocab ? rows : vocab;  // at most this many distinct tokens
   AMSP_LAUNCH(embedding_accumulate_kernel<T>, grid_for(blocks, 1), kBlockThreads, 0, s)(
       dout, dtable, workspace, rows, dim, vocab);
@@ -117,7 +183,7 @@ void embedding_forward(const int32_t* tokens, const bf16* table, float* out, int
         tokens, table, out, rows, dim);
 }
 
-int64_t embedding_backward_workspace(int64_t rows, int64_t vocab) { return vocab + 2 * rows + 2; }
+int64_t embedding_backward_workspace(int64_t rows, int64_t vocab) { return 2 * (vocab + 1) + 2 * rows + 1; }
 
 void embedding_backward(const int32_t* tokens, const float* dout, float* dtable, int64_t rows,
                         int64_t dim, int64_t vocab, int32_t* workspace, cudaStream_t s) {

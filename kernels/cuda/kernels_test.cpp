@@ -277,7 +277,8 @@ struct EmbeddingShape {
   int64_t rows, dim, vocab;
 };
 const EmbeddingShape kEmbeddingShapes[] = {
-    {1, 1, 1}, {0, 8, 5}, {7, 3, 5}, {300, 33, 50257}, {1000, 5, 3}, {64, 257, 70}};
+    {1, 1, 1}, {0, 8, 5}, {7, 3, 5}, {300, 33, 50257}, {1000, 5, 3}, {64, 257, 70},
+    {2500, 3, 37}};  // more rows than the sort's tile of 1024
 
 std::vector<int32_t> random_tokens(int64_t rows, int64_t vocab, uint32_t seed) {
   std::mt19937 gen(seed);

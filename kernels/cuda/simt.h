@@ -4,7 +4,7 @@
 // barrier among them, warp shuffles among a warp's 32 fibers, __shared__ per
 // block). Kernels use __global__, __device__, __shared__, threadIdx, blockIdx,
 // blockDim, gridDim, __syncthreads, __shfl_xor_sync / __shfl_down_sync /
-// __shfl_sync, atomicMin on int, and the fp32 math of <cmath> (expf, logf,
+// __shfl_sync, atomicAdd and atomicMin on int, and the fp32 math of <cmath> (expf, logf,
 // sqrtf, fmaxf, fminf, rsqrtf); anything else needs the emulation to learn it first.
 //
 // Launches are written

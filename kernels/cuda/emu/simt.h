@@ -221,6 +221,12 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
 }
 
 // No two emulated threads run at once, so a read-modify-write is atomic.
+inline int atomicAdd(int* address, int value) {
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+
 inline int atomicMin(int* address, int value) {
   const int old = *address;
   if (value < old) *address = value;
