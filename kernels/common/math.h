@@ -14,6 +14,12 @@
 
 namespace amsp::kernels {
 
+// RMSNorm's weight gradient sums each column over the rows in double, in
+// chunks of this many rows, then the chunks' sums in order: the order both
+// backends use, so that the GPU can spread the rows over its blocks and still
+// give the CPU's bits.
+constexpr int64_t kRmsnormDwRows = 32;
+
 AMSP_HD float bits_to_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);

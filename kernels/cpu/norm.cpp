@@ -56,20 +56,25 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
     for (int64_t j = 0; j < dim; ++j) dxr[j] += rmsnorm_dx_element(xr[j], w[j], dyr[j], inv, coef);
   }
   // dw: each thread owns a contiguous range of columns and walks the rows in
-  // order, so every column's sum has a fixed order whatever the thread count.
+  // order, in chunks of kRmsnormDwRows (math.h), so every column's sum has a
+  // fixed order whatever the thread count, and the CUDA kernel's.
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t c0 = dim * t / nt, c1 = dim * (t + 1) / nt;
     if (c1 > c0) {
-      std::vector<double> acc(c1 - c0, 0.0);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = x + r * dim;
-        const float* dyr = dy + r * dim;
-        const float inv = inv_rms[r];
-        double* a = acc.data() - c0;
+      std::vector<double> acc(c1 - c0, 0.0), chunk(c1 - c0);
+      for (int64_t r0 = 0; r0 < rows; r0 += kRmsnormDwRows) {
+        std::fill(chunk.begin(), chunk.end(), 0.0);
+        double* a = chunk.data() - c0;
+        for (int64_t r = r0; r < std::min(rows, r0 + kRmsnormDwRows); ++r) {
+          const float* xr = x + r * dim;
+          const float* dyr = dy + r * dim;
+          const float inv = inv_rms[r];
 #pragma omp simd
-        for (int64_t j = c0; j < c1; ++j) a[j] += static_cast<double>(dyr[j] * (xr[j] * inv));
+          for (int64_t j = c0; j < c1; ++j) a[j] += static_cast<double>(dyr[j] * (xr[j] * inv));
+        }
+        for (size_t j = 0; j < acc.size(); ++j) acc[j] += chunk[j];
       }
       for (int64_t j = c0; j < c1; ++j) dw[j] += static_cast<float>(acc[j - c0]);
     }

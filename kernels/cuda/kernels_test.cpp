@@ -331,7 +331,7 @@ TEST_P(CudaKernels, EmbeddingBackward) {
 struct RowsDim {
   int64_t rows, dim;
 };
-const RowsDim kNormShapes[] = {{1, 1}, {0, 16}, {3, 7}, {5, 256}, {2, 1000}, {300, 65}, {4, 4097}};
+const RowsDim kNormShapes[] = {{1, 1}, {0, 16}, {3, 7}, {5, 256}, {2, 1000}, {300, 65}, {4, 4097}, {70, 300}};
 
 template <typename W>
 std::vector<W> weights(const std::vector<float>& w);
@@ -382,8 +382,9 @@ void check_rmsnorm_backward(const char* dtypes) {
     ref.rmsnorm_forward(f32_view(x), view_of(w), f32_view(y), f32_view(inv), s.rows, s.dim, 1e-5f);
     std::vector<float> dx = random_floats(n, 17), want_dx = dx;  // dx accumulates
     std::vector<DW> dw = weights<DW>(random_floats(s.dim, 18)), want_dw = dw;
+    std::vector<double> work(static_cast<size_t>(cuda::rmsnorm_backward_workspace(s.rows, s.dim)) + 1, -7.0);
     cuda::rmsnorm_backward(dy.data(), x.data(), w.data(), inv.data(), dx.data(), dw.data(), s.rows,
-                           s.dim, nullptr);
+                           s.dim, work.data(), nullptr);
     ref.rmsnorm_backward(f32_view(dy), f32_view(x), view_of(w), f32_view(inv), f32_view(want_dx),
                          view_of(want_dw), s.rows, s.dim);
     const std::string sh = shape("rmsnorm_backward", {s.rows, s.dim}) + " " + dtypes;

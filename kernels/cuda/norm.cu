@@ -63,16 +63,30 @@ AMSP_DEVICE_INLINE void add_to(bf16* dst, float c) {
   *dst = float_to_bf16(bf16_to_float(*dst) + c);
 }
 
-// dw[j] += sum over rows of dy * (x * inv): one thread per column walks the
-// rows in order in double, as the CPU does, then adds once.
+// dw[j] += sum over rows of dy * (x * inv), in two launches spread over the
+// device: the sums of each chunk of kRmsnormDwRows rows (math.h) per column, a
+// block per (256 columns, chunk), in double; then per column the chunks in
+// order, added to dw once. The CPU sums in the same order.
+__global__ void rmsnorm_dw_chunks_kernel(const float* dy, const float* x, const float* inv_rms,
+                                         double* partials, int64_t rows, int64_t dim) {
+  const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+      const int64_t r1 = (c + 1) * kRmsnormDwRows < rows ? (c + 1) * kRmsnormDwRows : rows;
+      double acc = 0.0;
+      for (int64_t r = c * kRmsnormDwRows; r < r1; ++r)
+        acc += static_cast<double>(dy[r * dim + j] * (x[r * dim + j] * inv_rms[r]));
+      partials[c * dim + j] = acc;
+    }
+}
+
 template <typename DW>
-__global__ void rmsnorm_dw_kernel(const float* dy, const float* x, const float* inv_rms, DW* dw,
-                                  int64_t rows, int64_t dim) {
+__global__ void rmsnorm_dw_sum_kernel(const double* partials, DW* dw, int64_t chunks, int64_t dim) {
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     double acc = 0.0;
-    for (int64_t r = 0; r < rows; ++r)
-      acc += static_cast<double>(dy[r * dim + j] * (x[r * dim + j] * inv_rms[r]));
+    for (int64_t c = 0; c < chunks; ++c) acc += partials[c * dim + j];
     add_to(dw + j, static_cast<float>(acc));
   }
 }
@@ -95,14 +109,20 @@ void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, float* y, i
         x, w, inv_rms, y, rows, dim);
 }
 
+int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim) {
+  return (rows + kRmsnormDwRows - 1) / kRmsnormDwRows * dim;
+}
+
 template <typename W, typename DW>
 void rmsnorm_backward(const float* dy, const float* x, const W* w, const float* inv_rms,
-                      float* dx, DW* dw, int64_t rows, int64_t dim, cudaStream_t s) {
+                      float* dx, DW* dw, int64_t rows, int64_t dim, double* workspace, cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
   AMSP_LAUNCH(rmsnorm_dx_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
       dy, x, w, inv_rms, dx, rows, dim);
-  AMSP_LAUNCH(rmsnorm_dw_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(
-      dy, x, inv_rms, dw, rows, dim);
+  const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
+  const dim3 grid(grid_for(dim), grid_for(chunks, 1, 65535));
+  AMSP_LAUNCH(rmsnorm_dw_chunks_kernel, grid, kBlockThreads, 0, s)(dy, x, inv_rms, workspace, rows, dim);
+  AMSP_LAUNCH(rmsnorm_dw_sum_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(workspace, dw, chunks, dim);
 }
 
 template void rmsnorm_forward(const float*, const float*, float*, float*, int64_t, int64_t, float,
@@ -114,12 +134,12 @@ template void rmsnorm_apply(const float*, const float*, const float*, float*, in
 template void rmsnorm_apply(const float*, const bf16*, const float*, float*, int64_t, int64_t,
                             cudaStream_t);
 template void rmsnorm_backward(const float*, const float*, const float*, const float*, float*,
-                               float*, int64_t, int64_t, cudaStream_t);
+                               float*, int64_t, int64_t, double*, cudaStream_t);
 template void rmsnorm_backward(const float*, const float*, const float*, const float*, float*,
-                               bf16*, int64_t, int64_t, cudaStream_t);
+                               bf16*, int64_t, int64_t, double*, cudaStream_t);
 template void rmsnorm_backward(const float*, const float*, const bf16*, const float*, float*,
-                               float*, int64_t, int64_t, cudaStream_t);
+                               float*, int64_t, int64_t, double*, cudaStream_t);
 template void rmsnorm_backward(const float*, const float*, const bf16*, const float*, float*,
-                               bf16*, int64_t, int64_t, cudaStream_t);
+                               bf16*, int64_t, int64_t, double*, cudaStream_t);
 
 }  // namespace amsp::kernels::cuda

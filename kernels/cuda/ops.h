@@ -84,10 +84,13 @@ template <typename W>
 void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, float* y, int64_t rows,
                    int64_t dim, cudaStream_t s);
 // dx += d(norm)/dx^T dy;  dw += sum over rows of dy * x * inv_rms, each column
-// summed in row order by one thread, then added to dw and rounded once.
+// summed in double in chunks of kRmsnormDwRows rows and the chunks in order
+// (kernels/common/math.h, as the CPU does), then added to dw and rounded once.
+// workspace: rmsnorm_backward_workspace(rows, dim) doubles.
+int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim);
 template <typename W, typename DW>
 void rmsnorm_backward(const float* dy, const float* x, const W* w, const float* inv_rms,
-                      float* dx, DW* dw, int64_t rows, int64_t dim, cudaStream_t s);
+                      float* dx, DW* dw, int64_t rows, int64_t dim, double* workspace, cudaStream_t s);
 
 // ---- RoPE (tables from kernels/cpu rope_table, copied to the device) -----------------
 void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,

@@ -247,15 +247,20 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   writes(dx.data, n);
   reads(dw.data, dwb);
   writes(dw.data, dwb);
+  const int64_t wsb = kc::rmsnorm_backward_workspace(rows, dim) * int64_t{sizeof(double)};
+  Scratch ws = scratch(wsb);
+  writes(ws.as<double>(), wsb);
+  reads(ws.as<double>(), wsb);
+  double* p = ws.as<double>();
   const bool w16 = w.dtype == DType::kBF16, dw16 = dw.dtype == DType::kBF16;
   if (!w16 && !dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, stream_);
+    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, p, stream_);
   if (!w16 && dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, stream_);
+    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, p, stream_);
   if (w16 && !dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, stream_);
+    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, p, stream_);
   if (w16 && dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, stream_);
+    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, p, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
