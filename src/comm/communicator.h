@@ -109,9 +109,10 @@ struct OpArgs {
   int root = 0;
   DType dtype = DType::kF32;
   // Chaining, for the stages of one gradient reduction: the op starts only once
-  // `after` (an op of another communicator of the same backend, issued
-  // earlier) has completed, without the caller waiting for it; then `before`
-  // runs, then the op, then `then`, and only then does the op count as complete.
+  // `after` (an op of the same backend issued earlier; on this communicator it
+  // is ordered already) has completed, without the caller waiting for it; then
+  // `before` runs, then the op, then `then`, and only then does the op count as
+  // complete.
   Handle after;
   Local before, then;
 };

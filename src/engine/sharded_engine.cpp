@@ -19,7 +19,8 @@ struct ShardedEngine::Impl {
   // parts, in the wire dtype (the parameters' dtype).
   struct Slot {
     Buffer full, p, g, os;
-    comm::Handle busy;  // the last stage of the reduction chain using it
+    comm::Handle reads_full;  // the last stage of the chain using it that touches `full`
+    comm::Handle busy;        // the last stage of that chain
   };
   // One unit's model states.
   struct State {
@@ -189,7 +190,7 @@ void ShardedEngine::Impl::allocate() {
   const plan::SlotElems& e = schedule.slot;
   for (int i = 0; i < opt.max_reductions; ++i) {
     slots.push_back({be.alloc(wire, e.full), be.alloc(wire, e.p), be.alloc(wire, e.g),
-                     be.alloc(wire, e.os), {}});
+                     be.alloc(wire, e.os), {}, {}});
   }
 }
 
@@ -255,20 +256,34 @@ comm::Local ShardedEngine::Impl::local(const plan::LocalStep& l, int u, int s) {
           src.dtype, dst.data, dst.dtype, dst.count};
 }
 
-// The next slot in turn, once compute may overwrite it: the chain that used
-// it last has completed (a wait on the compute stream, not the host, on a device).
+// The next slot in turn, once compute may overwrite its `full` buffer: the
+// stages of the chain that used it last and touch `full` have completed (a wait
+// on the compute stream, not the host, on a device). Its later stages may still
+// run: the next chain in this slot waits for them on the communicators.
 int ShardedEngine::Impl::take_slot() {
   const int s = static_cast<int>(slots_taken++ % static_cast<int64_t>(slots.size()));
-  slots[static_cast<size_t>(s)].busy.compute_wait();
-  slots[static_cast<size_t>(s)].busy = {};
+  slots[static_cast<size_t>(s)].reads_full.compute_wait();
+  slots[static_cast<size_t>(s)].reads_full = {};
   return s;
 }
 
+namespace {
+
+bool touches(const plan::Stage& st, plan::Buf b) {
+  return st.send == b || st.recv == b || st.before.src == b || st.before.dst == b || st.after.src == b ||
+         st.after.dst == b;
+}
+
+}  // namespace
+
 // Issues every stage of unit u's chain for this micro-batch at once, in the
 // schedule's order: each later stage is chained to the one before on the
-// communicators, so it starts when that completes while compute goes on.
+// communicators, so it starts when that completes while compute goes on. The
+// first stage is chained to the end of the slot's previous chain, whose later
+// stages may still be using the slot's other buffers.
 void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro) {
-  comm::Handle last;
+  Slot& slot = slots[static_cast<size_t>(s)];
+  comm::Handle last = slot.busy, full;
   for (const plan::Stage* stage : plan::stages_for(schedule, u, last_micro)) {
     comm::OpArgs a;
     a.op = stage->op;
@@ -276,12 +291,14 @@ void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro) {
     a.dtype = stage->dtype;
     a.recv = buffer(stage->recv, u, s).data;
     a.send = stage->op == comm::Op::kAllReduce ? a.recv : buffer(stage->send, u, s).data;
-    if (stage->chained) a.after = last;
+    a.after = last;
     a.before = local(stage->before, u, s);
     a.then = local(stage->after, u, s);
     last = issued(comm(stage->group).submit(a));
+    if (touches(*stage, plan::Buf::kFull)) full = last;
   }
-  slots[static_cast<size_t>(s)].busy = last;
+  slot.busy = last;
+  slot.reads_full = full;
 }
 
 // Every reduction complete, for compute (the norm reads the G-shards).
@@ -289,6 +306,7 @@ void ShardedEngine::Impl::drain() {
   for (Slot& slot : slots) {
     slot.busy.compute_wait();
     slot.busy = {};
+    slot.reads_full = {};
   }
 }
 
