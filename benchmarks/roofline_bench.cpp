@@ -186,10 +186,14 @@ std::vector<Row> count_step(const Options& o, const model::LlamaConfig& one_laye
 
 // Per call, summed over the whole model: count x repeat.
 KernelTime scaled(const Row& r) {
-  KernelTime k;
-  k.name = r.k.name;
-  k.op = r.k.op;
-  for (int64_t i = 0; i < r.repeat; ++i) add_into(k, r.k);
+  KernelTime k = r.k;
+  k.calls *= r.repeat;
+  k.launches *= r.repeat;
+  k.host_syncs *= r.repeat;
+  k.bytes *= r.repeat;
+  k.min_bytes *= r.repeat;
+  k.tensor_flops *= static_cast<double>(r.repeat);
+  k.simt_flops *= static_cast<double>(r.repeat);
   return k;
 }
 

@@ -64,8 +64,8 @@ class CachingAllocator {
   void* allocate(int64_t bytes);
   // Back to the cache; p must come from allocate().
   void release(void* p);
-  // One segment of `bytes` for the large pool, now; false (and nothing
-  // changed) if the device refuses it. `predicted_peak` is what an
+  // One segment of `bytes` for the large pool, now; false (and no segment) if
+  // the device refuses it. `predicted_peak`, kept either way, is what an
   // out-of-memory error names as the plan's prediction.
   bool reserve(int64_t bytes, int64_t predicted_peak);
   // cudaFree of every wholly free segment (the device synchronises).

@@ -115,7 +115,7 @@ Buffer CudaBackend::alloc(DType dtype, int64_t count) {
 // out-of-memory names the prediction).
 void CudaBackend::reserve(int64_t predicted_peak) {
   const int64_t more = predicted_peak - allocator_->stats().reserved;
-  if (!allocator_->reserve(std::max<int64_t>(more, 0), predicted_peak)) allocator_->reserve(0, predicted_peak);
+  (void)allocator_->reserve(std::max<int64_t>(more, 0), predicted_peak);  // keeps the prediction either way
 }
 
 MemoryStats CudaBackend::memory() const {
