@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "kernels/common/math.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/simt.h"
@@ -73,6 +74,7 @@ struct Shape {
   int group;     // H / KV query heads per kv head
   int streamed;  // S, rows per streamed tile
   float scale;   // 1 / sqrt(D)
+  bool bf16;     // q, k, v and dout rounded to bf16 as they are loaded
 };
 
 // A lane's place in the dot-product phase (see the top of the file).
@@ -95,12 +97,14 @@ AMSP_DEVICE_INLINE float group_sum(float v, int width) {
 }
 
 // Rows [first, first + n) of one head's [T, D] slice (global row stride ld)
-// into shared memory with row stride sld; rows at or past T become zeros.
+// into shared memory with row stride sld, rounded to bf16 if `bf16`; rows at
+// or past T become zeros.
 AMSP_DEVICE_INLINE void load_rows(float* dst, int sld, const float* src, int64_t ld,
-                                  int64_t first, int n, int64_t T, int D) {
+                                  int64_t first, int n, int64_t T, int D, bool bf16) {
   for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
-    dst[r * sld + d] = first + r < T ? src[(first + r) * ld + d] : 0.0f;
+    const float x = first + r < T ? src[(first + r) * ld + d] : 0.0f;
+    dst[r * sld + d] = bf16 ? round_bf16(x) : x;
   }
 }
 
@@ -186,8 +190,8 @@ AMSP_DEVICE_INLINE QueryTile query_tile(const Shape& sh) {
 AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const float* k, const float* v,
                                       const Heads& hd, int64_t k0, const Shape& sh) {
   __syncthreads();
-  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D);
-  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D);
+  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
+  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
   __syncthreads();
 }
 
@@ -206,7 +210,7 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
   float* p_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;  // this warp's rows
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
-  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D);
+  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
 
   float m[kOwnPerWarp], l[kOwnPerWarp], acc[kOwnPerWarp][kPerLane] = {};
   for (int i = 0; i < kOwnPerWarp; ++i) m[i] = -INFINITY, l[i] = 0.0f;
@@ -250,7 +254,8 @@ __global__ void attention_delta_kernel(const float* out, const float* dout, floa
   const int64_t h = row % sh.H, t = row / sh.H % sh.T, b = row / (sh.H * sh.T);
   float sum = 0.0f;
   for (int d = threadIdx.x % kWarpSize; d < sh.D; d += kWarpSize)
-    sum += dout[row * sh.D + d] * out[row * sh.D + d];
+    sum += (sh.bf16 ? round_bf16(dout[row * sh.D + d]) : dout[row * sh.D + d]) *
+           out[row * sh.D + d];
   sum = warp_reduce(sum, SumOp{});
   if (threadIdx.x % kWarpSize == 0) delta[(b * sh.H + h) * sh.T + t] = sum;
 }
@@ -272,8 +277,8 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
   float* ds_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
-  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D);
-  load_rows(do_s, D, dout + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D);
+  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(do_s, D, dout + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
   float row_lse[kOwnPerWarp], row_delta[kOwnPerWarp];
   for (int i = 0; i < kOwnPerWarp; ++i) {
     const int64_t at = (hd.b * sh.H + hd.h) * sh.T + row0 + i;
@@ -325,8 +330,8 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
   const int64_t key0 = k0 + warp * kOwnPerWarp;
   const Lanes lanes = lanes_of(S);
   const Heads kv_hd = heads_of(b, kvh * sh.group, sh);
-  load_rows(k_s, D, k + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D);
-  load_rows(v_s, D, v + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D);
+  load_rows(k_s, D, k + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(v_s, D, v + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16);
 
   float dk_acc[kOwnPerWarp][kPerLane] = {}, dv_acc[kOwnPerWarp][kPerLane] = {};
   for (int64_t h = kvh * sh.group; h < (kvh + 1) * sh.group; ++h) {
@@ -335,8 +340,8 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
     const float* head_delta = delta + (b * sh.H + h) * sh.T;
     for (int64_t r0 = k0 / S * S; r0 < sh.T; r0 += S) {  // causal: rows at or below the keys
       __syncthreads();
-      load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D);
-      load_rows(do_s, ld_q, dout + hd.q_off, hd.ldq, r0, S, sh.T, D);
+      load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16);
+      load_rows(do_s, ld_q, dout + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16);
       for (int i = threadIdx.x; i < S; i += blockDim.x) {
         lse_s[i] = r0 + i < sh.T ? head_lse[r0 + i] : 0.0f;
         delta_s[i] = r0 + i < sh.T ? head_delta[r0 + i] : 0.0f;
@@ -410,30 +415,32 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const cha
   }
   const int d = static_cast<int>(D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale};
+  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale, false};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }
 
-// The FLOPs of `products` matrix products over the causal (query, key) pairs of
-// every (sequence, head): 2 D each per pair. Forward makes two (scores, then
-// weighted values); backward seven: the dq kernel recomputes scores and dP and
-// forms dq, the dk/dv kernel recomputes both again and forms dv and dk.
-[[maybe_unused]] double causal_flops(int products, int64_t B, int64_t T, int64_t H, int64_t D) {
-  const double pairs = static_cast<double>(T) * static_cast<double>(T + 1) / 2;
-  return products * 2.0 * static_cast<double>(B * H * D) * pairs;
-}
-
 }  // namespace
+
+void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
+                     int64_t H, int64_t D, bool round_dout, cudaStream_t s) {
+  const Shape sh{B, T, H, 1, static_cast<int>(D), 1, 0, 0.0f, round_dout};
+  const unsigned blocks = static_cast<unsigned>((B * T * H + kWarps - 1) / kWarps);
+  AMSP_LAUNCH(attention_delta_kernel, blocks, kThreads, 0, s)(out, dout, delta, sh);
+}
 
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) { return B * H * T; }
 
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H) { return B * H * T; }
 
 void attention_forward(const float* q, const float* k, const float* v, float* lse, float* out,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                       cudaStream_t s) {
+  if (bf16 && attention_tc_supports(D))
+    return attention_forward_tc(q, k, v, lse, out, B, T, H, KV, D, s);
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, "attention_forward");
+  sh.bf16 = bf16;
   const Tiles tiles = tiles_for(sh.D, 1, 2, 0, 1);
   sh.streamed = tiles.streamed;
   const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
@@ -448,12 +455,15 @@ void attention_forward(const float* q, const float* k, const float* v, float* ls
 void attention_backward(const float* q, const float* k, const float* v, const float* lse,
                         const float* out, const float* dout, float* dq, float* dk, float* dv,
                         float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        cudaStream_t s) {
+                        bool bf16, cudaStream_t s) {
+  if (bf16 && attention_tc_supports(D))
+    return attention_backward_tc(q, k, v, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV, D,
+                                 s);
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of(B, T, H, KV, D, "attention_backward");
+  Shape sh = shape_of(B, T, H, KV, D, "attention_backward");
+  sh.bf16 = bf16;
   float* delta = workspace;
-  const unsigned delta_blocks = static_cast<unsigned>((B * T * H + kWarps - 1) / kWarps);
-  AMSP_LAUNCH(attention_delta_kernel, delta_blocks, kThreads, 0, s)(out, dout, delta, sh);
+  attention_delta(out, dout, delta, B, T, H, D, bf16, s);
 
   Shape dq_sh = sh;
   const Tiles dq_tiles = tiles_for(sh.D, 2, 2, 0, 1);

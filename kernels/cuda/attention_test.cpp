@@ -30,6 +30,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/common/math.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/emu/simt.h"
 #include "kernels/cuda/ops.h"
@@ -123,9 +124,9 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   auto lse = nans(attention_saved_count(s.B, s.T, s.H)), out = nans(nq), dq = nans(nq),
        dk = nans(nk), dv = nans(nk), work = nans(attention_backward_workspace(s.B, s.T, s.H));
   attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
-                    s.D, nullptr);
+                    s.D, false, nullptr);
   attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(), dq.data(),
-                     dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D, nullptr);
+                     dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D, false, nullptr);
 
   const auto want_lse = lse_ref(q, k, s);
   std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
@@ -148,7 +149,7 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   auto dq2 = nans(nq), dk2 = nans(nk), dv2 = nans(nk);
   attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
                      dq2.data(), dk2.data(), dv2.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
-                     nullptr);
+                     false, nullptr);
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
@@ -175,10 +176,10 @@ TEST_P(CudaAttentionHeadDims, OneTokenEveryD) {
     auto lse = nans(2), out = nans(2 * D), dq = nans(2 * D), dk = nans(D), dv = nans(D),
          work = nans(2);
     attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
-                      s.D, nullptr);
+                      s.D, false, nullptr);
     attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
                        dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
-                       nullptr);
+                       false, nullptr);
     const auto want_lse = lse_ref(q, k, s);
     for (int64_t h = 0; h < 2; ++h) {
       EXPECT_NEAR(lse[h], want_lse[h], 1e-5 * (1 + std::fabs(want_lse[h]))) << "D " << D;
@@ -227,6 +228,109 @@ const Shape kShapes[] = {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                          ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values(Order::kForward, Order::kReverse)),
+                         case_name);
+
+// attention with bf16 (attention_bf16.cu's tensor cores) against the same CPU reference run
+// on the inputs rounded to bf16, as the kernels round them when they load
+// them. What remains is the kernels' rounding of the probabilities and of
+// their gradients to bf16 before the products that take them (u = 2^-8, the
+// unit roundoff of bf16's 8-bit significand):
+//   - lse: the row sum of rounded probabilities is within u of the exact one
+//     relative to itself, so lse is within u (absolute) of log of it;
+//   - out = sum_j p~_j v_j / sum_j p~_j moves by sum_j p_j d_j (v_j - out) / l
+//     with |d_j| <= u: at most 2 u max |v| anywhere;
+//   - every output (out, dq, dk, dv) is a sum of terms each carrying one such
+//     rounding of its weight (p, or dS = p (dP - delta)), with the random
+//     signs of the inputs, so that the error is a sum of the same terms scaled
+//     by d_j: its root mean square is at most u / sqrt(3) (rounding errors
+//     spread evenly over [-u, u]) of the output's, plus the row factor lse
+//     carries into backward's p (u / sqrt(keys) in the mean). The tests allow
+//     u; a lost rescale, a wrong mask or a missing tile moves the outputs by
+//     10^-2 and more.
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// sqrt(mean (got - want)^2) / max(sqrt(mean want^2), 10^-3): how far the
+// whole tensor is. The floor is for exact zeros (dq and dk at T = 1), where
+// both sides leave rounding residues of unit-scale terms, about 10^-7.
+double rms_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double e = 0, w = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    e += std::isnan(d) ? std::numeric_limits<double>::infinity() : d * d;
+    w += static_cast<double>(want[i]) * want[i];
+  }
+  const double n = static_cast<double>(want.size());
+  return std::sqrt(e / n) / std::max(std::sqrt(w / n), 1e-3);
+}
+
+constexpr double kBf16Roundoff = 0x1p-8;
+
+class CudaAttentionBf16 : public CudaAttention {};
+
+TEST_P(CudaAttentionBf16, MatchesCpuReferenceOnBf16Inputs) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
+             dout = randn(nq, 4, 1.0f);
+  const auto qr = rounded(q), kr = rounded(k), vr = rounded(v), dr = rounded(dout);
+  std::vector<float> probs(s.B * s.H * s.T * s.T), out_cpu(nq), dq_cpu(nq), dk_cpu(nk), dv_cpu(nk);
+  amsp::kernels::attention_forward(qr.data(), kr.data(), vr.data(), probs.data(), out_cpu.data(),
+                                   s.B, s.T, s.H, s.KV, s.D);
+  amsp::kernels::attention_backward(qr.data(), kr.data(), vr.data(), probs.data(), dr.data(),
+                                    dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B, s.T, s.H,
+                                    s.KV, s.D);
+
+  auto lse = nans(attention_saved_count(s.B, s.T, s.H)), out = nans(nq), dq = nans(nq),
+       dk = nans(nk), dv = nans(nk), work = nans(attention_backward_workspace(s.B, s.T, s.H));
+  attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H,
+                    s.KV, s.D, true, nullptr);
+  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
+                          dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
+                          true, nullptr);
+  const auto want_lse = lse_ref(qr, kr, s);
+  const std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
+  std::printf("  B=%lld T=%lld H=%lld KV=%lld D=%lld  max error: out %.2e lse %.2e dq %.2e "
+              "dk %.2e dv %.2e; rms: out %.2e dq %.2e dk %.2e dv %.2e\n",
+              (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D,
+              relative_error(out, out_cpu), relative_error(lse, want_lse_f),
+              relative_error(dq, dq_cpu), relative_error(dk, dk_cpu), relative_error(dv, dv_cpu),
+              rms_error(out, out_cpu), rms_error(dq, dq_cpu), rms_error(dk, dk_cpu),
+              rms_error(dv, dv_cpu));
+  const double max_v = std::fabs(*std::max_element(vr.begin(), vr.end(), [](float a, float b) {
+    return std::fabs(a) < std::fabs(b);
+  }));
+  EXPECT_LE(relative_error(lse, want_lse_f), kBf16Roundoff);
+  EXPECT_LE(relative_error(out, out_cpu), 2 * kBf16Roundoff * max_v);
+  EXPECT_LE(rms_error(out, out_cpu), kBf16Roundoff);
+  EXPECT_LE(rms_error(dq, dq_cpu), kBf16Roundoff);
+  EXPECT_LE(rms_error(dk, dk_cpu), kBf16Roundoff);
+  EXPECT_LE(rms_error(dv, dv_cpu), kBf16Roundoff);
+
+  auto dq2 = nans(nq), dk2 = nans(nk), dv2 = nans(nk);
+  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
+                          dq2.data(), dk2.data(), dv2.data(), work.data(), s.B, s.T, s.H, s.KV,
+                          s.D, true, nullptr);
+  EXPECT_EQ(dq, dq2);
+  EXPECT_EQ(dk, dk2);
+  EXPECT_EQ(dv, dv2);
+}
+
+// B, T, H, KV, D: every head dim the tensor cores take, T from one token to
+// past three 64-row tiles and off the tile boundaries; and two head dims they
+// do not take (8, 24), which run the fp32 kernels on the rounded inputs.
+const Shape kBf16Shapes[] = {
+    {1, 37, 4, 2, 8},    {2, 50, 2, 2, 24},
+    {1, 1, 1, 1, 16},    {3, 1, 8, 2, 64},    {2, 37, 4, 4, 16},  {1, 70, 8, 2, 32},
+    {1, 130, 4, 2, 64},  {2, 50, 2, 1, 128},  {1, 200, 2, 2, 48}, {1, 129, 4, 4, 96},
+    {1, 65, 2, 1, 80},   {1, 64, 2, 2, 112},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionBf16,
+                         ::testing::Combine(::testing::ValuesIn(kBf16Shapes),
                                             ::testing::Values(Order::kForward, Order::kReverse)),
                          case_name);
 

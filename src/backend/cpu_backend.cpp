@@ -269,6 +269,10 @@ void CpuBackend::rope_backward(const View& dx, const View& cos, const View& sin,
 
 // ---- attention ------------------------------------------------------------------------
 
+const float* CpuBackend::attention_input(const View& x, Slot slot) {
+  return compute() == DType::kBF16 ? bf16_values(x, slot) : x.f32();
+}
+
 int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const {
   return Checks::product("attention_saved_count", {B, H, T, T});
 }
@@ -277,7 +281,8 @@ void CpuBackend::attention_forward(const View& q, const View& k, const View& v, 
                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
                                    int64_t D) {
   check.attention_forward(*this, q, k, v, saved, out, B, T, H, KV, D);
-  kernels::attention_forward(q.f32(), k.f32(), v.f32(), saved.f32(), out.f32(), B, T, H, KV, D);
+  kernels::attention_forward(attention_input(q, kSlotQ), attention_input(k, kSlotK),
+                             attention_input(v, kSlotV), saved.f32(), out.f32(), B, T, H, KV, D);
 }
 
 void CpuBackend::attention_backward(const View& q, const View& k, const View& v, const View& saved,
@@ -285,8 +290,10 @@ void CpuBackend::attention_backward(const View& q, const View& k, const View& v,
                                     const View& dq, const View& dk, const View& dv, int64_t B,
                                     int64_t T, int64_t H, int64_t KV, int64_t D) {
   check.attention_backward(*this, q, k, v, saved, nullptr, dout, dq, dk, dv, B, T, H, KV, D);
-  kernels::attention_backward(q.f32(), k.f32(), v.f32(), saved.f32(), dout.f32(), dq.f32(),
-                              dk.f32(), dv.f32(), B, T, H, KV, D);
+  kernels::attention_backward(attention_input(q, kSlotQ), attention_input(k, kSlotK),
+                              attention_input(v, kSlotV), saved.f32(),
+                              attention_input(dout, kSlotDout), dq.f32(), dk.f32(), dv.f32(), B, T,
+                              H, KV, D);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------

@@ -23,8 +23,11 @@
 //         y  = round(round(x) round(W)^T)   + beta * y
 //         dx = round(round(dy) round(W))    + beta * dx
 //         dw = dw + round(round(dy)^T round(x))    (stored in dw's dtype)
-//     With beta == 0, y (dx) is not read, as with BLAS. Attention, norms,
-//     softmax, losses and the optimizer compute in fp32 whatever compute() is.
+//     With beta == 0, y (dx) is not read, as with BLAS. Attention takes q, k,
+//     v (and dout) rounded to bf16 and computes in fp32 from them, as the
+//     CUDA backend's kernels read them (which also round their probabilities
+//     to bf16: doc/engine-tests.md bounds the difference). Norms, softmax,
+//     losses and the optimizer compute in fp32 whatever compute() is.
 //   - Gradients of parameters may be bf16 (dw of linear_backward_weight and
 //     rmsnorm_backward, dtable of embedding_backward). The call's whole
 //     contribution is computed in fp32, then each element is stored once as
@@ -162,7 +165,11 @@ class CpuBackend final : public Backend {
  private:
   // Grow-only scratch, one block per slot; a slot's contents are undefined
   // after it is requested again. Slots a kernel uses at the same time differ.
-  enum Slot { kSlotX, kSlotW, kSlotOut, kSlotIndex, kSlotIndex2, kSlotIndex3, kNumSlots };
+  enum Slot {
+    kSlotX, kSlotW, kSlotOut, kSlotIndex, kSlotIndex2, kSlotIndex3,
+    kSlotQ, kSlotK, kSlotV, kSlotDout,  // attention's inputs rounded to bf16
+    kNumSlots
+  };
   void* scratch(Slot slot, int64_t bytes);
   float* scratch_f32(Slot slot, int64_t n) {
     return static_cast<float*>(scratch(slot, n * int64_t{sizeof(float)}));
@@ -176,6 +183,9 @@ class CpuBackend final : public Backend {
   // The values of a view rounded to bf16, in fp32: a rounded (fp32) or widened
   // (bf16) copy in `slot`.
   const float* bf16_values(const View& v, Slot slot);
+  // An activation attention reads: rounded to bf16 in `slot` when compute()
+  // is kBF16, else its own memory.
+  const float* attention_input(const View& x, Slot slot);
   // Stores dst = dst + contribution[i] (fp32 add) into an fp32 or bf16 view,
   // rounding once per element.
   void accumulate_gradient(const View& dst, const float* contribution, int64_t n);

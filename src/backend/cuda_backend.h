@@ -19,7 +19,11 @@
 //   - The other kernels are kernels/cuda, which share the per-element
 //     arithmetic of kernels/common/math.h with the CPU kernels. Attention is
 //     fused: attention_saved_count is B * H * T (a log-sum-exp per row and
-//     head), and attention_backward reads `out`.
+//     head), and attention_backward reads `out`. With compute() == kBF16 it
+//     runs on tensor cores (head dims that are multiples of 16 up to 128),
+//     rounding its inputs to bf16 as the CPU backend does and its
+//     probabilities as the CPU backend does not: within the bound of
+//     doc/engine-tests.md, not to the bit.
 //
 // Ordering. One compute stream (non-blocking); every call enqueues and
 // returns, except those that bring a result to the host: to_host, from_host

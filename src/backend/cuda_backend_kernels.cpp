@@ -319,7 +319,8 @@ void CudaBackend::attention_forward(const View& q, const View& k, const View& v,
   reads(v.data, nkv * 4);
   writes(saved.data, ns * 4);
   writes(out.data, nq * 4);
-  kc::attention_forward(f32p(q), f32p(k), f32p(v), f32w(saved), f32w(out), B, T, H, KV, D, stream_);
+  kc::attention_forward(f32p(q), f32p(k), f32p(v), f32w(saved), f32w(out), B, T, H, KV, D,
+                        compute() == DType::kBF16, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
@@ -340,7 +341,7 @@ void CudaBackend::attention_backward(const View& q, const View& k, const View& v
   writes(dk.data, nkv * 4);
   writes(dv.data, nkv * 4);
   kc::attention_backward(f32p(q), f32p(k), f32p(v), f32p(saved), f32p(out), f32p(dout), f32w(dq), f32w(dk),
-                         f32w(dv), ws.as<float>(), B, T, H, KV, D, stream_);
+                         f32w(dv), ws.as<float>(), B, T, H, KV, D, compute() == DType::kBF16, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 

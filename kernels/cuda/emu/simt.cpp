@@ -81,6 +81,7 @@ struct Warp {
   unsigned expected = 0;  // the mask of the current rendezvous
   uint64_t generation = 0;
   uint64_t slots[32] = {};
+  uint32_t fragments[32][6] = {};  // mma_bf16_16x8x16: each lane's a[4] and b[2]
 };
 
 struct Block {
@@ -315,6 +316,41 @@ uint64_t exchange(unsigned mask, uint64_t value, int src) {
   const uint64_t got = w.slots[src];
   sync_warp(mask);
   return got;
+}
+
+// PTX's fragments of mma.m16n8k16 with .bf16 inputs: lane = 4 g + t; a[r]
+// holds A (16 x 16, row-major) at row g + 8 (r % 2), columns 8 (r / 2) + 2 t
+// and + 1 (low half first); b[r] holds B (16 x 8) at rows 8 r + 2 t and + 1,
+// column g; d[i] is D at row g + 8 (i / 2), column 2 t + i % 2.
+void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  Block& blk = *active;
+  const int linear = blk.running->linear, lane = linear % 32;
+  Warp& w = blk.warps[static_cast<size_t>(linear / 32)];
+  for (int r = 0; r < 4; ++r) w.fragments[lane][r] = a[r];
+  for (int r = 0; r < 2; ++r) w.fragments[lane][4 + r] = b[r];
+  sync_warp(0xffffffffu);  // mma.sync is for the whole warp
+  auto half = [](uint32_t word, int hi) {
+    const uint32_t bits = (hi ? word >> 16 : word & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return static_cast<double>(f);
+  };
+  auto a_at = [&](int row, int col) {  // the lane holding (row, col) and where
+    const int t = (col % 8) / 2, g = row % 8, r = (row / 8) + 2 * (col / 8);
+    return half(w.fragments[4 * g + t][r], col % 2);
+  };
+  auto b_at = [&](int row, int col) {
+    const int t = (row % 8) / 2, r = row / 8;
+    return half(w.fragments[4 * col + t][4 + r], row % 2);
+  };
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    double sum = 0;
+    for (int k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, col);
+    d[i] = static_cast<float>(static_cast<double>(d[i]) + sum);
+  }
+  sync_warp(0xffffffffu);  // no lane deposits its next fragments before all have read
 }
 
 void set_order(Order o) { schedule_order = o; }

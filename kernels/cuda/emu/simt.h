@@ -88,6 +88,13 @@ void sync_warp(unsigned mask);
 // the value lane `src` deposited (src is a lane of this warp, 0..31), then
 // rendezvous again.
 uint64_t exchange(unsigned mask, uint64_t value, int src);
+// The tensor-core product of kernels/cuda/mma.h, d += a * b for one
+// m16n8k16 tile with bf16 inputs and fp32 accumulators, as the whole warp's
+// mma.sync: every lane deposits its fragments, the 32 meet, each computes its
+// own four outputs from all the fragments (PTX's layout), and they meet again.
+// The 16 products of an output are exact in double and added to it with one
+// fp32 rounding, as the hardware sums them before it rounds once.
+void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
 
 // The order in which a block's threads are resumed, for launches from this OS
 // thread; the default is AMSP_SIMT_ORDER's ("forward", "reverse" or

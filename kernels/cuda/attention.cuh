@@ -1,0 +1,39 @@
+// What the two attention paths share (kernels/cuda/attention.cu, fp32 on CUDA
+// cores and the entry points of ops.h; kernels/cuda/attention_bf16.cu, bf16 on
+// tensor cores): backward's first pass, the tensor-core kernels' entry points,
+// and the FLOPs both declare to the emulation's counters.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/api.h"
+
+namespace amsp::kernels::cuda {
+
+// delta[b, h, t] = sum over d of dout * out, one row of one head at a time
+// (q's layout [B*T, H*D]; delta [B, H, T]). With round_dout, dout is rounded
+// to bf16 first, as the tensor-core path rounds it for dP = dout . v: delta
+// is then sum_j P_j dP_j, and dP - delta is 0 where it must be.
+void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
+                     int64_t H, int64_t D, bool round_dout, cudaStream_t s);
+
+// The tensor-core kernels (attention_bf16.cu) behind attention_forward and
+// attention_backward with bf16, for the head dims attention_tc_supports.
+bool attention_tc_supports(int64_t D);
+void attention_forward_tc(const float* q, const float* k, const float* v, float* lse, float* out,
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
+void attention_backward_tc(const float* q, const float* k, const float* v, const float* lse,
+                           const float* out, const float* dout, float* dq, float* dk, float* dv,
+                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                           cudaStream_t s);
+
+// The FLOPs of `products` matrix products over the causal (query, key) pairs of
+// every (sequence, head): 2 D each per pair. Forward makes two (scores, then
+// weighted values); backward seven: the dq kernel recomputes scores and dP and
+// forms dq, the dk/dv kernel recomputes both again and forms dv and dk.
+inline double causal_flops(int products, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const double pairs = static_cast<double>(T) * static_cast<double>(T + 1) / 2;
+  return products * 2.0 * static_cast<double>(B * H * D) * pairs;
+}
+
+}  // namespace amsp::kernels::cuda

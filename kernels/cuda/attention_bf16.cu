@@ -1,0 +1,428 @@
+// Causal grouped-query attention on tensor cores: what attention_forward and
+// attention_backward (kernels/cuda/ops.h states the contract) run when the
+// products take bf16 inputs (compute() == kBF16) and the head dim is a
+// multiple of 16 up to 128. The fp32 kernels of attention.cu stay the path
+// for fp32 and other head dims, and kernels/cpu/attention.cpp is the
+// reference both are tested against.
+//
+// The algorithm is attention.cu's, FlashAttention-2's: forward walks the key
+// tiles left of the causal diagonal with an online softmax and keeps only the
+// log-sum-exp of each row; backward recomputes the probabilities from it, in
+// one kernel per query tile for dq and one per key tile for dk and dv (every
+// query head of the kv group in order), so no atomics and the same bits run
+// after run. What changes is where the products run: every product is a
+// warp's mma.sync m16n8k16 (kernels/cuda/mma.h) with bf16 inputs and fp32
+// accumulators, as in FlashAttention-2:
+//   - q, k, v and dout are rounded to bf16 as they are loaded (fp32 in global
+//     memory: the model's activations are fp32);
+//   - the probabilities P and their gradients dS are rounded to bf16 for the
+//     products that take them (P v, P^T dout, dS k, dS^T q); the softmax's
+//     maximum, sum, rescaling and lse stay fp32 in registers. Forward sums the
+//     rounded probabilities, so that each output row is a convex combination
+//     of the value rows with the weights the product used.
+// The score tile of a warp goes from the product's accumulators straight into
+// the next product's left operand (mma.h: two C tiles are one A fragment), so
+// P never touches shared memory.
+//
+// Work layout: 4 warps, each owning 16 rows (queries in forward and dq, keys
+// in dk/dv) of the block's 64. Shared memory holds bf16 tiles with rows padded
+// by 8 values (16 bytes), which puts the 32 lanes of every fragment load in
+// 32 different banks: forward and dq hold a key and a value tile of 64 rows
+// (34 KiB at D = 128), dk/dv the block's keys and values and a 16-row query
+// and dout tile (43 KiB), all under the 48 KiB that needs no opt-in. The
+// query rows' fragments of forward and dq come from global memory straight
+// into registers (each element is read once). Nothing here has been timed on
+// a GPU (doc/gpu.md).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <type_traits>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/mma.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/simt.h"
+
+namespace amsp::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;                // rows a warp owns
+constexpr int kTile = kWarps * kRows;    // rows a block owns
+constexpr int kKeys = 64;                // keys per streamed tile (forward, dq)
+constexpr int kQueries = 16;             // query rows per streamed tile (dk/dv)
+constexpr int kPad = 8;                  // bf16s after each row in shared memory
+constexpr int kMaxD = 128;
+
+struct Shape {
+  int64_t B, T, H, KV;
+  int group;    // H / KV
+  float scale;  // 1 / sqrt(D)
+};
+
+// Rows [first, first + n) of one head's fp32 [T, kD] slice (row stride ld)
+// into bf16 shared memory with row stride kD + kPad; rows at or past T are 0.
+template <int kD>
+AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const float* src, int64_t ld, int64_t first,
+                                   int n, int64_t T) {
+  constexpr int kPairs = kD / 2;
+  for (int i = threadIdx.x; i < n * kPairs; i += blockDim.x) {
+    const int r = i / kPairs, c = 2 * (i % kPairs);
+    const float* p = src + (first + r) * ld + c;
+    const uint32_t w = first + r < T ? pack_bf16(p[0], p[1]) : 0u;
+    *reinterpret_cast<uint32_t*>(dst + r * (kD + kPad) + c) = w;
+  }
+}
+
+// The A fragments of 16 rows from row0 of an fp32 [T, kD] slice in global
+// memory, one per 16 columns, rounded to bf16; rows at or past T are 0.
+template <int kD>
+AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const float* src, int64_t ld,
+                                    int64_t row0, int64_t T) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int c = 0; c < kD / 16; ++c)
+    for (int r = 0; r < 4; ++r) {
+      const int64_t row = row0 + g + 8 * (r % 2);
+      const float* p = src + row * ld + 16 * c + 8 * (r / 2) + 2 * t;
+      a[c][r] = row < T ? pack_bf16(p[0], p[1]) : 0u;
+    }
+}
+
+// The row of accumulator element i (0..3) of lane (g, t) in a 16-row tile at
+// row0, and its column in an 8-column tile at col0.
+AMSP_DEVICE_INLINE int64_t c_row(int64_t row0, int i) {
+  return row0 + (threadIdx.x % 32) / 4 + 8 * (i / 2);
+}
+AMSP_DEVICE_INLINE int64_t c_col(int64_t col0, int i) {
+  return col0 + 2 * (threadIdx.x % 4) + i % 2;
+}
+
+// Sum and maximum over the four lanes (t = 0..3) that hold one row.
+AMSP_DEVICE_INLINE float quad_sum(float v) {
+  v += __shfl_xor_sync(kFullWarp, v, 1);
+  return v + __shfl_xor_sync(kFullWarp, v, 2);
+}
+AMSP_DEVICE_INLINE float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullWarp, v, 2));
+}
+
+// acc[n] (16 x 8 tiles along kD) += a (16 x 16) times rows [0, 16) of the
+// [16][kD] bf16 block at m (row stride kD + kPad).
+template <int kD>
+AMSP_DEVICE_INLINE void mma_rows(float (&acc)[kD / 8][4], const uint32_t (&a)[4],
+                                 const uint16_t* m) {
+  for (int n = 0; n < kD / 8; ++n) {
+    uint32_t b[2];
+    load_b_kn(b, m + 8 * n, kD + kPad);
+    mma_bf16_16x8x16(acc[n], a, b);
+  }
+}
+
+// s (16 x 8) += a-rows (kD/16 fragments) dotted with the 8 rows of the
+// [8][kD] bf16 block at m: the scores of 16 rows against 8 others.
+template <int kD>
+AMSP_DEVICE_INLINE void mma_dots(float (&s)[4], const uint32_t (&a)[kD / 16][4],
+                                 const uint16_t* m) {
+  for (int c = 0; c < kD / 16; ++c) {
+    uint32_t b[2];
+    load_b_nk(b, m + 16 * c, kD + kPad);
+    mma_bf16_16x8x16(s, a[c], b);
+  }
+}
+
+// Where one head's rows start in q's layout [B*T, H*kD] and k's [B*T, KV*kD].
+struct Head {
+  int64_t q_off, kv_off, ldq, ldk, lse_off;
+};
+
+AMSP_DEVICE_INLINE Head head_of(int64_t b, int64_t h, int D, const Shape& sh) {
+  const int64_t ldq = sh.H * D, ldk = sh.KV * D;
+  return Head{b * sh.T * ldq + h * D, b * sh.T * ldk + (h / sh.group) * D, ldq, ldk,
+              (b * sh.H + h) * sh.T};
+}
+
+template <int kD>
+struct alignas(16) KeyValueTiles {
+  uint16_t k[kKeys * (kD + kPad)];
+  uint16_t v[kKeys * (kD + kPad)];
+};
+
+// Forward: block (b*H + h, query tile), the last tiles (most keys) first.
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_bf16_kernel(const float* q, const float* k, const float* v, float* lse,
+                                  float* out, Shape sh) {
+  constexpr int kLd = kD + kPad;
+  __shared__ KeyValueTiles<kD> tiles;
+  const int warp = threadIdx.x / 32;
+  const Head hd = head_of(blockIdx.x / sh.H, blockIdx.x % sh.H, kD, sh);
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;
+  const int64_t row0 = q0 + warp * kRows, q_last = (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1;
+  uint32_t qa[kD / 16][4];
+  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
+
+  float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
+    __syncthreads();  // every warp is done with the previous tiles
+    stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
+    stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
+    __syncthreads();
+    if (k0 > row0 + kRows - 1) continue;  // causal: none of these keys for this warp
+
+    float s[kKeys / 8][4] = {};
+    for (int n = 0; n < kKeys / 8; ++n) mma_dots<kD>(s[n], qa, tiles.k + 8 * n * kLd);
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < kKeys / 8; ++n)
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = c_col(k0 + 8 * n, i);
+        s[n][i] = key <= c_row(row0, i) && key < sh.T ? sh.scale * s[n][i] : -INFINITY;
+        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
+      }
+    // Key k0 <= q0 is in this tile and every row (rows past T too) sees it,
+    // so the maximum is finite from the first tile on, and exp(-inf - m) = 0
+    // for masked keys and for the first rescale.
+    float rescale[2];
+    for (int j = 0; j < 2; ++j) {
+      const float m_new = fmaxf(m[j], quad_max(mx[j]));
+      rescale[j] = fast_exp(m[j] - m_new);
+      m[j] = m_new;
+      l[j] *= rescale[j];
+    }
+    for (int n = 0; n < kKeys / 8; ++n)
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = round_bf16(fast_exp(s[n][i] - m[i / 2]));  // what P v multiplies by
+        l[i / 2] += s[n][i];
+      }
+    for (int n = 0; n < kD / 8; ++n)
+      for (int i = 0; i < 4; ++i) o[n][i] *= rescale[i / 2];
+    for (int c = 0; c < kKeys / 16; ++c) {
+      uint32_t pa[4];
+      a_from_c(pa, s[2 * c], s[2 * c + 1]);
+      mma_rows<kD>(o, pa, tiles.v + 16 * c * kLd);
+    }
+  }
+
+  for (int j = 0; j < 2; ++j) l[j] = quad_sum(l[j]);
+  for (int n = 0; n < kD / 8; ++n)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = c_row(row0, i);
+      if (row < sh.T) out[hd.q_off + row * hd.ldq + c_col(8 * n, i)] = o[n][i] / l[i / 2];
+    }
+  if (threadIdx.x % 4 == 0)
+    for (int j = 0; j < 2; ++j) {
+      const int64_t row = c_row(row0, 2 * j);
+      if (row < sh.T) lse[hd.lse_off + row] = m[j] + logf(l[j]);
+    }
+}
+
+// dq = scale * sum over keys of dS k, dS = P (dP - delta), P = exp(score -
+// lse), dP = dout . v. Block (b*H + h, query tile); keys in sub-tiles of 16,
+// each one A fragment of dS.
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_bf16_kernel(const float* q, const float* k, const float* v, const float* lse,
+                             const float* dout, const float* delta, float* dq, Shape sh) {
+  constexpr int kLd = kD + kPad;
+  __shared__ KeyValueTiles<kD> tiles;
+  const int warp = threadIdx.x / 32;
+  const Head hd = head_of(blockIdx.x / sh.H, blockIdx.x % sh.H, kD, sh);
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;
+  const int64_t row0 = q0 + warp * kRows, q_last = (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1;
+  uint32_t qa[kD / 16][4], da[kD / 16][4];
+  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
+  load_a_rows<kD>(da, dout + hd.q_off, hd.ldq, row0, sh.T);
+  float row_lse[2], row_delta[2];
+  for (int j = 0; j < 2; ++j) {
+    const int64_t row = c_row(row0, 2 * j);
+    row_lse[j] = row < sh.T ? lse[hd.lse_off + row] : 0.0f;
+    row_delta[j] = row < sh.T ? delta[hd.lse_off + row] : 0.0f;
+  }
+
+  float acc[kD / 8][4] = {};
+  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
+    __syncthreads();
+    stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
+    stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
+    __syncthreads();
+    for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
+      float s[2][4] = {}, dp[2][4] = {};
+      for (int half = 0; half < 2; ++half) {
+        mma_dots<kD>(s[half], qa, tiles.k + (16 * c + 8 * half) * kLd);
+        mma_dots<kD>(dp[half], da, tiles.v + (16 * c + 8 * half) * kLd);
+      }
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < 4; ++i) {
+          const int64_t key = c_col(k0 + 16 * c + 8 * half, i), row = c_row(row0, i);
+          const bool seen = key <= row && key < sh.T && row < sh.T;
+          const float p = seen ? fast_exp(sh.scale * s[half][i] - row_lse[i / 2]) : 0.0f;
+          s[half][i] = p * (dp[half][i] - row_delta[i / 2]);
+        }
+      uint32_t dsa[4];
+      a_from_c(dsa, s[0], s[1]);
+      mma_rows<kD>(acc, dsa, tiles.k + 16 * c * kLd);
+    }
+  }
+  for (int n = 0; n < kD / 8; ++n)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = c_row(row0, i);
+      if (row < sh.T) dq[hd.q_off + row * hd.ldq + c_col(8 * n, i)] = sh.scale * acc[n][i];
+    }
+}
+
+template <int kD>
+struct alignas(16) DkvTiles {
+  uint16_t k[kTile * (kD + kPad)];
+  uint16_t v[kTile * (kD + kPad)];
+  uint16_t q[kQueries * (kD + kPad)];
+  uint16_t dout[kQueries * (kD + kPad)];
+  float lse[kQueries];
+  float delta[kQueries];
+};
+
+// dv = sum over queries of P^T dout, dk = scale * sum of dS^T q, over the
+// query rows at or below each key of every query head of the kv group, heads
+// in order. Block (b*KV + kv head, key tile), the early keys (most queries)
+// first. A warp's scores are transposed (keys x queries) so that P^T and
+// dS^T are the A fragments of the products that form dv and dk.
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkv_bf16_kernel(const float* q, const float* k, const float* v, const float* lse,
+                              const float* dout, const float* delta, float* dk, float* dv,
+                              Shape sh) {
+  constexpr int kLd = kD + kPad;
+  __shared__ DkvTiles<kD> tiles;
+  const int warp = threadIdx.x / 32;
+  const int64_t b = blockIdx.x / sh.KV, kvh = blockIdx.x % sh.KV;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile, key0 = k0 + warp * kRows;
+  const Head kv_hd = head_of(b, kvh * sh.group, kD, sh);
+  stage_rows<kD>(tiles.k, k + kv_hd.kv_off, kv_hd.ldk, k0, kTile, sh.T);
+  stage_rows<kD>(tiles.v, v + kv_hd.kv_off, kv_hd.ldk, k0, kTile, sh.T);
+  const uint16_t* k_w = tiles.k + warp * kRows * kLd;
+  const uint16_t* v_w = tiles.v + warp * kRows * kLd;
+
+  float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
+  for (int64_t h = kvh * sh.group; h < (kvh + 1) * sh.group; ++h) {
+    const Head hd = head_of(b, h, kD, sh);
+    for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries) {  // causal: rows at or below the keys
+      __syncthreads();
+      stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries, sh.T);
+      stage_rows<kD>(tiles.dout, dout + hd.q_off, hd.ldq, r0, kQueries, sh.T);
+      for (int i = threadIdx.x; i < kQueries; i += blockDim.x) {
+        tiles.lse[i] = r0 + i < sh.T ? lse[hd.lse_off + r0 + i] : 0.0f;
+        tiles.delta[i] = r0 + i < sh.T ? delta[hd.lse_off + r0 + i] : 0.0f;
+      }
+      __syncthreads();
+      if (r0 + kQueries - 1 < key0) continue;  // every row above this warp's keys
+
+      float st[2][4] = {}, dpt[2][4] = {};
+      for (int c = 0; c < kD / 16; ++c) {
+        uint32_t ka[4], va[4], bq[2], bd[2];
+        load_a(ka, k_w + 16 * c, kLd);
+        load_a(va, v_w + 16 * c, kLd);
+        for (int half = 0; half < 2; ++half) {
+          load_b_nk(bq, tiles.q + 8 * half * kLd + 16 * c, kLd);
+          load_b_nk(bd, tiles.dout + 8 * half * kLd + 16 * c, kLd);
+          mma_bf16_16x8x16(st[half], ka, bq);
+          mma_bf16_16x8x16(dpt[half], va, bd);
+        }
+      }
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < 4; ++i) {
+          const int64_t key = c_row(key0, i), row = c_col(r0 + 8 * half, i);
+          const int at = static_cast<int>(row - r0);
+          const float p = key <= row && row < sh.T
+                              ? fast_exp(sh.scale * st[half][i] - tiles.lse[at]) : 0.0f;
+          st[half][i] = p;
+          dpt[half][i] = p * (dpt[half][i] - tiles.delta[at]);
+        }
+      uint32_t pa[4], dsa[4];
+      a_from_c(pa, st[0], st[1]);
+      a_from_c(dsa, dpt[0], dpt[1]);
+      mma_rows<kD>(dv_acc, pa, tiles.dout);
+      mma_rows<kD>(dk_acc, dsa, tiles.q);
+    }
+  }
+  for (int n = 0; n < kD / 8; ++n)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = c_row(key0, i), at = kv_hd.kv_off + key * kv_hd.ldk + c_col(8 * n, i);
+      if (key < sh.T) {
+        dv[at] = dv_acc[n][i];
+        dk[at] = sh.scale * dk_acc[n][i];
+      }
+    }
+}
+
+// Calls launch(std::integral_constant<int, D>) for a supported head dim.
+template <typename Launch>
+void with_head_dim(int64_t D, Launch launch) {
+  switch (D) {
+    case 16: return launch(std::integral_constant<int, 16>{});
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 48: return launch(std::integral_constant<int, 48>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    case 80: return launch(std::integral_constant<int, 80>{});
+    case 96: return launch(std::integral_constant<int, 96>{});
+    case 112: return launch(std::integral_constant<int, 112>{});
+    case 128: return launch(std::integral_constant<int, 128>{});
+    default: break;
+  }
+}
+
+// The shapes this file supports; anything else is a bug in the caller (the
+// backend asks attention_bf16_supports first), which no kernel could report.
+Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const char* what) {
+  if (!attention_tc_supports(D) || KV < 1 || H % KV != 0 || (T + kTile - 1) / kTile > 65535) {
+    std::fprintf(stderr,
+                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld (expected D a "
+                 "multiple of 16 up to %d, H a multiple of KV, T <= %d)\n",
+                 what, static_cast<long long>(T), static_cast<long long>(H),
+                 static_cast<long long>(KV), static_cast<long long>(D), kMaxD, 65535 * kTile);
+    std::abort();
+  }
+  return Shape{B, T, H, KV, static_cast<int>(H / KV),
+               1.0f / std::sqrt(static_cast<float>(D))};
+}
+
+unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
+
+}  // namespace
+
+bool attention_tc_supports(int64_t D) { return D >= 16 && D <= kMaxD && D % 16 == 0; }
+
+void attention_forward_tc(const float* q, const float* k, const float* v, float* lse,
+                          float* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                            cudaStream_t s) {
+  if (B == 0 || T == 0 || H == 0) return;
+  const Shape sh = shape_of(B, T, H, KV, D, "attention_forward_tc");
+  AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
+  with_head_dim(D, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    AMSP_LAUNCH(attention_forward_bf16_kernel<kD>, dim3(static_cast<unsigned>(B * H), tiles_of(T)),
+                kThreads, 0, s)(q, k, v, lse, out, sh);
+  });
+}
+
+void attention_backward_tc(const float* q, const float* k, const float* v, const float* lse,
+                             const float* out, const float* dout, float* dq, float* dk, float* dv,
+                             float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                             int64_t D, cudaStream_t s) {
+  if (B == 0 || T == 0 || H == 0) return;
+  const Shape sh = shape_of(B, T, H, KV, D, "attention_backward_tc");
+  float* delta = workspace;
+  attention_delta(out, dout, delta, B, T, H, D, true, s);
+  AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, D), true);
+  with_head_dim(D, [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    AMSP_LAUNCH(attention_dq_bf16_kernel<kD>, dim3(static_cast<unsigned>(B * H), tiles_of(T)),
+                kThreads, 0, s)(q, k, v, lse, dout, delta, dq, sh);
+    AMSP_LAUNCH(attention_dkv_bf16_kernel<kD>, dim3(static_cast<unsigned>(B * KV), tiles_of(T)),
+                kThreads, 0, s)(q, k, v, lse, dout, delta, dk, dv, sh);
+  });
+}
+
+}  // namespace amsp::kernels::cuda

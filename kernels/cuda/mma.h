@@ -1,0 +1,83 @@
+// Tensor-core products for the kernels of kernels/cuda: the warp-wide
+// mma.sync m16n8k16 with bf16 inputs and fp32 accumulators (sm_80 and later),
+// and the fragment loads that feed it from shared memory. nvcc emits the PTX
+// instruction; the emulation (kernels/cuda/emu/simt.h) computes the same tile
+// from the same fragments, so a kernel written against this header runs in
+// the suite as it runs on the GPU.
+//
+// Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4 g + t:
+//   A, 16 x 16 row-major, uint32_t a[4]: a[r] holds rows g + 8 (r % 2),
+//       columns 8 (r / 2) + 2 t and + 1, the lower column in the low half;
+//   B, 16 x 8, uint32_t b[2]: b[r] holds rows 8 r + 2 t and + 1 of column g;
+//   C and D, 16 x 8, float d[4]: d[i] is row g + 8 (i / 2), column 2 t + i % 2.
+// Two C tiles side by side (columns 0-7 and 8-15 of one 16 x 16 block) are,
+// packed to bf16 pairs, exactly the A fragment of that block: a softmax's
+// scores become the next product's left operand without leaving registers.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/math.h"
+#include "kernels/cuda/simt.h"
+
+namespace amsp::kernels::cuda {
+
+// d += a * b over one m16n8k16 tile. Every lane of the warp must call it.
+AMSP_DEVICE_INLINE void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+#if defined(__CUDACC__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  ::amsp::emu::simt::mma_bf16_16x8x16(d, a, b);
+#endif
+}
+
+// Two values rounded to bf16 (nearest even) in one word, `lo` in the low half.
+AMSP_DEVICE_INLINE uint32_t pack_bf16(float lo, float hi) {
+  return static_cast<uint32_t>(float_to_bf16(lo)) |
+         (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+}
+
+// The word of two adjacent bf16 values at p (4-byte aligned).
+AMSP_DEVICE_INLINE uint32_t word_at(const uint16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// The A fragment of the 16 x 16 block at `m` (row-major, row stride ld bf16s):
+// rows along the tile's m, columns along its k.
+AMSP_DEVICE_INLINE void load_a(uint32_t (&a)[4], const uint16_t* m, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int r = 0; r < 4; ++r) a[r] = word_at(m + (g + 8 * (r % 2)) * ld + 8 * (r / 2) + 2 * t);
+}
+
+// The B fragment of a 16 x 8 block stored transposed, as 8 rows of 16 (row n
+// holds column n of B: "k-major", as keys are stored for q k^T).
+AMSP_DEVICE_INLINE void load_b_nk(uint32_t (&b)[2], const uint16_t* m, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int r = 0; r < 2; ++r) b[r] = word_at(m + g * ld + 8 * r + 2 * t);
+}
+
+// The B fragment of a 16 x 8 block stored as it is, 16 rows of 8 (as values
+// are stored for p v): each word gathers two rows.
+AMSP_DEVICE_INLINE void load_b_kn(uint32_t (&b)[2], const uint16_t* m, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int r = 0; r < 2; ++r) {
+    const uint16_t* p = m + (8 * r + 2 * t) * ld + g;
+    b[r] = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[ld]) << 16);
+  }
+}
+
+// The A fragment of the 16 x 16 block formed by C tiles c0 (columns 0-7) and
+// c1 (columns 8-15), rounded to bf16.
+AMSP_DEVICE_INLINE void a_from_c(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+}  // namespace amsp::kernels::cuda
