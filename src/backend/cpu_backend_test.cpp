@@ -57,6 +57,12 @@ Floats widened(const Halves& h) {
   return x;
 }
 
+Floats rounded(const Floats& x) {
+  Floats r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = k::round_bf16(x[i]);
+  return r;
+}
+
 uint32_t bits(float f) { return k::float_to_bits(f); }
 float from_bits(uint32_t u) { return k::bits_to_float(u); }
 
@@ -478,26 +484,37 @@ TEST(CpuBackendF32, Rope) {
                "rope_backward", "cos holds");
 }
 
+// Attention is the fp32 kernel on its inputs, rounded to bf16 first when the
+// products take bf16 (compute() == kBF16), to the bit either way.
 TEST(CpuBackendF32, Attention) {
-  CpuBackend be(DType::kBF16);                        // attention is fp32 whatever compute() is
   const int64_t B = 2, T = 70, H = 4, KV = 2, D = 8;  // 70 crosses the kernel's 64-row block
   const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
-  EXPECT_EQ(be.attention_saved_count(B, T, H), B * H * T * T);
   Floats q = randn(nq, 1), kk = randn(nkv, 2), v = randn(nkv, 3), dout = randn(nq, 4);
-  Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(nq), o2(nq);
-  be.attention_forward(fv(q), fv(kk), fv(v), fv(p), fv(o), B, T, H, KV, D);
-  k::attention_forward(q.data(), kk.data(), v.data(), p2.data(), o2.data(), B, T, H, KV, D);
-  EXPECT_TRUE(same_bits(o, o2));
-  EXPECT_TRUE(same_bits(p, p2));
-  Floats dq(nq), dk(nkv), dv(nkv), dq2(nq), dk2(nkv), dv2(nkv);
-  View no_out;  // backward does not read the forward's output
-  be.attention_backward(fv(q), fv(kk), fv(v), fv(p), no_out, fv(dout), fv(dq), fv(dk), fv(dv), B, T,
-                        H, KV, D);
-  k::attention_backward(q.data(), kk.data(), v.data(), p.data(), dout.data(), dq2.data(),
-                        dk2.data(), dv2.data(), B, T, H, KV, D);
-  EXPECT_TRUE(same_bits(dq, dq2));
-  EXPECT_TRUE(same_bits(dk, dk2));
-  EXPECT_TRUE(same_bits(dv, dv2));
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    CpuBackend be(compute);
+    EXPECT_EQ(be.attention_saved_count(B, T, H), B * H * T * T);
+    const bool bf16 = compute == DType::kBF16;
+    const Floats qr = bf16 ? rounded(q) : q, kr = bf16 ? rounded(kk) : kk,
+                 vr = bf16 ? rounded(v) : v, dr = bf16 ? rounded(dout) : dout;
+    Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(nq), o2(nq);
+    be.attention_forward(fv(q), fv(kk), fv(v), fv(p), fv(o), B, T, H, KV, D);
+    k::attention_forward(qr.data(), kr.data(), vr.data(), p2.data(), o2.data(), B, T, H, KV, D);
+    EXPECT_TRUE(same_bits(o, o2));
+    EXPECT_TRUE(same_bits(p, p2));
+    Floats dq(nq), dk(nkv), dv(nkv), dq2(nq), dk2(nkv), dv2(nkv);
+    View no_out;  // backward does not read the forward's output
+    be.attention_backward(fv(q), fv(kk), fv(v), fv(p), no_out, fv(dout), fv(dq), fv(dk), fv(dv),
+                          B, T, H, KV, D);
+    k::attention_backward(qr.data(), kr.data(), vr.data(), p.data(), dr.data(), dq2.data(),
+                          dk2.data(), dv2.data(), B, T, H, KV, D);
+    EXPECT_TRUE(same_bits(dq, dq2));
+    EXPECT_TRUE(same_bits(dk, dk2));
+    EXPECT_TRUE(same_bits(dv, dv2));
+  }
+  CpuBackend be(DType::kF32);
+  Floats p(be.attention_saved_count(B, T, H)), o(nq), dq(nq), dk(nkv), dv(nkv);
+  View no_out;
   EXPECT_ERROR(
       be.attention_forward(fv(q), fv(kk), fv(v), fv(p).at(0, p.size() - 1), fv(o), B, T, H, KV, D),
       "attention_forward", "saved holds");
@@ -687,12 +704,6 @@ Floats bf16_product(int64_t rows, int64_t cols, int64_t K, A a, B b, bool round 
       c[r * cols + j] = round ? k::round_bf16(static_cast<float>(s)) : static_cast<float>(s);
     }
   return c;
-}
-
-Floats rounded(const Floats& x) {
-  Floats r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) r[i] = k::round_bf16(x[i]);
-  return r;
 }
 
 // Values whose bf16 roundings are multiples of 1/8 in [-15/8, 15/8]: fp32 values
