@@ -1,6 +1,6 @@
 // Causal grouped-query attention. Per (sequence, head) the score and value
-// products are sgemm calls reading the [B*T, heads*D] projections in place
-// through leading-dimension strides. Queries are processed in blocks of kBlock
+// products are sgemm calls reading the projections in place through
+// leading-dimension strides. Queries are processed in blocks of kBlock
 // rows so that only the keys a block can see (the causal lower triangle, up to
 // the block's last row) are multiplied.
 #include <cblas.h>
@@ -26,10 +26,10 @@ float* scratch(int64_t n) {
 
 }  // namespace
 
-void attention_forward(const float* q, const float* k, const float* v, float* probs, float* out,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
+void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldk,
+                       float* probs, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D) {
+  const int64_t group = H / KV, ldo = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -37,7 +37,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* pr
     const float* Q = q + b * T * ldq + h * D;
     const float* K = k + b * T * ldk + kvh * D;
     const float* Vm = v + b * T * ldk + kvh * D;
-    float* O = out + b * T * ldq + h * D;
+    float* O = out + b * T * ldo + h * D;
     float* P = probs + bh * T * T;
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0;
@@ -64,16 +64,15 @@ void attention_forward(const float* q, const float* k, const float* v, float* pr
       }
       // O[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, r1, 1.0f, P + r0 * T, T, Vm,
-                  ldk, 0.0f, O + r0 * ldq, ldq);
+                  ldk, 0.0f, O + r0 * ldo, ldo);
     }
   }
 }
 
-void attention_backward(const float* q, const float* k, const float* v, const float* probs,
-                        const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T,
-                        int64_t H, int64_t KV, int64_t D) {
-  const int64_t group = H / KV;
-  const int64_t ldq = H * D, ldk = KV * D;
+void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldk,
+                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  const int64_t group = H / KV, ldo = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // One task per (sequence, kv head): the query heads sharing a kv head add
   // into the same dK/dV, in head order, inside one thread.
@@ -91,13 +90,13 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     float* dS = scratch(kBlock * T);
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
       const float* Q = q + b * T * ldq + h * D;
-      const float* dO = dout + b * T * ldq + h * D;
+      const float* dO = dout + b * T * ldo + h * D;
       float* dQ = dq + b * T * ldq + h * D;
       const float* P = probs + (b * H + h) * T * T;
       for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
         const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0;
         // dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T   (into dS, row stride r1)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, D, 1.0f, dO + r0 * ldq, ldq,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, D, 1.0f, dO + r0 * ldo, ldo,
                     Vm, ldk, 0.0f, dS, r1);
         // dS = scale * P * (dP - sum_j P dP)
         for (int64_t i = r0; i < r1; ++i) {
@@ -119,7 +118,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
                     Q + r0 * ldq, ldq, 1.0f, dK, ldk);
         // dV[0:r1] += P[r0:r1, 0:r1]^T dO[r0:r1]
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, D, m, 1.0f, P + r0 * T, T,
-                    dO + r0 * ldq, ldq, 1.0f, dV, ldk);
+                    dO + r0 * ldo, ldo, 1.0f, dV, ldk);
       }
     }
   }

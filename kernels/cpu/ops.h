@@ -56,16 +56,19 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int
                    int64_t heads, int64_t head_dim, int64_t row_stride);
 
 // ---- attention.cpp ------------------------------------------------------------
-// Causal grouped-query attention. q, out: [B*T, H*D]; k, v: [B*T, KV*D]; query
-// head h reads kv head h / (H / KV), scale 1/sqrt(D). probs [B, H, T, T]
-// receives the softmax probabilities and must be kept for backward; entries
-// above the diagonal are zero or left unwritten, and never read.
-void attention_forward(const float* q, const float* k, const float* v, float* probs, float* out,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-// dq [B*T, H*D], dk, dv [B*T, KV*D] are overwritten.
-void attention_backward(const float* q, const float* k, const float* v, const float* probs,
-                        const float* dout, float* dq, float* dk, float* dv, int64_t B, int64_t T,
-                        int64_t H, int64_t KV, int64_t D);
+// Causal grouped-query attention. q: B*T rows of H*D values, row stride ldq;
+// k, v: B*T rows of KV*D values, row stride ldkv (the model's fused projection
+// [B*T, (H + 2 KV) D] holds q, k and v side by side: ldq = ldkv = (H + 2 KV) D);
+// out: [B*T, H*D]. Query head h reads kv head h / (H / KV), scale 1/sqrt(D).
+// probs [B, H, T, T] receives the softmax probabilities and must be kept for
+// backward; entries above the diagonal are zero or left unwritten, and never read.
+void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                       float* probs, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D);
+// dout: [B*T, H*D]; dq (row stride ldq), dk, dv (ldkv) are overwritten.
+void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
 // ---- mlp.cpp ------------------------------------------------------------------
 // out = silu(gate) * up, elementwise over n values.

@@ -26,8 +26,11 @@
 // none of it, whereas this file is one source that nvcc compiles for the GPU
 // and the host compiler for the emulation, and the same code that runs on the
 // GPU is what the tests check. (cuDNN's backward does have a deterministic
-// mode, so determinism alone would not have decided it.) The price: fp32 FMAs
-// on CUDA cores, no tensor cores; nothing here has been timed on a GPU.
+// mode, so determinism alone would not have decided it.) The kernels of this
+// file run fp32 FMAs on CUDA cores; under bf16 compute, head dims that are
+// multiples of 16 up to 128 go to the same algorithm on tensor cores
+// (attention_bf16.cu), and others run here on inputs rounded to bf16. Nothing
+// here has been timed on a GPU.
 //
 // Work layout inside a block (4 warps). Each warp owns 4 rows of the block's
 // tile ("own" rows: queries in forward and dq, keys in dk/dv). The other
@@ -75,6 +78,7 @@ struct Shape {
   int streamed;  // S, rows per streamed tile
   float scale;   // 1 / sqrt(D)
   bool bf16;     // q, k, v and dout rounded to bf16 as they are loaded
+  int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
 };
 
 // A lane's place in the dot-product phase (see the top of the file).
@@ -159,13 +163,14 @@ AMSP_DEVICE_INLINE void store_rows(float* dst, int64_t ld, int64_t first, int64_
 // Where one head's rows start: q and out have H heads per row, k and v KV.
 struct Heads {
   int64_t b, h, kvh;
-  int64_t q_off, kv_off;  // offsets of (b, t = 0, head, d = 0)
-  int64_t ldq, ldk;       // row strides
+  int64_t q_off, kv_off, o_off;  // offsets of (b, t = 0, head, d = 0) in q, k and out
+  int64_t ldq, ldk, ldo;         // row strides
 };
 
 AMSP_DEVICE_INLINE Heads heads_of(int64_t b, int64_t h, const Shape& sh) {
-  const int64_t kvh = h / sh.group, ldq = sh.H * sh.D, ldk = sh.KV * sh.D;
-  return Heads{b, h, kvh, b * sh.T * ldq + h * sh.D, b * sh.T * ldk + kvh * sh.D, ldq, ldk};
+  const int64_t kvh = h / sh.group, ldo = sh.H * sh.D;
+  return Heads{b,   h,      kvh, b * sh.T * sh.ldq + h * sh.D, b * sh.T * sh.ldkv + kvh * sh.D,
+               b * sh.T * ldo + h * sh.D, sh.ldq, sh.ldkv, ldo};
 }
 
 // The block (b*H + h, query tile) of the forward and dq kernels: its head, its
@@ -239,7 +244,7 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
 
   for (int i = 0; i < kOwnPerWarp; ++i)
     for (int j = 0; j < kPerLane; ++j) acc[i][j] /= l[i];
-  store_rows(out + hd.q_off, hd.ldq, row0, sh.T, D, acc, 1.0f);
+  store_rows(out + hd.o_off, hd.ldo, row0, sh.T, D, acc, 1.0f);
   if (threadIdx.x % kWarpSize == 0)
     for (int i = 0; i < kOwnPerWarp && row0 + i < sh.T; ++i)
       lse[(hd.b * sh.H + hd.h) * sh.T + row0 + i] = m[i] + logf(l[i]);
@@ -278,7 +283,7 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
   load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
-  load_rows(do_s, D, dout + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(do_s, D, dout + hd.o_off, hd.ldo, q0, kOwnTile, sh.T, D, sh.bf16);
   float row_lse[kOwnPerWarp], row_delta[kOwnPerWarp];
   for (int i = 0; i < kOwnPerWarp; ++i) {
     const int64_t at = (hd.b * sh.H + hd.h) * sh.T + row0 + i;
@@ -341,7 +346,7 @@ __global__ void attention_dkv_kernel(const float* q, const float* k, const float
     for (int64_t r0 = k0 / S * S; r0 < sh.T; r0 += S) {  // causal: rows at or below the keys
       __syncthreads();
       load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16);
-      load_rows(do_s, ld_q, dout + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16);
+      load_rows(do_s, ld_q, dout + hd.o_off, hd.ldo, r0, S, sh.T, D, sh.bf16);
       for (int i = threadIdx.x; i < S; i += blockDim.x) {
         lse_s[i] = r0 + i < sh.T ? head_lse[r0 + i] : 0.0f;
         delta_s[i] = r0 + i < sh.T ? head_delta[r0 + i] : 0.0f;
@@ -404,18 +409,22 @@ void with_per_lane(int D, Launch launch) {
 
 // The shapes this file supports; anything else is a bug in the caller, which
 // no kernel could report.
-Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const char* what) {
-  if (D < 1 || D > kMaxD || KV < 1 || H % KV != 0 || (T + kOwnTile - 1) / kOwnTile > 65535) {
+Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
+               const char* what) {
+  if (D < 1 || D > kMaxD || KV < 1 || H % KV != 0 || (T + kOwnTile - 1) / kOwnTile > 65535 ||
+      ldq < H * D || ldkv < KV * D) {
     std::fprintf(stderr,
-                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld (expected 1 <= D <= "
-                 "%d, H a multiple of KV, T <= %d)\n",
+                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld ldq=%lld ldkv=%lld "
+                 "(expected 1 <= D <= %d, H a multiple of KV, T <= %d, rows of q and k/v that "
+                 "hold H*D and KV*D values)\n",
                  what, static_cast<long long>(T), static_cast<long long>(H),
-                 static_cast<long long>(KV), static_cast<long long>(D), kMaxD, 65535 * kOwnTile);
+                 static_cast<long long>(KV), static_cast<long long>(D), static_cast<long long>(ldq),
+                 static_cast<long long>(ldkv), kMaxD, 65535 * kOwnTile);
     std::abort();
   }
   const int d = static_cast<int>(D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale, false};
+  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale, false, ldq, ldkv};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }
@@ -424,7 +433,7 @@ unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) /
 
 void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
                      int64_t H, int64_t D, bool round_dout, cudaStream_t s) {
-  const Shape sh{B, T, H, 1, static_cast<int>(D), 1, 0, 0.0f, round_dout};
+  const Shape sh{B, T, H, 1, static_cast<int>(D), 1, 0, 0.0f, round_dout, H * D, D};
   const unsigned blocks = static_cast<unsigned>((B * T * H + kWarps - 1) / kWarps);
   AMSP_LAUNCH(attention_delta_kernel, blocks, kThreads, 0, s)(out, dout, delta, sh);
 }
@@ -433,13 +442,13 @@ int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) { return B * H * 
 
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H) { return B * H * T; }
 
-void attention_forward(const float* q, const float* k, const float* v, float* lse, float* out,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
-                       cudaStream_t s) {
+void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                       float* lse, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D, bool bf16, cudaStream_t s) {
   if (bf16 && attention_tc_supports(D))
-    return attention_forward_tc(q, k, v, lse, out, B, T, H, KV, D, s);
+    return attention_forward_tc(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
   if (B == 0 || T == 0 || H == 0) return;
-  Shape sh = shape_of(B, T, H, KV, D, "attention_forward");
+  Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_forward");
   sh.bf16 = bf16;
   const Tiles tiles = tiles_for(sh.D, 1, 2, 0, 1);
   sh.streamed = tiles.streamed;
@@ -452,15 +461,15 @@ void attention_forward(const float* q, const float* k, const float* v, float* ls
   });
 }
 
-void attention_backward(const float* q, const float* k, const float* v, const float* lse,
-                        const float* out, const float* dout, float* dq, float* dk, float* dv,
-                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        bool bf16, cudaStream_t s) {
+void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                        const float* lse, const float* out, const float* dout, float* dq, float* dk,
+                        float* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t D, bool bf16, cudaStream_t s) {
   if (bf16 && attention_tc_supports(D))
-    return attention_backward_tc(q, k, v, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV, D,
-                                 s);
+    return attention_backward_tc(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T,
+                                 H, KV, D, s);
   if (B == 0 || T == 0 || H == 0) return;
-  Shape sh = shape_of(B, T, H, KV, D, "attention_backward");
+  Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_backward");
   sh.bf16 = bf16;
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, bf16, s);

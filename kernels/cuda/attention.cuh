@@ -20,12 +20,13 @@ void attention_delta(const float* out, const float* dout, float* delta, int64_t 
 // The tensor-core kernels (attention_bf16.cu) behind attention_forward and
 // attention_backward with bf16, for the head dims attention_tc_supports.
 bool attention_tc_supports(int64_t D);
-void attention_forward_tc(const float* q, const float* k, const float* v, float* lse, float* out,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
-void attention_backward_tc(const float* q, const float* k, const float* v, const float* lse,
-                           const float* out, const float* dout, float* dq, float* dk, float* dv,
-                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                           cudaStream_t s);
+void attention_forward_tc(const float* q, const float* k, const float* v, int64_t ldq,
+                          int64_t ldkv, float* lse, float* out, int64_t B, int64_t T, int64_t H,
+                          int64_t KV, int64_t D, cudaStream_t s);
+void attention_backward_tc(const float* q, const float* k, const float* v, int64_t ldq,
+                           int64_t ldkv, const float* lse, const float* out, const float* dout,
+                           float* dq, float* dk, float* dv, float* workspace, int64_t B, int64_t T,
+                           int64_t H, int64_t KV, int64_t D, cudaStream_t s);
 
 // The FLOPs of `products` matrix products over the causal (query, key) pairs of
 // every (sequence, head): 2 D each per pair. Forward makes two (scores, then

@@ -60,8 +60,9 @@ constexpr int kMaxD = 128;
 
 struct Shape {
   int64_t B, T, H, KV;
-  int group;    // H / KV
-  float scale;  // 1 / sqrt(D)
+  int group;          // H / KV
+  float scale;        // 1 / sqrt(D)
+  int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
 };
 
 // Rows [first, first + n) of one head's fp32 [T, kD] slice (row stride ld)
@@ -135,14 +136,17 @@ AMSP_DEVICE_INLINE void mma_dots(float (&s)[4], const uint32_t (&a)[kD / 16][4],
   }
 }
 
-// Where one head's rows start in q's layout [B*T, H*kD] and k's [B*T, KV*kD].
+// Where one head's rows start in q, in k and v, in out and dout ([B*T, H*D]),
+// and in lse and delta ([B, H, T]).
 struct Head {
-  int64_t q_off, kv_off, ldq, ldk, lse_off;
+  int64_t q_off, kv_off, o_off, ldq, ldk, ldo, lse_off;
 };
 
 AMSP_DEVICE_INLINE Head head_of(int64_t b, int64_t h, int D, const Shape& sh) {
-  const int64_t ldq = sh.H * D, ldk = sh.KV * D;
-  return Head{b * sh.T * ldq + h * D, b * sh.T * ldk + (h / sh.group) * D, ldq, ldk,
+  const int64_t ldo = sh.H * D;
+  return Head{b * sh.T * sh.ldq + h * D, b * sh.T * sh.ldkv + (h / sh.group) * D,
+              b * sh.T * ldo + h * D,    sh.ldq,
+              sh.ldkv,                   ldo,
               (b * sh.H + h) * sh.T};
 }
 
@@ -211,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < kD / 8; ++n)
     for (int i = 0; i < 4; ++i) {
       const int64_t row = c_row(row0, i);
-      if (row < sh.T) out[hd.q_off + row * hd.ldq + c_col(8 * n, i)] = o[n][i] / l[i / 2];
+      if (row < sh.T) out[hd.o_off + row * hd.ldo + c_col(8 * n, i)] = o[n][i] / l[i / 2];
     }
   if (threadIdx.x % 4 == 0)
     for (int j = 0; j < 2; ++j) {
@@ -235,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row0 = q0 + warp * kRows, q_last = (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1;
   uint32_t qa[kD / 16][4], da[kD / 16][4];
   load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
-  load_a_rows<kD>(da, dout + hd.q_off, hd.ldq, row0, sh.T);
+  load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T);
   float row_lse[2], row_delta[2];
   for (int j = 0; j < 2; ++j) {
     const int64_t row = c_row(row0, 2 * j);
@@ -311,7 +315,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries) {  // causal: rows at or below the keys
       __syncthreads();
       stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries, sh.T);
-      stage_rows<kD>(tiles.dout, dout + hd.q_off, hd.ldq, r0, kQueries, sh.T);
+      stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries, sh.T);
       for (int i = threadIdx.x; i < kQueries; i += blockDim.x) {
         tiles.lse[i] = r0 + i < sh.T ? lse[hd.lse_off + r0 + i] : 0.0f;
         tiles.delta[i] = r0 + i < sh.T ? delta[hd.lse_off + r0 + i] : 0.0f;
@@ -375,17 +379,21 @@ void with_head_dim(int64_t D, Launch launch) {
 
 // The shapes this file supports; anything else is a bug in the caller (the
 // backend asks attention_bf16_supports first), which no kernel could report.
-Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, const char* what) {
-  if (!attention_tc_supports(D) || KV < 1 || H % KV != 0 || (T + kTile - 1) / kTile > 65535) {
+Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
+               const char* what) {
+  if (!attention_tc_supports(D) || KV < 1 || H % KV != 0 || (T + kTile - 1) / kTile > 65535 ||
+      ldq < H * D || ldkv < KV * D) {
     std::fprintf(stderr,
-                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld (expected D a "
-                 "multiple of 16 up to %d, H a multiple of KV, T <= %d)\n",
+                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld ldq=%lld ldkv=%lld "
+                 "(expected D a multiple of 16 up to %d, H a multiple of KV, T <= %d, rows of q "
+                 "and k/v that hold H*D and KV*D values)\n",
                  what, static_cast<long long>(T), static_cast<long long>(H),
-                 static_cast<long long>(KV), static_cast<long long>(D), kMaxD, 65535 * kTile);
+                 static_cast<long long>(KV), static_cast<long long>(D), static_cast<long long>(ldq),
+                 static_cast<long long>(ldkv), kMaxD, 65535 * kTile);
     std::abort();
   }
-  return Shape{B, T, H, KV, static_cast<int>(H / KV),
-               1.0f / std::sqrt(static_cast<float>(D))};
+  return Shape{B, T, H, KV, static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
+               ldq, ldkv};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
@@ -394,11 +402,11 @@ unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kT
 
 bool attention_tc_supports(int64_t D) { return D >= 16 && D <= kMaxD && D % 16 == 0; }
 
-void attention_forward_tc(const float* q, const float* k, const float* v, float* lse,
-                          float* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                            cudaStream_t s) {
+void attention_forward_tc(const float* q, const float* k, const float* v, int64_t ldq,
+                          int64_t ldkv, float* lse, float* out, int64_t B, int64_t T, int64_t H,
+                          int64_t KV, int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of(B, T, H, KV, D, "attention_forward_tc");
+  const Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_forward_tc");
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
@@ -407,12 +415,12 @@ void attention_forward_tc(const float* q, const float* k, const float* v, float*
   });
 }
 
-void attention_backward_tc(const float* q, const float* k, const float* v, const float* lse,
-                             const float* out, const float* dout, float* dq, float* dk, float* dv,
-                             float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
-                             int64_t D, cudaStream_t s) {
+void attention_backward_tc(const float* q, const float* k, const float* v, int64_t ldq,
+                           int64_t ldkv, const float* lse, const float* out, const float* dout,
+                           float* dq, float* dk, float* dv, float* workspace, int64_t B, int64_t T,
+                           int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of(B, T, H, KV, D, "attention_backward_tc");
+  const Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_backward_tc");
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, true, s);
   AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, D), true);

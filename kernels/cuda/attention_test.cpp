@@ -93,6 +93,40 @@ std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float
   return lse;
 }
 
+// What the device kernels give, run on q, k and v side by side in one buffer
+// with rows [q | k | v], as the model's fused projection holds them (row
+// strides ldq = ldkv = (H + 2 KV) D, dq, dk and dv written likewise), taken
+// apart again. Outputs start as NaN: every element must be written.
+struct DeviceRun {
+  std::vector<float> lse, out, dq, dk, dv;
+};
+
+DeviceRun run_fused(const std::vector<float>& q, const std::vector<float>& k,
+                    const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
+                    bool bf16) {
+  const int64_t N = s.B * s.T, lq = s.H * s.D, lk = s.KV * s.D, ld = lq + 2 * lk;
+  std::vector<float> qkv(N * ld), dqkv = nans(N * ld);
+  for (int64_t r = 0; r < N; ++r) {
+    std::copy_n(q.begin() + r * lq, lq, qkv.begin() + r * ld);
+    std::copy_n(k.begin() + r * lk, lk, qkv.begin() + r * ld + lq);
+    std::copy_n(v.begin() + r * lk, lk, qkv.begin() + r * ld + lq + lk);
+  }
+  DeviceRun d{nans(attention_saved_count(s.B, s.T, s.H)), nans(N * lq), {}, {}, {}};
+  auto work = nans(attention_backward_workspace(s.B, s.T, s.H));
+  const float* in = qkv.data();
+  float* g = dqkv.data();
+  attention_forward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), d.out.data(), s.B, s.T, s.H,
+                    s.KV, s.D, bf16, nullptr);
+  attention_backward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), d.out.data(), dout.data(), g,
+                     g + lq, g + lq + lk, work.data(), s.B, s.T, s.H, s.KV, s.D, bf16, nullptr);
+  for (int64_t r = 0; r < N; ++r) {
+    d.dq.insert(d.dq.end(), g + r * ld, g + r * ld + lq);
+    d.dk.insert(d.dk.end(), g + r * ld + lq, g + r * ld + lq + lk);
+    d.dv.insert(d.dv.end(), g + r * ld + lq + lk, g + (r + 1) * ld);
+  }
+  return d;
+}
+
 // Every test runs with each block's threads resumed in forward and in reverse
 // order (the emulation's two schedules), so a missing barrier shows in one.
 using amsp::emu::simt::Order;
@@ -116,19 +150,14 @@ TEST_P(CudaAttention, MatchesCpuReference) {
              dout = randn(nq, 4, 1.0f);
 
   std::vector<float> probs(s.B * s.H * s.T * s.T), out_cpu(nq), dq_cpu(nq), dk_cpu(nk), dv_cpu(nk);
-  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), probs.data(), out_cpu.data(), s.B,
-                                   s.T, s.H, s.KV, s.D);
-  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), probs.data(), dout.data(),
-                                    dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B, s.T, s.H,
-                                    s.KV, s.D);
+  const int64_t lq = s.H * s.D, lk = s.KV * s.D;
+  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), lq, lk, probs.data(),
+                                   out_cpu.data(), s.B, s.T, s.H, s.KV, s.D);
+  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), lq, lk, probs.data(),
+                                    dout.data(), dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B,
+                                    s.T, s.H, s.KV, s.D);
 
-  // NaN-filled outputs: every element must be written.
-  auto lse = nans(attention_saved_count(s.B, s.T, s.H)), out = nans(nq), dq = nans(nq),
-       dk = nans(nk), dv = nans(nk), work = nans(attention_backward_workspace(s.B, s.T, s.H));
-  attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
-                    s.D, false, nullptr);
-  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(), dq.data(),
-                     dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D, false, nullptr);
+  const auto [lse, out, dq, dk, dv] = run_fused(q, k, v, dout, s, false);
 
   const auto want_lse = lse_ref(q, k, s);
   std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
@@ -147,14 +176,11 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   EXPECT_LE(e_dk, bound);
   EXPECT_LE(e_dv, bound);
 
-  // Deterministic: a second backward gives the same bits.
-  auto dq2 = nans(nq), dk2 = nans(nk), dv2 = nans(nk);
-  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
-                     dq2.data(), dk2.data(), dv2.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
-                     false, nullptr);
-  EXPECT_EQ(dq, dq2);
-  EXPECT_EQ(dk, dk2);
-  EXPECT_EQ(dv, dv2);
+  // Deterministic: a second run gives the same bits.
+  const DeviceRun again = run_fused(q, k, v, dout, s, false);
+  EXPECT_EQ(dq, again.dq);
+  EXPECT_EQ(dk, again.dk);
+  EXPECT_EQ(dv, again.dv);
 }
 
 // Every head dim from 1 to 256 launches (the emulation throws on more than 48
@@ -177,11 +203,12 @@ TEST_P(CudaAttentionHeadDims, OneTokenEveryD) {
                dout = randn(2 * D, 4, 1.0f);
     auto lse = nans(2), out = nans(2 * D), dq = nans(2 * D), dk = nans(D), dv = nans(D),
          work = nans(2);
-    attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H, s.KV,
-                      s.D, false, nullptr);
-    attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
-                       dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
-                       false, nullptr);
+    // q, k and v in buffers of their own here (row strides H D and KV D).
+    attention_forward(q.data(), k.data(), v.data(), 2 * D, D, lse.data(), out.data(), s.B, s.T,
+                      s.H, s.KV, s.D, false, nullptr);
+    attention_backward(q.data(), k.data(), v.data(), 2 * D, D, lse.data(), out.data(),
+                       dout.data(), dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H,
+                       s.KV, s.D, false, nullptr);
     const auto want_lse = lse_ref(q, k, s);
     for (int64_t h = 0; h < 2; ++h) {
       EXPECT_NEAR(lse[h], want_lse[h], 1e-5 * (1 + std::fabs(want_lse[h]))) << "D " << D;
@@ -280,19 +307,14 @@ TEST_P(CudaAttentionBf16, MatchesCpuReferenceOnBf16Inputs) {
              dout = randn(nq, 4, 1.0f);
   const auto qr = rounded(q), kr = rounded(k), vr = rounded(v), dr = rounded(dout);
   std::vector<float> probs(s.B * s.H * s.T * s.T), out_cpu(nq), dq_cpu(nq), dk_cpu(nk), dv_cpu(nk);
-  amsp::kernels::attention_forward(qr.data(), kr.data(), vr.data(), probs.data(), out_cpu.data(),
-                                   s.B, s.T, s.H, s.KV, s.D);
-  amsp::kernels::attention_backward(qr.data(), kr.data(), vr.data(), probs.data(), dr.data(),
-                                    dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B, s.T, s.H,
-                                    s.KV, s.D);
+  const int64_t lq = s.H * s.D, lk = s.KV * s.D;
+  amsp::kernels::attention_forward(qr.data(), kr.data(), vr.data(), lq, lk, probs.data(),
+                                   out_cpu.data(), s.B, s.T, s.H, s.KV, s.D);
+  amsp::kernels::attention_backward(qr.data(), kr.data(), vr.data(), lq, lk, probs.data(),
+                                    dr.data(), dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B,
+                                    s.T, s.H, s.KV, s.D);
 
-  auto lse = nans(attention_saved_count(s.B, s.T, s.H)), out = nans(nq), dq = nans(nq),
-       dk = nans(nk), dv = nans(nk), work = nans(attention_backward_workspace(s.B, s.T, s.H));
-  attention_forward(q.data(), k.data(), v.data(), lse.data(), out.data(), s.B, s.T, s.H,
-                    s.KV, s.D, true, nullptr);
-  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
-                          dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H, s.KV, s.D,
-                          true, nullptr);
+  const auto [lse, out, dq, dk, dv] = run_fused(q, k, v, dout, s, true);
   const auto want_lse = lse_ref(qr, kr, s);
   const std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
   std::printf("  B=%lld T=%lld H=%lld KV=%lld D=%lld  max error: out %.2e lse %.2e dq %.2e "
@@ -312,13 +334,10 @@ TEST_P(CudaAttentionBf16, MatchesCpuReferenceOnBf16Inputs) {
   EXPECT_LE(rms_error(dk, dk_cpu), kBf16Roundoff);
   EXPECT_LE(rms_error(dv, dv_cpu), kBf16Roundoff);
 
-  auto dq2 = nans(nq), dk2 = nans(nk), dv2 = nans(nk);
-  attention_backward(q.data(), k.data(), v.data(), lse.data(), out.data(), dout.data(),
-                          dq2.data(), dk2.data(), dv2.data(), work.data(), s.B, s.T, s.H, s.KV,
-                          s.D, true, nullptr);
-  EXPECT_EQ(dq, dq2);
-  EXPECT_EQ(dk, dk2);
-  EXPECT_EQ(dv, dv2);
+  const DeviceRun again = run_fused(q, k, v, dout, s, true);
+  EXPECT_EQ(dq, again.dq);
+  EXPECT_EQ(dk, again.dk);
+  EXPECT_EQ(dv, again.dv);
 }
 
 // B, T, H, KV, D: every head dim the tensor cores take, T from one token to

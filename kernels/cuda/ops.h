@@ -99,8 +99,10 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int
                    int64_t heads, int64_t head_dim, int64_t row_stride, cudaStream_t s);
 
 // ---- attention: fused, causal, grouped-query, FlashAttention-2 style ------------------
-// q, out: [B*T, H*D]; k, v: [B*T, KV*D]; query head h reads kv head h / (H / KV);
-// scale 1/sqrt(D). Tiled with an online softmax: no T x T matrix in memory.
+// q: B*T rows of H*D values, row stride ldq; k, v: B*T rows of KV*D values, row
+// stride ldkv (kernels/cpu/ops.h: the model's fused projection has ldq = ldkv =
+// (H + 2 KV) D); out, dout: [B*T, H*D]; dq, dk, dv as q, k, v. Query head h
+// reads kv head h / (H / KV); scale 1/sqrt(D). Tiled with an online softmax: no T x T matrix in memory.
 // Forward keeps lse [B, H, T] (log-sum-exp of each row of scaled scores) for
 // backward. Backward overwrites dq, dk, dv; workspace holds
 // attention_backward_workspace(B, T, H) floats (rowsum(dout * out)).
@@ -111,13 +113,13 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int
 // that take them; other head dims run the fp32 kernels on the rounded inputs.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H);
-void attention_forward(const float* q, const float* k, const float* v, float* lse, float* out,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
-                       cudaStream_t s);
-void attention_backward(const float* q, const float* k, const float* v, const float* lse,
-                        const float* out, const float* dout, float* dq, float* dk, float* dv,
-                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        bool bf16, cudaStream_t s);
+void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                       float* lse, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D, bool bf16, cudaStream_t s);
+void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                        const float* lse, const float* out, const float* dout, float* dq, float* dk,
+                        float* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t D, bool bf16, cudaStream_t s);
 
 // ---- SwiGLU -----------------------------------------------------------------------------
 void swiglu_forward(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);

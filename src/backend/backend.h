@@ -188,18 +188,19 @@ class Backend {
   virtual void rope_backward(const View& dx, const View& cos, const View& sin, int64_t B,
                              int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) = 0;
 
-  // Causal grouped-query attention. `saved` is what forward keeps for backward:
-  // attention_saved_count(B, T, H) fp32 elements (the CPU backend keeps the
-  // softmax probabilities, a fused kernel only a log-sum-exp per row and head).
-  // dq, dk, dv are overwritten.
+  // Causal grouped-query attention over the fused projection qkv [B*T, (H +
+  // 2 KV) D]: each row holds q (H heads), then k and v (KV heads each), as one
+  // matrix product over the adjacent q, k and v weights writes them. `saved` is
+  // what forward keeps for backward: attention_saved_count(B, T, H) fp32
+  // elements (the CPU backend keeps the softmax probabilities, a fused kernel
+  // only a log-sum-exp per row and head). out, dout: [B*T, H*D]. dqkv (the
+  // layout of qkv) is overwritten.
   virtual int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const = 0;
-  virtual void attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                                 const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                 int64_t D) = 0;
-  virtual void attention_backward(const View& q, const View& k, const View& v,
-                                  const View& saved, const View& out, const View& dout,
-                                  const View& dq, const View& dk, const View& dv, int64_t B,
-                                  int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  virtual void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
+                                 int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  virtual void attention_backward(const View& qkv, const View& saved, const View& out,
+                                  const View& dout, const View& dqkv, int64_t B, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D) = 0;
 
   // out = silu(gate) * up; backward writes dgate, dup (dup may alias dout).
   virtual void swiglu_forward(const View& gate, const View& up, const View& out) = 0;

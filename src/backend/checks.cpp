@@ -187,39 +187,30 @@ void check_attention_shape(const char* kn, int64_t B, int64_t T, int64_t H, int6
 
 }  // namespace
 
-void Checks::attention_forward(const Backend& backend, const View& q, const View& k, const View& v,
-                               const View& saved, const View& out, int64_t B, int64_t T, int64_t H,
-                               int64_t KV, int64_t D) const {
+void Checks::attention_forward(const Backend& backend, const View& qkv, const View& saved,
+                               const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D) const {
   const char* kn = "attention_forward";
   check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}, {"out", out}});
-  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
-  need(kn, "q", q, nq);
-  need(kn, "k", k, nkv);
-  need(kn, "v", v, nkv);
+  expect_all(kn, DType::kF32, {{"qkv", qkv}, {"saved", saved}, {"out", out}});
+  need(kn, "qkv", qkv, product(kn, {B, T, H + 2 * KV, D}));
   need(kn, "saved", saved, backend.attention_saved_count(B, T, H));
-  need(kn, "out", out, nq);
+  need(kn, "out", out, product(kn, {B, T, H, D}));
 }
 
-void Checks::attention_backward(const Backend& backend, const View& q, const View& k, const View& v,
-                                const View& saved, const View* out, const View& dout, const View& dq,
-                                const View& dk, const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                int64_t D) const {
+void Checks::attention_backward(const Backend& backend, const View& qkv, const View& saved,
+                                const View* out, const View& dout, const View& dqkv, int64_t B,
+                                int64_t T, int64_t H, int64_t KV, int64_t D) const {
   const char* kn = "attention_backward";
   check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32, {{"q", q}, {"k", k}, {"v", v}, {"saved", saved}});
+  expect_all(kn, DType::kF32, {{"qkv", qkv}, {"saved", saved}, {"dout", dout}, {"dqkv", dqkv}});
   if (out) expect(kn, "out", *out, DType::kF32);
-  expect_all(kn, DType::kF32, {{"dout", dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
-  const int64_t nq = product(kn, {B, T, H, D}), nkv = product(kn, {B, T, KV, D});
-  need(kn, "q", q, nq);
-  need(kn, "k", k, nkv);
-  need(kn, "v", v, nkv);
+  const int64_t nqkv = product(kn, {B, T, H + 2 * KV, D}), nq = product(kn, {B, T, H, D});
+  need(kn, "qkv", qkv, nqkv);
   need(kn, "saved", saved, backend.attention_saved_count(B, T, H));
   if (out) need(kn, "out", *out, nq);
   need(kn, "dout", dout, nq);
-  need(kn, "dq", dq, nq);
-  need(kn, "dk", dk, nkv);
-  need(kn, "dv", dv, nkv);
+  need(kn, "dqkv", dqkv, nqkv);
 }
 
 // ---- SwiGLU, cross-entropy and AdamW --------------------------------------------------

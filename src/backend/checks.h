@@ -84,14 +84,13 @@ class Checks {
   void rope(const char* kernel, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
             int64_t heads, int64_t head_dim, int64_t row_stride) const;
   // `saved` must hold backend.attention_saved_count(B, T, H) elements.
-  void attention_forward(const Backend& backend, const View& q, const View& k, const View& v,
-                         const View& saved, const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+  void attention_forward(const Backend& backend, const View& qkv, const View& saved,
+                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
                          int64_t D) const;
   // out: nullptr where the backend does not read it.
-  void attention_backward(const Backend& backend, const View& q, const View& k, const View& v,
-                          const View& saved, const View* out, const View& dout, const View& dq,
-                          const View& dk, const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
-                          int64_t D) const;
+  void attention_backward(const Backend& backend, const View& qkv, const View& saved,
+                          const View* out, const View& dout, const View& dqkv, int64_t B, int64_t T,
+                          int64_t H, int64_t KV, int64_t D) const;
   void swiglu_forward(const View& gate, const View& up, const View& out) const;
   void swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
                        const View& dup) const;

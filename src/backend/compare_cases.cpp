@@ -233,6 +233,28 @@ void rope_case(Checker& c, const RopeShape& s) {
 // Mary's lambda the error is within lambda u / sqrt(3) of sqrt(sum (w_j x_j)^2),
 // which for these random inputs is the output's own scale; lse's error (at
 // most u, from the rounded probabilities it sums) scales a row by 1 + u more.
+// Columns [first, first + n) of a [rows, width] matrix, and the matrix whose
+// rows are the rows of a, b and c side by side.
+Floats columns(const Floats& x, int64_t rows, int64_t width, int64_t first, int64_t n) {
+  Floats out(rows * n);
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(x.begin() + r * width + first, n, out.begin() + r * n);
+  return out;
+}
+
+Floats side_by_side(const Floats& a, const Floats& b, const Floats& c, int64_t rows) {
+  const int64_t na = int64_t(a.size()) / rows, nb = int64_t(b.size()) / rows,
+                nc = int64_t(c.size()) / rows;
+  Floats out;
+  out.reserve(a.size() + b.size() + c.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    out.insert(out.end(), a.begin() + r * na, a.begin() + (r + 1) * na);
+    out.insert(out.end(), b.begin() + r * nb, b.begin() + (r + 1) * nb);
+    out.insert(out.end(), c.begin() + r * nc, c.begin() + (r + 1) * nc);
+  }
+  return out;
+}
+
 void attention_case(Checker& c, const AttentionShape& s) {
   const auto [B, T, H, KV, D] = s;
   const std::string shape = fmt("B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
@@ -240,15 +262,17 @@ void attention_case(Checker& c, const AttentionShape& s) {
   const bool bf16 = c.compute() == DType::kBF16;
   const double u = 0x1p-8;
   c.compare("attention_forward+backward", shape, kReduction, [&](Backend& be) {
-    const int64_t nq = B * T * H * D, nkv = B * T * KV * D, group = H / KV;
+    const int64_t N = B * T, nq = N * H * D, nkv = N * KV * D, group = H / KV;
+    const int64_t row = (H + 2 * KV) * D;
     const Floats qs = randn(nq, 1), ks = randn(nkv, 2), vs = randn(nkv, 3);
-    Buffer q = put(be, qs), k = put(be, ks), v = put(be, vs);
+    Buffer qkv = put(be, side_by_side(qs, ks, vs, N));
     Buffer saved = be.alloc(DType::kF32, be.attention_saved_count(B, T, H));
     Buffer out = be.alloc(DType::kF32, nq), dout = put(be, randn(nq, 4));
-    be.attention_forward(q.view(), k.view(), v.view(), saved.view(), out.view(), B, T, H, KV, D);
-    Buffer dq = put(be, randn(nq, 5)), dk = put(be, randn(nkv, 6)), dv = put(be, randn(nkv, 7));
-    be.attention_backward(q.view(), k.view(), v.view(), saved.view(), out.view(), dout.view(),
-                          dq.view(), dk.view(), dv.view(), B, T, H, KV, D);
+    be.attention_forward(qkv.view(), saved.view(), out.view(), B, T, H, KV, D);
+    Buffer dqkv = put(be, side_by_side(randn(nq, 5), randn(nkv, 6), randn(nkv, 7), N));
+    be.attention_backward(qkv.view(), saved.view(), out.view(), dout.view(), dqkv.view(), B, T, H,
+                          KV, D);
+    const Floats d = get(be, dqkv);
     const double score = max_row_norm(qs, D) * max_row_norm(ks, D) / std::sqrt(double(D));
     const double t_p = 2 * sum_of(D) * score + sum_of(2 * T) + kElementwise;
     const double t_out = sum_of(2 * T) + t_p, t_ds = t_p + sum_of(D) + t_out;
@@ -256,9 +280,10 @@ void attention_case(Checker& c, const AttentionShape& s) {
     const double w_out = bf16 ? 2 * u * max_abs(vs) / std::max(max_abs(out_values), 1e-30) : 0;
     const double w_grad = bf16 ? kLambda * u / std::sqrt(3.0) + u : 0;
     return Outputs{{"out", std::move(out_values), t_out + w_out},
-                   {"dq", get(be, dq), sum_of(T) + t_ds + w_grad},
-                   {"dk", get(be, dk), sum_of(group * T) + t_ds + w_grad},
-                   {"dv", get(be, dv), sum_of(group * T) + t_p + w_grad}};
+                   {"dq", columns(d, N, row, 0, H * D), sum_of(T) + t_ds + w_grad},
+                   {"dk", columns(d, N, row, H * D, KV * D), sum_of(group * T) + t_ds + w_grad},
+                   {"dv", columns(d, N, row, (H + KV) * D, KV * D),
+                    sum_of(group * T) + t_p + w_grad}};
   });
 }
 

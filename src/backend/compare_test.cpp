@@ -85,16 +85,14 @@ class Forwarding : public Backend {
   int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override {
     return in_->attention_saved_count(B, T, H);
   }
-  void attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override {
-    in_->attention_forward(q, k, v, saved, out, B, T, H, KV, D);
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override {
+    in_->attention_forward(qkv, saved, out, B, T, H, KV, D);
   }
-  void attention_backward(const View& q, const View& k, const View& v, const View& saved,
-                          const View& out, const View& dout, const View& dq, const View& dk,
-                          const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
+  void attention_backward(const View& qkv, const View& saved, const View& out, const View& dout,
+                          const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                           int64_t D) override {
-    in_->attention_backward(q, k, v, saved, out, dout, dq, dk, dv, B, T, H, KV, D);
+    in_->attention_backward(qkv, saved, out, dout, dqkv, B, T, H, KV, D);
   }
   void swiglu_forward(const View& g, const View& u, const View& o) override {
     in_->swiglu_forward(g, u, o);
@@ -148,23 +146,23 @@ class OneUlpLinear : public Forwarding {
 
 // attention_forward that leaves out the last key of each sequence (only the
 // last query row sees it): an off-by-one in the causal mask. That row is
-// recomputed as the last row of a sequence one shorter whose last query is it.
+// recomputed as the last row of a sequence one shorter whose last query is it:
+// the first n = T - 1 rows of keys and values, and the last row's query.
 class DropsLastKey : public Forwarding {
  public:
   using Forwarding::Forwarding;
-  void attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override {
-    in_->attention_forward(q, k, v, saved, out, B, T, H, KV, D);
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override {
+    in_->attention_forward(qkv, saved, out, B, T, H, KV, D);
     if (T < 2) return;
-    const int64_t lq = H * D, lk = KV * D, n = T - 1;
-    std::vector<float> q1(n * lq), o1(n * lq), saved1(in_->attention_saved_count(1, n, H));
+    const int64_t lq = H * D, row = (H + 2 * KV) * D, n = T - 1;
+    std::vector<float> qkv1(n * row), o1(n * lq), saved1(in_->attention_saved_count(1, n, H));
     for (int64_t b = 0; b < B; ++b) {
-      const float* qb = q.f32() + b * T * lq;
-      std::copy(qb, qb + (n - 1) * lq, q1.begin());
-      std::copy(qb + n * lq, qb + T * lq, q1.begin() + (n - 1) * lq);
-      in_->attention_forward(host_view(q1.data(), n * lq), k.at(b * T * lk, n * lk),
-                             v.at(b * T * lk, n * lk), host_view(saved1.data(), int64_t(saved1.size())),
+      const float* in = qkv.f32() + b * T * row;
+      std::copy(in, in + n * row, qkv1.begin());
+      std::copy(in + n * row, in + n * row + lq, qkv1.begin() + (n - 1) * row);
+      in_->attention_forward(host_view(qkv1.data(), n * row),
+                             host_view(saved1.data(), int64_t(saved1.size())),
                              host_view(o1.data(), n * lq), 1, n, H, KV, D);
       std::copy(o1.begin() + (n - 1) * lq, o1.end(), out.f32() + (b * T + n) * lq);
     }

@@ -277,23 +277,26 @@ int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const
   return Checks::product("attention_saved_count", {B, H, T, T});
 }
 
-void CpuBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                                   const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                   int64_t D) {
-  check.attention_forward(*this, q, k, v, saved, out, B, T, H, KV, D);
-  kernels::attention_forward(attention_input(q, kSlotQ), attention_input(k, kSlotK),
-                             attention_input(v, kSlotV), saved.f32(), out.f32(), B, T, H, KV, D);
+void CpuBackend::attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
+                                   int64_t T, int64_t H, int64_t KV, int64_t D) {
+  check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
+  const float* q = attention_input(qkv, kSlotQkv);
+  const int64_t ld = (H + 2 * KV) * D;
+  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, saved.f32(), out.f32(), B, T,
+                             H, KV, D);
 }
 
-void CpuBackend::attention_backward(const View& q, const View& k, const View& v, const View& saved,
+void CpuBackend::attention_backward(const View& qkv, const View& saved,
                                     const View& /*out: not needed*/, const View& dout,
-                                    const View& dq, const View& dk, const View& dv, int64_t B,
-                                    int64_t T, int64_t H, int64_t KV, int64_t D) {
-  check.attention_backward(*this, q, k, v, saved, nullptr, dout, dq, dk, dv, B, T, H, KV, D);
-  kernels::attention_backward(attention_input(q, kSlotQ), attention_input(k, kSlotK),
-                              attention_input(v, kSlotV), saved.f32(),
-                              attention_input(dout, kSlotDout), dq.f32(), dk.f32(), dv.f32(), B, T,
-                              H, KV, D);
+                                    const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                    int64_t D) {
+  check.attention_backward(*this, qkv, saved, nullptr, dout, dqkv, B, T, H, KV, D);
+  const float* q = attention_input(qkv, kSlotQkv);
+  float* dq = dqkv.f32();
+  const int64_t ld = (H + 2 * KV) * D, k_at = H * D, v_at = (H + KV) * D;
+  kernels::attention_backward(q, q + k_at, q + v_at, ld, ld, saved.f32(),
+                              attention_input(dout, kSlotDout), dq, dq + k_at, dq + v_at, B, T, H,
+                              KV, D);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------

@@ -129,12 +129,10 @@ class CpuBackend final : public Backend {
                      int64_t heads, int64_t head_dim, int64_t row_stride) override;
 
   int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override;
-  void attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override;
-  void attention_backward(const View& q, const View& k, const View& v, const View& saved,
-                          const View& out, const View& dout, const View& dq, const View& dk,
-                          const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override;
+  void attention_backward(const View& qkv, const View& saved, const View& out, const View& dout,
+                          const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                           int64_t D) override;
 
   void swiglu_forward(const View& gate, const View& up, const View& out) override;
@@ -167,7 +165,7 @@ class CpuBackend final : public Backend {
   // after it is requested again. Slots a kernel uses at the same time differ.
   enum Slot {
     kSlotX, kSlotW, kSlotOut, kSlotIndex, kSlotIndex2, kSlotIndex3,
-    kSlotQ, kSlotK, kSlotV, kSlotDout,  // attention's inputs rounded to bf16
+    kSlotQkv, kSlotDout,  // attention's inputs rounded to bf16
     kNumSlots
   };
   void* scratch(Slot slot, int64_t bytes);

@@ -488,41 +488,40 @@ TEST(CpuBackendF32, Rope) {
 // products take bf16 (compute() == kBF16), to the bit either way.
 TEST(CpuBackendF32, Attention) {
   const int64_t B = 2, T = 70, H = 4, KV = 2, D = 8;  // 70 crosses the kernel's 64-row block
-  const int64_t nq = B * T * H * D, nkv = B * T * KV * D;
-  Floats q = randn(nq, 1), kk = randn(nkv, 2), v = randn(nkv, 3), dout = randn(nq, 4);
+  const int64_t N = B * T, lq = H * D, lk = KV * D, ld = lq + 2 * lk;
+  Floats qkv = randn(N * ld, 1), dout = randn(N * lq, 4);
   for (DType compute : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(compute));
     CpuBackend be(compute);
     EXPECT_EQ(be.attention_saved_count(B, T, H), B * H * T * T);
     const bool bf16 = compute == DType::kBF16;
-    const Floats qr = bf16 ? rounded(q) : q, kr = bf16 ? rounded(kk) : kk,
-                 vr = bf16 ? rounded(v) : v, dr = bf16 ? rounded(dout) : dout;
-    Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(nq), o2(nq);
-    be.attention_forward(fv(q), fv(kk), fv(v), fv(p), fv(o), B, T, H, KV, D);
-    k::attention_forward(qr.data(), kr.data(), vr.data(), p2.data(), o2.data(), B, T, H, KV, D);
+    const Floats in = bf16 ? rounded(qkv) : qkv, dr = bf16 ? rounded(dout) : dout;
+    Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(N * lq), o2(N * lq);
+    be.attention_forward(fv(qkv), fv(p), fv(o), B, T, H, KV, D);
+    k::attention_forward(in.data(), in.data() + lq, in.data() + lq + lk, ld, ld, p2.data(),
+                         o2.data(), B, T, H, KV, D);
     EXPECT_TRUE(same_bits(o, o2));
     EXPECT_TRUE(same_bits(p, p2));
-    Floats dq(nq), dk(nkv), dv(nkv), dq2(nq), dk2(nkv), dv2(nkv);
+    Floats d(N * ld), d2(N * ld);
     View no_out;  // backward does not read the forward's output
-    be.attention_backward(fv(q), fv(kk), fv(v), fv(p), no_out, fv(dout), fv(dq), fv(dk), fv(dv),
-                          B, T, H, KV, D);
-    k::attention_backward(qr.data(), kr.data(), vr.data(), p.data(), dr.data(), dq2.data(),
-                          dk2.data(), dv2.data(), B, T, H, KV, D);
-    EXPECT_TRUE(same_bits(dq, dq2));
-    EXPECT_TRUE(same_bits(dk, dk2));
-    EXPECT_TRUE(same_bits(dv, dv2));
+    be.attention_backward(fv(qkv), fv(p), no_out, fv(dout), fv(d), B, T, H, KV, D);
+    k::attention_backward(in.data(), in.data() + lq, in.data() + lq + lk, ld, ld, p.data(),
+                          dr.data(), d2.data(), d2.data() + lq, d2.data() + lq + lk, B, T, H, KV,
+                          D);
+    EXPECT_TRUE(same_bits(d, d2));
   }
   CpuBackend be(DType::kF32);
-  Floats p(be.attention_saved_count(B, T, H)), o(nq), dq(nq), dk(nkv), dv(nkv);
+  Floats p(be.attention_saved_count(B, T, H)), o(N * lq), d(N * ld);
   View no_out;
-  EXPECT_ERROR(
-      be.attention_forward(fv(q), fv(kk), fv(v), fv(p).at(0, p.size() - 1), fv(o), B, T, H, KV, D),
-      "attention_forward", "saved holds");
-  EXPECT_ERROR(be.attention_forward(fv(q), fv(kk), fv(v), fv(p), fv(o), B, T, H, 3, D),
-               "attention_forward", "kv heads");
-  EXPECT_ERROR(be.attention_backward(fv(q), fv(kk), fv(v), fv(p), no_out, fv(dout), fv(dq),
-                                     fv(dk).at(0, nkv - 1), fv(dv), B, T, H, KV, D),
-               "attention_backward", "dk holds");
+  EXPECT_ERROR(be.attention_forward(fv(qkv), fv(p).at(0, p.size() - 1), fv(o), B, T, H, KV, D),
+               "attention_forward", "saved holds");
+  EXPECT_ERROR(be.attention_forward(fv(qkv), fv(p), fv(o), B, T, H, 3, D), "attention_forward",
+               "kv heads");
+  EXPECT_ERROR(be.attention_forward(fv(qkv).at(0, N * ld - 1), fv(p), fv(o), B, T, H, KV, D),
+               "attention_forward", "qkv holds");
+  EXPECT_ERROR(be.attention_backward(fv(qkv), fv(p), no_out, fv(dout), fv(d).at(0, N * ld - 1), B,
+                                     T, H, KV, D),
+               "attention_backward", "dqkv holds");
 }
 
 TEST(CpuBackendF32, SwiGlu) {

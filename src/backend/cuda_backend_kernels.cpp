@@ -308,40 +308,43 @@ int64_t CudaBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) cons
   return kc::attention_saved_count(B, T, H);
 }
 
-void CudaBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+void CudaBackend::attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
+                                    int64_t T, int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_forward";
-  check.attention_forward(*this, q, k, v, saved, out, B, T, H, KV, D);
-  const int64_t nq = B * T * H * D, nkv = B * T * KV * D, ns = attention_saved_count(B, T, H);
+  check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
+  const int64_t nqkv = B * T * (H + 2 * KV) * D, ld = (H + 2 * KV) * D;
+  const int64_t nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
-  reads(q.data, nq * 4);
-  reads(k.data, nkv * 4);
-  reads(v.data, nkv * 4);
+  reads(qkv.data, nqkv * 4);
   writes(saved.data, ns * 4);
   writes(out.data, nq * 4);
-  kc::attention_forward(f32p(q), f32p(k), f32p(v), f32w(saved), f32w(out), B, T, H, KV, D,
-                        compute() == DType::kBF16, stream_);
+  const float* q = f32p(qkv);
+  kc::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, f32w(saved), f32w(out), B, T, H,
+                        KV, D, compute() == DType::kBF16, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
-void CudaBackend::attention_backward(const View& q, const View& k, const View& v, const View& saved,
-                                     const View& out, const View& dout, const View& dq, const View& dk,
-                                     const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+void CudaBackend::attention_backward(const View& qkv, const View& saved, const View& out,
+                                     const View& dout, const View& dqkv, int64_t B, int64_t T,
+                                     int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_backward";
-  check.attention_backward(*this, q, k, v, saved, &out, dout, dq, dk, dv, B, T, H, KV, D);
-  const int64_t nq = B * T * H * D, nkv = B * T * KV * D, ns = attention_saved_count(B, T, H);
+  check.attention_backward(*this, qkv, saved, &out, dout, dqkv, B, T, H, KV, D);
+  const int64_t nqkv = B * T * (H + 2 * KV) * D, ld = (H + 2 * KV) * D;
+  const int64_t nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
   const int64_t nw = kc::attention_backward_workspace(B, T, H);
   Scratch ws = scratch(nw * 4);
-  for (const View* in : {&q, &out, &dout}) reads(in->data, nq * 4);
-  for (const View* in : {&k, &v}) reads(in->data, nkv * 4);
+  reads(qkv.data, nqkv * 4);
+  for (const View* in : {&out, &dout}) reads(in->data, nq * 4);
   reads(saved.data, ns * 4);
   writes(ws.as<float>(), nw * 4);
-  writes(dq.data, nq * 4);
-  writes(dk.data, nkv * 4);
-  writes(dv.data, nkv * 4);
-  kc::attention_backward(f32p(q), f32p(k), f32p(v), f32p(saved), f32p(out), f32p(dout), f32w(dq), f32w(dk),
-                         f32w(dv), ws.as<float>(), B, T, H, KV, D, compute() == DType::kBF16, stream_);
+  writes(dqkv.data, nqkv * 4);
+  const float* q = f32p(qkv);
+  float* dq = f32w(dqkv);
+  const int64_t k_at = H * D, v_at = (H + KV) * D;
+  kc::attention_backward(q, q + k_at, q + v_at, ld, ld, f32p(saved), f32p(out), f32p(dout), dq,
+                         dq + k_at, dq + v_at, ws.as<float>(), B, T, H, KV, D,
+                         compute() == DType::kBF16, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 

@@ -205,18 +205,17 @@ void ProfiledBackend::rope_backward(const View& dx, const View& cos, const View&
   timed("rope_backward", rope_bytes(dx, cos, B, T, heads, head_dim), [&] { inner_->rope_backward(dx, cos, sin, B, T, heads, head_dim, row_stride); });
 }
 
-void ProfiledBackend::attention_forward(const View& q, const View& k, const View& v, const View& saved,
-                                        const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                        int64_t D) {
-  timed("attention_forward", B * T * ((2 * H + 2 * KV) * D * size(q) + H * 4), [&] { inner_->attention_forward(q, k, v, saved, out, B, T, H, KV, D); });
+void ProfiledBackend::attention_forward(const View& qkv, const View& saved, const View& out,
+                                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  timed("attention_forward", B * T * ((2 * H + 2 * KV) * D * size(qkv) + H * 4),
+        [&] { inner_->attention_forward(qkv, saved, out, B, T, H, KV, D); });
 }
 
-void ProfiledBackend::attention_backward(const View& q, const View& k, const View& v, const View& saved,
-                                         const View& out, const View& dout, const View& dq, const View& dk,
-                                         const View& dv, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                         int64_t D) {
-  timed("attention_backward", B * T * ((4 * H + 4 * KV) * D * size(q) + H * 4),
-        [&] { inner_->attention_backward(q, k, v, saved, out, dout, dq, dk, dv, B, T, H, KV, D); });
+void ProfiledBackend::attention_backward(const View& qkv, const View& saved, const View& out,
+                                         const View& dout, const View& dqkv, int64_t B, int64_t T,
+                                         int64_t H, int64_t KV, int64_t D) {
+  timed("attention_backward", B * T * ((4 * H + 4 * KV) * D * size(qkv) + H * 4),
+        [&] { inner_->attention_backward(qkv, saved, out, dout, dqkv, B, T, H, KV, D); });
 }
 
 void ProfiledBackend::swiglu_forward(const View& gate, const View& up, const View& out) {

@@ -15,7 +15,7 @@ namespace {
 
 // Saved activations of one decoder layer (its input is Impl::resid[l]).
 struct LayerActs {
-  Buffer q, k, v;      // after RoPE: [N, hidden], [N, kv_dim] x2
+  Buffer qkv;          // q, k, v side by side, after RoPE: [N, hidden + 2 kv_dim]
   Buffer saved;        // what attention keeps for backward (the backend says how much)
   Buffer attn;         // attention output before o_proj [N, hidden]
   Buffer h;            // x + o_proj(attn) [N, hidden]
@@ -48,7 +48,7 @@ struct Llama::Impl {
   std::vector<LayerActs> acts;
   Buffer head_inv, logits, lse;  // head: [N], [N, vocab], [N]
   // Scratch, shared by all layers.
-  Buffer n, dn, dres, dattn, dq, dk, dv, act, dact;
+  Buffer n, dn, dres, dattn, dqkv, act, dact;
 
   double loss_sum = 0.0;
   int64_t loss_count = 0;
@@ -62,6 +62,13 @@ struct Llama::Impl {
   View tensor(const View& flat, int unit, int index) const {
     const TensorSpec& t = units[unit].tensors[index];
     return flat.at(t.offset, t.numel);
+  }
+  // Tensors first..last of a unit, adjacent in the layout, as one [rows, in]
+  // matrix: q, k and v (or gate and up) are one product's weight.
+  View tensors(const View& flat, int unit, int first, int last) const {
+    const TensorSpec& a = units[unit].tensors[first];
+    const TensorSpec& b = units[unit].tensors[last];
+    return flat.at(a.offset, b.offset + b.numel - a.offset);
   }
 
   void allocate();
@@ -85,9 +92,7 @@ void Llama::Impl::allocate() {
   for (int64_t l = 0; l <= layers; ++l) resid.push_back(f32(Nmax * hidden));
   acts.resize(static_cast<size_t>(recompute ? 1 : layers));
   for (auto& a : acts) {
-    a.q = f32(Nmax * hidden);
-    a.k = f32(Nmax * kv_dim);
-    a.v = f32(Nmax * kv_dim);
+    a.qkv = f32(Nmax * (hidden + 2 * kv_dim));
     a.saved = f32(be.attention_saved_count(max_batch, max_seq_len, heads));
     a.attn = f32(Nmax * hidden);
     a.h = f32(Nmax * hidden);
@@ -99,9 +104,8 @@ void Llama::Impl::allocate() {
   head_inv = f32(Nmax);
   logits = f32(Nmax * vocab);
   lse = f32(Nmax);
-  for (Buffer* b : {&n, &dn, &dres, &dattn, &dq}) *b = f32(Nmax * hidden);
-  dk = f32(Nmax * kv_dim);
-  dv = f32(Nmax * kv_dim);
+  for (Buffer* b : {&n, &dn, &dres, &dattn}) *b = f32(Nmax * hidden);
+  dqkv = f32(Nmax * (hidden + 2 * kv_dim));
   act = f32(Nmax * inter);
   dact = f32(Nmax * inter);
   allocated = be.memory().in_use - before;
@@ -221,19 +225,19 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   const int l = units[u].layer;
   LayerActs& a = layer_acts(l);
   const View x = rows(resid[l], hidden), out = rows(resid[l + 1], hidden);
-  const View nn = rows(n, hidden), q = rows(a.q, hidden), k = rows(a.k, kv_dim),
-             v = rows(a.v, kv_dim), attn = rows(a.attn, hidden), h = rows(a.h, hidden),
+  const int64_t qkv_dim = hidden + 2 * kv_dim;
+  const View nn = rows(n, hidden), qkv = rows(a.qkv, qkv_dim), k = qkv.at(hidden, qkv.count - hidden),
+             attn = rows(a.attn, hidden), h = rows(a.h, hidden),
              gate = rows(a.gate, inter), up = rows(a.up, inter), ac = rows(act, inter);
   const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
 
   // Attention block: h = x + o_proj(attn(rope(q), rope(k), v)) of input_layernorm(x).
   be.rmsnorm_forward(x, tensor(p, u, kInNorm), nn, inv1, N, hidden, eps);
-  be.linear_forward(nn, tensor(p, u, kQ), q, N, hidden, hidden, 0.0f);
-  be.linear_forward(nn, tensor(p, u, kK), k, N, hidden, kv_dim, 0.0f);
-  be.linear_forward(nn, tensor(p, u, kV), v, N, hidden, kv_dim, 0.0f);
-  be.rope_forward(q, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, hidden);
-  be.rope_forward(k, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, kv_dim);
-  be.attention_forward(q, k, v, a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
+  // One product over the adjacent q, k and v weights: each row of qkv is [q | k | v].
+  be.linear_forward(nn, tensors(p, u, kQ, kV), qkv, N, hidden, qkv_dim, 0.0f);
+  be.rope_forward(qkv, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, qkv_dim);
+  be.rope_forward(k, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, qkv_dim);
+  be.attention_forward(qkv, a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
   be.copy(x, h);
   be.linear_forward(attn, tensor(p, u, kO), h, N, hidden, hidden, 1.0f);
 
@@ -255,9 +259,10 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   const View x = rows(resid[l], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
              dr = rows(dres, hidden), h = rows(a.h, hidden), gate = rows(a.gate, inter),
              up = rows(a.up, inter), ac = rows(act, inter), dac = rows(dact, inter),
-             attn = rows(a.attn, hidden), da = rows(dattn, hidden), q = rows(a.q, hidden),
-             k = rows(a.k, kv_dim), v = rows(a.v, kv_dim), dqq = rows(dq, hidden),
-             dkk = rows(dk, kv_dim), dvv = rows(dv, kv_dim);
+             attn = rows(a.attn, hidden), da = rows(dattn, hidden);
+  const int64_t qkv_dim = hidden + 2 * kv_dim;
+  const View qkv = rows(a.qkv, qkv_dim), dq = rows(dqkv, qkv_dim),
+             dk = dq.at(hidden, dq.count - hidden);
   const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
   // dres holds d(out) on entry and d(x) on exit.
 
@@ -278,17 +283,12 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   // Attention block; dres is now d(h).
   be.linear_backward_weight(dr, attn, tensor(g, u, kO), N, hidden, hidden);
   be.linear_backward_input(dr, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);
-  be.attention_backward(q, k, v, a.saved.view(), attn, da, dqq, dkk, dvv, B, T, heads, kv_heads,
-                        head_dim);
-  be.rope_backward(dqq, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, hidden);
-  be.rope_backward(dkk, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, kv_dim);
+  be.attention_backward(qkv, a.saved.view(), attn, da, dq, B, T, heads, kv_heads, head_dim);
+  be.rope_backward(dq, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, qkv_dim);
+  be.rope_backward(dk, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, qkv_dim);
   be.rmsnorm_apply(x, tensor(p, u, kInNorm), inv1, nn, N, hidden);
-  be.linear_backward_weight(dqq, nn, tensor(g, u, kQ), N, hidden, hidden);
-  be.linear_backward_weight(dkk, nn, tensor(g, u, kK), N, hidden, kv_dim);
-  be.linear_backward_weight(dvv, nn, tensor(g, u, kV), N, hidden, kv_dim);
-  be.linear_backward_input(dqq, tensor(p, u, kQ), dnn, N, hidden, hidden, 0.0f);
-  be.linear_backward_input(dkk, tensor(p, u, kK), dnn, N, hidden, kv_dim, 1.0f);
-  be.linear_backward_input(dvv, tensor(p, u, kV), dnn, N, hidden, kv_dim, 1.0f);
+  be.linear_backward_weight(dq, nn, tensors(g, u, kQ, kV), N, hidden, qkv_dim);
+  be.linear_backward_input(dq, tensors(p, u, kQ, kV), dnn, N, hidden, qkv_dim, 0.0f);
   be.rmsnorm_backward(dnn, x, tensor(p, u, kInNorm), inv1, dr, tensor(g, u, kInNorm), N, hidden);
 }
 

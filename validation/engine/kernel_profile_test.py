@@ -21,6 +21,7 @@ rank trains the tiny preset a few steps with two micro-batches per step, once wi
 usage: kernel_profile_test.py AMSP DATA WORKDIR
 Prints one line per check and ends with "N passed, M failed"; exit status 1 on a failure.
 """
+import collections
 import json
 import os
 import subprocess
@@ -36,8 +37,9 @@ V = TINY["vocab_size"]
 N = BATCH * SEQ  # rows of a micro-batch
 
 # Calls per micro-batch of each op the model runs (src/model/llama.cpp; no
-# recomputation): per layer two RMSNorms, seven projections, RoPE on q and k, one
-# attention, SwiGLU (its forward again in backward); the head's norm and projection.
+# recomputation): per layer two RMSNorms, five projections (q, k and v as one over
+# their adjacent weights), RoPE on q and k, one attention, SwiGLU (its forward again in
+# backward); the head's norm and projection.
 PER_MICRO = {
     "embedding_forward": 1, "embedding_backward": 1,
     "rmsnorm_forward": 2 * L + 1, "rmsnorm_apply": 2 * L + 1, "rmsnorm_backward": 2 * L + 1,
@@ -47,8 +49,13 @@ PER_MICRO = {
     "cross_entropy_forward": 1, "cross_entropy_backward": 1,
     "from_host": 2,  # tokens and targets
 }
-# The linear kernels by shape (M, in, out): q and o; k and v; gate and up; down; the head.
-LINEAR_SHAPES = {(N, H, H): 2 * L, (N, H, KV): 2 * L, (N, H, I): 2 * L, (N, I, H): L, (N, H, V): 1}
+# The linear kernels by shape (M, in, out): q, k and v; o; gate and up; down; the head.
+# Summed, not a dict literal: two of them may have one shape (the tiny preset's
+# vocabulary is hidden + 2 kv_dim).
+LINEAR_SHAPES = collections.Counter()
+for shape, count in [((N, H, H + 2 * KV), L), ((N, H, H), L), ((N, H, I), 2 * L), ((N, I, H), L),
+                     ((N, H, V), 1)]:
+    LINEAR_SHAPES[shape] += count
 # Per step: AdamW once per unit, over every tensor of its OS-shard (Backend::adamw_parts);
 # one sum of squares per unit; the clipping factor; the one read of the step's loss and norm.
 PER_STEP = {"adamw": L + 2, "sum_squares": L + 2, "clip_scale": 1, "to_host": 1}
