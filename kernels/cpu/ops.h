@@ -71,11 +71,15 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
 // ---- mlp.cpp ------------------------------------------------------------------
-// out = silu(gate) * up, elementwise over n values.
-void swiglu_forward(const float* gate, const float* up, float* out, int64_t n);
-// dgate, dup from dout (overwritten). dup may alias dout.
-void swiglu_backward(const float* gate, const float* up, const float* dout, float* dgate,
-                     float* dup, int64_t n);
+// out = silu(gate) * up over rows x cols values. gate and up (and dgate, dup)
+// are rows of stride ld (the model's fused projection [rows, 2 cols] holds gate
+// and up side by side: ld = 2 cols, up = gate + cols); out and dout are
+// [rows, cols].
+void swiglu_forward(const float* gate, const float* up, int64_t ld, float* out, int64_t rows,
+                    int64_t cols);
+// dgate, dup from dout (overwritten). With ld == cols, dup may alias dout.
+void swiglu_backward(const float* gate, const float* up, int64_t ld, const float* dout,
+                     float* dgate, float* dup, int64_t rows, int64_t cols);
 
 // ---- loss.cpp -----------------------------------------------------------------
 // Cross-entropy of logits [rows, V] against targets (target < 0: ignored;

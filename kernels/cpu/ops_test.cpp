@@ -253,20 +253,20 @@ TEST(Ops, SwiGlu) {
   const int64_t n = 40;
   auto g = randn(n, 1, 2.0f), u = randn(n, 2), r = randn(n, 3);
   std::vector<float> out(n);
-  swiglu_forward(g.data(), u.data(), out.data(), n);
+  swiglu_forward(g.data(), u.data(), n, out.data(), 1, n);
   for (int64_t i = 0; i < n; ++i)
     EXPECT_NEAR(out[i], g[i] / (1 + std::exp(-static_cast<double>(g[i]))) * u[i], 1e-5);
   std::vector<float> dg(n), du(n);
-  swiglu_backward(g.data(), u.data(), r.data(), dg.data(), du.data(), n);
+  swiglu_backward(g.data(), u.data(), n, r.data(), dg.data(), du.data(), 1, n);
   auto f = [&] {
-    swiglu_forward(g.data(), u.data(), out.data(), n);
+    swiglu_forward(g.data(), u.data(), n, out.data(), 1, n);
     return dot(out, r);
   };
   check_grad("dgate", g, dg, f);
   check_grad("dup", u, du, f);
   // dup may alias dout.
   auto d = r;
-  swiglu_backward(g.data(), u.data(), d.data(), dg.data(), d.data(), n);
+  swiglu_backward(g.data(), u.data(), n, d.data(), dg.data(), d.data(), 1, n);
   EXPECT_EQ(d, du);
 }
 

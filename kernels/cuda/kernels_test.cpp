@@ -18,6 +18,7 @@
 // Every test prints its worst error.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -439,25 +440,43 @@ TEST_P(CudaKernels, Rope) {
 // ---- SwiGLU ---------------------------------------------------------------------------
 
 TEST_P(CudaKernels, Swiglu) {
+  // One row of n (gate, up and dgate, dup in buffers of their own), then the
+  // model's layout: gate and up side by side in rows of 2 cols.
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{65537}}) {
     const std::vector<float> gate = random_floats(n, 20, 4.0f), up = random_floats(n, 21),
                              dout = random_floats(n, 22);
     std::vector<float> out(n), want(n), dg(n), du(n), want_dg(n), want_du(n);
-    cuda::swiglu_forward(gate.data(), up.data(), out.data(), n, nullptr);
-    cpu::swiglu_forward(gate.data(), up.data(), want.data(), n);
+    cuda::swiglu_forward(gate.data(), up.data(), n, out.data(), 1, n, nullptr);
+    cpu::swiglu_forward(gate.data(), up.data(), n, want.data(), 1, n);
     expect_same(shape("swiglu_forward", {n}), out, want);
-    cuda::swiglu_backward(gate.data(), up.data(), dout.data(), dg.data(), du.data(), n, nullptr);
-    cpu::swiglu_backward(gate.data(), up.data(), dout.data(), want_dg.data(), want_du.data(), n);
+    cuda::swiglu_backward(gate.data(), up.data(), n, dout.data(), dg.data(), du.data(), 1, n,
+                          nullptr);
+    cpu::swiglu_backward(gate.data(), up.data(), n, dout.data(), want_dg.data(), want_du.data(), 1,
+                         n);
     expect_same(shape("swiglu_backward dgate", {n}), dg, want_dg);
     expect_same(shape("swiglu_backward dup", {n}), du, want_du);
-    // dup may be dout (the model passes one buffer for both): dgate must come from
-    // dout as it was, not from the dup already written over it.
+    // dup may be dout when the rows are packed: dgate must come from dout as it
+    // was, not from the dup already written over it.
     std::vector<float> alias = dout;
     dg.assign(dg.size(), 0.0f);
-    cuda::swiglu_backward(gate.data(), up.data(), alias.data(), dg.data(), alias.data(), n,
+    cuda::swiglu_backward(gate.data(), up.data(), n, alias.data(), dg.data(), alias.data(), 1, n,
                           nullptr);
     expect_same(shape("swiglu_backward dup aliasing dout", {n}), alias, want_du);
     expect_same(shape("swiglu_backward dgate, dup aliasing dout", {n}), dg, want_dg);
+  }
+  for (auto [rows, cols] : {std::array<int64_t, 2>{3, 7}, {37, 1000}}) {
+    const int64_t n = rows * cols;
+    const std::vector<float> gate_up = random_floats(2 * n, 23, 4.0f), dout = random_floats(n, 24);
+    std::vector<float> out(n), want(n), d(2 * n), want_d(2 * n);
+    const float* g = gate_up.data();
+    cuda::swiglu_forward(g, g + cols, 2 * cols, out.data(), rows, cols, nullptr);
+    cpu::swiglu_forward(g, g + cols, 2 * cols, want.data(), rows, cols);
+    expect_same(shape("swiglu_forward gate|up", {rows, cols}), out, want);
+    cuda::swiglu_backward(g, g + cols, 2 * cols, dout.data(), d.data(), d.data() + cols, rows,
+                          cols, nullptr);
+    cpu::swiglu_backward(g, g + cols, 2 * cols, dout.data(), want_d.data(), want_d.data() + cols,
+                         rows, cols);
+    expect_same(shape("swiglu_backward dgate|dup", {rows, cols}), d, want_d);
   }
 }
 

@@ -122,10 +122,12 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
                         int64_t D, bool bf16, cudaStream_t s);
 
 // ---- SwiGLU -----------------------------------------------------------------------------
-void swiglu_forward(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
-// dup may alias dout.
-void swiglu_backward(const float* gate, const float* up, const float* dout, float* dgate,
-                     float* dup, int64_t n, cudaStream_t s);
+// The layout of kernels/cpu/ops.h: gate, up, dgate and dup rows of stride ld,
+// out and dout [rows, cols]; with ld == cols, dup may alias dout.
+void swiglu_forward(const float* gate, const float* up, int64_t ld, float* out, int64_t rows,
+                    int64_t cols, cudaStream_t s);
+void swiglu_backward(const float* gate, const float* up, int64_t ld, const float* dout,
+                     float* dgate, float* dup, int64_t rows, int64_t cols, cudaStream_t s);
 
 // ---- cross-entropy ------------------------------------------------------------------------
 // Per row: lse[r] and losses[r] = lse - logit[target] (0 for target < 0). A

@@ -7,36 +7,47 @@
 namespace amsp::kernels::cuda {
 namespace {
 
-__global__ void swiglu_forward_kernel(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = swiglu(gate[i], up[i]);
-}
-
-// dup may alias dout: each thread reads dout[i] before it writes dup[i].
-__global__ void swiglu_backward_kernel(const float* gate, const float* up, const float* dout,
-                                       float* dgate, float* dup, int64_t n) {
+// Element i of the rows x cols output: row i / cols, column i % cols.
+__global__ void swiglu_forward_kernel(const float* gate, const float* up, int64_t ld, float* out,
+                                      int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t at = i / cols * ld + i % cols;
+    out[i] = swiglu(gate[at], up[at]);
+  }
+}
+
+// dup may alias dout when ld == cols: each thread reads dout[i] before it
+// writes dup[i].
+__global__ void swiglu_backward_kernel(const float* gate, const float* up, int64_t ld,
+                                       const float* dout, float* dgate, float* dup, int64_t rows,
+                                       int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t at = i / cols * ld + i % cols;
     float dg, du;
-    swiglu_grad(gate[i], up[i], dout[i], dg, du);
-    dgate[i] = dg;
-    dup[i] = du;
+    swiglu_grad(gate[at], up[at], dout[i], dg, du);
+    dgate[at] = dg;
+    dup[at] = du;
   }
 }
 
 }  // namespace
 
-void swiglu_forward(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
-  if (n > 0)
-    AMSP_LAUNCH(swiglu_forward_kernel, grid_for(n), kBlockThreads, 0, s)(gate, up, out, n);
+void swiglu_forward(const float* gate, const float* up, int64_t ld, float* out, int64_t rows,
+                    int64_t cols, cudaStream_t s) {
+  if (rows * cols > 0)
+    AMSP_LAUNCH(swiglu_forward_kernel, grid_for(rows * cols), kBlockThreads, 0, s)(
+        gate, up, ld, out, rows, cols);
 }
 
-void swiglu_backward(const float* gate, const float* up, const float* dout, float* dgate,
-                     float* dup, int64_t n, cudaStream_t s) {
-  if (n > 0)
-    AMSP_LAUNCH(swiglu_backward_kernel, grid_for(n), kBlockThreads, 0, s)(
-        gate, up, dout, dgate, dup, n);
+void swiglu_backward(const float* gate, const float* up, int64_t ld, const float* dout,
+                     float* dgate, float* dup, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols > 0)
+    AMSP_LAUNCH(swiglu_backward_kernel, grid_for(rows * cols), kBlockThreads, 0, s)(
+        gate, up, ld, dout, dgate, dup, rows, cols);
 }
 
 }  // namespace amsp::kernels::cuda

@@ -202,10 +202,13 @@ class Backend {
                                   const View& dout, const View& dqkv, int64_t B, int64_t T,
                                   int64_t H, int64_t KV, int64_t D) = 0;
 
-  // out = silu(gate) * up; backward writes dgate, dup (dup may alias dout).
-  virtual void swiglu_forward(const View& gate, const View& up, const View& out) = 0;
-  virtual void swiglu_backward(const View& gate, const View& up, const View& dout,
-                               const View& dgate, const View& dup) = 0;
+  // SwiGLU over the fused gate/up projection gate_up [rows, 2 I]: each row
+  // holds gate, then up, as one matrix product over the adjacent gate and up
+  // weights writes them. out [rows, I] = silu(gate) * up; backward writes
+  // dgate_up in gate_up's layout from dout [rows, I].
+  virtual void swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) = 0;
+  virtual void swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
+                               int64_t rows, int64_t I) = 0;
 
   // Cross-entropy of logits [rows, V] (target < 0: ignored; target >= V:
   // Error). lse [rows] is kept for backward, which turns logits in place into

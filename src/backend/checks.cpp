@@ -215,22 +215,22 @@ void Checks::attention_backward(const Backend& backend, const View& qkv, const V
 
 // ---- SwiGLU, cross-entropy and AdamW --------------------------------------------------
 
-void Checks::swiglu_forward(const View& gate, const View& up, const View& out) const {
+void Checks::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) const {
   const char* kn = "swiglu_forward";
-  expect_all(kn, DType::kF32, {{"gate", gate}, {"up", up}, {"out", out}});
-  if (up.count != gate.count || out.count != gate.count)
-    fail(kn, ": gate, up and out hold ", gate.count, ", ", up.count, " and ", out.count,
-         " elements; they must be equal");
+  sizes(kn, {{"rows", rows}, {"I", I}});
+  expect_all(kn, DType::kF32, {{"gate_up", gate_up}, {"out", out}});
+  need(kn, "gate_up", gate_up, product(kn, {rows, 2, I}));
+  need(kn, "out", out, product(kn, {rows, I}));
 }
 
-void Checks::swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
-                             const View& dup) const {
+void Checks::swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
+                             int64_t rows, int64_t I) const {
   const char* kn = "swiglu_backward";
-  const std::initializer_list<Arg> args = {{"gate", gate}, {"up", up}, {"dout", dout}, {"dgate", dgate}, {"dup", dup}};
-  expect_all(kn, DType::kF32, args);
-  for (const Arg& a : args)
-    if (a.view.count != gate.count)
-      fail(kn, ": ", a.name, " holds ", a.view.count, " elements, gate ", gate.count, "; they must be equal");
+  sizes(kn, {{"rows", rows}, {"I", I}});
+  expect_all(kn, DType::kF32, {{"gate_up", gate_up}, {"dout", dout}, {"dgate_up", dgate_up}});
+  need(kn, "gate_up", gate_up, product(kn, {rows, 2, I}));
+  need(kn, "dout", dout, product(kn, {rows, I}));
+  need(kn, "dgate_up", dgate_up, product(kn, {rows, 2, I}));
 }
 
 void Checks::cross_entropy(const char* kn, const View& logits, const View& targets, const View& lse,

@@ -91,9 +91,9 @@ class Checks {
   void attention_backward(const Backend& backend, const View& qkv, const View& saved,
                           const View* out, const View& dout, const View& dqkv, int64_t B, int64_t T,
                           int64_t H, int64_t KV, int64_t D) const;
-  void swiglu_forward(const View& gate, const View& up, const View& out) const;
-  void swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
-                       const View& dup) const;
+  void swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) const;
+  void swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up, int64_t rows,
+                       int64_t I) const;
   void cross_entropy(const char* kernel, const View& logits, const View& targets, const View& lse,
                      int64_t rows, int64_t V) const;
   void adamw(const View& master, const View& m, const View& v, const View& grad,

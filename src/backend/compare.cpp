@@ -33,7 +33,7 @@ void small_cases(Checker& c) {
   for (auto s : {AttentionShape{1, 1, 1, 1, 8}, {2, 37, 4, 4, 16}, {1, 70, 8, 2, 24},
                  {1, 130, 2, 1, 64}})
     attention_case(c, s);
-  for (int64_t n : {int64_t{1}, int64_t{4097}}) swiglu_case(c, n);
+  for (auto [rows, I] : {std::array<int64_t, 2>{1, 1}, {17, 241}}) swiglu_case(c, rows, I);
   for (auto [rows, V] : {std::array<int64_t, 2>{1, 1}, {13, 50}, {33, 1031}})
     cross_entropy_case(c, rows, V);
   for (int64_t n : {int64_t{1}, int64_t{70001}})
@@ -71,7 +71,7 @@ void layer_cases(Checker& c, const Layer& l) {
   rmsnorm_cases(c, {T, h, f32});
   rope_case(c, {1, T, l.heads, l.head_dim, h});
   attention_case(c, {1, T, l.heads, l.kv_heads, l.head_dim});
-  swiglu_case(c, T * l.ffn);
+  swiglu_case(c, T, l.ffn);
   cross_entropy_case(c, T, l.vocab);
   embedding_case(c, T, h, l.vocab, f32);
   adamw_case(c, h * h, DType::kBF16);

@@ -287,17 +287,17 @@ void attention_case(Checker& c, const AttentionShape& s) {
   });
 }
 
-void swiglu_case(Checker& c, int64_t n) {
-  c.compare("swiglu_forward+backward", fmt("n=%lld", (long long)n), kElementwise,
-            [&](Backend& be) {
-              Buffer g = put(be, randn(n, 1, 3.0f)), u = put(be, randn(n, 2));
-              Buffer o = be.alloc(DType::kF32, n), dg = be.alloc(DType::kF32, n);
-              Buffer du = put(be, randn(n, 3));  // dup aliases dout, as in the model
-              be.swiglu_forward(g.view(), u.view(), o.view());
-              be.swiglu_backward(g.view(), u.view(), du.view(), dg.view(), du.view());
+void swiglu_case(Checker& c, int64_t rows, int64_t I) {
+  c.compare("swiglu_forward+backward", fmt("rows=%lld I=%lld", (long long)rows, (long long)I),
+            kElementwise, [&](Backend& be) {
+              Buffer gu = put(be, randn(2 * rows * I, 1, 3.0f)), dout = put(be, randn(rows * I, 3));
+              Buffer o = be.alloc(DType::kF32, rows * I), d = be.alloc(DType::kF32, 2 * rows * I);
+              be.swiglu_forward(gu.view(), o.view(), rows, I);
+              be.swiglu_backward(gu.view(), dout.view(), d.view(), rows, I);
+              const Floats dv = get(be, d);
               return Outputs{{"out", get(be, o), kElementwise},
-                             {"dgate", get(be, dg), kElementwise},
-                             {"dup", get(be, du), kElementwise}};
+                             {"dgate", columns(dv, rows, 2 * I, 0, I), kElementwise},
+                             {"dup", columns(dv, rows, 2 * I, I, I), kElementwise}};
             });
 }
 

@@ -68,7 +68,8 @@ struct AttentionShape {
 };
 void attention_case(Checker& c, const AttentionShape& s);
 
-void swiglu_case(Checker& c, int64_t n);
+// gate and up side by side in rows of 2 I, as the model keeps them.
+void swiglu_case(Checker& c, int64_t rows, int64_t I);
 void cross_entropy_case(Checker& c, int64_t rows, int64_t V);
 void embedding_case(Checker& c, int64_t rows, int64_t dim, int64_t vocab, DType table);
 void elementwise_case(Checker& c, int64_t n, DType dst, DType src);

@@ -94,12 +94,12 @@ class Forwarding : public Backend {
                           int64_t D) override {
     in_->attention_backward(qkv, saved, out, dout, dqkv, B, T, H, KV, D);
   }
-  void swiglu_forward(const View& g, const View& u, const View& o) override {
-    in_->swiglu_forward(g, u, o);
+  void swiglu_forward(const View& gu, const View& o, int64_t rows, int64_t I) override {
+    in_->swiglu_forward(gu, o, rows, I);
   }
-  void swiglu_backward(const View& g, const View& u, const View& d, const View& dg,
-                       const View& du) override {
-    in_->swiglu_backward(g, u, d, dg, du);
+  void swiglu_backward(const View& gu, const View& d, const View& dgu, int64_t rows,
+                       int64_t I) override {
+    in_->swiglu_backward(gu, d, dgu, rows, I);
   }
   LossSum cross_entropy_forward(const View& z, const View& t, const View& lse, int64_t rows,
                                 int64_t V) override {

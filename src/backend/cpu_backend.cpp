@@ -301,15 +301,18 @@ void CpuBackend::attention_backward(const View& qkv, const View& saved,
 
 // ---- SwiGLU ---------------------------------------------------------------------------
 
-void CpuBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
-  check.swiglu_forward(gate, up, out);
-  kernels::swiglu_forward(gate.f32(), up.f32(), out.f32(), gate.count);
+void CpuBackend::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) {
+  check.swiglu_forward(gate_up, out, rows, I);
+  const float* g = gate_up.f32();
+  kernels::swiglu_forward(g, g + I, 2 * I, out.f32(), rows, I);
 }
 
-void CpuBackend::swiglu_backward(const View& gate, const View& up, const View& dout,
-                                 const View& dgate, const View& dup) {
-  check.swiglu_backward(gate, up, dout, dgate, dup);
-  kernels::swiglu_backward(gate.f32(), up.f32(), dout.f32(), dgate.f32(), dup.f32(), gate.count);
+void CpuBackend::swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
+                                 int64_t rows, int64_t I) {
+  check.swiglu_backward(gate_up, dout, dgate_up, rows, I);
+  const float* g = gate_up.f32();
+  float* d = dgate_up.f32();
+  kernels::swiglu_backward(g, g + I, 2 * I, dout.f32(), d, d + I, rows, I);
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------

@@ -524,23 +524,32 @@ TEST(CpuBackendF32, Attention) {
                "attention_backward", "dqkv holds");
 }
 
+// The backend's fused gate/up rows against the kernel on gate and up taken
+// apart into buffers of their own.
 TEST(CpuBackendF32, SwiGlu) {
   CpuBackend be(DType::kF32);
-  const int64_t n = 5000;
-  Floats g = randn(n, 1, 3.0f), u = randn(n, 2), dout = randn(n, 3);
+  const int64_t rows = 50, I = 100, n = rows * I;
+  Floats gu = randn(2 * n, 1, 3.0f), dout = randn(n, 3), g(n), u(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(gu.begin() + r * 2 * I, I, g.begin() + r * I);
+    std::copy_n(gu.begin() + r * 2 * I + I, I, u.begin() + r * I);
+  }
   Floats o(n), o2(n);
-  be.swiglu_forward(fv(g), fv(u), fv(o));
-  k::swiglu_forward(g.data(), u.data(), o2.data(), n);
+  be.swiglu_forward(fv(gu), fv(o), rows, I);
+  k::swiglu_forward(g.data(), u.data(), I, o2.data(), rows, I);
   EXPECT_TRUE(same_bits(o, o2));
-  Floats dg(n), dg2(n), du = dout, du2 = dout;  // dup aliases dout, as the model does it
-  be.swiglu_backward(fv(g), fv(u), fv(du), fv(dg), fv(du));
-  k::swiglu_backward(g.data(), u.data(), du2.data(), dg2.data(), du2.data(), n);
-  EXPECT_TRUE(same_bits(dg, dg2));
-  EXPECT_TRUE(same_bits(du, du2));
-  EXPECT_ERROR(be.swiglu_forward(fv(g), fv(u), fv(o).at(0, n - 1)), "swiglu_forward",
-               "must be equal");
-  EXPECT_ERROR(be.swiglu_backward(fv(g), fv(u).at(0, 3), fv(du), fv(dg), fv(du)), "swiglu_backward",
-               "up holds 3");
+  Floats d(2 * n), dg(n), du(n);
+  be.swiglu_backward(fv(gu), fv(dout), fv(d), rows, I);
+  k::swiglu_backward(g.data(), u.data(), I, dout.data(), dg.data(), du.data(), rows, I);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < I; ++c) {
+      ASSERT_EQ(bits(d[r * 2 * I + c]), bits(dg[r * I + c])) << r << " " << c;
+      ASSERT_EQ(bits(d[r * 2 * I + I + c]), bits(du[r * I + c])) << r << " " << c;
+    }
+  EXPECT_ERROR(be.swiglu_forward(fv(gu), fv(o).at(0, n - 1), rows, I), "swiglu_forward",
+               "out holds");
+  EXPECT_ERROR(be.swiglu_backward(fv(gu).at(0, 3), fv(dout), fv(d), rows, I), "swiglu_backward",
+               "gate_up holds 3");
 }
 
 TEST(CpuBackendF32, CrossEntropy) {

@@ -350,28 +350,28 @@ void CudaBackend::attention_backward(const View& qkv, const View& saved, const V
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
 
-void CudaBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
+void CudaBackend::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) {
   const char* kn = "swiglu_forward";
-  check.swiglu_forward(gate, up, out);
-  if (gate.count == 0) return;
-  reads(gate);
-  reads(up);
-  writes(out);
-  kc::swiglu_forward(f32p(gate), f32p(up), f32w(out), gate.count, stream_);
+  check.swiglu_forward(gate_up, out, rows, I);
+  if (rows * I == 0) return;
+  reads(gate_up.data, rows * 2 * I * 4);
+  writes(out.data, rows * I * 4);
+  const float* g = f32p(gate_up);
+  kc::swiglu_forward(g, g + I, 2 * I, f32w(out), rows, I, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
-void CudaBackend::swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
-                                  const View& dup) {
+void CudaBackend::swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
+                                  int64_t rows, int64_t I) {
   const char* kn = "swiglu_backward";
-  check.swiglu_backward(gate, up, dout, dgate, dup);
-  if (gate.count == 0) return;
-  reads(gate);
-  reads(up);
-  reads(dout);
-  writes(dgate);
-  writes(dup);
-  kc::swiglu_backward(f32p(gate), f32p(up), f32p(dout), f32w(dgate), f32w(dup), gate.count, stream_);
+  check.swiglu_backward(gate_up, dout, dgate_up, rows, I);
+  if (rows * I == 0) return;
+  reads(gate_up.data, rows * 2 * I * 4);
+  reads(dout.data, rows * I * 4);
+  writes(dgate_up.data, rows * 2 * I * 4);
+  const float* g = f32p(gate_up);
+  float* d = f32w(dgate_up);
+  kc::swiglu_backward(g, g + I, 2 * I, f32p(dout), d, d + I, rows, I, stream_);
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 

@@ -218,13 +218,15 @@ void ProfiledBackend::attention_backward(const View& qkv, const View& saved, con
         [&] { inner_->attention_backward(qkv, saved, out, dout, dqkv, B, T, H, KV, D); });
 }
 
-void ProfiledBackend::swiglu_forward(const View& gate, const View& up, const View& out) {
-  timed("swiglu_forward", gate.bytes() + up.bytes() + out.bytes(), [&] { inner_->swiglu_forward(gate, up, out); });
+void ProfiledBackend::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) {
+  timed("swiglu_forward", rows * 3 * I * size(gate_up),
+        [&] { inner_->swiglu_forward(gate_up, out, rows, I); });
 }
 
-void ProfiledBackend::swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
-                                      const View& dup) {
-  timed("swiglu_backward", gate.bytes() + up.bytes() + dout.bytes() + dgate.bytes() + dup.bytes(), [&] { inner_->swiglu_backward(gate, up, dout, dgate, dup); });
+void ProfiledBackend::swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
+                                      int64_t rows, int64_t I) {
+  timed("swiglu_backward", rows * 5 * I * size(gate_up),
+        [&] { inner_->swiglu_backward(gate_up, dout, dgate_up, rows, I); });
 }
 
 LossSum ProfiledBackend::cross_entropy_forward(const View& logits, const View& targets, const View& lse,

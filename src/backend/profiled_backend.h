@@ -127,9 +127,9 @@ class ProfiledBackend final : public Backend {
                           const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                           int64_t D) override;
 
-  void swiglu_forward(const View& gate, const View& up, const View& out) override;
-  void swiglu_backward(const View& gate, const View& up, const View& dout, const View& dgate,
-                       const View& dup) override;
+  void swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) override;
+  void swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up, int64_t rows,
+                       int64_t I) override;
 
   LossSum cross_entropy_forward(const View& logits, const View& targets, const View& lse,
                                 int64_t rows, int64_t V) override;

@@ -19,7 +19,7 @@ struct LayerActs {
   Buffer saved;        // what attention keeps for backward (the backend says how much)
   Buffer attn;         // attention output before o_proj [N, hidden]
   Buffer h;            // x + o_proj(attn) [N, hidden]
-  Buffer gate, up;     // [N, intermediate]
+  Buffer gate_up;      // gate and up side by side: [N, 2 intermediate]
   Buffer inv1, inv2;   // RMSNorm 1/rms per row [N]
 };
 
@@ -48,7 +48,7 @@ struct Llama::Impl {
   std::vector<LayerActs> acts;
   Buffer head_inv, logits, lse;  // head: [N], [N, vocab], [N]
   // Scratch, shared by all layers.
-  Buffer n, dn, dres, dattn, dqkv, act, dact;
+  Buffer n, dn, dres, dattn, dqkv, act, dgate_up;
 
   double loss_sum = 0.0;
   int64_t loss_count = 0;
@@ -96,8 +96,7 @@ void Llama::Impl::allocate() {
     a.saved = f32(be.attention_saved_count(max_batch, max_seq_len, heads));
     a.attn = f32(Nmax * hidden);
     a.h = f32(Nmax * hidden);
-    a.gate = f32(Nmax * inter);
-    a.up = f32(Nmax * inter);
+    a.gate_up = f32(Nmax * 2 * inter);
     a.inv1 = f32(Nmax);
     a.inv2 = f32(Nmax);
   }
@@ -107,7 +106,7 @@ void Llama::Impl::allocate() {
   for (Buffer* b : {&n, &dn, &dres, &dattn}) *b = f32(Nmax * hidden);
   dqkv = f32(Nmax * (hidden + 2 * kv_dim));
   act = f32(Nmax * inter);
-  dact = f32(Nmax * inter);
+  dgate_up = f32(Nmax * 2 * inter);
   allocated = be.memory().in_use - before;
 }
 
@@ -228,7 +227,7 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   const int64_t qkv_dim = hidden + 2 * kv_dim;
   const View nn = rows(n, hidden), qkv = rows(a.qkv, qkv_dim), k = qkv.at(hidden, qkv.count - hidden),
              attn = rows(a.attn, hidden), h = rows(a.h, hidden),
-             gate = rows(a.gate, inter), up = rows(a.up, inter), ac = rows(act, inter);
+             gate_up = rows(a.gate_up, 2 * inter), ac = rows(act, inter);
   const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
 
   // Attention block: h = x + o_proj(attn(rope(q), rope(k), v)) of input_layernorm(x).
@@ -243,9 +242,9 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
 
   // MLP block: out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h).
   be.rmsnorm_forward(h, tensor(p, u, kPostNorm), nn, inv2, N, hidden, eps);
-  be.linear_forward(nn, tensor(p, u, kGate), gate, N, hidden, inter, 0.0f);
-  be.linear_forward(nn, tensor(p, u, kUp), up, N, hidden, inter, 0.0f);
-  be.swiglu_forward(gate, up, ac);
+  // One product over the adjacent gate and up weights: each row of gate_up is [gate | up].
+  be.linear_forward(nn, tensors(p, u, kGate, kUp), gate_up, N, hidden, 2 * inter, 0.0f);
+  be.swiglu_forward(gate_up, ac, N, inter);
   be.copy(h, out);
   be.linear_forward(ac, tensor(p, u, kDown), out, N, inter, hidden, 1.0f);
 }
@@ -257,8 +256,8 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   if (recompute) forward_decoder(u, p);
   LayerActs& a = layer_acts(l);
   const View x = rows(resid[l], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
-             dr = rows(dres, hidden), h = rows(a.h, hidden), gate = rows(a.gate, inter),
-             up = rows(a.up, inter), ac = rows(act, inter), dac = rows(dact, inter),
+             dr = rows(dres, hidden), h = rows(a.h, hidden), gate_up = rows(a.gate_up, 2 * inter),
+             dgu = rows(dgate_up, 2 * inter), ac = rows(act, inter),
              attn = rows(a.attn, hidden), da = rows(dattn, hidden);
   const int64_t qkv_dim = hidden + 2 * kv_dim;
   const View qkv = rows(a.qkv, qkv_dim), dq = rows(dqkv, qkv_dim),
@@ -267,16 +266,14 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   // dres holds d(out) on entry and d(x) on exit.
 
   // MLP block.
-  be.swiglu_forward(gate, up, ac);
+  be.swiglu_forward(gate_up, ac, N, inter);
   be.linear_backward_weight(dr, ac, tensor(g, u, kDown), N, inter, hidden);
-  be.linear_backward_input(dr, tensor(p, u, kDown), dac, N, inter, hidden, 0.0f);
-  // d(gate) into act (no longer needed), d(up) over d(act) in place.
-  be.swiglu_backward(gate, up, dac, ac, dac);
+  // act is no longer needed: d(act) goes into it.
+  be.linear_backward_input(dr, tensor(p, u, kDown), ac, N, inter, hidden, 0.0f);
+  be.swiglu_backward(gate_up, ac, dgu, N, inter);
   be.rmsnorm_apply(h, tensor(p, u, kPostNorm), inv2, nn, N, hidden);
-  be.linear_backward_weight(ac, nn, tensor(g, u, kGate), N, hidden, inter);
-  be.linear_backward_weight(dac, nn, tensor(g, u, kUp), N, hidden, inter);
-  be.linear_backward_input(ac, tensor(p, u, kGate), dnn, N, hidden, inter, 0.0f);
-  be.linear_backward_input(dac, tensor(p, u, kUp), dnn, N, hidden, inter, 1.0f);
+  be.linear_backward_weight(dgu, nn, tensors(g, u, kGate, kUp), N, hidden, 2 * inter);
+  be.linear_backward_input(dgu, tensors(p, u, kGate, kUp), dnn, N, hidden, 2 * inter, 0.0f);
   be.rmsnorm_backward(dnn, h, tensor(p, u, kPostNorm), inv2, dr, tensor(g, u, kPostNorm), N,
                       hidden);
 

@@ -37,11 +37,12 @@ int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T,
   const int64_t per_layer = N * h + 2 * N * kv           // q, k, v side by side (after RoPE)
                             + B * heads * T * T          // softmax probabilities
                             + N * h + N * h              // attention output, h
-                            + 2 * N * I                  // gate, up
+                            + 2 * N * I                  // gate and up side by side
                             + 2 * N;                     // 1/rms of both norms
   const int64_t resid = (L + 1) * N * h;                 // layer inputs + final output
   const int64_t head = N + N * V + N;                    // 1/rms, logits, log-sum-exp
-  const int64_t scratch = 4 * N * h + N * (h + 2 * kv) + 2 * N * I;  // n, dn, dres, dattn; dqkv; act, dact
+  // n, dn, dres, dattn; dqkv; act (d(act) in backward); dgate_up
+  const int64_t scratch = 4 * N * h + N * (h + 2 * kv) + N * I + 2 * N * I;
   const int64_t ids = 2 * N;                             // token ids and targets (int32, 4 bytes)
   // Recomputation keeps every layer's input (resid) and one layer's working set.
   return ids + rope + resid + (recompute ? 1 : L) * per_layer + head + scratch;

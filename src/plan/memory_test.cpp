@@ -142,10 +142,10 @@ TEST(Memory, GpuActivationsByHand) {
 
 TEST(Memory, CpuActivationsByHand) {
   // B = 1, T = 4 on the odd model: rope 2*4*1 = 8; residual 3*24 = 72; per
-  // layer q 24, k 24, v 24, probs 3*16 = 48, attn 24, h 24, gate 20, up 20,
-  // 1/rms 8 = 216; head 4 + 28 + 4 = 36; scratch 5*24 + 2*24 + 2*20 = 208;
-  // token ids and targets 2*4 = 8.
-  EXPECT_EQ(cpu_activation_floats(odd_config(), 1, 4), 8 + 72 + 2 * 216 + 36 + 208 + 8);
+  // layer q, k, v 24 + 24 + 24, probs 3*16 = 48, attn 24, h 24, gate and up
+  // 2*20, 1/rms 8 = 216; head 4 + 28 + 4 = 36; scratch n, dn, dres, dattn
+  // 4*24, dqkv 72, act 20, dgate_up 40 = 228; token ids and targets 2*4 = 8.
+  EXPECT_EQ(cpu_activation_floats(odd_config(), 1, 4), 8 + 72 + 2 * 216 + 36 + 228 + 8);
 }
 
 TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {

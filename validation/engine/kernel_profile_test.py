@@ -37,9 +37,9 @@ V = TINY["vocab_size"]
 N = BATCH * SEQ  # rows of a micro-batch
 
 # Calls per micro-batch of each op the model runs (src/model/llama.cpp; no
-# recomputation): per layer two RMSNorms, five projections (q, k and v as one over
-# their adjacent weights), RoPE on q and k, one attention, SwiGLU (its forward again in
-# backward); the head's norm and projection.
+# recomputation): per layer two RMSNorms, four projections (q, k and v as one over
+# their adjacent weights, gate and up as another), RoPE on q and k, one attention,
+# SwiGLU (its forward again in backward); the head's norm and projection.
 PER_MICRO = {
     "embedding_forward": 1, "embedding_backward": 1,
     "rmsnorm_forward": 2 * L + 1, "rmsnorm_apply": 2 * L + 1, "rmsnorm_backward": 2 * L + 1,
@@ -53,7 +53,7 @@ PER_MICRO = {
 # Summed, not a dict literal: two of them may have one shape (the tiny preset's
 # vocabulary is hidden + 2 kv_dim).
 LINEAR_SHAPES = collections.Counter()
-for shape, count in [((N, H, H + 2 * KV), L), ((N, H, H), L), ((N, H, I), 2 * L), ((N, I, H), L),
+for shape, count in [((N, H, H + 2 * KV), L), ((N, H, H), L), ((N, H, 2 * I), L), ((N, I, H), L),
                      ((N, H, V), 1)]:
     LINEAR_SHAPES[shape] += count
 # Per step: AdamW once per unit, over every tensor of its OS-shard (Backend::adamw_parts);
