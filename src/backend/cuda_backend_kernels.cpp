@@ -279,11 +279,14 @@ void CudaBackend::rope_forward(const View& x, const View& cos, const View& sin, 
                                int64_t heads, int64_t head_dim, int64_t row_stride) {
   check.rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
   if (B * T == 0 || heads * head_dim == 0) return;
-  const int64_t xb = ((B * T - 1) * row_stride + heads * head_dim) * 4, tb = T * head_dim / 2 * 4;
+  const int64_t tb = T * head_dim / 2 * 4;
   reads(cos.data, tb);
   reads(sin.data, tb);
-  reads(x.data, xb);
-  writes(x.data, xb);
+  // The heads of each row, rows row_stride apart (q or k in the fused projection):
+  // the whole span is ordered, the heads' bytes counted.
+  const View span = x.at(0, (B * T - 1) * row_stride + heads * head_dim);
+  reads_rows(span, B * T * heads * head_dim * 4);
+  writes_rows(span, B * T * heads * head_dim * 4);
   kc::rope_forward(f32w(x), f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
   AMSP_CUDA_CHECK_LAUNCH("rope_forward");
 }
@@ -292,11 +295,12 @@ void CudaBackend::rope_backward(const View& dx, const View& cos, const View& sin
                                 int64_t heads, int64_t head_dim, int64_t row_stride) {
   check.rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
   if (B * T == 0 || heads * head_dim == 0) return;
-  const int64_t xb = ((B * T - 1) * row_stride + heads * head_dim) * 4, tb = T * head_dim / 2 * 4;
+  const int64_t tb = T * head_dim / 2 * 4;
   reads(cos.data, tb);
   reads(sin.data, tb);
-  reads(dx.data, xb);
-  writes(dx.data, xb);
+  const View span = dx.at(0, (B * T - 1) * row_stride + heads * head_dim);
+  reads_rows(span, B * T * heads * head_dim * 4);
+  writes_rows(span, B * T * heads * head_dim * 4);
   kc::rope_backward(f32w(dx), f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
   AMSP_CUDA_CHECK_LAUNCH("rope_backward");
 }
