@@ -60,6 +60,7 @@ void MetricsSink::step(const StepMetrics& m) {
     j["temporary_bytes"] = m.temporary_bytes;
     j["activation_bytes"] = m.activation_bytes;
     j["mem_peak_bytes"] = m.mem_peak_bytes;
+    j["mem_predicted_bytes"] = m.mem_predicted_bytes;
     if (m.mem_reserved_bytes) j["mem_reserved_bytes"] = *m.mem_reserved_bytes;
     if (m.host_syncs) j["host_syncs"] = *m.host_syncs;
     j["rss_peak_bytes"] = m.rss_peak_bytes;

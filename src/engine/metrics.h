@@ -28,6 +28,7 @@ struct StepMetrics {
   int64_t temporary_bytes = 0;     // its gathered units and reduction slots
   int64_t activation_bytes = 0;    // what its model allocated for activations
   int64_t mem_peak_bytes = 0;      // its backend allocator's high-water mark (Backend::memory().peak)
+  int64_t mem_predicted_bytes = 0; // the plan's prediction of that peak (what the engine reserved)
   std::optional<int64_t> mem_reserved_bytes;  // a caching device allocator's bytes held from the device
   std::optional<int64_t> host_syncs;  // on a device: times the host waited for it during the step
   int64_t rss_peak_bytes = 0;      // the process's peak resident set (getrusage)

@@ -414,6 +414,8 @@ class Run {
   void report_written(StepMetrics* m);
   void finish_checkpoints();
   void write_run_record_end(double seconds);
+  // Every rank's predicted and measured peaks, gathered on rank 0 (null elsewhere).
+  nlohmann::ordered_json memory_per_rank(int64_t backend_peak) const;
 };
 
 Run::Run(const TrainOptions& options) : o(options) {
@@ -675,6 +677,7 @@ void Run::add_memory(StepMetrics& m) {
   m.activation_bytes = engine->activation_bytes();
   const backend::MemoryStats mem = be->memory();
   m.mem_peak_bytes = mem.peak;
+  m.mem_predicted_bytes = engine->predicted_peak_bytes();
   if (o.device == Device::kCuda) {  // the CUDA backend's caching allocator
     m.mem_reserved_bytes = mem.reserved;
     reserved_max = std::max(reserved_max, mem.reserved);
@@ -785,6 +788,22 @@ void Run::write_profile(bool at_end) {
   });
 }
 
+nlohmann::ordered_json Run::memory_per_rank(int64_t backend_peak) const {
+  const int64_t mine[3] = {engine->predicted_peak_bytes(), backend_peak, peak_rss_bytes()};
+  int world = 1;
+  AMSP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  std::vector<int64_t> all(root ? 3 * static_cast<size_t>(world) : 0);
+  AMSP_MPI_CHECK(MPI_Gather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, 0, MPI_COMM_WORLD));
+  if (!root) return nullptr;
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (int r = 0; r < world; ++r) {
+    const int64_t* v = all.data() + 3 * r;
+    ranks.push_back({{"rank", r}, {"predicted_bytes", v[0]}, {"peak_backend_bytes", v[1]},
+                     {"peak_rss_bytes", v[2]}});
+  }
+  return ranks;
+}
+
 void Run::write_run_record_end(double seconds) {
   if (o.run_info_path.empty()) return;
   int64_t rss = peak_rss_bytes();
@@ -795,6 +814,7 @@ void Run::write_run_record_end(double seconds) {
   const backend::MemoryStats mem = be->memory();
   int64_t device_peak[2] = {mem.peak, reserved_max};
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, device_peak, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  const nlohmann::ordered_json per_rank = memory_per_rank(mem.peak);
   collectively([&] {
     if (!root) return;
     info["result"] = {{"status", result.preempted ? "stopped" : "completed"},
@@ -807,6 +827,7 @@ void Run::write_run_record_end(double seconds) {
                       {"peak_backend_reserved_bytes", o.device == Device::kCuda ? nlohmann::ordered_json(device_peak[1])
                                                                                 : nlohmann::ordered_json()},
                       {"hb_checked", hb < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(hb)},
+                      {"memory_per_rank", per_rank},
                       {"finished_at", utc_now()}};
     write_run_info(o.run_info_path, info);
   });

@@ -59,6 +59,17 @@ add_test(NAME hidden_bench_sample
 set_tests_properties(hidden_bench_sample PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 120
   PROCESSORS 4)
 
+# benchmarks/memory_bench.py, sampled: the tiny preset on 4 ranks, three plans; the
+# table of predicted beside measured peaks must come out (about 10 s). The benchmark
+# itself is doc/engine.md's "Memory, predicted and measured".
+add_test(NAME memory_bench_sample
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect_output.sh
+          "^worst error [0-9.]+% \\(goal 5%\\); ranks past the goal: [0-9]+$" --
+          python3 ${PROJECT_SOURCE_DIR}/benchmarks/memory_bench.py $<TARGET_FILE:amsp> ${AMSP_CORPUS}
+          --work ${AMSP_TEST_WORK}/memory_bench --mpiexec ${MPIEXEC_EXECUTABLE} --quick)
+set_tests_properties(memory_bench_sample PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 120
+  PROCESSORS 4)
+
 # What the engine hands to MPI, counted by MPI's profiling interface (a preloaded
 # library, validation/engine/mpi_count.c) rather than by amsp's own accounting,
 # against the planner's prediction and hand-written formulas (doc/engine-tests.md).
