@@ -156,52 +156,78 @@ struct alignas(16) KeyValueTiles {
   uint16_t v[kKeys * (kD + kPad)];
 };
 
-// Forward: block (b*H + h, query tile), the last tiles (most keys) first.
+// The block (b*H + h, query tile) of the forward and dq kernels, the last
+// tiles (most keys) first: its head, this warp's first row, and the tile's
+// last row below T.
+struct QueryRows {
+  Head hd;
+  int64_t row0, q_last;
+};
+
+AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;
+  return QueryRows{head_of(blockIdx.x / sh.H, blockIdx.x % sh.H, D, sh),
+                   q0 + threadIdx.x / 32 * kRows, (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1};
+}
+
+// Keys [k0, k0 + kKeys) of the head into the shared tiles, once every warp is
+// done with the previous ones.
+template <int kD>
+AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const float* k, const float* v,
+                                   const Head& hd, int64_t k0, int64_t T) {
+  __syncthreads();  // every warp is done with the previous tiles
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T);
+  __syncthreads();
+}
+
+// One key tile of the online softmax: the scores s (scaled and masked here)
+// become the rounded probabilities the product with v takes; the running
+// maximum m and sum l of the lane's two rows move on, and rescale says by how
+// much the output accumulated so far shrinks. Key k0 <= q0 is in the tile and
+// every row (rows past T too) sees it, so the maximum is finite from the first
+// tile on, and exp(-inf - m) = 0 for masked keys and for the first rescale.
+AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
+                                     float (&rescale)[2], int64_t k0, int64_t row0,
+                                     const Shape& sh) {
+  float mx[2] = {-INFINITY, -INFINITY};
+  for (int n = 0; n < kKeys / 8; ++n)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = c_col(k0 + 8 * n, i);
+      s[n][i] = key <= c_row(row0, i) && key < sh.T ? sh.scale * s[n][i] : -INFINITY;
+      mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
+    }
+  for (int j = 0; j < 2; ++j) {
+    const float m_new = fmaxf(m[j], quad_max(mx[j]));
+    rescale[j] = fast_exp(m[j] - m_new);
+    m[j] = m_new;
+    l[j] *= rescale[j];
+  }
+  for (int n = 0; n < kKeys / 8; ++n)
+    for (int i = 0; i < 4; ++i) {
+      s[n][i] = round_bf16(fast_exp(s[n][i] - m[i / 2]));  // what P v multiplies by
+      l[i / 2] += s[n][i];
+    }
+}
+
+// Forward: block (b*H + h, query tile).
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_bf16_kernel(const float* q, const float* k, const float* v, float* lse,
                                   float* out, Shape sh) {
   constexpr int kLd = kD + kPad;
   __shared__ KeyValueTiles<kD> tiles;
-  const int warp = threadIdx.x / 32;
-  const Head hd = head_of(blockIdx.x / sh.H, blockIdx.x % sh.H, kD, sh);
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;
-  const int64_t row0 = q0 + warp * kRows, q_last = (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1;
+  const auto [hd, row0, q_last] = query_rows(kD, sh);
   uint32_t qa[kD / 16][4];
   load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
 
   float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    __syncthreads();  // every warp is done with the previous tiles
-    stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
-    stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
-    __syncthreads();
+    stage_keys<kD>(tiles, k, v, hd, k0, sh.T);
     if (k0 > row0 + kRows - 1) continue;  // causal: none of these keys for this warp
-
-    float s[kKeys / 8][4] = {};
+    float s[kKeys / 8][4] = {}, rescale[2];
     for (int n = 0; n < kKeys / 8; ++n) mma_dots<kD>(s[n], qa, tiles.k + 8 * n * kLd);
-    float mx[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < kKeys / 8; ++n)
-      for (int i = 0; i < 4; ++i) {
-        const int64_t key = c_col(k0 + 8 * n, i);
-        s[n][i] = key <= c_row(row0, i) && key < sh.T ? sh.scale * s[n][i] : -INFINITY;
-        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
-      }
-    // Key k0 <= q0 is in this tile and every row (rows past T too) sees it,
-    // so the maximum is finite from the first tile on, and exp(-inf - m) = 0
-    // for masked keys and for the first rescale.
-    float rescale[2];
-    for (int j = 0; j < 2; ++j) {
-      const float m_new = fmaxf(m[j], quad_max(mx[j]));
-      rescale[j] = fast_exp(m[j] - m_new);
-      m[j] = m_new;
-      l[j] *= rescale[j];
-    }
-    for (int n = 0; n < kKeys / 8; ++n)
-      for (int i = 0; i < 4; ++i) {
-        s[n][i] = round_bf16(fast_exp(s[n][i] - m[i / 2]));  // what P v multiplies by
-        l[i / 2] += s[n][i];
-      }
+    softmax_tile(s, m, l, rescale, k0, row0, sh);
     for (int n = 0; n < kD / 8; ++n)
       for (int i = 0; i < 4; ++i) o[n][i] *= rescale[i / 2];
     for (int c = 0; c < kKeys / 16; ++c) {
@@ -233,10 +259,7 @@ __global__ void __launch_bounds__(kThreads)
                              const float* dout, const float* delta, float* dq, Shape sh) {
   constexpr int kLd = kD + kPad;
   __shared__ KeyValueTiles<kD> tiles;
-  const int warp = threadIdx.x / 32;
-  const Head hd = head_of(blockIdx.x / sh.H, blockIdx.x % sh.H, kD, sh);
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;
-  const int64_t row0 = q0 + warp * kRows, q_last = (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1;
+  const auto [hd, row0, q_last] = query_rows(kD, sh);
   uint32_t qa[kD / 16][4], da[kD / 16][4];
   load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
   load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T);
@@ -249,10 +272,7 @@ __global__ void __launch_bounds__(kThreads)
 
   float acc[kD / 8][4] = {};
   for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    __syncthreads();
-    stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
-    stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, sh.T);
-    __syncthreads();
+    stage_keys<kD>(tiles, k, v, hd, k0, sh.T);
     for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
       float s[2][4] = {}, dp[2][4] = {};
       for (int half = 0; half < 2; ++half) {
@@ -288,6 +308,60 @@ struct alignas(16) DkvTiles {
   float delta[kQueries];
 };
 
+// Query rows [r0, r0 + kQueries) of head hd into the shared tiles with their
+// lse and delta, once every warp is done with the previous ones.
+template <int kD>
+AMSP_DEVICE_INLINE void stage_queries(DkvTiles<kD>& tiles, const float* q, const float* dout,
+                                      const float* lse, const float* delta, const Head& hd,
+                                      int64_t r0, int64_t T) {
+  __syncthreads();
+  stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries, T);
+  stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries, T);
+  for (int i = threadIdx.x; i < kQueries; i += blockDim.x) {
+    tiles.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
+    tiles.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
+  }
+  __syncthreads();
+}
+
+// One staged query tile's share of a warp's dv and dk: the transposed scores
+// S^T = k q^T and dP^T = v dout^T of the warp's 16 keys, then P^T and dS^T as
+// the left operands of P^T dout and dS^T q.
+template <int kD>
+AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD / 8][4],
+                                 const DkvTiles<kD>& tiles, int64_t key0, int64_t r0,
+                                 const Shape& sh) {
+  constexpr int kLd = kD + kPad;
+  const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kRows * kLd;
+  const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kRows * kLd;
+  float st[2][4] = {}, dpt[2][4] = {};
+  for (int c = 0; c < kD / 16; ++c) {
+    uint32_t ka[4], va[4], bq[2], bd[2];
+    load_a(ka, k_w + 16 * c, kLd);
+    load_a(va, v_w + 16 * c, kLd);
+    for (int half = 0; half < 2; ++half) {
+      load_b_nk(bq, tiles.q + 8 * half * kLd + 16 * c, kLd);
+      load_b_nk(bd, tiles.dout + 8 * half * kLd + 16 * c, kLd);
+      mma_bf16_16x8x16(st[half], ka, bq);
+      mma_bf16_16x8x16(dpt[half], va, bd);
+    }
+  }
+  for (int half = 0; half < 2; ++half)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = c_row(key0, i), row = c_col(r0 + 8 * half, i);
+      const int at = static_cast<int>(row - r0);
+      const float p =
+          key <= row && row < sh.T ? fast_exp(sh.scale * st[half][i] - tiles.lse[at]) : 0.0f;
+      st[half][i] = p;
+      dpt[half][i] = p * (dpt[half][i] - tiles.delta[at]);
+    }
+  uint32_t pa[4], dsa[4];
+  a_from_c(pa, st[0], st[1]);
+  a_from_c(dsa, dpt[0], dpt[1]);
+  mma_rows<kD>(dv_acc, pa, tiles.dout);
+  mma_rows<kD>(dk_acc, dsa, tiles.q);
+}
+
 // dv = sum over queries of P^T dout, dk = scale * sum of dS^T q, over the
 // query rows at or below each key of every query head of the kv group, heads
 // in order. Block (b*KV + kv head, key tile), the early keys (most queries)
@@ -298,57 +372,21 @@ __global__ void __launch_bounds__(kThreads)
     attention_dkv_bf16_kernel(const float* q, const float* k, const float* v, const float* lse,
                               const float* dout, const float* delta, float* dk, float* dv,
                               Shape sh) {
-  constexpr int kLd = kD + kPad;
   __shared__ DkvTiles<kD> tiles;
-  const int warp = threadIdx.x / 32;
   const int64_t b = blockIdx.x / sh.KV, kvh = blockIdx.x % sh.KV;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile, key0 = k0 + warp * kRows;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
   const Head kv_hd = head_of(b, kvh * sh.group, kD, sh);
   stage_rows<kD>(tiles.k, k + kv_hd.kv_off, kv_hd.ldk, k0, kTile, sh.T);
   stage_rows<kD>(tiles.v, v + kv_hd.kv_off, kv_hd.ldk, k0, kTile, sh.T);
-  const uint16_t* k_w = tiles.k + warp * kRows * kLd;
-  const uint16_t* v_w = tiles.v + warp * kRows * kLd;
 
   float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
   for (int64_t h = kvh * sh.group; h < (kvh + 1) * sh.group; ++h) {
     const Head hd = head_of(b, h, kD, sh);
     for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries) {  // causal: rows at or below the keys
-      __syncthreads();
-      stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries, sh.T);
-      stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries, sh.T);
-      for (int i = threadIdx.x; i < kQueries; i += blockDim.x) {
-        tiles.lse[i] = r0 + i < sh.T ? lse[hd.lse_off + r0 + i] : 0.0f;
-        tiles.delta[i] = r0 + i < sh.T ? delta[hd.lse_off + r0 + i] : 0.0f;
-      }
-      __syncthreads();
+      stage_queries<kD>(tiles, q, dout, lse, delta, hd, r0, sh.T);
       if (r0 + kQueries - 1 < key0) continue;  // every row above this warp's keys
-
-      float st[2][4] = {}, dpt[2][4] = {};
-      for (int c = 0; c < kD / 16; ++c) {
-        uint32_t ka[4], va[4], bq[2], bd[2];
-        load_a(ka, k_w + 16 * c, kLd);
-        load_a(va, v_w + 16 * c, kLd);
-        for (int half = 0; half < 2; ++half) {
-          load_b_nk(bq, tiles.q + 8 * half * kLd + 16 * c, kLd);
-          load_b_nk(bd, tiles.dout + 8 * half * kLd + 16 * c, kLd);
-          mma_bf16_16x8x16(st[half], ka, bq);
-          mma_bf16_16x8x16(dpt[half], va, bd);
-        }
-      }
-      for (int half = 0; half < 2; ++half)
-        for (int i = 0; i < 4; ++i) {
-          const int64_t key = c_row(key0, i), row = c_col(r0 + 8 * half, i);
-          const int at = static_cast<int>(row - r0);
-          const float p = key <= row && row < sh.T
-                              ? fast_exp(sh.scale * st[half][i] - tiles.lse[at]) : 0.0f;
-          st[half][i] = p;
-          dpt[half][i] = p * (dpt[half][i] - tiles.delta[at]);
-        }
-      uint32_t pa[4], dsa[4];
-      a_from_c(pa, st[0], st[1]);
-      a_from_c(dsa, dpt[0], dpt[1]);
-      mma_rows<kD>(dv_acc, pa, tiles.dout);
-      mma_rows<kD>(dk_acc, dsa, tiles.q);
+      dkv_tile<kD>(dk_acc, dv_acc, tiles, key0, r0, sh);
     }
   }
   for (int n = 0; n < kD / 8; ++n)
@@ -377,8 +415,8 @@ void with_head_dim(int64_t D, Launch launch) {
   }
 }
 
-// The shapes this file supports; anything else is a bug in the caller (the
-// backend asks attention_bf16_supports first), which no kernel could report.
+// The shapes this file supports; anything else is a bug in the caller
+// (attention.cu asks attention_tc_supports first), which no kernel could report.
 Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
                const char* what) {
   if (!attention_tc_supports(D) || KV < 1 || H % KV != 0 || (T + kTile - 1) / kTile > 65535 ||

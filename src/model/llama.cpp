@@ -225,8 +225,9 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   LayerActs& a = layer_acts(l);
   const View x = rows(resid[l], hidden), out = rows(resid[l + 1], hidden);
   const int64_t qkv_dim = hidden + 2 * kv_dim;
-  const View nn = rows(n, hidden), qkv = rows(a.qkv, qkv_dim), k = qkv.at(hidden, qkv.count - hidden),
-             attn = rows(a.attn, hidden), h = rows(a.h, hidden),
+  const View nn = rows(n, hidden), qkv = rows(a.qkv, qkv_dim),
+             k = qkv.at(hidden, qkv.count - hidden), attn = rows(a.attn, hidden),
+             h = rows(a.h, hidden),
              gate_up = rows(a.gate_up, 2 * inter), ac = rows(act, inter);
   const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
 
