@@ -75,7 +75,7 @@ AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const float* src, int64_t ld, 
     const int r = i / kPairs, c = 2 * (i % kPairs);
     const float* p = src + (first + r) * ld + c;
     const uint32_t w = first + r < T ? pack_bf16(p[0], p[1]) : 0u;
-    *reinterpret_cast<uint32_t*>(dst + r * (kD + kPad) + c) = w;
+    store_word(dst + r * (kD + kPad) + c, w);
   }
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/common/math.h"
 #include "kernels/cuda/simt.h"
@@ -42,9 +43,26 @@ AMSP_DEVICE_INLINE uint32_t pack_bf16(float lo, float hi) {
          (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
-// The word of two adjacent bf16 values at p (4-byte aligned).
+// The word of two adjacent bf16 values at p (4-byte aligned), and its store.
+// On the GPU one 32-bit access; the host compiler of the emulation gets a
+// memcpy, which it compiles to the same access without reading uint16_t
+// storage through a uint32_t pointer (undefined behaviour in C++).
 AMSP_DEVICE_INLINE uint32_t word_at(const uint16_t* p) {
+#if defined(__CUDACC__)
   return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+#endif
+}
+
+AMSP_DEVICE_INLINE void store_word(uint16_t* p, uint32_t w) {
+#if defined(__CUDACC__)
+  *reinterpret_cast<uint32_t*>(p) = w;
+#else
+  std::memcpy(p, &w, sizeof w);
+#endif
 }
 
 // The A fragment of the 16 x 16 block at `m` (row-major, row stride ld bf16s):
