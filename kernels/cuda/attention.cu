@@ -407,21 +407,10 @@ void with_per_lane(int D, Launch launch) {
   }
 }
 
-// The shapes this file supports; anything else is a bug in the caller, which
-// no kernel could report.
+// The shapes this file supports (require_shape).
 Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
                const char* what) {
-  if (D < 1 || D > kMaxD || KV < 1 || H % KV != 0 || (T + kOwnTile - 1) / kOwnTile > 65535 ||
-      ldq < H * D || ldkv < KV * D) {
-    std::fprintf(stderr,
-                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld ldq=%lld ldkv=%lld "
-                 "(expected 1 <= D <= %d, H a multiple of KV, T <= %d, rows of q and k/v that "
-                 "hold H*D and KV*D values)\n",
-                 what, static_cast<long long>(T), static_cast<long long>(H),
-                 static_cast<long long>(KV), static_cast<long long>(D), static_cast<long long>(ldq),
-                 static_cast<long long>(ldkv), kMaxD, 65535 * kOwnTile);
-    std::abort();
-  }
+  require_shape(what, D >= 1 && D <= kMaxD, "1 <= D <= 256", kOwnTile, T, H, KV, D, ldq, ldkv);
   const int d = static_cast<int>(D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale, false, ldq, ldkv};
@@ -430,6 +419,21 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t l
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }
 
 }  // namespace
+
+void require_shape(const char* what, bool d_ok, const char* d_expected, int64_t tile, int64_t T,
+                   int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv) {
+  if (d_ok && KV >= 1 && H % KV == 0 && (T + tile - 1) / tile <= 65535 && ldq >= H * D &&
+      ldkv >= KV * D)
+    return;
+  std::fprintf(stderr,
+               "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld ldq=%lld ldkv=%lld "
+               "(expected %s, H a multiple of KV, T <= %lld, rows of q and k/v that hold H*D "
+               "and KV*D values)\n",
+               what, static_cast<long long>(T), static_cast<long long>(H),
+               static_cast<long long>(KV), static_cast<long long>(D), static_cast<long long>(ldq),
+               static_cast<long long>(ldkv), d_expected, static_cast<long long>(65535 * tile));
+  std::abort();
+}
 
 void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
                      int64_t H, int64_t D, bool round_dout, cudaStream_t s) {

@@ -17,6 +17,14 @@ namespace amsp::kernels::cuda {
 void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
                      int64_t H, int64_t D, bool round_dout, cudaStream_t s);
 
+// Ends the process with one line naming the call, the shape and what the
+// path takes, unless the shape is one it takes: `d_ok` (with `d_expected`
+// saying which head dims), H a multiple of KV, T within 65535 tiles of `tile`
+// rows (the grid's limit), rows of q and of k/v that hold H*D and KV*D values.
+// Anything else is a bug in the caller, which no kernel could report.
+void require_shape(const char* what, bool d_ok, const char* d_expected, int64_t tile, int64_t T,
+                   int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv);
+
 // The tensor-core kernels (attention_bf16.cu) behind attention_forward and
 // attention_backward with bf16, for the head dims attention_tc_supports.
 bool attention_tc_supports(int64_t D);

@@ -35,8 +35,6 @@
 // a GPU (doc/gpu.md).
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/common/math.h"
@@ -415,21 +413,12 @@ void with_head_dim(int64_t D, Launch launch) {
   }
 }
 
-// The shapes this file supports; anything else is a bug in the caller
-// (attention.cu asks attention_tc_supports first), which no kernel could report.
+// The shapes this file supports (require_shape; attention.cu asks
+// attention_tc_supports before it calls here).
 Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
                const char* what) {
-  if (!attention_tc_supports(D) || KV < 1 || H % KV != 0 || (T + kTile - 1) / kTile > 65535 ||
-      ldq < H * D || ldkv < KV * D) {
-    std::fprintf(stderr,
-                 "amsp: %s: unsupported shape T=%lld H=%lld KV=%lld D=%lld ldq=%lld ldkv=%lld "
-                 "(expected D a multiple of 16 up to %d, H a multiple of KV, T <= %d, rows of q "
-                 "and k/v that hold H*D and KV*D values)\n",
-                 what, static_cast<long long>(T), static_cast<long long>(H),
-                 static_cast<long long>(KV), static_cast<long long>(D), static_cast<long long>(ldq),
-                 static_cast<long long>(ldkv), kMaxD, 65535 * kTile);
-    std::abort();
-  }
+  require_shape(what, attention_tc_supports(D), "D a multiple of 16 up to 128", kTile, T, H, KV, D,
+                ldq, ldkv);
   return Shape{B, T, H, KV, static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
                ldq, ldkv};
 }

@@ -97,11 +97,11 @@ std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float
 // with rows [q | k | v], as the model's fused projection holds them (row
 // strides ldq = ldkv = (H + 2 KV) D, dq, dk and dv written likewise), taken
 // apart again. Outputs start as NaN: every element must be written.
-struct DeviceRun {
+struct Outputs {
   std::vector<float> lse, out, dq, dk, dv;
 };
 
-DeviceRun run_fused(const std::vector<float>& q, const std::vector<float>& k,
+Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
                     const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
                     bool bf16) {
   const int64_t N = s.B * s.T, lq = s.H * s.D, lk = s.KV * s.D, ld = lq + 2 * lk;
@@ -111,7 +111,7 @@ DeviceRun run_fused(const std::vector<float>& q, const std::vector<float>& k,
     std::copy_n(k.begin() + r * lk, lk, qkv.begin() + r * ld + lq);
     std::copy_n(v.begin() + r * lk, lk, qkv.begin() + r * ld + lq + lk);
   }
-  DeviceRun d{nans(attention_saved_count(s.B, s.T, s.H)), nans(N * lq), {}, {}, {}};
+  Outputs d{nans(attention_saved_count(s.B, s.T, s.H)), nans(N * lq), {}, {}, {}};
   auto work = nans(attention_backward_workspace(s.B, s.T, s.H));
   const float* in = qkv.data();
   float* g = dqkv.data();
@@ -125,6 +125,23 @@ DeviceRun run_fused(const std::vector<float>& q, const std::vector<float>& k,
     d.dv.insert(d.dv.end(), g + r * ld + lq + lk, g + (r + 1) * ld);
   }
   return d;
+}
+
+// The CPU reference (kernels/cpu/attention.cpp) on q, k, v and dout in buffers
+// of their own; lse from lse_ref, since the reference keeps probabilities.
+Outputs run_cpu(const std::vector<float>& q, const std::vector<float>& k,
+                const std::vector<float>& v, const std::vector<float>& dout, const Shape& s) {
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  std::vector<float> probs(s.B * s.H * s.T * s.T);
+  const std::vector<double> lse = lse_ref(q, k, s);
+  Outputs r{std::vector<float>(lse.begin(), lse.end()), std::vector<float>(nq),
+            std::vector<float>(nq), std::vector<float>(nk), std::vector<float>(nk)};
+  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), s.H * s.D, s.KV * s.D,
+                                   probs.data(), r.out.data(), s.B, s.T, s.H, s.KV, s.D);
+  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), s.H * s.D, s.KV * s.D,
+                                    probs.data(), dout.data(), r.dq.data(), r.dk.data(),
+                                    r.dv.data(), s.B, s.T, s.H, s.KV, s.D);
+  return r;
 }
 
 // Every test runs with each block's threads resumed in forward and in reverse
@@ -148,23 +165,13 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   // rescale of the running sum shows.
   const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
              dout = randn(nq, 4, 1.0f);
-
-  std::vector<float> probs(s.B * s.H * s.T * s.T), out_cpu(nq), dq_cpu(nq), dk_cpu(nk), dv_cpu(nk);
-  const int64_t lq = s.H * s.D, lk = s.KV * s.D;
-  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), lq, lk, probs.data(),
-                                   out_cpu.data(), s.B, s.T, s.H, s.KV, s.D);
-  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), lq, lk, probs.data(),
-                                    dout.data(), dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B,
-                                    s.T, s.H, s.KV, s.D);
-
+  const Outputs want = run_cpu(q, k, v, dout, s);
   const auto [lse, out, dq, dk, dv] = run_fused(q, k, v, dout, s, false);
 
-  const auto want_lse = lse_ref(q, k, s);
-  std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
   const double bound = kTolerance * std::sqrt(static_cast<double>(s.T * (s.H / s.KV) + s.D));
-  const double e_out = relative_error(out, out_cpu), e_lse = relative_error(lse, want_lse_f),
-               e_dq = relative_error(dq, dq_cpu), e_dk = relative_error(dk, dk_cpu),
-               e_dv = relative_error(dv, dv_cpu);
+  const double e_out = relative_error(out, want.out), e_lse = relative_error(lse, want.lse),
+               e_dq = relative_error(dq, want.dq), e_dk = relative_error(dk, want.dk),
+               e_dv = relative_error(dv, want.dv);
   std::printf("  B=%lld T=%lld H=%lld KV=%lld D=%lld  relative error: out %.2e lse %.2e dq %.2e "
               "dk %.2e dv %.2e (bound %.2e)\n",
               static_cast<long long>(s.B), static_cast<long long>(s.T),
@@ -177,7 +184,7 @@ TEST_P(CudaAttention, MatchesCpuReference) {
   EXPECT_LE(e_dv, bound);
 
   // Deterministic: a second run gives the same bits.
-  const DeviceRun again = run_fused(q, k, v, dout, s, false);
+  const Outputs again = run_fused(q, k, v, dout, s, false);
   EXPECT_EQ(dq, again.dq);
   EXPECT_EQ(dk, again.dk);
   EXPECT_EQ(dv, again.dv);
@@ -305,36 +312,27 @@ TEST_P(CudaAttentionBf16, MatchesCpuReferenceOnBf16Inputs) {
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
   const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
              dout = randn(nq, 4, 1.0f);
-  const auto qr = rounded(q), kr = rounded(k), vr = rounded(v), dr = rounded(dout);
-  std::vector<float> probs(s.B * s.H * s.T * s.T), out_cpu(nq), dq_cpu(nq), dk_cpu(nk), dv_cpu(nk);
-  const int64_t lq = s.H * s.D, lk = s.KV * s.D;
-  amsp::kernels::attention_forward(qr.data(), kr.data(), vr.data(), lq, lk, probs.data(),
-                                   out_cpu.data(), s.B, s.T, s.H, s.KV, s.D);
-  amsp::kernels::attention_backward(qr.data(), kr.data(), vr.data(), lq, lk, probs.data(),
-                                    dr.data(), dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), s.B,
-                                    s.T, s.H, s.KV, s.D);
-
+  const auto vr = rounded(v);
+  const Outputs want = run_cpu(rounded(q), rounded(k), vr, rounded(dout), s);
   const auto [lse, out, dq, dk, dv] = run_fused(q, k, v, dout, s, true);
-  const auto want_lse = lse_ref(qr, kr, s);
-  const std::vector<float> want_lse_f(want_lse.begin(), want_lse.end());
   std::printf("  B=%lld T=%lld H=%lld KV=%lld D=%lld  max error: out %.2e lse %.2e dq %.2e "
               "dk %.2e dv %.2e; rms: out %.2e dq %.2e dk %.2e dv %.2e\n",
               (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.KV, (long long)s.D,
-              relative_error(out, out_cpu), relative_error(lse, want_lse_f),
-              relative_error(dq, dq_cpu), relative_error(dk, dk_cpu), relative_error(dv, dv_cpu),
-              rms_error(out, out_cpu), rms_error(dq, dq_cpu), rms_error(dk, dk_cpu),
-              rms_error(dv, dv_cpu));
+              relative_error(out, want.out), relative_error(lse, want.lse),
+              relative_error(dq, want.dq), relative_error(dk, want.dk), relative_error(dv, want.dv),
+              rms_error(out, want.out), rms_error(dq, want.dq), rms_error(dk, want.dk),
+              rms_error(dv, want.dv));
   const double max_v = std::fabs(*std::max_element(vr.begin(), vr.end(), [](float a, float b) {
     return std::fabs(a) < std::fabs(b);
   }));
-  EXPECT_LE(relative_error(lse, want_lse_f), kBf16Roundoff);
-  EXPECT_LE(relative_error(out, out_cpu), 2 * kBf16Roundoff * max_v);
-  EXPECT_LE(rms_error(out, out_cpu), kBf16Roundoff);
-  EXPECT_LE(rms_error(dq, dq_cpu), kBf16Roundoff);
-  EXPECT_LE(rms_error(dk, dk_cpu), kBf16Roundoff);
-  EXPECT_LE(rms_error(dv, dv_cpu), kBf16Roundoff);
+  EXPECT_LE(relative_error(lse, want.lse), kBf16Roundoff);
+  EXPECT_LE(relative_error(out, want.out), 2 * kBf16Roundoff * max_v);
+  EXPECT_LE(rms_error(out, want.out), kBf16Roundoff);
+  EXPECT_LE(rms_error(dq, want.dq), kBf16Roundoff);
+  EXPECT_LE(rms_error(dk, want.dk), kBf16Roundoff);
+  EXPECT_LE(rms_error(dv, want.dv), kBf16Roundoff);
 
-  const DeviceRun again = run_fused(q, k, v, dout, s, true);
+  const Outputs again = run_fused(q, k, v, dout, s, true);
   EXPECT_EQ(dq, again.dq);
   EXPECT_EQ(dk, again.dk);
   EXPECT_EQ(dv, again.dv);
