@@ -107,6 +107,13 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0)->value_name("NUM"),
            "seconds a collective may take before the job is aborted, naming the rank and the "
            "operation; 0: AMSP_COMM_TIMEOUT or 600")
+      ("straggler-every", po::value<int64_t>(&o.straggler.every)->default_value(50)->value_name("INT"),
+           "steps per window in which the ranks compare their busy time (the step less the waits in "
+           "collectives); 0: off")
+      ("straggler-threshold", po::value<double>(&o.straggler.threshold)->default_value(0.10)->value_name("NUM"),
+           "a rank busier than the median by more than this fraction ...")
+      ("straggler-windows", po::value<int64_t>(&o.straggler.windows)->default_value(3)->value_name("INT"),
+           "... in this many windows in a row is named as a straggler")
       ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir)->value_name("DIR"),
            "write sharded HDF5 checkpoints here (doc/checkpoints.md)")
       ("checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(0)->value_name("INT"),
@@ -239,6 +246,9 @@ void set_run_options(TrainArgs& a) {
   }
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
+  require(o.straggler.every >= 0, "straggler-every", o.straggler.every, "an integer >= 0");
+  require(o.straggler.threshold > 0, "straggler-threshold", o.straggler.threshold, "a fraction > 0");
+  require(o.straggler.windows >= 1, "straggler-windows", o.straggler.windows, "an integer >= 1");
   if (!a.memory.empty()) o.memory_per_rank = plan::parse_memory_size(a.memory, "memory-per-rank");
 }
 

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -8,6 +9,7 @@
 
 #include "core/mpi_check.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/parse.h"
 #include "kernels/common/math.h"
 
@@ -114,7 +116,23 @@ class IssueLog {
 
 }  // namespace
 
-Communicator::Communicator() = default;
+Communicator::Communicator() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+}
+
+void Communicator::watch(const Group& group) {
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  AMSP_MPI_CHECK(MPI_Comm_group(group.comm(), &mine));
+  AMSP_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> local(static_cast<size_t>(group.size())), global(local.size());
+  for (int i = 0; i < group.size(); ++i) local[i] = i;
+  AMSP_MPI_CHECK(MPI_Group_translate_ranks(mine, group.size(), local.data(), world, global.data()));
+  AMSP_MPI_CHECK(MPI_Group_free(&mine));
+  AMSP_MPI_CHECK(MPI_Group_free(&world));
+  entry_ = std::make_unique<watchdog::Entry>(group.name(), std::move(global));
+}
 
 namespace {
 OpArgs args_of(Op op, const void* send, void* recv, int64_t count, int root, DType dtype) {
@@ -144,7 +162,14 @@ Handle Communicator::broadcast(void* buf, int64_t count, int root, DType dtype) 
   return submit(args_of(Op::kBroadcast, buf, buf, count, root, dtype));
 }
 
-Handle Communicator::submit(const OpArgs& a) {
+Handle Communicator::submit(const OpArgs& asked) {
+  OpArgs a = asked;
+  a.position = watchdog::next_op_index();
+  switch (fault::collective(watchdog::step(), a.position, world_rank_)) {
+    case fault::Collective::kSkip: return Handle();  // as if the caller never issued it
+    case fault::Collective::kShort: a.count = std::max<int64_t>(0, a.count - 1); break;
+    case fault::Collective::kNone: break;
+  }
   // Refused before anything is issued or counted; every rank of the group
   // makes the same call, so every rank throws.
   const bool reduces = a.op == Op::kReduceScatter || a.op == Op::kAllReduce;
@@ -170,6 +195,7 @@ Handle Communicator::submit(const OpArgs& a) {
   }
   IssueLog::get().write(name(), a.op, a.count, a.dtype);
   const uint64_t seq = issue(a);
+  if (entry_) entry_->set_issued(seq);
   last_seq_ = seq;
   last_op_ = a.op;
   last_dtype_ = a.dtype;
@@ -184,7 +210,11 @@ void Communicator::wait_for(uint64_t seq, Op op, DType dtype) {
   host_waits_.fetch_add(1, std::memory_order_relaxed);
   if (done(seq)) return;
   const double t0 = now_seconds();
-  block_until(seq, timeout_s_ > 0 ? t0 + timeout_s_ : 0.0);
+  {
+    std::optional<watchdog::Waiting> waiting;
+    if (entry_) waiting.emplace(*entry_, op, seq);
+    block_until(seq, timeout_s_ > 0 ? t0 + timeout_s_ : 0.0);
+  }
   const double t1 = now_seconds();
   record_exposed(op, dtype, t1 - t0);
   std::lock_guard lock(stats_mu_);
@@ -220,6 +250,7 @@ void Communicator::reset_stats() {
 }
 
 void Communicator::timed_out(uint64_t seq, const OpArgs& a) const {
+  if (entry_) watchdog::hang(*entry_, a.op, seq, timeout_s_);
   abort_job(cat("timeout: ", op_name(a.op), " (op #", seq, ", count ", a.count,
                 a.dtype == DType::kF32 ? "" : cat(" ", dtype_name(a.dtype)), ") on group ",
                 name(), " (", size(), " ranks, backend ", backend(),

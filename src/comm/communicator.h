@@ -43,6 +43,7 @@
 #include "comm/group.h"
 #include "comm/stats.h"
 #include "comm/traffic.h"
+#include "comm/watchdog.h"
 #include "core/dtype.h"
 
 namespace amsp::comm {
@@ -115,6 +116,9 @@ struct OpArgs {
   // complete.
   Handle after;
   Local before, then;
+  // Set by submit: the op's position in the trainer's step (watchdog::next_op_index),
+  // compared across ranks by the MPI backend's mismatch check; -1 outside a step.
+  int64_t position = -1;
 };
 
 // The interface both backends implement. Accounting (comm/stats.h) and the
@@ -158,8 +162,9 @@ class Communicator {
     trace_ = std::move(fn);
   }
 
-  // A wait blocked longer than this ends the job naming rank, group and op.
-  // 0 waits forever. Default: AMSP_COMM_TIMEOUT seconds, else 600.
+  // A wait blocked longer than this ends the job naming the rank that holds
+  // the op up (comm/watchdog.h). 0 waits forever. Default: AMSP_COMM_TIMEOUT
+  // seconds, else 600.
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
 
@@ -180,13 +185,19 @@ class Communicator {
   // Handle::compute_wait; the default, for backends whose compute is the host,
   // waits on the host.
   virtual void order_compute_after(uint64_t seq, Op op, DType dtype) { wait_for(seq, op, dtype); }
-  // For backends: aborts the job, naming the group, the op and how long it waited.
+  // For backends, in their constructor: registers the group with the watchdog.
+  void watch(const Group& group);
+  const watchdog::Entry& watched() const { return *entry_; }  // after watch()
+  // For backends: the wait for op seq timed out. Asks the group's other
+  // members what holds it up and ends the job naming them (watchdog::hang).
   [[noreturn]] void timed_out(uint64_t seq, const OpArgs& args) const;
 
  private:
   friend class Handle;
   void wait_for(uint64_t seq, Op op, DType dtype);
 
+  std::unique_ptr<watchdog::Entry> entry_;  // set by watch()
+  int world_rank_ = 0;
   mutable std::mutex stats_mu_;
   Stats stats_;
   TraceFn trace_;

@@ -15,6 +15,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -110,7 +111,8 @@ class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(Group group, Progress progress)
       : group_(std::move(group)), progress_(progress),
-        backend_(cat("mpi/", progress_name(progress))) {
+        backend_(cat("mpi/", progress_name(progress))), checking_(check_from_env()) {
+    watch(group_);
     if (progress_ == Progress::kThread) Engine::get().add(this);
   }
   ~MpiCommunicator() override {
@@ -141,13 +143,18 @@ class MpiCommunicator final : public Communicator {
           if (!current_->args.after.test()) return {progressed, true};
           begin(*current_);
         }
-        start(*current_);
+        if (checking_ && !current_->checked) start_check(*current_);
+        else start(*current_);
         progressed = true;
       }
       int flag = 0;
       AMSP_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
       if (!flag) return {progressed, true};
       progressed = true;
+      if (checking_ && !current_->checked) {
+        finish_check(*current_);  // ends the job on a mismatch
+        continue;                 // the op itself starts at once
+      }
       if (finish_stage(*current_)) continue;  // the op's next MPI call starts at once
       run_local_on_host(current_->args.then);
       record_completion(current_->args.op, current_->args.dtype, now_seconds() - current_->t_issue);
@@ -212,7 +219,56 @@ class MpiCommunicator final : public Communicator {
     double t_issue = 0;
     int stage = 0;       // MPI calls of the op completed so far
     bool begun = false;  // its predecessor completed and its `before` ran
+    bool checked = false;  // the ranks agreed on what the op is
   };
+
+  // --- the mismatch check ----------------------------------------------------
+  // Before an op moves any data, the group's ranks compare what they issued
+  // (op, count, dtype, root and position in the step) with one all-reduce of
+  // a 64-bit signature and its complement under MAX: both come back unchanged
+  // on every rank exactly when every rank issued the same. A skipped op, or a
+  // different count, is caught there instead of being silently reduced or left
+  // to MPI's undefined behaviour. AMSP_COMM_CHECK=0 turns it off (measured in
+  // doc/communication.md).
+  static bool check_from_env() {
+    const char* v = std::getenv("AMSP_COMM_CHECK");
+    if (!v || !*v || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    fail_usage("AMSP_COMM_CHECK=", v, ": expected 1 (check every collective, the default) or 0");
+  }
+
+  // What a rank issued, as compared: six integers.
+  static std::array<int64_t, 6> identity(const Pending& p) {
+    const OpArgs& a = p.args;
+    return {static_cast<int64_t>(p.seq), static_cast<int64_t>(a.op), a.count, static_cast<int64_t>(a.dtype),
+            a.op == Op::kBroadcast ? a.root : 0, a.position};
+  }
+
+  static uint64_t signature(const Pending& p) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : identity(p)) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return h;
+  }
+
+  void start_check(const Pending& p) {
+    sig_[0] = signature(p);
+    sig_[1] = ~sig_[0];
+    AMSP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, sig_.data(), 2, MPI_UINT64_T, MPI_MAX, group_.comm(), &req_));
+  }
+
+  void finish_check(Pending& p) {
+    p.checked = true;
+    const uint64_t mine = signature(p);
+    if (sig_[0] == mine && sig_[1] == ~mine) return;
+    // Every rank of the group sees the mismatch: gather what each issued and
+    // name those that differ from the majority.
+    const auto me = identity(p);
+    std::vector<int64_t> all(static_cast<size_t>(6 * size()));
+    AMSP_MPI_CHECK(MPI_Allgather(me.data(), 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, group_.comm()));
+    mismatch(all);
+  }
+
+  [[noreturn]] void mismatch(const std::vector<int64_t>& all);
 
   // A chained op's time in flight counts from the moment its predecessor
   // completed: the wait before is the predecessor's, not this op's.
@@ -340,6 +396,7 @@ class MpiCommunicator final : public Communicator {
   Group group_;
   Progress progress_;
   std::string backend_;
+  bool checking_;  // the mismatch check is on
   uint64_t next_seq_ = 1;  // the issuing thread's
 
   std::mutex mu_;
@@ -353,7 +410,50 @@ class MpiCommunicator final : public Communicator {
   std::vector<uint16_t> blocks_;  // the n contributions to this rank's block
   std::vector<uint16_t> padded_;  // an all-reduce's buffer padded to n blocks
   std::vector<float> acc_;        // the fp32 sums
+  std::array<uint64_t, 2> sig_{};  // the mismatch check's signature and its complement
 };
+
+// "all_gather of 4096 bf16 (position 36 in step 9)"
+std::string describe_op(const int64_t* id) {
+  const Op op = static_cast<Op>(id[1]);
+  return cat(op_name(op), " of ", id[2], " ", dtype_name(static_cast<DType>(id[3])),
+             op == Op::kBroadcast ? cat(" from ", id[4]) : "",
+             id[5] >= 0 ? cat(" (position ", id[5], " in step ", watchdog::step(), ")") : "");
+}
+
+void MpiCommunicator::mismatch(const std::vector<int64_t>& all) {
+  const int n = size();
+  const auto same = [&](int a, int b) { return std::equal(&all[6 * a], &all[6 * a + 6], &all[6 * b]); };
+  int common = 0, most = 0;
+  for (int r = 0; r < n; ++r) {
+    int votes = 0;
+    for (int q = 0; q < n; ++q) votes += same(r, q);
+    if (votes > most) most = votes, common = r;
+  }
+  const std::vector<int>& world = watched().members();
+  const std::string where = cat("op #", all[0], " on ", watched().description());
+  std::string line;
+  if (2 * most > n) {
+    std::vector<int> agree;
+    std::vector<std::string> odd;
+    for (int r = 0; r < n; ++r) {
+      if (same(r, common)) agree.push_back(world[r]);
+      else odd.push_back(cat(watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r])));
+    }
+    std::string odds;
+    for (const std::string& o : odd) odds += (odds.empty() ? "" : "; ") + o;
+    line = cat("mismatch in ", where, ": ", odds, " where ranks ", watchdog::rank_list(agree), " issued ",
+               describe_op(&all[6 * common]), "; nothing was reduced");
+  } else {
+    std::string each;
+    for (int r = 0; r < n; ++r)
+      each += cat(r ? "; " : "", watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r]));
+    line = cat("mismatch in ", where, " with no majority to tell the odd rank: ", each, "; nothing was reduced");
+  }
+  // One line per job: the group's first rank reports, the others a moment later.
+  if (rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  abort_job(line);
+}
 
 void Engine::add(MpiCommunicator* c) {
   std::lock_guard lock(list_mu_);
@@ -434,8 +534,12 @@ MpiSession::MpiSession(int* argc, char*** argv) : progress_(progress_from_env())
                   "; amsp's communication layer needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
                   ")"));
   g_session_progress = progress_;
+  watchdog::start();
 }
 
-MpiSession::~MpiSession() { AMSP_MPI_CHECK(MPI_Finalize()); }
+MpiSession::~MpiSession() {
+  watchdog::stop();
+  AMSP_MPI_CHECK(MPI_Finalize());
+}
 
 }  // namespace amsp::comm

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -18,6 +19,7 @@ namespace {
 // Every point the code names, in the order a step reaches them.
 constexpr const char* kPoints[] = {
     "train.step",        // at the start of optimizer step STEP
+    "collective",        // a collective issued in step STEP (SKIP=N, SHORT=N)
     "save.begin",        // a checkpoint of STEP is about to be written
     "save.data",         // every dataset written, the .tmp file not yet closed
     "save.closed",       // the .tmp file complete and closed, not yet renamed
@@ -29,27 +31,21 @@ constexpr const char* kPoints[] = {
     "export.swapped",    // --force: the new export at OUTPUT, the old one beside it, not yet deleted
 };
 
+enum class Action { kSignal, kFail, kSleep, kSpin, kSlow, kSkip, kShort };
+
 struct Spec {
   std::string point;
   int64_t step = -1;
   int rank = -1;  // -1: every rank
-  int signal = SIGKILL;  // 0 with fail
-  bool fail = false;     // ",FAIL": throw an I/O error instead of a signal
-  double sleep_s = 0;    // ",SLEEP=S": wait S seconds instead of a signal
+  Action action = Action::kSignal;
+  int signal = SIGKILL;  // kSignal
+  double value = 0;      // kSleep: seconds; kSlow: the factor; kSkip, kShort: the op's index
 };
 
 bool known(const std::string& name) {
   for (const char* p : kPoints)
     if (name == p) return true;
   return false;
-}
-
-// "KILL", "USR1", "TERM" -> the signal; 0 for anything else.
-int signal_named(const std::string& name) {
-  if (name == "KILL") return SIGKILL;
-  if (name == "USR1") return SIGUSR1;
-  if (name == "TERM") return SIGTERM;
-  return 0;
 }
 
 // Splits "HEAD<sep>TAIL" at the first sep: HEAD, and TAIL (empty if no sep).
@@ -59,22 +55,48 @@ std::pair<std::string, std::string> split(const std::string& text, char sep) {
   return {text.substr(0, at), text.substr(at + 1)};
 }
 
+// The action after the comma into s; false if it is not one.
+bool parse_action(const std::string& text, Spec& s) {
+  const auto [name, arg] = split(text, '=');
+  const std::optional<double> v = arg.empty() ? std::nullopt : parse_double(arg);
+  const bool collective = s.point == "collective";
+  const struct {
+    const char* name;
+    int signal;
+  } signals[] = {{"KILL", SIGKILL}, {"USR1", SIGUSR1}, {"TERM", SIGTERM}, {"STOP", SIGSTOP}};
+  for (const auto& sig : signals)
+    if (text == sig.name && !collective) {
+      s.action = Action::kSignal;
+      s.signal = sig.signal;
+      return true;
+    }
+  if (text == "FAIL" || text == "SPIN") {
+    s.action = text == "FAIL" ? Action::kFail : Action::kSpin;
+    return !collective;
+  }
+  s.value = v.value_or(-1);
+  if (name == "SLEEP") s.action = Action::kSleep;
+  if (name == "SLOW") s.action = Action::kSlow;
+  if (name == "SKIP") s.action = Action::kSkip;
+  if (name == "SHORT") s.action = Action::kShort;
+  if (name == "SLEEP") return !collective && s.value > 0 && s.value <= 3600;
+  if (name == "SLOW") return s.point == "train.step" && s.value > 0 && s.value <= 100;
+  if (name == "SKIP" || name == "SHORT") return collective && s.value >= 0 && s.value == static_cast<int64_t>(s.value);
+  return false;
+}
+
 Spec parse(const std::string& full) {
-  const auto [where, sig] = split(full, ',');
+  const auto [where, action] = split(full, ',');
   const auto [point, when] = split(where, '@');
   const auto [step_text, rank_text] = split(when, ':');
   const std::optional<int64_t> step = parse_int(step_text);
   const std::optional<int64_t> rank = rank_text.empty() ? std::optional<int64_t>(-1) : parse_int(rank_text);
   Spec s;
   s.point = point;
-  s.fail = sig == "FAIL";
-  s.signal = full.find(',') == std::string::npos ? SIGKILL : signal_named(sig);
-  const auto [action, seconds] = split(sig, '=');
-  const std::optional<double> sleep_s = action == "SLEEP" ? parse_double(seconds) : std::nullopt;
-  if (sleep_s && *sleep_s > 0 && *sleep_s <= 3600) s.sleep_s = *sleep_s;
-  if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 ||
-      (s.signal == 0 && !s.fail && s.sleep_s == 0))
-    fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|FAIL|SLEEP=SECONDS] with POINT one of "
+  const bool action_ok = full.find(',') == std::string::npos ? s.point != "collective" : parse_action(action, s);
+  if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 || !action_ok)
+    fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|STOP|FAIL|SPIN|SLEEP=SECONDS], "
+               "train.step@STEP:RANK,SLOW=FACTOR or collective@STEP:RANK,SKIP=N|SHORT=N, with POINT one of "
                "train.step, save.begin, save.data, save.closed, save.renamed, save.latest_tmp, "
                "save.latest, export.written, export.swapped");
   s.step = *step;
@@ -92,19 +114,39 @@ const std::optional<Spec>& spec() {
   return parsed;
 }
 
+bool mine(const Spec& s, int rank) { return s.rank < 0 || s.rank == rank; }
+
 }  // namespace
 
 void check_environment() { spec(); }
 
 void point(const char* name, int64_t step, int rank) {
   const auto& s = spec();
-  if (!s || s->step != step || (s->rank >= 0 && s->rank != rank) || s->point != name) return;
-  if (s->fail) fail("injected I/O error at ", name, " (step ", step, ", AMSP_FAULT)");
-  if (s->sleep_s > 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(s->sleep_s));
-    return;
+  if (!s || s->step != step || !mine(*s, rank) || s->point != name) return;
+  switch (s->action) {
+    case Action::kFail: fail("injected I/O error at ", name, " (step ", step, ", AMSP_FAULT)");
+    case Action::kSleep: std::this_thread::sleep_for(std::chrono::duration<double>(s->value)); return;
+    case Action::kSpin:
+      for (std::atomic<uint64_t> i{0};; i.fetch_add(1, std::memory_order_relaxed)) {
+      }
+    case Action::kSignal: ::raise(s->signal); return;
+    case Action::kSlow:
+    case Action::kSkip:
+    case Action::kShort: return;  // asked for by slow_factor and collective
   }
-  ::raise(s->signal);
+}
+
+Collective collective(int64_t step, int64_t index, int rank) {
+  const auto& s = spec();
+  if (!s || s->point != "collective" || s->step != step || !mine(*s, rank) || s->value != index)
+    return Collective::kNone;
+  return s->action == Action::kSkip ? Collective::kSkip : Collective::kShort;
+}
+
+double slow_factor(int64_t step, int rank) {
+  const auto& s = spec();
+  if (!s || s->action != Action::kSlow || step < s->step || !mine(*s, rank)) return 0;
+  return s->value;
 }
 
 }  // namespace amsp::fault

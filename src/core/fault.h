@@ -13,6 +13,14 @@
 //   AMSP_FAULT=POINT@STEP,SLEEP=S no signal: the process waits S seconds there, a
 //                                 slow step at a known moment (a stop request that
 //                                 arrives meanwhile is taken at the next step)
+//   AMSP_FAULT=POINT@STEP,STOP    SIGSTOP: the process stops there, as a wedged node
+//   AMSP_FAULT=POINT@STEP,SPIN    the calling thread loops forever there: a rank
+//                                 spinning in compute, whose other threads still run
+//   AMSP_FAULT=train.step@STEP:RANK,SLOW=F  from STEP on, the trainer makes each step
+//                                 of RANK busy F times longer (slow_factor): a straggler
+//   AMSP_FAULT=collective@STEP:RANK,SKIP=N   collective number N (0, 1, ...) that RANK
+//                                 issues in step STEP is dropped: never issued
+//   AMSP_FAULT=collective@STEP:RANK,SHORT=N  it is issued with one element fewer
 //
 // The process raises the signal on itself. SIGKILL: no handler, destructor or
 // atexit runs, exactly as for `kill -9`. USR1 and TERM reach the stop handler
@@ -37,5 +45,13 @@ void check_environment();
 // this step and this rank. `point` must be one of the names in kPoints
 // (fault.cpp). rank < 0: not known yet.
 void point(const char* name, int64_t step, int rank);
+
+// What to do to collective number `index` of `step` on `rank` (the
+// communicators ask for every op they issue).
+enum class Collective { kNone, kSkip, kShort };
+Collective collective(int64_t step, int64_t index, int rank);
+
+// SLOW=F: F from the named step on for the named rank, else 0.
+double slow_factor(int64_t step, int rank);
 
 }  // namespace amsp::fault

@@ -87,6 +87,13 @@ void MetricsSink::step(const StepMetrics& m) {
     j["comm_bytes_sent"] = bytes_sent;
     j["comm_in_flight_ms"] = in_flight_ms;
     j["comm_exposed_ms"] = exposed_ms;
+    j["busy_ms"] = m.busy_ms;
+    if (m.busy)
+      j["busy_window"] = {{"ms_per_rank", m.busy->busy_ms},
+                          {"median_ms", m.busy->median_ms},
+                          {"slowest_rank", m.busy->slowest},
+                          {"excess", m.busy->excess},
+                          {"straggler", m.busy->straggler >= 0 ? nlohmann::json(m.busy->straggler) : nlohmann::json()}};
     if (m.ckpt_stall_ms) j["ckpt_stall_ms"] = *m.ckpt_stall_ms;
     if (m.ckpt_write_ms) j["ckpt_write_ms"] = *m.ckpt_write_ms;
     file_ << j.dump() << "\n";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/stats.h"
+#include "engine/straggler.h"
 
 namespace amsp::engine {
 
@@ -33,6 +34,8 @@ struct StepMetrics {
   std::optional<int64_t> host_syncs;  // on a device: times the host waited for it during the step
   int64_t rss_peak_bytes = 0;      // the process's peak resident set (getrusage)
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
+  double busy_ms = 0;              // the step less its waits in collectives (engine/straggler.h)
+  std::optional<BusySpread> busy;  // at the end of a straggler window: every rank's busy time
   std::optional<double> val_loss;
   std::optional<double> ckpt_stall_ms;  // a checkpoint was saved after this step: training blocked
   std::optional<double> ckpt_write_ms;  // a background write finished since the last step's report

@@ -1,3 +1,4 @@
+#include <ctime>
 #include "engine/run_info.h"
 
 #include <sys/resource.h>
@@ -40,6 +41,12 @@ int64_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 void write_json_file(const std::string& path, const nlohmann::ordered_json& j, const char* option) {

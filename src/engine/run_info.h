@@ -23,6 +23,9 @@ nlohmann::ordered_json topology_json(const topology::Topology& topo);
 // This process's peak resident set size in bytes (getrusage).
 int64_t peak_rss_bytes();
 
+// CPU seconds this process has used so far, every thread (CLOCK_PROCESS_CPUTIME_ID).
+double process_cpu_seconds();
+
 // Writes j to path through path.tmp and a rename, so that a reader never sees
 // half a file. UsageError naming `option` (the option that gave the path) if
 // the file cannot be written.

@@ -23,6 +23,7 @@
 #include "comm/agree.h"
 #include "core/mpi_check.h"
 #include "comm/timed.h"
+#include "comm/watchdog.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/stop.h"
@@ -396,6 +397,7 @@ class Run {
   TrainResult result;
   Clock::time_point run_start;
   int64_t reserved_max = 0;  // the caching allocator's reserved bytes, largest at a step's end
+  std::unique_ptr<StragglerWatch> straggler;
 
   void announce_stop_ready();
   void set_up_ranks();
@@ -404,6 +406,7 @@ class Run {
   double evaluate();
   void write_run_record_start();
   StepMetrics train_step(int64_t step);
+  double busy_seconds(int64_t step, double engine_s, double engine_cpu_s);
   void add_memory(StepMetrics& m);
   void write_profile(bool at_end);
   void report(StepMetrics& m, bool eval_now);
@@ -607,7 +610,9 @@ void Run::train_steps() {
                      start_point.from.empty() ? ", nothing to save" : "; " + start_point.from + " stays the latest"));
     return;
   }
+  straggler = std::make_unique<StragglerWatch>(o.straggler, topo.rank, topo.world_size, o.comm_timeout_s);
   for (int64_t step = start_point.first_step; step <= o.steps; ++step) {
+    comm::watchdog::set_step(step);
     fault::point("train.step", step, topo.rank);
     if (dir_lock) {
       try {
@@ -637,6 +642,7 @@ StepMetrics Run::train_step(int64_t step) {
   engine->reset_comm_stats();
   if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
   const auto t0 = Clock::now();
+  const double cpu0 = process_cpu_seconds();
   const int64_t syncs0 = be->host_syncs() + engine->comm_host_waits();
   if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
@@ -646,6 +652,7 @@ StepMetrics Run::train_step(int64_t step) {
                                       data::sample_train_batch(*data, o.seed, step, (micro * world + pos) * o.batch_size,
                                                                o.batch_size, o.seq_len, tokens, targets);
                                     });
+  const double busy_s = busy_seconds(step, seconds_since(t0), process_cpu_seconds() - cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
   if (trace) trace->set_recording(false);
@@ -666,9 +673,35 @@ StepMetrics Run::train_step(int64_t step) {
   m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
   add_memory(m);
   m.comm = engine->comm_stats();
+  m.busy_ms = busy_s * 1e3;
+  m.busy = straggler->add(step, busy_s);
   if (!std::isfinite(m.loss))
     comm::abort_job(cat("step ", step, ": loss is ", m.loss, "; training diverged (try a lower --lr)"));
   return m;
+}
+
+// How long this rank was busy in the engine's step: the time it kept the
+// others waiting, if it was the slowest (engine/straggler.h). On a device, the
+// step less its waits in collectives. On the CPU, the CPU time the process
+// spent: ranks that share cores (a test machine, an oversubscribed node) get
+// the cores in turns, so their wall-clock busy times measure the scheduler
+// more than the rank (doc/cluster.md, "When a job is slow"). AMSP_FAULT's
+// SLOW=F makes it F times longer, spinning, for the straggler tests.
+double Run::busy_seconds(int64_t step, double engine_s, double engine_cpu_s) {
+  double busy_s = engine_cpu_s;
+  if (o.device != Device::kCpu) {
+    double exposed_s = 0;
+    for (const comm::Stats& g : engine->comm_stats())
+      for (comm::Op op : comm::kAllOps) exposed_s += g[op].exposed_s;
+    busy_s = std::max(0.0, engine_s - exposed_s);
+  }
+  const double slow = fault::slow_factor(step, topo.rank);
+  if (slow > 0) {
+    const double until = process_cpu_seconds() + slow * busy_s;
+    while (process_cpu_seconds() < until) {
+    }
+  }
+  return busy_s * (1 + slow);
 }
 
 void Run::add_memory(StepMetrics& m) {

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "engine/optimizer.h"
 #include "engine/schedule.h"
+#include "engine/straggler.h"
 #include "model/config.h"
 
 namespace amsp::engine {
@@ -49,6 +50,7 @@ struct TrainOptions {
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
   std::string kernel_profile_path;  // rank 0 writes the time of every backend call by name here
   double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default
+  StragglerOptions straggler;  // naming a persistently slow rank (engine/straggler.h)
   std::string checkpoint_dir;  // where checkpoints go (doc/checkpoints.md); empty: none
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a stop signal
   std::string resume = "none";   // "none", "auto" (newest verified in checkpoint_dir) or a file

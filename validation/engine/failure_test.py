@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """A stuck or dead rank ends the whole job with a message, never a silent hang.
 
-- stuck: rank 3 of a 4-rank zero3 job is stopped (SIGSTOP) after step 2; with
-  --comm-timeout 5 the job must end, non-zero, within BOUND_S seconds of the stop, and
-  its first error line must be exactly the one a waiting rank prints on a timeout: one
-  of the other ranks, this host, the op, its count, a group of the 4 ranks, 5 s (the
-  communicator's line, or that of the engine's blocking all-reduces). Any other first
-  error, or a line that merely mentions a timeout, fails.
+- stuck: rank 3 of a 4-rank zero3 job is stopped (SIGSTOP, from outside, at whatever
+  moment) after step 2; with --comm-timeout 5 the job must end, non-zero, within BOUND_S
+  seconds of the stop, and its first error line must be exactly the hang line a waiting
+  rank prints (comm/watchdog.h): one of the other ranks, this host, naming rank 3 (local
+  3) as not answering, the op, a group of the 4 ranks, 5 s (a communicator's op, or one
+  of the engine's blocking all-reduces on the world). Any other first error fails.
 - dead: one rank is killed (SIGKILL); the job must end, non-zero, within BOUND_S (the
   process manager, mpiexec or srun, ends the others).
 
@@ -27,30 +27,30 @@ OPS = "all_gather|reduce_scatter|all_reduce|broadcast"
 GROUPS = "P|G|OS|replica|gather|world"
 
 
-def timeout_lines():
-    """The two lines a rank prints when a collective it waits for does not complete
-    (comm/communicator.cpp Communicator::timed_out, comm/timed.cpp allreduce_sum), as
-    regular expressions with the rank, the host and the limit of this test."""
-    head = (rf"amsp: error: rank (?P<rank>\d+) of {RANKS} on host {re.escape(socket.gethostname())}: "
-            rf"timeout: ")
-    within = rf"did not complete within {TIMEOUT_S} s; another rank"
-    return [re.compile(head + rf"(?P<op>{OPS}) \(op #\d+, count \d+( bf16| fp64)?\) on group (?P<group>{GROUPS}) "
-                       rf"\({RANKS} ranks, backend mpi/thread\) {within} of the group is probably stuck or dead "
-                       rf"\(set AMSP_COMM_TIMEOUT to change the limit\)$"),
-            re.compile(head + rf"(?P<op>all_reduce) of the [a-z ]+ on group (?P<group>world) {within} is "
-                       rf"probably stuck or dead \(--comm-timeout or AMSP_COMM_TIMEOUT change the limit\)$")]
+def hang_line():
+    """The line the waiting rank that reports prints when a collective it waits for does
+    not complete because the stopped rank cannot answer (comm/watchdog.cpp), as a regular
+    expression with the ranks, the host and the limit of this test."""
+    host = re.escape(socket.gethostname())
+    return re.compile(rf"amsp: error: rank (?P<rank>\d+) of {RANKS} on host {host}: hang: "
+                      rf"rank (?P<culprit>\d+) \({host}, local (?P<local>\d+)\) did not answer within 3.0 s "
+                      rf"\(stopped, dead or wedged\) and holds up (?P<op>{OPS}) #\d+ on the (?P<group>{GROUPS}) "
+                      rf"group of ranks 0-{RANKS - 1}; ranks [0-9, -]+ waited {TIMEOUT_S}.0 s$")
 
 
 def stuck_verdict(lines, victim_rank):
-    """Why the error lines of the stuck case are not the timeout the code prints ("" if they are)."""
+    """Why the error lines of the stuck case are not the hang line naming the stopped rank
+    ("" if they are)."""
     errors = [l for l in lines if l.startswith("amsp: error:")]
     if not errors:
         return "no 'amsp: error:' line"
-    m = next((m for p in timeout_lines() if (m := p.match(errors[0]))), None)
+    m = hang_line().match(errors[0])
     if not m:
-        return f"the first error is not a timeout line of the expected form: {errors[0]!r}"
+        return f"the first error is not a hang line of the expected form: {errors[0]!r}"
     if int(m["rank"]) == victim_rank:
-        return f"the stopped rank {victim_rank} reported the timeout"
+        return f"the stopped rank {victim_rank} reported the hang"
+    if int(m["culprit"]) != victim_rank or int(m["local"]) != victim_rank:
+        return f"the line names rank {m['culprit']}, the stopped one is {victim_rank}"
     return ""
 
 

@@ -90,3 +90,29 @@ add_test(NAME engine_kernel_profile
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/kernel_profile_test.py $<TARGET_FILE:amsp>
           ${AMSP_CORPUS} ${AMSP_TEST_WORK}/kernel_profile)
 set_tests_properties(engine_kernel_profile PROPERTIES FIXTURES_REQUIRED corpus LABELS "system;cuda_emu" TIMEOUT 300)
+
+# The rank that hangs a job, or issues the wrong collective, is named (comm/watchdog.h,
+# the mismatch check): 20 runs on 8 ranks, each injecting on a random rank at a random
+# step one of SIGSTOP, a spin in compute, a skipped collective and a short one, cycling;
+# every run must end within --comm-timeout + 10 s naming that rank (about 2 minutes). The
+# same on the local Slurm cluster, 8 runs under srun -N 4 (skipped without Slurm).
+set(AMSP_FAULT_TEST ${CMAKE_CURRENT_SOURCE_DIR}/engine/fault_test.py)
+add_test(NAME engine_fault_named_mpi
+  COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
+          ${AMSP_TEST_WORK}/fault --runs 20)
+set_tests_properties(engine_fault_named_mpi PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 500 PROCESSORS 8)
+add_test(NAME engine_fault_named_slurm
+  COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
+          ${AMSP_TEST_WORK}/fault_slurm --runs 8 --slurm ${PROJECT_SOURCE_DIR}/slurm/local-cluster)
+set_tests_properties(engine_fault_named_slurm PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 400 SKIP_RETURN_CODE 77 PROCESSORS 8
+  RESOURCE_LOCK local_slurm)
+
+# A rank made 20% busier is named within 20 steps on 4 and 8 ranks; an undisturbed run
+# of 1000 steps on 4 ranks names at most one (engine/straggler.h).
+add_test(NAME engine_straggler_named
+  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/straggler_test.py $<TARGET_FILE:amsp>
+          ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS} ${AMSP_TEST_WORK}/straggler)
+set_tests_properties(engine_straggler_named PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 400 PROCESSORS 8)

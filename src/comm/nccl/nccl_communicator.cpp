@@ -2,7 +2,9 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "core/error.h"
@@ -23,10 +25,24 @@ ncclDataType_t nccl_type(DType t) {
   return ncclFloat32;
 }
 
+// ncclCommAbort has been seen to hang on a wedged peer; it gets a few seconds
+// on a thread of its own, and the job ends whether or not it returned.
+void abort_bounded(ncclComm_t comm) {
+  if (!comm) return;
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  std::thread([comm, returned] {
+    ncclCommAbort(comm);
+    returned->store(true);
+  }).detach();
+  const double deadline = now_seconds() + 5.0;
+  while (!returned->load() && now_seconds() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
     : group_(std::move(group)), compute_(compute) {
+  watch(group_);
   ncclUniqueId id;
   if (group_.rank() == 0) AMSP_NCCL_CHECK(ncclGetUniqueId(&id));
   AMSP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, group_.comm()));
@@ -181,7 +197,7 @@ ncclResult_t NcclCommunicator::async_error() {
 // Aborts the communicator (so that no peer waits on it) and the job, naming
 // rank (abort_job does), group and op.
 void NcclCommunicator::fail_op(const std::string& what, ncclResult_t rc) {
-  ncclCommAbort(comm_);
+  abort_bounded(comm_);
   comm_ = nullptr;
   abort_job(cat("NCCL error on group ", name(), " ", what, ": ", ncclGetErrorString(rc)));
 }
@@ -202,8 +218,9 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
       for (const InFlight& f : in_flight_)
         if (f.seq == seq) stuck = f.args;
       // Abort first: a peer that never arrives would hang the destructor's
-      // ncclCommDestroy, and the job is ending anyway.
-      ncclCommAbort(comm_);
+      // ncclCommDestroy, and the job is ending anyway. Then the watchdog asks
+      // the group's ranks, over MPI, which one holds the op up.
+      abort_bounded(comm_);
       comm_ = nullptr;
       timed_out(seq, stuck);
     }

@@ -1,0 +1,342 @@
+#include "comm/watchdog.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/mpi_check.h"
+
+namespace amsp::comm::watchdog {
+namespace {
+
+constexpr int kQueryTag = 1, kAnswerTag = 2;
+
+struct Query {
+  uint64_t key = 0;  // the group asked about
+};
+
+// Fixed-size, sent as bytes: every rank runs the same binary.
+struct Answer {
+  uint64_t issued = 0;    // ops this rank issued on the group
+  int64_t step = 0;       // its optimizer step
+  int32_t known = 0;      // it is a member of the group
+  int32_t waiting = 0;    // a thread of it waits in a collective:
+  int32_t wait_op = 0;    //   which op,
+  int32_t pad = 0;
+  uint64_t wait_key = 0;  //   on which group,
+  uint64_t wait_seq = 0;  //   its number there,
+  double wait_s = 0;      //   for how long
+  char wait_group[120] = {};
+};
+
+struct Node {
+  std::string name;
+  int local = 0;
+};
+
+struct Wait {
+  bool on = false;
+  uint64_t key = 0, seq = 0;
+  Op op = Op::kAllReduce;
+  double since = 0;
+  std::string group;
+};
+
+struct State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  std::vector<Node> nodes;  // by world rank
+  std::thread responder;
+  std::atomic<bool> stopping{false};
+  std::mutex mu;  // guards entries and wait
+  std::vector<Entry*> entries;
+  Wait wait;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+std::atomic<int64_t> g_step{0};
+std::atomic<int64_t> g_index{0};
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", s);
+  return buf;
+}
+
+Answer answer(const Query& q) {
+  State& s = state();
+  Answer a;
+  a.step = g_step.load(std::memory_order_relaxed);
+  std::lock_guard lock(s.mu);
+  for (const Entry* e : s.entries)
+    if (e->key() == q.key) {
+      a.known = 1;
+      a.issued = std::max(a.issued, e->issued());
+    }
+  if (s.wait.on) {
+    a.waiting = 1;
+    a.wait_op = static_cast<int32_t>(s.wait.op);
+    a.wait_key = s.wait.key;
+    a.wait_seq = s.wait.seq;
+    a.wait_s = now_seconds() - s.wait.since;
+    std::snprintf(a.wait_group, sizeof a.wait_group, "%s", s.wait.group.c_str());
+  }
+  return a;
+}
+
+// The responder: answers every question as it comes. Its MPI calls are not
+// checked: an error here must not end a job that is otherwise fine.
+void respond() {
+  State& s = state();
+  while (!s.stopping.load(std::memory_order_relaxed)) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, s.comm, &flag, &st) != MPI_SUCCESS) return;
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    Query q;
+    if (MPI_Recv(&q, sizeof q, MPI_BYTE, st.MPI_SOURCE, kQueryTag, s.comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      return;
+    const Answer a = answer(q);
+    if (MPI_Send(&a, sizeof a, MPI_BYTE, st.MPI_SOURCE, kAnswerTag, s.comm) != MPI_SUCCESS) return;
+  }
+}
+
+// This process's node name (Slurm's, else the host's) and rank on the node.
+Node this_node() {
+  Node n;
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  const char* slurm_node = std::getenv("SLURMD_NODENAME");
+  n.name = slurm_node && *slurm_node ? slurm_node : host;
+  if (const char* local = std::getenv("SLURM_LOCALID"); local && *local && std::getenv("SLURM_JOB_ID")) {
+    n.local = std::atoi(local);
+  } else {
+    MPI_Comm shared = MPI_COMM_NULL;
+    AMSP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared));
+    AMSP_MPI_CHECK(MPI_Comm_rank(shared, &n.local));
+    AMSP_MPI_CHECK(MPI_Comm_free(&shared));
+  }
+  return n;
+}
+
+// What the members answered about op `seq` of e, as the parts of the verdict.
+struct Verdict {
+  std::vector<std::string> culprits;  // one phrase per rank that holds the op up
+  std::vector<int> waiters;           // ranks that reached the op
+  int reporter = 0;                   // the lowest rank waiting in the op itself
+};
+
+std::string elsewhere(const Answer& a) {
+  if (a.waiting)
+    return cat("it waits in ", op_name(static_cast<Op>(a.wait_op)), " #", a.wait_seq, " on ", a.wait_group,
+               ", for ", seconds(a.wait_s), " s");
+  return cat("it waits in no collective: it computes", a.step > 0 ? cat(" in step ", a.step) : "",
+             ", its last op on the group #", a.issued);
+}
+
+Verdict judge(const Entry& e, Op op, uint64_t seq, const std::vector<Answer>& answers,
+              const std::vector<bool>& answered) {
+  const State& s = state();
+  const std::string what = cat(op_name(op), " #", seq, " on ", e.description());
+  Verdict v;
+  v.waiters.push_back(s.rank);
+  v.reporter = s.rank;
+  for (size_t i = 0; i < e.members().size(); ++i) {
+    const int r = e.members()[i];
+    if (r == s.rank) continue;
+    const Answer& a = answers[i];
+    if (!answered[i]) {
+      v.culprits.push_back(cat(rank_name(r), " did not answer within ", seconds(kAnswerSeconds),
+                               " s (stopped, dead or wedged) and holds up ", what));
+    } else if (!a.known || a.issued < seq) {
+      v.culprits.push_back(cat(rank_name(r), " never reached ", what, " (", elsewhere(a), ")"));
+    } else {
+      v.waiters.push_back(r);
+      if (a.waiting && a.wait_key == e.key() && a.wait_seq == seq) v.reporter = std::min(v.reporter, r);
+    }
+  }
+  return v;
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
+}  // namespace
+
+void start() {
+  State& s = state();
+  if (s.comm != MPI_COMM_NULL) return;
+  AMSP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &s.comm));
+  AMSP_MPI_CHECK(MPI_Comm_set_name(s.comm, "watchdog"));
+  set_errors_return(s.comm);
+  int size = 0;
+  AMSP_MPI_CHECK(MPI_Comm_rank(s.comm, &s.rank));
+  AMSP_MPI_CHECK(MPI_Comm_size(s.comm, &size));
+  const Node me = this_node();
+  struct Packed {
+    char name[112];
+    int32_t local;
+  } mine{}, *all = nullptr;
+  std::vector<Packed> packed(static_cast<size_t>(size));
+  all = packed.data();
+  std::snprintf(mine.name, sizeof mine.name, "%s", me.name.c_str());
+  mine.local = me.local;
+  AMSP_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, s.comm));
+  s.nodes.clear();
+  for (const Packed& p : packed) s.nodes.push_back({p.name, p.local});
+  s.stopping = false;
+  s.responder = std::thread(respond);
+}
+
+void stop() {
+  State& s = state();
+  if (s.comm == MPI_COMM_NULL) return;
+  s.stopping = true;
+  if (s.responder.joinable()) s.responder.join();
+  MPI_Comm_free(&s.comm);
+}
+
+void set_step(int64_t step) {
+  g_step.store(step, std::memory_order_relaxed);
+  g_index.store(0, std::memory_order_relaxed);
+}
+
+int64_t step() { return g_step.load(std::memory_order_relaxed); }
+
+int64_t next_op_index() {
+  if (g_step.load(std::memory_order_relaxed) <= 0) return -1;
+  return g_index.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::string rank_name(int r) {
+  const State& s = state();
+  if (r < 0 || r >= static_cast<int>(s.nodes.size())) return cat("rank ", r);
+  return cat("rank ", r, " (", s.nodes[r].name, ", local ", s.nodes[r].local, ")");
+}
+
+std::string rank_list(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j == i ? cat(ranks[i]) : cat(ranks[i], j == i + 1 ? ", " : "-", ranks[j]));
+    i = j + 1;
+  }
+  return join(parts, ", ");
+}
+
+Entry::Entry(const std::string& name, std::vector<int> members)
+    : name_(name), members_(std::move(members)) {
+  description_ = cat("the ", name_, " group of ranks ", rank_list(members_));
+  uint64_t h = fnv1a(1469598103934665603ull, name_.data(), name_.size());
+  key_ = fnv1a(h, members_.data(), members_.size() * sizeof(int));
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.entries.push_back(this);
+}
+
+Entry::~Entry() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  std::erase(s.entries, this);
+}
+
+Entry& world_entry() {
+  static Entry* world = [] {
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::vector<int> all(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) all[r] = r;
+    return new Entry("world", all);  // lives as long as the process
+  }();
+  return *world;
+}
+
+Waiting::Waiting(const Entry& e, Op op, uint64_t seq) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.wait = {true, e.key(), seq, op, now_seconds(), e.description()};
+}
+
+Waiting::~Waiting() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.wait.on = false;
+}
+
+void hang(const Entry& e, Op op, uint64_t seq, double waited_s) {
+  State& s = state();
+  const std::string what = cat(op_name(op), " #", seq, " on ", e.description());
+  if (s.comm == MPI_COMM_NULL)
+    abort_job(cat("hang: ", what, " did not complete within ", seconds(waited_s),
+                  " s (no watchdog in this process to name the rank that holds it up)"));
+  // Ask every other member at once; an answer that does not come in time is one.
+  const size_t n = e.members().size();
+  static Query q;
+  q.key = e.key();
+  std::vector<Answer> answers(n);
+  std::vector<MPI_Request> recv(n, MPI_REQUEST_NULL);
+  for (size_t i = 0; i < n; ++i) {
+    const int r = e.members()[i];
+    if (r == s.rank) continue;
+    MPI_Request send;
+    MPI_Isend(&q, sizeof q, MPI_BYTE, r, kQueryTag, s.comm, &send);
+    MPI_Request_free(&send);
+    MPI_Irecv(&answers[i], sizeof(Answer), MPI_BYTE, r, kAnswerTag, s.comm, &recv[i]);
+  }
+  std::vector<bool> answered(n, false);
+  const double deadline = now_seconds() + kAnswerSeconds;
+  for (size_t left = n; now_seconds() < deadline;) {
+    left = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (recv[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Test(&recv[i], &flag, MPI_STATUS_IGNORE);
+      answered[i] = answered[i] || flag;
+      left += !flag;
+    }
+    if (!left) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const Verdict v = judge(e, op, seq, answers, answered);
+  const std::string line =
+      v.culprits.empty()
+          ? cat("hang: every rank of ", e.description(), " reached ", op_name(op), " #", seq,
+                " and it did not complete (the network or MPI failed); ranks ", rank_list(v.waiters),
+                " waited ", seconds(waited_s), " s")
+          : cat("hang: ", join(v.culprits, "; "), "; ranks ", rank_list(v.waiters), " waited ",
+                seconds(waited_s), " s");
+  // One line per job: the lowest rank that waits in the op reports; the
+  // others report too if the job is still alive a moment later.
+  if (v.reporter != s.rank) std::this_thread::sleep_for(std::chrono::duration<double>(kAnswerSeconds + 2));
+  abort_job(line);
+}
+
+}  // namespace amsp::comm::watchdog
