@@ -194,8 +194,10 @@ Handle Communicator::submit(const OpArgs& asked) {
     }
   }
   IssueLog::get().write(name(), a.op, a.count, a.dtype);
+  // Counted before issue: a backend may block in it (the NCCL emulation runs the
+  // op there), and peers asking meanwhile must learn that this rank reached it.
+  if (entry_) entry_->set_issued(entry_->issued() + 1);
   const uint64_t seq = issue(a);
-  if (entry_) entry_->set_issued(seq);
   last_seq_ = seq;
   last_op_ = a.op;
   last_dtype_ = a.dtype;

@@ -30,10 +30,9 @@ struct Answer {
   int64_t step = 0;       // its optimizer step
   int32_t known = 0;      // it is a member of the group
   int32_t waiting = 0;    // a thread of it waits in a collective:
-  int32_t wait_op = 0;    //   which op,
+  int32_t wait_op = 0;    //   which op, on which group (wait_group),
   int32_t pad = 0;
-  uint64_t wait_key = 0;  //   on which group,
-  uint64_t wait_seq = 0;  //   its number there,
+  uint64_t wait_seq = 0;  //   its number on its group,
   double wait_s = 0;      //   for how long
   char wait_group[120] = {};
 };
@@ -45,7 +44,7 @@ struct Node {
 
 struct Wait {
   bool on = false;
-  uint64_t key = 0, seq = 0;
+  uint64_t seq = 0;
   Op op = Op::kAllReduce;
   double since = 0;
   std::string group;
@@ -95,7 +94,6 @@ Answer answer(const Query& q) {
   if (s.wait.on) {
     a.waiting = 1;
     a.wait_op = static_cast<int32_t>(s.wait.op);
-    a.wait_key = s.wait.key;
     a.wait_seq = s.wait.seq;
     a.wait_s = now_seconds() - s.wait.since;
     std::snprintf(a.wait_group, sizeof a.wait_group, "%s", s.wait.group.c_str());
@@ -145,7 +143,7 @@ Node this_node() {
 struct Verdict {
   std::vector<std::string> culprits;  // one phrase per rank that holds the op up
   std::vector<int> waiters;           // ranks that reached the op
-  int reporter = 0;                   // the lowest rank waiting in the op itself
+  int reporter = 0;                   // the lowest of them
 };
 
 std::string elsewhere(const Answer& a) {
@@ -174,7 +172,7 @@ Verdict judge(const Entry& e, Op op, uint64_t seq, const std::vector<Answer>& an
       v.culprits.push_back(cat(rank_name(r), " never reached ", what, " (", elsewhere(a), ")"));
     } else {
       v.waiters.push_back(r);
-      if (a.waiting && a.wait_key == e.key() && a.wait_seq == seq) v.reporter = std::min(v.reporter, r);
+      v.reporter = std::min(v.reporter, r);
     }
   }
   return v;
@@ -282,7 +280,7 @@ Entry& world_entry() {
 Waiting::Waiting(const Entry& e, Op op, uint64_t seq) {
   State& s = state();
   std::lock_guard lock(s.mu);
-  s.wait = {true, e.key(), seq, op, now_seconds(), e.description()};
+  s.wait = {true, seq, op, now_seconds(), e.description()};
 }
 
 Waiting::~Waiting() {
@@ -333,8 +331,9 @@ void hang(const Entry& e, Op op, uint64_t seq, double waited_s) {
                 " waited ", seconds(waited_s), " s")
           : cat("hang: ", join(v.culprits, "; "), "; ranks ", rank_list(v.waiters), " waited ",
                 seconds(waited_s), " s");
-  // One line per job: the lowest rank that waits in the op reports; the
-  // others report too if the job is still alive a moment later.
+  // One line per job: the lowest rank that reached the op reports; the others
+  // report too if the job is still alive a moment later (that rank may have
+  // gone on to wait elsewhere, with a later timeout).
   if (v.reporter != s.rank) std::this_thread::sleep_for(std::chrono::duration<double>(kAnswerSeconds + 2));
   abort_job(line);
 }

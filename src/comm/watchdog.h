@@ -15,8 +15,8 @@
 // and ends the job with one line (doc/cluster.md, "When a job hangs"):
 //   hang: rank 5 (n3, local 1) never reached all_gather #4127 on the P group of
 //   ranks 4-7 (...); ranks 4, 6, 7 waited 60.0 s
-// Of the ranks that wait, the lowest one reports and ends the job; the others
-// give it a moment first, so the job prints the line once.
+// Of the ranks that reached the op, the lowest one reports and ends the job;
+// the others give it a moment first, so the job prints the line once.
 #pragma once
 
 #include <atomic>

@@ -19,6 +19,8 @@ naming exactly the rank the fault was injected on, with its node and local rank:
   fault_test.py AMSP MPIEXEC DATA WORK [--runs 20] [--seed S]      mpiexec -n 8
   fault_test.py AMSP MPIEXEC DATA WORK --slurm SCRIPTS [--runs 8]  srun -N 4 on a local
                                                                    Slurm cluster
+  fault_test.py AMSP MPIEXEC DATA WORK --device cuda [--runs 4]     the CUDA backend on its
+        emulation (NCCL): stop and spin only, since the NCCL backend has no mismatch check
 
 Prints one line per run and a table: kind, rank, step, seconds from the fault to the
 end, verdict.
@@ -98,6 +100,9 @@ def one_run(args, launch, where_of, i, kind, victim, step, index):
                     "--peak-tflops", "1", "--threads", "1", "--comm-timeout", str(TIMEOUT_S),
                     "--metrics", metrics]
     env = dict(args.env, AMSP_FAULT=fault_spec(kind, victim, step, index))
+    if args.device == "cuda":
+        cmd += ["--device", "cuda", "--precision", "bf16"]
+        env["AMSP_CUDA_EMULATION"] = "1"
     t_start = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -137,6 +142,7 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--shard", default="zero3")
     ap.add_argument("--slurm", help="slurm/local-cluster: run under srun on a local Slurm cluster")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
     args.amsp, args.data, args.work = map(os.path.abspath, (args.amsp, args.data, args.work))
     os.makedirs(args.work, exist_ok=True)
@@ -152,8 +158,9 @@ def main():
 
 def run_all(args, rng, launch, where_of):
     results = []
+    kinds = KINDS if args.device == "cpu" else ["stop", "spin"]
     for i in range(args.runs):
-        kind = KINDS[i % len(KINDS)]
+        kind = kinds[i % len(kinds)]
         victim, step, index = rng.randrange(RANKS), rng.randrange(3, 9), rng.randrange(12)
         took, why, lines = one_run(args, launch, where_of, i, kind, victim, step, index)
         results.append((kind, victim, step, took, why))

@@ -109,6 +109,14 @@ set_tests_properties(engine_fault_named_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 400 SKIP_RETURN_CODE 77 PROCESSORS 8
   RESOURCE_LOCK local_slurm)
 
+# The same on the CUDA backend's emulation (NCCL ops run in issue() there): 4 runs of
+# SIGSTOP and spin, named after the emulated NCCL's timeout.
+add_test(NAME engine_fault_named_cuda_emulation
+  COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
+          ${AMSP_TEST_WORK}/fault_cuda --runs 4 --device cuda)
+set_tests_properties(engine_fault_named_cuda_emulation PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS 8)
+
 # A rank made 20% busier is named within 20 steps on 4 and 8 ranks; an undisturbed run
 # of 1000 steps on 4 ranks names at most one (engine/straggler.h).
 add_test(NAME engine_straggler_named

@@ -49,9 +49,19 @@ NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
   AMSP_NCCL_CHECK(ncclCommInitRank(&comm_, group_.size(), id, group_.rank()));
   AMSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   AMSP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  AMSP_CUDA_CHECK(cudaGetDevice(&device_));
+  // The emulation runs each op to completion in issue(), so nothing is ever in
+  // flight for a watcher to see; its own timeout (in issue) covers it there.
+  if (!AMSP_CUDA_EMULATION) watcher_ = std::thread([this] { watch_in_flight(); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard lock(flight_mu_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
   synchronize();
   retire();
   for (const Stall& st : stalls_)  // compute has not reached them yet: released when it does
@@ -110,7 +120,7 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
     before->stream_wait(a.after, stream_);
   }
   run_local(a.before);
-  InFlight f{next_seq_++, a, take_event(), take_event()};
+  InFlight f{next_seq_++, a, take_event(), take_event(), now_seconds()};
   last_op_ = a.op;
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
   const size_t n = static_cast<size_t>(a.count);
@@ -118,6 +128,11 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   // backend's rank-order fp32 sum).
   const ncclDataType_t type = nccl_type(a.dtype);
   ncclResult_t rc = ncclSuccess;
+#if AMSP_CUDA_EMULATION
+  // The emulation runs the op here, in MPI: a peer that never arrives makes it
+  // return ncclRemoteError after the timeout.
+  amsp::emu::nccl_set_timeout(timeout());
+#endif
   switch (a.op) {
     case Op::kAllGather:  // in place when send == recv + rank * count, as NCCL defines
       rc = ncclAllGather(a.send, a.recv, n, type, comm_, stream_);
@@ -132,9 +147,15 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
       rc = ncclBroadcast(a.recv, a.recv, n, type, a.root, comm_, stream_);
       break;
   }
+  if (rc == ncclRemoteError) {  // a peer failed or, emulated, never arrived: ask which
+    abort_bounded(comm_);
+    comm_ = nullptr;
+    timed_out(f.seq, a);
+  }
   if (rc != ncclSuccess && rc != ncclInProgress) fail_op(cat("issuing ", op_name(a.op), " #", f.seq), rc);
   run_local(a.then);
   AMSP_CUDA_CHECK(cudaEventRecord(f.end, stream_));
+  std::lock_guard lock(flight_mu_);
   in_flight_.push_back(f);
   return f.seq;
 }
@@ -179,6 +200,7 @@ void NcclCommunicator::retire() {
     free_events_.push_back(f.start);
     free_events_.push_back(f.end);
     done_seq_ = f.seq;
+    std::lock_guard lock(flight_mu_);
     in_flight_.pop_front();
   }
   // An op can complete and still have failed (a peer's error); say so now
@@ -225,6 +247,24 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
       timed_out(seq, stuck);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclCommunicator::watch_in_flight() {
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  std::unique_lock lock(flight_mu_);
+  while (!stopping_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(250));
+    const double limit = timeout();
+    if (stopping_ || limit <= 0) continue;
+    for (const InFlight& f : in_flight_) {
+      if (now_seconds() - f.t_issue <= limit) break;  // the ops after it are younger
+      if (cudaEventQuery(f.end) != cudaErrorNotReady) continue;  // done, not yet retired
+      const InFlight stuck = f;
+      lock.unlock();
+      abort_bounded(comm_);
+      watchdog::hang(watched(), stuck.args.op, stuck.seq, now_seconds() - stuck.t_issue);
+    }
   }
 }
 

@@ -18,8 +18,11 @@
 
 #include "kernels/cuda/api.h"
 
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -57,6 +60,7 @@ class NcclCommunicator final : public Communicator {
     uint64_t seq = 0;
     OpArgs args;
     cudaEvent_t start = nullptr, end = nullptr;
+    double t_issue = 0;  // now_seconds() at issue
   };
   // A compute stream's wait for an op: `before` marks where compute reached
   // the wait, `after` where the wait resolved.
@@ -70,13 +74,23 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void fail_op(const std::string& what, ncclResult_t rc);
   cudaEvent_t take_event();
   void run_local(const Local& l);
+  // The watcher thread (real CUDA only): an op on the GPU longer than the
+  // timeout means a peer never arrived, and the host may be blocked in a
+  // device sync that never returns; the watcher aborts the communicator and
+  // asks the watchdog which rank holds the op up.
+  void watch_in_flight();
 
   Group group_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // compute has reached the issue point
-  std::deque<InFlight> in_flight_;
+  std::deque<InFlight> in_flight_;  // changed under flight_mu_, read by the watcher under it
+  std::mutex flight_mu_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  int device_ = 0;
+  std::thread watcher_;
   std::deque<Stall> stalls_;
   std::vector<cudaEvent_t> free_events_;
   uint64_t next_seq_ = 1;
