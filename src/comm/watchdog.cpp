@@ -43,11 +43,10 @@ struct Node {
 };
 
 struct Wait {
-  bool on = false;
+  const Entry* entry = nullptr;  // registered while set: its destructor takes the same lock
   uint64_t seq = 0;
   Op op = Op::kAllReduce;
   double since = 0;
-  std::string group;
 };
 
 struct State {
@@ -91,12 +90,12 @@ Answer answer(const Query& q) {
       a.known = 1;
       a.issued = std::max(a.issued, e->issued());
     }
-  if (s.wait.on) {
+  if (s.wait.entry) {
     a.waiting = 1;
     a.wait_op = static_cast<int32_t>(s.wait.op);
     a.wait_seq = s.wait.seq;
     a.wait_s = now_seconds() - s.wait.since;
-    std::snprintf(a.wait_group, sizeof a.wait_group, "%s", s.wait.group.c_str());
+    std::snprintf(a.wait_group, sizeof a.wait_group, "%s", s.wait.entry->description().c_str());
   }
   return a;
 }
@@ -139,6 +138,45 @@ Node this_node() {
   return n;
 }
 
+// What each of `ranks` answered about the group q names: answered[i] is
+// false for a rank that did not answer within kAnswerSeconds (and for this
+// rank, which is not asked).
+struct Poll {
+  std::vector<Answer> answers;
+  std::vector<bool> answered;
+};
+
+Poll ask(const std::vector<int>& ranks, const Query& q) {
+  const State& s = state();
+  const size_t n = ranks.size();
+  Poll p{std::vector<Answer>(n), std::vector<bool>(n, false)};
+  std::vector<MPI_Request> recv(n, MPI_REQUEST_NULL);
+  for (size_t i = 0; i < n; ++i) {
+    if (ranks[i] == s.rank) continue;
+    MPI_Request send;
+    MPI_Isend(&q, sizeof q, MPI_BYTE, ranks[i], kQueryTag, s.comm, &send);
+    MPI_Request_free(&send);
+    MPI_Irecv(&p.answers[i], sizeof(Answer), MPI_BYTE, ranks[i], kAnswerTag, s.comm, &recv[i]);
+  }
+  for (const double deadline = now_seconds() + kAnswerSeconds; now_seconds() < deadline;) {
+    size_t left = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (recv[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Test(&recv[i], &flag, MPI_STATUS_IGNORE);
+      p.answered[i] = flag != 0;
+      left += !flag;
+    }
+    if (!left) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return p;
+}
+
+std::string silent(int r) {
+  return cat(rank_name(r), " did not answer within ", seconds(kAnswerSeconds), " s (stopped, dead or wedged)");
+}
+
 // What the members answered about op `seq` of e, as the parts of the verdict.
 struct Verdict {
   std::vector<std::string> culprits;  // one phrase per rank that holds the op up
@@ -154,8 +192,7 @@ std::string elsewhere(const Answer& a) {
              ", its last op on the group #", a.issued);
 }
 
-Verdict judge(const Entry& e, Op op, uint64_t seq, const std::vector<Answer>& answers,
-              const std::vector<bool>& answered) {
+Verdict judge(const Entry& e, Op op, uint64_t seq, const Poll& p) {
   const State& s = state();
   const std::string what = cat(op_name(op), " #", seq, " on ", e.description());
   Verdict v;
@@ -164,10 +201,9 @@ Verdict judge(const Entry& e, Op op, uint64_t seq, const std::vector<Answer>& an
   for (size_t i = 0; i < e.members().size(); ++i) {
     const int r = e.members()[i];
     if (r == s.rank) continue;
-    const Answer& a = answers[i];
-    if (!answered[i]) {
-      v.culprits.push_back(cat(rank_name(r), " did not answer within ", seconds(kAnswerSeconds),
-                               " s (stopped, dead or wedged) and holds up ", what));
+    const Answer& a = p.answers[i];
+    if (!p.answered[i]) {
+      v.culprits.push_back(cat(silent(r), " and holds up ", what));
     } else if (!a.known || a.issued < seq) {
       v.culprits.push_back(cat(rank_name(r), " never reached ", what, " (", elsewhere(a), ")"));
     } else {
@@ -176,6 +212,22 @@ Verdict judge(const Entry& e, Op op, uint64_t seq, const std::vector<Answer>& an
     }
   }
   return v;
+}
+
+// The ranks of the world that do not answer or wait in no collective.
+std::vector<std::string> idle_ranks(const Entry& world, const Poll& p) {
+  const State& s = state();
+  std::vector<std::string> idle;
+  for (size_t i = 0; i < world.members().size(); ++i) {
+    const int r = world.members()[i];
+    const Answer& a = p.answers[i];
+    if (r == s.rank) continue;
+    if (!p.answered[i]) idle.push_back(silent(r));
+    else if (!a.waiting)
+      idle.push_back(cat(rank_name(r), " is in no collective (it computes",
+                         a.step > 0 ? cat(" in step ", a.step) : "", ")"));
+  }
+  return idle;
 }
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
@@ -280,61 +332,45 @@ Entry& world_entry() {
 Waiting::Waiting(const Entry& e, Op op, uint64_t seq) {
   State& s = state();
   std::lock_guard lock(s.mu);
-  s.wait = {true, seq, op, now_seconds(), e.description()};
+  s.wait = {&e, seq, op, now_seconds()};
 }
 
 Waiting::~Waiting() {
   State& s = state();
   std::lock_guard lock(s.mu);
-  s.wait.on = false;
+  s.wait.entry = nullptr;
 }
 
 void hang(const Entry& e, Op op, uint64_t seq, double waited_s) {
-  State& s = state();
-  const std::string what = cat(op_name(op), " #", seq, " on ", e.description());
+  const State& s = state();
   if (s.comm == MPI_COMM_NULL)
-    abort_job(cat("hang: ", what, " did not complete within ", seconds(waited_s),
+    abort_job(cat("hang: ", op_name(op), " #", seq, " on ", e.description(), " did not complete within ", seconds(waited_s),
                   " s (no watchdog in this process to name the rank that holds it up)"));
-  // Ask every other member at once; an answer that does not come in time is one.
-  const size_t n = e.members().size();
-  static Query q;
-  q.key = e.key();
-  std::vector<Answer> answers(n);
-  std::vector<MPI_Request> recv(n, MPI_REQUEST_NULL);
-  for (size_t i = 0; i < n; ++i) {
-    const int r = e.members()[i];
-    if (r == s.rank) continue;
-    MPI_Request send;
-    MPI_Isend(&q, sizeof q, MPI_BYTE, r, kQueryTag, s.comm, &send);
-    MPI_Request_free(&send);
-    MPI_Irecv(&answers[i], sizeof(Answer), MPI_BYTE, r, kAnswerTag, s.comm, &recv[i]);
+  static Query group_query, world_query;  // sent without waiting: they must outlive the call
+  group_query.key = e.key();
+  const Verdict v = judge(e, op, seq, ask(e.members(), group_query));
+  const std::string waited = cat("; ranks ", rank_list(v.waiters), " waited ", seconds(waited_s), " s");
+  std::string line = cat("hang: ", join(v.culprits, "; "), waited);
+  double defer_s = v.reporter == s.rank ? 0 : kAnswerSeconds + 2;
+  if (v.culprits.empty()) {
+    // Every member reached the op: it waits on another group's op that it is
+    // chained after, or on the network. The ranks of the world that are in no
+    // collective, or do not answer, are what the waits lead to.
+    const Entry& world = world_entry();
+    world_query.key = world.key();
+    const std::vector<std::string> idle = idle_ranks(world, ask(world.members(), world_query));
+    line = idle.empty()
+               ? cat("hang: every rank of ", e.description(), " reached ", op_name(op), " #", seq,
+                     " and it did not complete (the network or MPI failed)", waited)
+               : cat("hang: every rank of ", e.description(), " reached ", op_name(op), " #", seq,
+                     ", which waits on another group; of all ranks, ", join(idle, "; "), waited);
+    // The culprit's own group, if it waits too, names it more precisely.
+    defer_s += 1.5;
   }
-  std::vector<bool> answered(n, false);
-  const double deadline = now_seconds() + kAnswerSeconds;
-  for (size_t left = n; now_seconds() < deadline;) {
-    left = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (recv[i] == MPI_REQUEST_NULL) continue;
-      int flag = 0;
-      MPI_Test(&recv[i], &flag, MPI_STATUS_IGNORE);
-      answered[i] = answered[i] || flag;
-      left += !flag;
-    }
-    if (!left) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  const Verdict v = judge(e, op, seq, answers, answered);
-  const std::string line =
-      v.culprits.empty()
-          ? cat("hang: every rank of ", e.description(), " reached ", op_name(op), " #", seq,
-                " and it did not complete (the network or MPI failed); ranks ", rank_list(v.waiters),
-                " waited ", seconds(waited_s), " s")
-          : cat("hang: ", join(v.culprits, "; "), "; ranks ", rank_list(v.waiters), " waited ",
-                seconds(waited_s), " s");
   // One line per job: the lowest rank that reached the op reports; the others
   // report too if the job is still alive a moment later (that rank may have
   // gone on to wait elsewhere, with a later timeout).
-  if (v.reporter != s.rank) std::this_thread::sleep_for(std::chrono::duration<double>(kAnswerSeconds + 2));
+  std::this_thread::sleep_for(std::chrono::duration<double>(defer_s));
   abort_job(line);
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The rank that hangs a job, or issues the wrong collective, is named: faults injected.
 
-Each run trains the tiny preset on 8 ranks and injects one fault through AMSP_FAULT
+Each run trains the tiny preset on 8 ranks (plan zero3, whose groups are all 8 ranks, and
+mics:4, whose groups of 4 and 2 chain the gradient reductions across groups, in turns of
+four runs) and injects one fault through AMSP_FAULT
 (src/core/fault.h) on a random rank at a random step, cycling through the kinds:
 
   stop    the rank stops (SIGSTOP) at the start of the step
@@ -56,7 +58,8 @@ def named_ranks(line):
     """The ranks an error line blames, with the node and local rank it gives for each."""
     if ": hang: " in line:
         return {int(m[1]): (m[2], int(m[3])) for m in
-                re.finditer(r"rank (\d+) \(([^,]+), local (\d+)\) (?:did not answer|never reached)", line)}
+                re.finditer(r"rank (\d+) \(([^,]+), local (\d+)\) (?:did not answer|never reached|is in no collective)",
+                            line)}
     if ": mismatch in " in line:
         head = line.split(" where ranks ")[0]
         return {int(m[1]): (m[2], int(m[3])) for m in re.finditer(r"rank (\d+) \(([^,]+), local (\d+)\) issued", head)}
@@ -91,12 +94,12 @@ def lines_in(path):
         return 0
 
 
-def one_run(args, launch, where_of, i, kind, victim, step, index):
+def one_run(args, launch, where_of, i, kind, victim, step, index, plan):
     metrics = os.path.join(args.work, f"run{i}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = launch + [args.amsp, "train", "--model", "tiny", "--data", args.data, "--steps", "40",
-                    "--seq-len", "32", "--batch-size", "1", "--shard", args.shard, "--eval-every", "0",
+                    "--seq-len", "32", "--batch-size", "1", "--shard", plan, "--eval-every", "0",
                     "--peak-tflops", "1", "--threads", "1", "--comm-timeout", str(TIMEOUT_S),
                     "--metrics", metrics]
     env = dict(args.env, AMSP_FAULT=fault_spec(kind, victim, step, index))
@@ -140,7 +143,7 @@ def main():
     ap.add_argument("work")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--shard", default="zero3")
+    ap.add_argument("--shard", help="the plan of every run (default: zero3 and mics:4 in turns of 4 runs)")
     ap.add_argument("--slurm", help="slurm/local-cluster: run under srun on a local Slurm cluster")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
@@ -162,17 +165,18 @@ def run_all(args, rng, launch, where_of):
     for i in range(args.runs):
         kind = kinds[i % len(kinds)]
         victim, step, index = rng.randrange(RANKS), rng.randrange(3, 9), rng.randrange(12)
-        took, why, lines = one_run(args, launch, where_of, i, kind, victim, step, index)
-        results.append((kind, victim, step, took, why))
-        print(f"{'ok  ' if not why else 'FAIL'} run {i}: {fault_spec(kind, victim, step, index)}: "
+        plan = args.shard or ["zero3", "mics:4"][(i // len(kinds)) % 2]
+        took, why, lines = one_run(args, launch, where_of, i, kind, victim, step, index, plan)
+        results.append((kind, plan, victim, step, took, why))
+        print(f"{'ok  ' if not why else 'FAIL'} run {i}: {plan}, {fault_spec(kind, victim, step, index)}: "
               f"{'no end' if took is None else f'ended {took:.1f} s after the fault'}{': ' + why if why else ''}",
               flush=True)
         for l in [l for l in lines if l.startswith("amsp: error:")][:2]:
             print(f"     {l}")
-    print("\n| kind | rank | step | seconds from fault to end | verdict |\n|---|---|---|---|---|")
-    for kind, victim, step, took, why in results:
-        print(f"| {kind} | {victim} | {step} | {'-' if took is None else f'{took:.1f}'} | {why or 'named'} |")
-    failed = sum(1 for r in results if r[4])
+    print("\n| kind | plan | rank | step | seconds from fault to end | verdict |\n|---|---|---|---|---|---|")
+    for kind, plan, victim, step, took, why in results:
+        print(f"| {kind} | {plan} | {victim} | {step} | {'-' if took is None else f'{took:.1f}'} | {why or 'named'} |")
+    failed = sum(1 for r in results if r[-1])
     print(f"\n{len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -130,8 +130,9 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   ncclResult_t rc = ncclSuccess;
 #if AMSP_CUDA_EMULATION
   // The emulation runs the op here, in MPI: a peer that never arrives makes it
-  // return ncclRemoteError after the timeout.
+  // return ncclRemoteError after the timeout. Meanwhile this rank waits in it.
   amsp::emu::nccl_set_timeout(timeout());
+  const watchdog::Waiting waiting(watched(), a.op, f.seq);
 #endif
   switch (a.op) {
     case Op::kAllGather:  // in place when send == recv + rank * count, as NCCL defines
