@@ -116,6 +116,11 @@ class IssueLog {
 
 }  // namespace
 
+watchdog::Identity identity_of(uint64_t seq, const OpArgs& a) {
+  return {static_cast<int64_t>(seq), static_cast<int64_t>(a.op), a.count, static_cast<int64_t>(a.dtype),
+          a.op == Op::kBroadcast ? a.root : 0, a.position};
+}
+
 Communicator::Communicator() {
   int init = 0;
   MPI_Initialized(&init);
@@ -198,6 +203,7 @@ Handle Communicator::submit(const OpArgs& asked) {
   // op there), and peers asking meanwhile must learn that this rank reached it.
   if (entry_) entry_->set_issued(entry_->issued() + 1);
   const uint64_t seq = issue(a);
+  if (entry_) entry_->record(identity_of(seq, a));
   last_seq_ = seq;
   last_op_ = a.op;
   last_dtype_ = a.dtype;

@@ -101,6 +101,11 @@ struct Local {
 // Runs a Local on host memory (the MPI backend's poller).
 void run_local_on_host(const Local& l);
 
+// What an op was asked to do; backends see it in issue(). (Declared below.)
+struct OpArgs;
+// What the mismatch check compares of op `seq` (comm/watchdog.h, Identity).
+watchdog::Identity identity_of(uint64_t seq, const OpArgs& a);
+
 // What an op was asked to do; backends see it in issue().
 struct OpArgs {
   Op op = Op::kAllReduce;

@@ -238,11 +238,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   // What a rank issued, as compared: six integers.
-  static std::array<int64_t, 6> identity(const Pending& p) {
-    const OpArgs& a = p.args;
-    return {static_cast<int64_t>(p.seq), static_cast<int64_t>(a.op), a.count, static_cast<int64_t>(a.dtype),
-            a.op == Op::kBroadcast ? a.root : 0, a.position};
-  }
+  static watchdog::Identity identity(const Pending& p) { return identity_of(p.seq, p.args); }
 
   static uint64_t signature(const Pending& p) {
     uint64_t h = 1469598103934665603ull;
@@ -423,33 +419,38 @@ std::string describe_op(const int64_t* id) {
 
 void MpiCommunicator::mismatch(const std::vector<int64_t>& all) {
   const int n = size();
-  const auto same = [&](int a, int b) { return std::equal(&all[6 * a], &all[6 * a + 6], &all[6 * b]); };
-  int common = 0, most = 0;
+  const auto id_of = [&](int r) {
+    watchdog::Identity id;
+    std::copy_n(&all[6 * r], 6, id.begin());
+    return id;
+  };
+  // The identity most ranks of the group issued; in a tie (a group of two),
+  // the one the other groups of this name issued as this op.
+  int most = 0;
+  watchdog::Identity common{};
   for (int r = 0; r < n; ++r) {
     int votes = 0;
-    for (int q = 0; q < n; ++q) votes += same(r, q);
-    if (votes > most) most = votes, common = r;
+    for (int q = 0; q < n; ++q) votes += id_of(q) == id_of(r);
+    if (votes > most) most = votes, common = id_of(r);
+  }
+  const char* whose = "";
+  if (2 * most <= n) {
+    const auto ref = watchdog::reference(watched(), static_cast<uint64_t>(all[0]));
+    common = ref.value_or(watchdog::Identity{});
+    whose = "the other groups of this name and ";
   }
   const std::vector<int>& world = watched().members();
-  const std::string where = cat("op #", all[0], " on ", watched().description());
-  std::string line;
-  if (2 * most > n) {
-    std::vector<int> agree;
-    std::vector<std::string> odd;
-    for (int r = 0; r < n; ++r) {
-      if (same(r, common)) agree.push_back(world[r]);
-      else odd.push_back(cat(watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r])));
-    }
-    std::string odds;
-    for (const std::string& o : odd) odds += (odds.empty() ? "" : "; ") + o;
-    line = cat("mismatch in ", where, ": ", odds, " where ranks ", watchdog::rank_list(agree), " issued ",
-               describe_op(&all[6 * common]), "; nothing was reduced");
-  } else {
-    std::string each;
-    for (int r = 0; r < n; ++r)
-      each += cat(r ? "; " : "", watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r]));
-    line = cat("mismatch in ", where, " with no majority to tell the odd rank: ", each, "; nothing was reduced");
+  std::vector<int> agree;
+  std::string odd;
+  for (int r = 0; r < n; ++r) {
+    if (id_of(r) == common) agree.push_back(world[r]);
+    else odd += cat(odd.empty() ? "" : "; ", watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r]));
   }
+  const std::string where = cat("op #", all[0], " on ", watched().description());
+  const std::string line =
+      agree.empty() ? cat("mismatch in ", where, " with no majority to tell the odd rank: ", odd, "; nothing was reduced")
+                    : cat("mismatch in ", where, ": ", odd, " where ", whose, watchdog::ranks_phrase(agree), " issued ",
+                          describe_op(common.data()), "; nothing was reduced");
   // One line per job: the group's first rank reports, the others a moment later.
   if (rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
   abort_job(line);

@@ -21,8 +21,12 @@ namespace {
 constexpr int kQueryTag = 1, kAnswerTag = 2;
 
 struct Query {
-  uint64_t key = 0;  // the group asked about
+  uint64_t key = 0;   // the group asked about (its key, or its name_key for kIdentity)
+  uint64_t seq = 0;   // kIdentity: the op
+  int32_t kind = 0;   // kState or kIdentity
+  int32_t pad = 0;
 };
+constexpr int32_t kState = 0, kIdentity = 1;
 
 // Fixed-size, sent as bytes: every rank runs the same binary.
 struct Answer {
@@ -35,6 +39,8 @@ struct Answer {
   uint64_t wait_seq = 0;  //   its number on its group,
   double wait_s = 0;      //   for how long
   char wait_group[120] = {};
+  int64_t has_identity = 0;  // kIdentity: the rank still knows the op:
+  Identity identity{};       //   what it issued
 };
 
 struct Node {
@@ -85,6 +91,15 @@ Answer answer(const Query& q) {
   Answer a;
   a.step = g_step.load(std::memory_order_relaxed);
   std::lock_guard lock(s.mu);
+  if (q.kind == kIdentity) {
+    for (const Entry* e : s.entries)
+      if (e->name_key() == q.key)
+        if (const auto id = e->identity(q.seq)) {
+          a.has_identity = 1;
+          a.identity = *id;
+        }
+    return a;
+  }
   for (const Entry* e : s.entries)
     if (e->key() == q.key) {
       a.known = 1;
@@ -182,6 +197,7 @@ struct Verdict {
   std::vector<std::string> culprits;  // one phrase per rank that holds the op up
   std::vector<int> waiters;           // ranks that reached the op
   int reporter = 0;                   // the lowest of them
+  bool chained = false;               // every culprit waits in another collective itself
 };
 
 std::string elsewhere(const Answer& a) {
@@ -198,19 +214,23 @@ Verdict judge(const Entry& e, Op op, uint64_t seq, const Poll& p) {
   Verdict v;
   v.waiters.push_back(s.rank);
   v.reporter = s.rank;
+  int direct = 0;  // culprits that do not answer or compute
   for (size_t i = 0; i < e.members().size(); ++i) {
     const int r = e.members()[i];
     if (r == s.rank) continue;
     const Answer& a = p.answers[i];
     if (!p.answered[i]) {
       v.culprits.push_back(cat(silent(r), " and holds up ", what));
+      ++direct;
     } else if (!a.known || a.issued < seq) {
       v.culprits.push_back(cat(rank_name(r), " never reached ", what, " (", elsewhere(a), ")"));
+      direct += !a.waiting;
     } else {
       v.waiters.push_back(r);
       v.reporter = std::min(v.reporter, r);
     }
   }
+  v.chained = !v.culprits.empty() && direct == 0;
   return v;
 }
 
@@ -302,11 +322,16 @@ std::string rank_list(std::vector<int> ranks) {
   return join(parts, ", ");
 }
 
+std::string ranks_phrase(const std::vector<int>& ranks) {
+  const std::string list = rank_list(ranks);
+  return cat(list.find_first_of(",-") == std::string::npos ? "rank " : "ranks ", list);
+}
+
 Entry::Entry(const std::string& name, std::vector<int> members)
     : name_(name), members_(std::move(members)) {
   description_ = cat("the ", name_, " group of ranks ", rank_list(members_));
-  uint64_t h = fnv1a(1469598103934665603ull, name_.data(), name_.size());
-  key_ = fnv1a(h, members_.data(), members_.size() * sizeof(int));
+  name_key_ = fnv1a(1469598103934665603ull, name_.data(), name_.size());
+  key_ = fnv1a(name_key_, members_.data(), members_.size() * sizeof(int));
   State& s = state();
   std::lock_guard lock(s.mu);
   s.entries.push_back(this);
@@ -316,6 +341,39 @@ Entry::~Entry() {
   State& s = state();
   std::lock_guard lock(s.mu);
   std::erase(s.entries, this);
+}
+
+void Entry::record(const Identity& id) {
+  std::lock_guard lock(history_mu_);
+  history_[static_cast<uint64_t>(id[0]) % kHistory] = id;
+}
+
+std::optional<Identity> Entry::identity(uint64_t seq) const {
+  std::lock_guard lock(history_mu_);
+  const Identity& id = history_[seq % kHistory];
+  if (seq == 0 || id[0] != static_cast<int64_t>(seq)) return std::nullopt;
+  return id;
+}
+
+std::optional<Identity> reference(const Entry& e, uint64_t seq) {
+  const State& s = state();
+  if (s.comm == MPI_COMM_NULL) return std::nullopt;
+  std::vector<int> outside;
+  for (int r = 0; r < static_cast<int>(s.nodes.size()); ++r)
+    if (std::find(e.members().begin(), e.members().end(), r) == e.members().end()) outside.push_back(r);
+  static Query q;  // sent without waiting: it must outlive the call
+  q = {e.name_key(), seq, kIdentity, 0};
+  const Poll p = ask(outside, q);
+  std::vector<Identity> seen;
+  for (size_t i = 0; i < outside.size(); ++i)
+    if (p.answered[i] && p.answers[i].has_identity) seen.push_back(p.answers[i].identity);
+  std::optional<Identity> best;
+  size_t most = 0;
+  for (const Identity& id : seen) {
+    const size_t votes = static_cast<size_t>(std::count(seen.begin(), seen.end(), id));
+    if (votes > most) most = votes, best = id;
+  }
+  return best;
 }
 
 Entry& world_entry() {
@@ -349,9 +407,12 @@ void hang(const Entry& e, Op op, uint64_t seq, double waited_s) {
   static Query group_query, world_query;  // sent without waiting: they must outlive the call
   group_query.key = e.key();
   const Verdict v = judge(e, op, seq, ask(e.members(), group_query));
-  const std::string waited = cat("; ranks ", rank_list(v.waiters), " waited ", seconds(waited_s), " s");
+  const std::string waited = cat("; ", ranks_phrase(v.waiters), " waited ", seconds(waited_s), " s");
   std::string line = cat("hang: ", join(v.culprits, "; "), waited);
   double defer_s = v.reporter == s.rank ? 0 : kAnswerSeconds + 2;
+  // A culprit that waits in another collective is itself held up there; the
+  // ranks of that group name the rank at the end of the chain, given a moment.
+  if (v.chained) defer_s += kAnswerSeconds + 1.5;
   if (v.culprits.empty()) {
     // Every member reached the op: it waits on another group's op that it is
     // chained after, or on the network. The ranks of the world that are in no

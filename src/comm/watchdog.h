@@ -19,8 +19,11 @@
 // the others give it a moment first, so the job prints the line once.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,10 +54,17 @@ int64_t next_op_index();
 std::string rank_name(int world_rank);
 // "4-7", "0, 4, 8-9": world ranks, ascending ranges.
 std::string rank_list(std::vector<int> ranks);
+// "rank 3" or "ranks 4-7".
+std::string ranks_phrase(const std::vector<int>& ranks);
+
+// What a rank issued as one op, as the mismatch check compares it: sequence
+// number, op, count, dtype, root (broadcast; else 0), position in the step.
+using Identity = std::array<int64_t, 6>;
 
 // A communicator as the watchdog sees it: registered for its life.
 class Entry {
  public:
+  static constexpr size_t kHistory = 32;  // ops whose identity is kept
   // `members`: the world rank of every group rank, in group order.
   Entry(const std::string& name, std::vector<int> members);
   ~Entry();
@@ -64,6 +74,11 @@ class Entry {
   void set_issued(uint64_t seq) { issued_.store(seq, std::memory_order_relaxed); }
   uint64_t issued() const { return issued_.load(std::memory_order_relaxed); }
   uint64_t key() const { return key_; }
+  uint64_t name_key() const { return name_key_; }  // the same for every group of this name
+  // The last kHistory ops' identities, for telling a group of two which of its
+  // ranks is odd (reference()).
+  void record(const Identity& id);
+  std::optional<Identity> identity(uint64_t seq) const;
   const std::vector<int>& members() const { return members_; }
   // "the P group of ranks 4-7"
   const std::string& description() const { return description_; }
@@ -71,8 +86,10 @@ class Entry {
  private:
   std::string name_, description_;
   std::vector<int> members_;
-  uint64_t key_;
+  uint64_t key_, name_key_;
   std::atomic<uint64_t> issued_{0};
+  mutable std::mutex history_mu_;
+  std::array<Identity, kHistory> history_{};
 };
 
 // The entry of the blocking world collectives of comm/timed.h.
@@ -84,6 +101,11 @@ class Waiting {
   Waiting(const Entry& e, Op op, uint64_t seq);
   ~Waiting();
 };
+
+// What the other groups of e's name issued as their op `seq` (every group of a
+// name runs the same schedule): the identity most ranks outside e answer,
+// nullopt when none does within kAnswerSeconds.
+std::optional<Identity> reference(const Entry& e, uint64_t seq);
 
 // Asks the other members of e about op seq, which this rank has waited
 // `waited_s` for, and ends the job with the verdict. Never returns.

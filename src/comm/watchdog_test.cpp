@@ -12,6 +12,9 @@ TEST(Watchdog, RankListsCompressRuns) {
   EXPECT_EQ(rank_list({7, 5, 6, 6}), "5-7");
   EXPECT_EQ(rank_list({3}), "3");
   EXPECT_EQ(rank_list({}), "");
+  EXPECT_EQ(ranks_phrase({3}), "rank 3");
+  EXPECT_EQ(ranks_phrase({4, 5}), "ranks 4, 5");
+  EXPECT_EQ(ranks_phrase({12, 13, 14}), "ranks 12-14");
 }
 
 TEST(Watchdog, EntriesDescribeTheirGroupAndCountOps) {

@@ -35,7 +35,7 @@ def hang_line():
     return re.compile(rf"amsp: error: rank (?P<rank>\d+) of {RANKS} on host {host}: hang: "
                       rf"rank (?P<culprit>\d+) \({host}, local (?P<local>\d+)\) did not answer within 3.0 s "
                       rf"\(stopped, dead or wedged\) and holds up (?P<op>{OPS}) #\d+ on the (?P<group>{GROUPS}) "
-                      rf"group of ranks 0-{RANKS - 1}; ranks [0-9, -]+ waited {TIMEOUT_S}.0 s$")
+                      rf"group of ranks 0-{RANKS - 1}; ranks? [0-9, -]+ waited {TIMEOUT_S}.0 s$")
 
 
 def stuck_verdict(lines, victim_rank):

@@ -61,7 +61,7 @@ def named_ranks(line):
                 re.finditer(r"rank (\d+) \(([^,]+), local (\d+)\) (?:did not answer|never reached|is in no collective)",
                             line)}
     if ": mismatch in " in line:
-        head = line.split(" where ranks ")[0]
+        head = line.split(" where ")[0]
         return {int(m[1]): (m[2], int(m[3])) for m in re.finditer(r"rank (\d+) \(([^,]+), local (\d+)\) issued", head)}
     return None
 
