@@ -30,6 +30,12 @@ expect_error() {
 printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 1 400) >text.txt
 printf 'short\n' >short.txt
 "$amsp" data prepare --input text.txt --output good.h5 >/dev/null || { echo "FAIL: prepare"; exit 1; }
+# JSON Lines, gzip-compressed, one bad record skipped.
+printf '{"text": "fine"}\n{"title": "no text"}\n' >bad.jsonl
+{ printf '{"text": "%s"}\n' one two three; echo '{"id": 4}'; } | gzip >docs.jsonl.gz
+out=$("$amsp" data prepare --input docs.jsonl.gz --output jsonl.h5 --skip-bad-records --valid-fraction 0) ||
+  { echo "FAIL: prepare of JSON Lines"; exit 1; }
+case "$out" in *": 3 documents, 60 bytes -> 14 train"*"skipped 1 bad records"*) ;; *) echo "FAIL: prepare of JSON Lines said: $out"; exit 1 ;; esac
 "$amsp" data prepare --input short.txt --output short.h5 --valid-fraction 0 >/dev/null || { echo "FAIL: prepare short"; exit 1; }
 echo "this is not HDF5" >notdata.h5
 h5mkgrp -p other.h5 /something >/dev/null 2>&1 || python3 -c "import h5py; h5py.File('other.h5','w').create_group('something')"
@@ -62,8 +68,12 @@ expect_error "unknown preset" "--model huge: no such preset; expected one of .*t
   "${train[@]}" --model huge
 expect_error "seq-len beyond positions" "--seq-len 4096: expected at most max_position_embeddings" -- \
   "${train[@]}" --seq-len 4096
-expect_error "missing input" "--input nosuch.txt: cannot read the file" -- \
+expect_error "missing input" "--input nosuch.txt: no such file, folder, or files matching it" -- \
   "$amsp" data prepare --input nosuch.txt --output x.h5
+expect_error "bad input format" "--input-format csv: expected auto, text or jsonl" -- \
+  "$amsp" data prepare --input text.txt --output x.h5 --input-format csv
+expect_error "bad JSON Lines record" "--input bad.jsonl:2: no \"text\" field" -- \
+  "$amsp" data prepare --input bad.jsonl --output x.h5
 expect_error "missing output dir" "--output" -- \
   "$amsp" data prepare --input text.txt --output nodir/x.h5
 expect_error "bad valid fraction" "--valid-fraction.*expected a number in \[0, 0.5\]" -- \

@@ -1,4 +1,4 @@
-// amsp data prepare: text files -> HDF5 token dataset.
+// amsp data prepare: text and JSON Lines files -> HDF5 token dataset.
 
 #include <iomanip>
 #include <iostream>
@@ -12,10 +12,20 @@ namespace amsp::cli {
 
 int run_data_prepare(int argc, char** argv) {
   data::PrepareOptions opt;
+  std::string format;
   po::options_description desc("Options");
   desc.add_options()
       ("input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing()->required()
-           ->value_name("FILE..."), "text files to tokenize; each is one document")
+           ->value_name("PATH..."),
+           "files, folders (every file under them) or quoted globs: plain text (each file one document) "
+           "or JSON Lines (one document per line), either of them gzip- or zstd-compressed")
+      ("input-format", po::value<std::string>(&format)->default_value("auto")->value_name("auto|text|jsonl"),
+           "auto: JSON Lines for names ending in .jsonl, .ndjson or .json (before .gz/.zst), text otherwise")
+      ("text-field", po::value<std::string>(&opt.input.text_field)->default_value("text")->value_name("NAME"),
+           "JSON Lines: the field that holds a document's text")
+      ("skip-bad-records", po::bool_switch(&opt.input.skip_bad_records),
+           "JSON Lines: skip and count lines that are not an object with a string text field, "
+           "instead of refusing the input")
       ("output", po::value<std::string>(&opt.output)->required()->value_name("FILE.h5"),
            "the dataset to write")
       ("tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("byte")
@@ -29,12 +39,18 @@ int run_data_prepare(int argc, char** argv) {
     return 0;
   require(opt.valid_fraction >= 0 && opt.valid_fraction <= 0.5, "valid-fraction",
           opt.valid_fraction, "a number in [0, 0.5]");
+  const auto parsed = data::parse_input_format(format);
+  if (!parsed) fail_usage("--input-format ", format, ": expected auto, text or jsonl");
+  opt.input.format = *parsed;
+  if (opt.input.text_field.empty()) fail_usage("--text-field: expected the name of a JSON field");
 
   const data::PrepareReport r = data::prepare_dataset(opt);
   std::cout << "wrote " << opt.output << ": " << r.documents << " documents, " << r.bytes_in
             << " bytes -> " << r.train_tokens << " train + " << r.valid_tokens
             << " validation tokens (tokenizer " << opt.tokenizer << ", vocabulary " << r.vocab_size
-            << ")\n";
+            << ")";
+  if (r.skipped) std::cout << "; skipped " << r.skipped << " bad records";
+  std::cout << "\n";
   return 0;
 }
 

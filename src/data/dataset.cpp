@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/h5.h"
+#include "data/documents.h"
 #include "data/tokenizer.h"
 
 namespace amsp::data {
@@ -115,20 +116,6 @@ struct TempFile {
   }
 };
 
-bool read_whole_file(const std::string& path, std::string* out) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return false;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) return false;
-  in.seekg(0, std::ios::beg);
-  out->resize(static_cast<size_t>(size));
-  if (size > 0 && !in.read(out->data(), size)) return false;
-  return true;
-}
-
 // ---------------------------------------------------------------- reading
 
 // An open, checked dataset file: exists, is HDF5, has our format and version.
@@ -218,51 +205,6 @@ std::vector<int32_t> read_tokens(const OpenDataset& d, const char* name, bool re
 
 namespace {
 
-// Offset of the first byte that makes `text` not UTF-8 (or a NUL, which no text
-// file holds), or -1. Overlong forms, surrogates and code points past U+10FFFF
-// are invalid, as in RFC 3629.
-int64_t first_non_text_byte(const std::string& text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const int64_t n = static_cast<int64_t>(text.size());
-  for (int64_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    if (c == 0) return i;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    unsigned lo = 0x80, hi = 0xBF;  // range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) len = 3;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else return i;
-    if (i + len > n) return i;
-    for (int k = 1; k < len; ++k) {
-      const unsigned b = p[i + k];
-      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return i;
-    }
-    i += len;
-  }
-  return -1;
-}
-
-void check_text(const std::string& input, const std::string& text) {
-  if (text.empty()) fail_usage("--input ", input, ": the file is empty; expected UTF-8 text");
-  const int64_t bad = first_non_text_byte(text);
-  if (bad < 0) return;
-  char byte[8];
-  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[static_cast<size_t>(bad)]));
-  if (text[static_cast<size_t>(bad)] == '\0')
-    fail_usage("--input ", input, ": a NUL byte at offset ", bad, ": a binary file, expected UTF-8 text");
-  fail_usage("--input ", input, ": byte ", byte, " at offset ", bad, " is not UTF-8; expected UTF-8 text "
-             "(convert it first, e.g. iconv -f latin1 -t utf-8)");
-}
-
 // Checked before any input is read: a bad option should not cost a long tokenization.
 void check_prepare_options(const PrepareOptions& options) {
   const double f = options.valid_fraction;
@@ -275,27 +217,26 @@ void check_prepare_options(const PrepareOptions& options) {
   const fs::path parent = fs::path(output).parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec))
     fail_usage("--output ", output, ": directory ", parent.string(), " does not exist");
-  if (options.inputs.empty()) fail_usage("--input: expected at least one text file");
+  if (options.inputs.empty()) fail_usage("--input: expected at least one text or JSON Lines file");
 }
 
-// The token stream of all inputs in order; counts documents and bytes in `report`.
-// Byte documents are concatenated, separated by a newline; tokenized documents are
-// each wrapped in the tokenizer's BOS and EOS, if it has them.
-std::vector<int32_t> tokenize_inputs(const PrepareOptions& options, const Tokenizer& tokenizer,
-                                     PrepareReport& report) {
+// The token stream of all documents in order (data/documents.h); counts
+// documents, bytes and skipped records in `report`. Byte documents are
+// concatenated, separated by a newline; tokenized documents are each wrapped in
+// the tokenizer's BOS and EOS, if it has them.
+std::vector<int32_t> tokenize_inputs(const std::vector<std::string>& files, const PrepareOptions& options,
+                                     const Tokenizer& tokenizer, PrepareReport& report) {
   const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
   const bool bytes = tokenizer.kind() == "byte";
   std::vector<int32_t> all;
+  DocumentReader reader(files, options.input);
   std::string text;
-  for (const std::string& input : options.inputs) {
-    if (!read_whole_file(input, &text)) fail_usage("--input ", input, ": cannot read the file");
-    check_text(input, text);
+  while (reader.next(&text)) {
     report.documents += 1;
-    report.bytes_in += static_cast<int64_t>(text.size());
     if (bytes) {
       all.insert(all.end(), reinterpret_cast<const unsigned char*>(text.data()),
                  reinterpret_cast<const unsigned char*>(text.data()) + text.size());
-      if (!text.empty() && text.back() != '\n') all.push_back('\n');
+      if (text.back() != '\n') all.push_back('\n');
     } else {
       if (bos >= 0) all.push_back(bos);
       const std::vector<int32_t> ids = tokenizer.encode(text);
@@ -303,6 +244,12 @@ std::vector<int32_t> tokenize_inputs(const PrepareOptions& options, const Tokeni
       if (eos >= 0) all.push_back(eos);
     }
   }
+  report.bytes_in = reader.bytes_in();
+  report.skipped = reader.skipped();
+  if (report.documents == 0)
+    fail_usage("--input: no documents in ", files.size(), " file(s)",
+               report.skipped ? cat(" (", report.skipped, " bad records skipped)") : "",
+               "; expected text files or JSON Lines with a \"", options.input.text_field, "\" field");
   // A user-supplied model could hand out ids past its own vocabulary; such a
   // dataset would fail only later, in training.
   for (int32_t id : all)
@@ -348,7 +295,8 @@ Splits split_blocks(const std::vector<int32_t>& all, double f) {
 // Writes the whole dataset to `path` and closes it; any HDF5 failure names the
 // output and the step.
 void write_dataset_file(const Writer& w, const std::string& path, const PrepareOptions& options,
-                        const Tokenizer& tokenizer, const PrepareReport& report, const Splits& splits) {
+                        const std::vector<std::string>& files, const Tokenizer& tokenizer,
+                        const PrepareReport& report, const Splits& splits) {
   const bool bytes = tokenizer.kind() == "byte";
   h5::QuietErrors quiet;
   Handle fapl = h5::file_access();
@@ -362,7 +310,7 @@ void write_dataset_file(const Writer& w, const std::string& path, const PrepareO
   write_int_attr(w, file, "bos_id", tokenizer.bos_id());
   write_int_attr(w, file, "eos_id", tokenizer.eos_id());
   write_int_attr(w, file, "documents", report.documents);
-  write_string_attr(w, file, "sources", join_lines(options.inputs));
+  write_string_attr(w, file, "sources", join_lines(files));
   write_int_attr(w, file, "bytes_in", report.bytes_in);
   write_scalar_attr(w, file, "valid_fraction", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, options.valid_fraction);
   write_int_attr(w, file, "split_block", kSplitBlock);
@@ -390,7 +338,8 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
   PrepareReport report;
   report.vocab_size = tokenizer->vocab_size();
   // The unsplit stream is a temporary: freed before the file is written.
-  const Splits splits = split_blocks(tokenize_inputs(options, *tokenizer, report), options.valid_fraction);
+  const std::vector<std::string> files = expand_inputs(options.inputs);
+  const Splits splits = split_blocks(tokenize_inputs(files, options, *tokenizer, report), options.valid_fraction);
   report.train_tokens = static_cast<int64_t>(splits.train.size());
   report.valid_tokens = static_cast<int64_t>(splits.valid.size());
 
@@ -398,7 +347,7 @@ PrepareReport prepare_dataset(const PrepareOptions& options) {
   // prepare never leaves a half-written file at the output path.
   const Writer w{options.output};
   TempFile tmp{options.output + ".tmp"};
-  write_dataset_file(w, tmp.path, options, *tokenizer, report, splits);
+  write_dataset_file(w, tmp.path, options, files, *tokenizer, report, splits);
   std::error_code ec;
   fs::rename(tmp.path, options.output, ec);
   if (ec) fail("--output ", options.output, ": cannot rename ", tmp.path, " into place: ", ec.message());

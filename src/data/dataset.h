@@ -3,7 +3,7 @@
 // File layout (format version 1), readable with h5py/h5dump:
 //   /                 attributes: format = "amsp-token-dataset", version = 1,
 //                     tokenizer = "byte" | "sentencepiece", vocab_size, bos_id,
-//                     eos_id, documents, sources (newline-joined input paths);
+//                     eos_id, documents, sources (newline-joined input files);
 //                     informative only: bytes_in, valid_fraction, split_block
 //   /train/tokens     1-D uint32 (chunked, deflate)
 //   /valid/tokens     1-D uint32, the held-out split (may be empty; a file
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "data/documents.h"
 #include "data/tokenizer.h"
 
 namespace amsp::data {
@@ -24,7 +25,8 @@ namespace amsp::data {
 enum class Split { kTrain, kValid };
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;    // text files, each one document
+  std::vector<std::string> inputs;    // files, folders or globs (data/documents.h)
+  InputOptions input;                 // their format, the JSON field, bad records
   std::string output;                 // .h5 path
   std::string tokenizer = "byte";     // see make_tokenizer
   double valid_fraction = 0.05;       // share of tokens held out
@@ -36,6 +38,7 @@ struct PrepareReport {
   int64_t train_tokens = 0;
   int64_t valid_tokens = 0;
   int64_t vocab_size = 0;
+  int64_t skipped = 0;  // bad JSON Lines records skipped (--skip-bad-records)
 };
 
 // Tokenizes the inputs and writes the dataset (to a temporary name, renamed into

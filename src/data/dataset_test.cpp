@@ -327,9 +327,10 @@ TEST(DatasetTest, PrepareErrors) {
 
   PrepareOptions o = opt;
   o.inputs = {dir.file("missing.txt")};
-  expect_usage_error([&] { prepare_dataset(o); }, {"--input " + dir.file("missing.txt"), "cannot read the file"});
-  o.inputs = {dir.path().string()};  // a directory
-  expect_usage_error([&] { prepare_dataset(o); }, {"--input", "cannot read the file"});
+  expect_usage_error([&] { prepare_dataset(o); }, {"--input " + dir.file("missing.txt"), "no such file, folder"});
+  fs::create_directories(dir.path() / "empty");
+  o.inputs = {(dir.path() / "empty").string()};  // a folder is read file by file: this one has none
+  expect_usage_error([&] { prepare_dataset(o); }, {"--input", "the folder holds no files"});
 
   for (double f : {-0.1, 0.51, 1.0, std::nan("")}) {
     o = opt;

@@ -92,14 +92,15 @@ add_test(NAME engine_kernel_profile
 set_tests_properties(engine_kernel_profile PROPERTIES FIXTURES_REQUIRED corpus LABELS "system;cuda_emu" TIMEOUT 300)
 
 # The rank that hangs a job, or issues the wrong collective, is named (comm/watchdog.h,
-# the mismatch check): 20 runs on 8 ranks, each injecting on a random rank at a random
-# step one of SIGSTOP, a spin in compute, a skipped collective and a short one, cycling;
-# every run must end within --comm-timeout + 10 s naming that rank (about 2 minutes). The
-# same on the local Slurm cluster, 8 runs under srun -N 4 (skipped without Slurm).
+# the mismatch check): 12 runs on 8 ranks under mpiexec and 8 under srun -N 4 on the
+# local Slurm cluster (skipped without Slurm), 20 in all, each injecting on a random rank
+# at a random step one of SIGSTOP, a spin in compute, a skipped collective and a short
+# one, cycling, under zero3 and mics:4 in turns; every run must end within
+# --comm-timeout + 10 s naming that rank (about 1 minute each).
 set(AMSP_FAULT_TEST ${CMAKE_CURRENT_SOURCE_DIR}/engine/fault_test.py)
 add_test(NAME engine_fault_named_mpi
   COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
-          ${AMSP_TEST_WORK}/fault --runs 20)
+          ${AMSP_TEST_WORK}/fault --runs 12)
 set_tests_properties(engine_fault_named_mpi PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 500 PROCESSORS 8)
 add_test(NAME engine_fault_named_slurm
@@ -109,11 +110,11 @@ set_tests_properties(engine_fault_named_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 400 SKIP_RETURN_CODE 77 PROCESSORS 8
   RESOURCE_LOCK local_slurm)
 
-# The same on the CUDA backend's emulation (NCCL ops run in issue() there): 4 runs of
-# SIGSTOP and spin, named after the emulated NCCL's timeout.
+# The same on the CUDA backend's emulation (NCCL ops run in issue() there): a SIGSTOP
+# and a spin, named after the emulated NCCL's timeout (about 30 s).
 add_test(NAME engine_fault_named_cuda_emulation
   COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
-          ${AMSP_TEST_WORK}/fault_cuda --runs 4 --device cuda)
+          ${AMSP_TEST_WORK}/fault_cuda --runs 2 --device cuda)
 set_tests_properties(engine_fault_named_cuda_emulation PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS 8)
 
