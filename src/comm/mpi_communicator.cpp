@@ -538,7 +538,10 @@ MpiSession::MpiSession(int* argc, char*** argv) : progress_(progress_from_env())
                   "; amsp's communication layer needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
                   ")"));
   g_session_progress = progress_;
-  watchdog::start();
+  // The watchdog's responder calls MPI from a thread of its own, which would
+  // progress the ops of every communicator: not in `none`, whose ops progress
+  // only inside the caller's test and wait.
+  if (progress_ != Progress::kNone) watchdog::start();
 }
 
 MpiSession::~MpiSession() {

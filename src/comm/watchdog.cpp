@@ -403,7 +403,7 @@ void hang(const Entry& e, Op op, uint64_t seq, double waited_s) {
   const State& s = state();
   if (s.comm == MPI_COMM_NULL)
     abort_job(cat("hang: ", op_name(op), " #", seq, " on ", e.description(), " did not complete within ", seconds(waited_s),
-                  " s (no watchdog in this process to name the rank that holds it up)"));
+                  " s (with AMSP_COMM_PROGRESS=none no watchdog thread runs to name the rank that holds it up)"));
   static Query group_query, world_query;  // sent without waiting: they must outlive the call
   group_query.key = e.key();
   const Verdict v = judge(e, op, seq, ask(e.members(), group_query));
