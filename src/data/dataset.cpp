@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/h5.h"
 #include "data/documents.h"
+#include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 
 namespace amsp::data {
@@ -159,7 +160,7 @@ OpenDataset open_dataset(const std::string& path) {
     fail_usage("--data ", path, ": unsupported dataset version ", version, " (this amsp reads version ",
                kVersion, "); re-run `amsp data prepare`");
   if (!read_string_attr(d.file, "tokenizer", &d.tokenizer))
-    fail_usage("--data ", path, ": missing tokenizer attribute; expected \"byte\" or \"sentencepiece\"");
+    fail_usage("--data ", path, ": missing tokenizer attribute; expected \"byte\", \"sentencepiece\" or \"huggingface\"");
   if (!read_int_attr(d.file, "vocab_size", &d.vocab_size) || d.vocab_size <= 0 ||
       d.vocab_size > std::numeric_limits<int32_t>::max())
     fail_usage("--data ", path, ": missing or invalid vocab_size attribute; expected a positive integer");
@@ -221,28 +222,16 @@ void check_prepare_options(const PrepareOptions& options) {
 }
 
 // The token stream of all documents in order (data/documents.h); counts
-// documents, bytes and skipped records in `report`. Byte documents are
-// concatenated, separated by a newline; tokenized documents are each wrapped in
-// the tokenizer's BOS and EOS, if it has them.
+// documents, bytes and skipped records in `report`. Each document is as
+// Tokenizer::encode_document makes it.
 std::vector<int32_t> tokenize_inputs(const std::vector<std::string>& files, const PrepareOptions& options,
                                      const Tokenizer& tokenizer, PrepareReport& report) {
-  const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
-  const bool bytes = tokenizer.kind() == "byte";
   std::vector<int32_t> all;
   DocumentReader reader(files, options.input);
   std::string text;
   while (reader.next(&text)) {
     report.documents += 1;
-    if (bytes) {
-      all.insert(all.end(), reinterpret_cast<const unsigned char*>(text.data()),
-                 reinterpret_cast<const unsigned char*>(text.data()) + text.size());
-      if (text.back() != '\n') all.push_back('\n');
-    } else {
-      if (bos >= 0) all.push_back(bos);
-      const std::vector<int32_t> ids = tokenizer.encode(text);
-      all.insert(all.end(), ids.begin(), ids.end());
-      if (eos >= 0) all.push_back(eos);
-    }
+    tokenizer.encode_document(text, &all);
   }
   report.bytes_in = reader.bytes_in();
   report.skipped = reader.skipped();
@@ -375,11 +364,11 @@ std::unique_ptr<Tokenizer> dataset_tokenizer(const std::string& path) {
   h5::QuietErrors quiet;
   OpenDataset d = open_dataset(path);
   if (d.tokenizer == "byte") return make_tokenizer("byte");
-  if (d.tokenizer != "sentencepiece")
-    fail_usage("--data ", path, ": unknown tokenizer \"", d.tokenizer, "\"; expected \"byte\" or \"sentencepiece\"");
+  if (d.tokenizer != "sentencepiece" && d.tokenizer != "huggingface")
+    fail_usage("--data ", path, ": unknown tokenizer \"", d.tokenizer,
+               "\"; expected \"byte\", \"sentencepiece\" or \"huggingface\"");
   const char* name = "/tokenizer/model";
-  if (!link_exists(d.file, name))
-    fail_usage("--data ", path, ": missing dataset ", name, " (the SentencePiece model)");
+  if (!link_exists(d.file, name)) fail_usage("--data ", path, ": missing dataset ", name, " (the tokenizer)");
   Handle dset(H5Dopen2(d.file, name, H5P_DEFAULT), H5Dclose);
   if (!dset.valid()) fail_usage("--data ", path, ": ", name, " is not a dataset");
   Handle space(H5Dget_space(dset), H5Sclose);
@@ -390,10 +379,11 @@ std::unique_ptr<Tokenizer> dataset_tokenizer(const std::string& path) {
   std::string model(n, '\0');
   if (n > 0 && H5Dread(dset, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, model.data()) < 0)
     fail_usage("--data ", path, ": cannot read ", name, "; expected a 1-D uint8 array");
-  auto tok = make_sentencepiece_tokenizer(model, "--data " + path);
+  auto tok = d.tokenizer == "huggingface" ? make_hf_tokenizer(model, "--data " + path)
+                                          : make_sentencepiece_tokenizer(model, "--data " + path);
   if (tok->vocab_size() != d.vocab_size)
-    fail_usage("--data ", path, ": the stored SentencePiece model has ", tok->vocab_size(),
-               " pieces but vocab_size says ", d.vocab_size);
+    fail_usage("--data ", path, ": the stored ", d.tokenizer, " tokenizer has ", tok->vocab_size(),
+               " ids but vocab_size says ", d.vocab_size);
   return tok;
 }
 

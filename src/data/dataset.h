@@ -2,13 +2,14 @@
 //
 // File layout (format version 1), readable with h5py/h5dump:
 //   /                 attributes: format = "amsp-token-dataset", version = 1,
-//                     tokenizer = "byte" | "sentencepiece", vocab_size, bos_id,
+//                     tokenizer = "byte" | "sentencepiece" | "huggingface", vocab_size, bos_id,
 //                     eos_id, documents, sources (newline-joined input files);
 //                     informative only: bytes_in, valid_fraction, split_block
 //   /train/tokens     1-D uint32 (chunked, deflate)
 //   /valid/tokens     1-D uint32, the held-out split (may be empty; a file
 //                     without it reads as an empty held-out split)
-//   /tokenizer/model  1-D uint8, the SentencePiece model proto (sentencepiece only)
+//   /tokenizer/model  1-D uint8, the SentencePiece model proto or the tokenizer.json
+//                     text (all but byte)
 // Strings are variable-length UTF-8 (h5py reads them as str); integers int64.
 #pragma once
 
@@ -48,7 +49,7 @@ struct PrepareReport {
 PrepareReport prepare_dataset(const PrepareOptions& options);
 
 // The tokenizer a dataset was prepared with (byte, or the stored SentencePiece
-// model), e.g. to decode samples. Throws UsageError like TokenDataset.
+// model or tokenizer.json), e.g. to decode samples. Throws UsageError like TokenDataset.
 std::unique_ptr<Tokenizer> dataset_tokenizer(const std::string& path);
 
 // A dataset opened for training; the splits are read into memory.

@@ -3,9 +3,12 @@
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 
 #include "core/error.h"
+#include "data/hf_tokenizer.h"
 
 namespace amsp::data {
 namespace fs = std::filesystem;
@@ -19,6 +22,11 @@ class ByteTokenizer final : public Tokenizer {
     std::vector<int32_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
+  }
+  void encode_document(const std::string& text, std::vector<int32_t>* out) const override {
+    out->insert(out->end(), reinterpret_cast<const unsigned char*>(text.data()),
+                reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    if (text.empty() || text.back() != '\n') out->push_back('\n');
   }
   std::string decode(const std::vector<int32_t>& ids) const override {
     std::string text;
@@ -73,20 +81,44 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string what_;
 };
 
+// The file's first byte that is not white space, or 0.
+char first_byte(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char c = 0;
+  while (in.get(c))
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return c;
+  return 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) fail_usage("--tokenizer ", path, ": cannot read the file");
+  return text;
+}
+
+constexpr const char* kExpected = "expected \"byte\", a SentencePiece .model or a Hugging Face tokenizer.json";
+
 }  // namespace
+
+void Tokenizer::encode_document(const std::string& text, std::vector<int32_t>* out) const {
+  if (bos_id() >= 0) out->push_back(bos_id());
+  const std::vector<int32_t> ids = encode(text);
+  out->insert(out->end(), ids.begin(), ids.end());
+  if (eos_id() >= 0) out->push_back(eos_id());
+}
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  if (spec.empty()) fail_usage("--tokenizer: expected \"byte\" or the path of a SentencePiece .model file");
+  if (spec.empty()) fail_usage("--tokenizer: ", kExpected);
   std::error_code ec;
-  if (!fs::exists(spec, ec))
-    fail_usage("--tokenizer ", spec, ": no such file; expected \"byte\" or the path of a SentencePiece .model file");
-  if (!fs::is_regular_file(spec, ec))
-    fail_usage("--tokenizer ", spec, ": not a regular file; expected a SentencePiece .model file");
+  if (!fs::exists(spec, ec)) fail_usage("--tokenizer ", spec, ": no such file; ", kExpected);
+  if (!fs::is_regular_file(spec, ec)) fail_usage("--tokenizer ", spec, ": not a regular file; ", kExpected);
+  if (first_byte(spec) == '{') return make_hf_tokenizer(read_file(spec), "--tokenizer " + spec);
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = sp->Load(spec);
   if (!status.ok())
-    fail_usage("--tokenizer ", spec, ": not a SentencePiece model (it does not load as one); expected \"byte\" or a .model file");
+    fail_usage("--tokenizer ", spec, ": neither a SentencePiece model nor JSON; ", kExpected);
   if (sp->GetPieceSize() <= 0) fail_usage("--tokenizer ", spec, ": the SentencePiece model has no pieces");
   return std::make_unique<SentencePieceTokenizer>(std::move(sp), "--tokenizer " + spec);
 }

@@ -1,0 +1,34 @@
+// The little of Unicode that tokenizers need: UTF-8 decoding and the classes
+// that pre-tokenizer patterns test (\p{L}, \p{N}, \s), from Unicode 15.0 as
+// Hugging Face tokenizers' regular-expression engine has them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace amsp::data {
+
+enum class CharClass : uint8_t { kOther, kLetter, kNumber, kSpace };
+
+// kLetter: general category L*; kNumber: N*; kSpace: the White_Space property.
+CharClass char_class(char32_t cp);
+
+// Decodes the UTF-8 character at s[0..n) (n >= 1) and sets *len to its length.
+// Text is checked as UTF-8 before it gets here; a malformed byte decodes as
+// U+FFFD of length 1 rather than reading past the end.
+inline char32_t decode_utf8(const char* s, size_t n, size_t* len) {
+  const auto b0 = static_cast<unsigned char>(s[0]);
+  if (b0 < 0x80) return *len = 1, b0;
+  const size_t want = b0 >= 0xF0 ? 4 : b0 >= 0xE0 ? 3 : b0 >= 0xC0 ? 2 : 0;
+  if (want == 0 || want > n) return *len = 1, 0xFFFD;
+  char32_t cp = b0 & (0x7F >> want);
+  for (size_t i = 1; i < want; ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if ((b & 0xC0) != 0x80) return *len = 1, 0xFFFD;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  *len = want;
+  return cp;
+}
+
+}  // namespace amsp::data
