@@ -29,8 +29,9 @@ int run_data_prepare(int argc, char** argv) {
       ("output", po::value<std::string>(&opt.output)->required()->value_name("FILE.h5"),
            "the dataset to write")
       ("tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("byte")
-           ->value_name("byte|FILE.model"),
-           "built-in byte-level tokenizer, or a SentencePiece model (e.g. LLaMA's tokenizer.model)")
+           ->value_name("byte|FILE.model|FILE.json"),
+           "built-in byte-level tokenizer, a SentencePiece model (e.g. LLaMA-2's tokenizer.model) or a "
+           "Hugging Face tokenizer.json with a BPE model (e.g. LLaMA-3's, Mistral's, Qwen2's)")
       ("valid-fraction", po::value<double>(&opt.valid_fraction)->default_value(0.05)->value_name("NUM"),
            "share of tokens held out for validation, in [0, 0.5]");
   po::variables_map vm;
