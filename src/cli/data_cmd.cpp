@@ -33,7 +33,9 @@ int run_data_prepare(int argc, char** argv) {
            "built-in byte-level tokenizer, a SentencePiece model (e.g. LLaMA-2's tokenizer.model) or a "
            "Hugging Face tokenizer.json with a BPE model (e.g. LLaMA-3's, Mistral's, Qwen2's)")
       ("valid-fraction", po::value<double>(&opt.valid_fraction)->default_value(0.05)->value_name("NUM"),
-           "share of tokens held out for validation, in [0, 0.5]");
+           "share of tokens held out for validation, in [0, 0.5]")
+      ("threads", po::value<int>(&opt.threads)->default_value(0)->value_name("N"),
+           "tokenizer threads; 0: every core this process may run on (the dataset is the same for any N)");
   po::variables_map vm;
   if (!parse_command("data prepare", "Tokenizes text files into an HDF5 token dataset.", desc,
                      argc, argv, vm))
@@ -43,6 +45,7 @@ int run_data_prepare(int argc, char** argv) {
   const auto parsed = data::parse_input_format(format);
   if (!parsed) fail_usage("--input-format ", format, ": expected auto, text or jsonl");
   opt.input.format = *parsed;
+  require(opt.threads >= 0, "threads", opt.threads, "a count >= 0 (0: every core)");
   if (opt.input.text_field.empty()) fail_usage("--text-field: expected the name of a JSON field");
 
   const data::PrepareReport r = data::prepare_dataset(opt);

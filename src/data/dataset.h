@@ -25,12 +25,17 @@ namespace amsp::data {
 
 enum class Split { kTrain, kValid };
 
+// The root's format and version attributes.
+inline constexpr const char* kDatasetFormat = "amsp-token-dataset";
+inline constexpr int64_t kDatasetVersion = 1;
+
 struct PrepareOptions {
   std::vector<std::string> inputs;    // files, folders or globs (data/documents.h)
   InputOptions input;                 // their format, the JSON field, bad records
   std::string output;                 // .h5 path
   std::string tokenizer = "byte";     // see make_tokenizer
   double valid_fraction = 0.05;       // share of tokens held out
+  int threads = 0;                    // tokenizer threads; 0: every core this process may use
 };
 
 struct PrepareReport {
@@ -44,8 +49,9 @@ struct PrepareReport {
 
 // Tokenizes the inputs and writes the dataset (to a temporary name, renamed into
 // place when complete, so a failed prepare never leaves a half-written file at
-// output). The held-out split takes every k-th block of the token stream so that
-// it samples the whole corpus rather than its last document.
+// output), streaming: memory does not grow with the corpus. The held-out split
+// takes every k-th block of the token stream (data/block_split.h) so that it
+// samples the whole corpus rather than its last document.
 PrepareReport prepare_dataset(const PrepareOptions& options);
 
 // The tokenizer a dataset was prepared with (byte, or the stored SentencePiece

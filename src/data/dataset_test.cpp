@@ -243,6 +243,35 @@ TEST(DatasetTest, PrepareAndOpenRoundTripBytes) {
   EXPECT_EQ(tok->kind(), "byte");
 }
 
+// Documents are tokenized in batches on several threads; the file must be the
+// one a single thread writes, documents in input order.
+TEST(DatasetTest, ThreadCountDoesNotChangeTheDataset) {
+  TempDir dir;
+  const std::string in = dir.file("docs.jsonl");
+  std::string jsonl, expected;
+  for (int i = 0; i < 30000; ++i) {  // several batches of 4096 documents
+    const std::string text = "document " + std::to_string(i) + (i % 7 ? " short" : testing::sample_text(3, i));
+    jsonl += "{\"text\": \"" + text + "\"}\n";
+    expected += text + "\n";
+  }
+  write_text(in, jsonl);
+  std::vector<std::vector<int32_t>> train, valid;
+  for (int threads : {1, 3}) {
+    PrepareOptions opt;
+    opt.inputs = {in};
+    opt.output = dir.file("t" + std::to_string(threads) + ".h5");
+    opt.threads = threads;
+    EXPECT_EQ(prepare_dataset(opt).documents, 30000);
+    const TokenDataset ds(opt.output);
+    train.push_back(ds.tokens(Split::kTrain));
+    valid.push_back(ds.tokens(Split::kValid));
+  }
+  EXPECT_EQ(train[0], train[1]);
+  EXPECT_EQ(valid[0], valid[1]);
+  ASSERT_EQ(train[0].size() + valid[0].size(), expected.size());
+  EXPECT_EQ(std::string(train[0].begin(), train[0].begin() + 40), expected.substr(0, 40));
+}
+
 TEST(DatasetTest, ValidFractionZeroKeepsEverythingInTrainAndEmptyValidWorks) {
   TempDir dir;
   const std::string text = testing::sample_text(800, 3);
