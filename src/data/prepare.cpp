@@ -10,6 +10,7 @@
 #include "data/dataset.h"
 #include "data/documents.h"
 #include "data/parallel_encode.h"
+#include "data/prepare.h"
 #include "data/tokenizer.h"
 
 namespace amsp::data {
@@ -145,22 +146,6 @@ class TokenSink {
   hsize_t written_ = 0;
 };
 
-// Checked before any input is read: a bad option should not cost a long tokenization.
-void check_prepare_options(const PrepareOptions& options) {
-  const double f = options.valid_fraction;
-  if (!(f >= 0.0 && f <= 0.5))
-    fail_usage("--valid-fraction ", f, ": expected a number in [0, 0.5]");
-  const std::string& output = options.output;
-  if (output.empty()) fail_usage("--output: expected the path of the .h5 file to write");
-  std::error_code ec;
-  if (fs::is_directory(output, ec)) fail_usage("--output ", output, ": is a directory; expected a file path");
-  const fs::path parent = fs::path(output).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec))
-    fail_usage("--output ", output, ": directory ", parent.string(), " does not exist");
-  if (options.inputs.empty()) fail_usage("--input: expected at least one text or JSON Lines file");
-}
-
-
 // The root's attributes, written last: the counts are known only then.
 void write_attributes(const Writer& w, hid_t file, const PrepareOptions& options, const std::vector<std::string>& files,
                       const Tokenizer& tokenizer, const PrepareReport& report) {
@@ -190,60 +175,125 @@ void write_tokenizer_model(const Writer& w, hid_t file, const Tokenizer& tokeniz
   if (!dset.close()) w.failed("close dataset /tokenizer/model");
 }
 
-// Reads, tokenizes and writes every document into the open file at `path`.
-PrepareReport write_dataset_file(const Writer& w, const std::string& path, const PrepareOptions& options,
-                                 const std::vector<std::string>& files, const Tokenizer& tokenizer) {
-  h5::QuietErrors quiet;
-  Handle fapl = h5::file_access();
-  Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.valid() ? fapl.get() : H5P_DEFAULT),
-              H5Fclose);
-  if (!file.valid()) fail_usage("--output ", w.output, ": cannot create ", path, " (not writable?)");
-  PrepareReport report;
-  report.vocab_size = tokenizer.vocab_size();
-  TokenSink train(w, file, "train", report.vocab_size, options.tokenizer);
-  TokenSink valid(w, file, "valid", report.vocab_size, options.tokenizer);
-  BlockSplitter split(
-      options.valid_fraction, [&](const int32_t* ids, size_t n) { train.append(ids, n); },
-      [&](const int32_t* ids, size_t n) { valid.append(ids, n); });
+}  // namespace
 
+void check_prepare_options(const PrepareOptions& options) {
+  const double f = options.valid_fraction;
+  if (!(f >= 0.0 && f <= 0.5))
+    fail_usage("--valid-fraction ", f, ": expected a number in [0, 0.5]");
+  const std::string& output = options.output;
+  if (output.empty()) fail_usage("--output: expected the path of the .h5 file to write");
+  std::error_code ec;
+  if (fs::is_directory(output, ec)) fail_usage("--output ", output, ": is a directory; expected a file path");
+  const fs::path parent = fs::path(output).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    fail_usage("--output ", output, ": directory ", parent.string(), " does not exist");
+  if (options.inputs.empty()) fail_usage("--input: expected at least one text or JSON Lines file");
+}
+
+
+TokenizeCounts tokenize_files(const std::vector<std::string>& files, const PrepareOptions& options,
+                              const Tokenizer& tokenizer, const std::function<void(const int32_t*, size_t)>& sink) {
+  TokenizeCounts counts;
   DocumentReader reader(files, options.input);
   const int threads = options.threads > 0 ? options.threads : available_cores();
   encode_in_order(
-      [&](std::string* text) { return reader.next(text) && (++report.documents, true); }, tokenizer, threads,
-      [&](const std::vector<int32_t>& ids) { split.push(ids.data(), ids.size()); });
-  split.finish();
-  report.bytes_in = reader.bytes_in();
-  report.skipped = reader.skipped();
-  if (report.documents == 0)
-    fail_usage("--input: no documents in ", files.size(), " file(s)",
-               report.skipped ? cat(" (", report.skipped, " bad records skipped)") : "",
-               "; expected text files or JSON Lines with a \"", options.input.text_field, "\" field");
-  report.train_tokens = train.size();
-  report.valid_tokens = valid.size();
-  train.close();
-  valid.close();
-  write_tokenizer_model(w, file, tokenizer);
-  write_attributes(w, file, options, files, tokenizer, report);
-  if (!file.close()) w.failed("close (flush) the file");
-  return report;
+      [&](std::string* text) { return reader.next(text) && (++counts.documents, true); }, tokenizer, threads,
+      [&](const std::vector<int32_t>& ids) { sink(ids.data(), ids.size()); });
+  counts.bytes_in = reader.bytes_in();
+  counts.skipped = reader.skipped();
+  return counts;
 }
 
-}  // namespace
+std::pair<size_t, size_t> file_share(const std::vector<std::string>& files, int part, int parts) {
+  // File f goes to the part its first byte falls in, of `parts` equal spans.
+  std::vector<uintmax_t> start(files.size() + 1, 0);
+  for (size_t f = 0; f < files.size(); ++f) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(files[f], ec);
+    start[f + 1] = start[f] + (ec ? 0 : size) + 1;  // + 1: empty files count too
+  }
+  const long double total = static_cast<long double>(start.back());
+  auto owner = [&](size_t f) { return static_cast<int>(start[f] * static_cast<long double>(parts) / total); };
+  size_t first = 0;
+  while (first < files.size() && owner(first) < part) ++first;
+  size_t last = first;
+  while (last < files.size() && owner(last) == part) ++last;
+  return {first, last};
+}
+
+struct DatasetWriter::File {
+  File(const PrepareOptions& o, const Tokenizer& t)
+      : options(o),
+        tokenizer(t),
+        w{o.output},
+        tmp{o.output + ".tmp"},
+        handle(create(w, tmp.path)),
+        train(w, handle, "train", t.vocab_size(), o.tokenizer),
+        valid(w, handle, "valid", t.vocab_size(), o.tokenizer),
+        split(
+            o.valid_fraction, [this](const int32_t* ids, size_t n) { train.append(ids, n); },
+            [this](const int32_t* ids, size_t n) { valid.append(ids, n); }) {}
+
+  static Handle create(const Writer& w, const std::string& path) {
+    Handle fapl = h5::file_access();
+    Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.valid() ? fapl.get() : H5P_DEFAULT),
+                H5Fclose);
+    if (!file.valid()) fail_usage("--output ", w.output, ": cannot create ", path, " (not writable?)");
+    return file;
+  }
+
+  const PrepareOptions& options;
+  const Tokenizer& tokenizer;
+  h5::QuietErrors quiet;
+  Writer w;
+  TempFile tmp;
+  Handle handle;
+  TokenSink train, valid;
+  BlockSplitter split;
+};
+
+DatasetWriter::DatasetWriter(const PrepareOptions& options, const Tokenizer& tokenizer)
+    : file_(std::make_unique<File>(options, tokenizer)) {}
+
+DatasetWriter::~DatasetWriter() = default;
+
+void DatasetWriter::push(const int32_t* ids, size_t n) { file_->split.push(ids, n); }
+
+PrepareReport DatasetWriter::finish(const std::vector<std::string>& files, const TokenizeCounts& counts) {
+  File& f = *file_;
+  if (counts.documents == 0)
+    fail_usage("--input: no documents in ", files.size(), " file(s)",
+               counts.skipped ? cat(" (", counts.skipped, " bad records skipped)") : "",
+               "; expected text files or JSON Lines with a \"", f.options.input.text_field, "\" field");
+  f.split.finish();
+  PrepareReport report;
+  report.documents = counts.documents;
+  report.bytes_in = counts.bytes_in;
+  report.skipped = counts.skipped;
+  report.vocab_size = f.tokenizer.vocab_size();
+  report.train_tokens = f.train.size();
+  report.valid_tokens = f.valid.size();
+  f.train.close();
+  f.valid.close();
+  write_tokenizer_model(f.w, f.handle, f.tokenizer);
+  write_attributes(f.w, f.handle, f.options, files, f.tokenizer, report);
+  if (!f.handle.close()) f.w.failed("close (flush) the file");
+  std::error_code ec;
+  fs::rename(f.tmp.path, f.options.output, ec);
+  if (ec) fail("--output ", f.options.output, ": cannot rename ", f.tmp.path, " into place: ", ec.message());
+  f.tmp.keep = true;
+  return report;
+}
 
 PrepareReport prepare_dataset(const PrepareOptions& options) {
   check_prepare_options(options);
   const auto tokenizer = make_tokenizer(options.tokenizer);
   const std::vector<std::string> files = expand_inputs(options.inputs);
-  // Written under a temporary name, renamed into place once closed, so that a
-  // failed prepare never leaves a half-written file at the output path.
-  const Writer w{options.output};
-  TempFile tmp{options.output + ".tmp"};
-  const PrepareReport report = write_dataset_file(w, tmp.path, options, files, *tokenizer);
-  std::error_code ec;
-  fs::rename(tmp.path, options.output, ec);
-  if (ec) fail("--output ", options.output, ": cannot rename ", tmp.path, " into place: ", ec.message());
-  tmp.keep = true;
-  return report;
+  DatasetWriter writer(options, *tokenizer);
+  const TokenizeCounts counts =
+      tokenize_files(files, options, *tokenizer, [&](const int32_t* ids, size_t n) { writer.push(ids, n); });
+  return writer.finish(files, counts);
 }
 
 }  // namespace amsp::data
