@@ -4,8 +4,8 @@
 Builds a JSON Lines corpus from text on the machine (the licence texts, the
 fortunes, validation/data/multilingual.txt in many scripts), trains tokenizers
 with the `tokenizers` package in the shapes the field ships (GPT-2 byte-level
-BPE, LLaMA-3 and Qwen2 pre-tokenizer patterns, LLaMA-2 and Mistral style with a
-normalizer or Metaspace and byte fallback), has `amsp data prepare` tokenize the
+BPE, LLaMA-3's pre-tokenizer pattern, Qwen2's with NFC, LLaMA-2 and Mistral style
+with a normalizer or Metaspace and byte fallback), has `amsp data prepare` tokenize the
 corpus with each, and compares the dataset's tokens with tokenizers' own
 encoding of the same documents. Any difference fails, naming the first document
 and position where the two part.
@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import unicodedata
 
 import h5py
 import numpy as np
@@ -46,14 +47,38 @@ def corpus():
     docs.extend(lines)
     for sep in ["\n", "\r\n", "\n\n\n  ", " \t\n \n", "\u3000\u00a0 "]:
         docs.append(sep.join(lines) + sep)
+    docs.extend(nfc_documents())
     docs = [d.replace("\0", "") for d in docs if d.strip()]
     if len(docs) < 1000:
         sys.exit(f"tokenizer_compare: only {len(docs)} documents found; the fortunes package is missing?")
     return docs
 
 
-def byte_level(docs, pattern, add_prefix_space, bos, eos):
+def nfc_documents():
+    """Every character that NFC changes, and every combining mark after letters
+    it may compose with and before another mark, as tokenizers' own NFC finds
+    them: what tells one NFC from another."""
+    norm = normalizers.NFC()
+    changed, marks = [], []
+    for cp in range(0xA0, 0x30000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        if norm.normalize_str(c) != c:
+            changed.append(c)
+        if unicodedata.combining(c):
+            marks.append(c)
+    docs = [" ".join(changed[i:i + 200]) for i in range(0, len(changed), 200)]
+    for i in range(0, len(marks), 50):
+        chunk = marks[i:i + 50]
+        docs.append(" ".join(f"{base}{m}{n}" for base in "aeoAu\u0915\u1100" for m, n in zip(chunk, chunk[1:] + chunk[:1])))
+    return docs
+
+
+def byte_level(docs, pattern, add_prefix_space, bos, eos, nfc=False):
     tok = Tokenizer(models.BPE(ignore_merges=pattern is not None))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     if pattern is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     else:
@@ -101,7 +126,7 @@ def sentencepiece_like(docs, metaspace):
 TOKENIZERS = {
     "gpt2": lambda d: byte_level(d, None, True, "<s>", "</s>"),
     "llama3": lambda d: byte_level(d, LLAMA3, False, "<|begin_of_text|>", None),
-    "qwen2": lambda d: byte_level(d, QWEN2, False, "<|endoftext|>", None),
+    "qwen2": lambda d: byte_level(d, QWEN2, False, "<|endoftext|>", None, nfc=True),
     "llama2": lambda d: sentencepiece_like(d, metaspace=False),
     "mistral": lambda d: sentencepiece_like(d, metaspace=True),
 }

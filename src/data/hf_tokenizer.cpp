@@ -23,7 +23,8 @@ struct Prepend {
 struct Replace {
   std::string from, to;
 };
-using Normalizer = std::variant<Prepend, Replace>;
+struct Nfc {};
+using Normalizer = std::variant<Prepend, Replace, Nfc>;
 
 struct ByteLevel {
   bool add_prefix_space = false;
@@ -203,7 +204,7 @@ struct Parser {
 
   [[noreturn]] void unsupported(const std::string& where, const std::string& name) const {
     fail_usage(what, ": ", where, " ", name, " is not implemented (amsp runs BPE tokenizer.json files: ByteLevel, "
-               "Split with the GPT-2, LLaMA-3 or Qwen2 pattern, Metaspace; Prepend and Replace normalizers)");
+               "Split with the GPT-2, LLaMA-3 or Qwen2 pattern, Metaspace; NFC, Prepend and Replace normalizers)");
   }
   [[noreturn]] void bad(const std::string& where, const std::string& why) const {
     fail_usage(what, ": ", where, ": ", why, "; expected a Hugging Face tokenizer.json");
@@ -234,6 +235,8 @@ struct Parser {
     const std::string t = type(j, "normalizer");
     if (t == "Sequence") {
       for (const json& n : j.value("normalizers", json::array())) normalizers(n, out);
+    } else if (t == "NFC") {
+      out->push_back(Nfc{});
     } else if (t == "Prepend") {
       out->push_back(Prepend{string_of(j, "prepend", "normalizer Prepend")});
     } else if (t == "Replace") {
@@ -502,6 +505,8 @@ std::string HfTokenizer::normalize(std::string_view s) const {
   for (const Normalizer& n : normalizers_) {
     if (const auto* p = std::get_if<Prepend>(&n)) {
       if (!out.empty()) out.insert(0, p->text);
+    } else if (std::holds_alternative<Nfc>(n)) {
+      out = nfc(out);
     } else {
       const auto& r = std::get<Replace>(n);
       std::string next;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/hf_pretokenize.h"
+#include "data/unicode.h"
 #include "data/test_support.h"
 
 namespace amsp::data {
@@ -44,6 +45,17 @@ TEST(HfSplitPattern, Llama3AndQwen2) {
   EXPECT_EQ(split(SplitPattern::kQwen2, "x123"), (Pieces{"x", "1", "2", "3"}));
   // Punctuation takes the line ends after it.
   EXPECT_EQ(split(SplitPattern::kLlama3, "ok.\r\n\nnext"), (Pieces{"ok", ".\r\n\n", "next"}));
+}
+
+TEST(Nfc, ComposesReordersAndKeepsExclusionsApart) {
+  EXPECT_EQ(nfc("plain ASCII, 日本語"), "plain ASCII, 日本語");
+  EXPECT_EQ(nfc("e\u0301"), "\u00e9");
+  EXPECT_EQ(nfc("\u212b"), "\u00c5");              // a singleton: the Angstrom sign
+  EXPECT_EQ(nfc("a\u0301\u0316"), "\u00e1\u0316");  // marks reordered by class, then composed
+  EXPECT_EQ(nfc("\u1e0b\u0323"), "\u1e0d\u0307");   // dot above decomposed, dot below composed first
+  EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");   // Hangul jamo by arithmetic
+  EXPECT_EQ(nfc("\u0958"), "\u0915\u093c");         // a composition exclusion stays apart
+  EXPECT_EQ(nfc("\uf900"), "\u8c48");               // a CJK compatibility ideograph
 }
 
 TEST(HfSplitPattern, KnowsOnlyItsPatterns) {
@@ -139,8 +151,8 @@ std::string refusal(const json& j) {
 
 TEST(HfTokenizer, RefusesWhatItDoesNotImplementByName) {
   json j = byte_level_json({});
-  j["normalizer"] = {{"type", "NFC"}};
-  EXPECT_NE(refusal(j).find("--tokenizer t.json: normalizer NFC is not implemented"), std::string::npos) << refusal(j);
+  j["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_NE(refusal(j).find("--tokenizer t.json: normalizer NFKC is not implemented"), std::string::npos) << refusal(j);
   j = byte_level_json({});
   j["model"]["type"] = "WordPiece";
   EXPECT_NE(refusal(j).find("model WordPiece is not implemented"), std::string::npos) << refusal(j);

@@ -1,10 +1,12 @@
-// The little of Unicode that tokenizers need: UTF-8 decoding and the classes
-// that pre-tokenizer patterns test (\p{L}, \p{N}, \s), from Unicode 15.0 as
-// Hugging Face tokenizers' regular-expression engine has them.
+// The little of Unicode that tokenizers need: UTF-8 decoding, the classes that
+// pre-tokenizer patterns test (\p{L}, \p{N}, \s) and NFC, each from the Unicode
+// version Hugging Face tokenizers has it in.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace amsp::data {
 
@@ -30,5 +32,11 @@ inline char32_t decode_utf8(const char* s, size_t n, size_t* len) {
   *len = want;
   return cp;
 }
+
+// Unicode Normalization Form C (canonical decomposition, then composition) with
+// Unicode 9.0's tables, as Hugging Face tokenizers normalizes (its NFC crate is
+// that old; the pattern classes above are Oniguruma's newer ones). Text that NFC
+// leaves as it is, most text, costs one scan.
+std::string nfc(std::string_view s);
 
 }  // namespace amsp::data
