@@ -463,6 +463,54 @@ def sp_case(args, name, settings, fast_ok):
            f"bos {cfg.get('bos_token_id')} eos {cfg.get('eos_token_id')}, vocab {m.config.vocab_size}")
 
 
+def part_tokenizer_json(args):
+    """A tokenizer.json dataset: the export holds the file as it was, and
+    AutoTokenizer loads it as a fast tokenizer whose ids, special tokens
+    included, are the dataset's."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer
+    w = os.path.join(args.workdir, "tokenizer-json")
+    os.makedirs(w)
+    lines = sp_corpus()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A <|end_of_text|>",
+                                                       special_tokens=[(t, tok.token_to_id(t)) for t in specials])
+    path = os.path.join(w, "tokenizer.json")
+    tok.save(path)
+    text = os.path.join(w, "doc.txt")
+    doc = "\n".join(lines) + "\n"
+    with open(text, "w") as f:
+        f.write(doc)
+    data = os.path.join(w, "hf.h5")
+    run([args.amsp, "data", "prepare", "--input", text, "--output", data, "--tokenizer", path, "--valid-fraction", "0"])
+    ckdir = os.path.join(w, "ckpt")
+    run(train_cmd(args, data, 3, ["--model", "tiny", "--model.vocab_size", str(tok.get_vocab_size()),
+                                  "--checkpoint-dir", ckdir]))
+    out = os.path.join(w, "hf")
+    p = export(args, os.path.join(ckdir, "step-00000003.h5"), out)
+    files = set(os.listdir(out))
+    record("tokenizer.json: written as it was, with tokenizer_config.json and special_tokens_map.json",
+           {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= files
+           and open(os.path.join(out, "tokenizer.json")).read() == open(path).read() and not p.stderr.strip(),
+           f"{sorted(files)}; stderr {p.stderr.strip()!r}")
+    with h5py.File(data, "r") as d:
+        stored = d["train/tokens"][...].tolist()
+    fast = AutoTokenizer.from_pretrained(out)
+    ids = fast(doc)["input_ids"]
+    record(f"tokenizer.json: AutoTokenizer ({type(fast).__name__}) gives the dataset's ids",
+           ids == stored and fast.bos_token == specials[0] and fast.eos_token == specials[1],
+           f"{len(ids)} ids vs {len(stored)} stored, bos {fast.bos_token!r} eos {fast.eos_token!r}")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    record("tokenizer.json: config.json's bos/eos are the tokenizer's",
+           cfg.get("bos_token_id") == tok.token_to_id(specials[0]) and cfg.get("eos_token_id") == tok.token_to_id(specials[1]),
+           f"bos {cfg.get('bos_token_id')} eos {cfg.get('eos_token_id')}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--amsp", required=True)
@@ -478,6 +526,7 @@ def main():
     part_continue(args, ckpt, exported)
     part_bad_input(args, ckpt)
     part_sentencepiece(args)
+    part_tokenizer_json(args)
     passed = sum(results)
     print(f"{passed} passed, {len(results) - passed} failed")
     return 0 if passed == len(results) else 1

@@ -25,10 +25,9 @@ namespace amsp::engine {
 namespace fs = std::filesystem;
 namespace {
 
-// The tokenizer files to write, or why there are none.
+// The tokenizer files to write (name, bytes), or why there are none.
 struct TokenizerFiles {
-  std::string model;  // SentencePiece proto; empty: none
-  std::string config_json, special_tokens_json;
+  std::vector<std::pair<std::string, std::string>> files;
   int64_t bos_id = -1, eos_id = -1;
   std::string note;
   std::string fast_warning;  // why AutoTokenizer's converted fast tokenizer would encode otherwise
@@ -62,6 +61,32 @@ std::string fast_conversion_problem(const sentencepiece::SentencePieceProcessor&
   return {};
 }
 
+// A tokenizer.json dataset: the file as it was given, and the configuration
+// that makes AutoTokenizer load it as PreTrainedTokenizerFast (which runs it as
+// it is, post-processor included).
+TokenizerFiles tokenizer_json_files(const data::Tokenizer& tok, const std::string& data, int64_t max_positions) {
+  TokenizerFiles out;
+  const std::string text = tok.serialized_model();
+  const nlohmann::json file = nlohmann::json::parse(text);
+  auto content = [&](int64_t id) -> nlohmann::ordered_json {
+    for (const auto& a : file.value("added_tokens", nlohmann::json::array()))
+      if (a.value("id", int64_t{-1}) == id) return a.value("content", "");
+    return nullptr;
+  };
+  out.bos_id = tok.bos_id();
+  out.eos_id = tok.eos_id();
+  nlohmann::ordered_json special = {{"bos_token", content(out.bos_id)}, {"eos_token", content(out.eos_id)}};
+  nlohmann::ordered_json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                   {"model_max_length", max_positions},
+                                   {"clean_up_tokenization_spaces", false}};
+  for (const auto& [k, v] : special.items()) config[k] = v;
+  out.files = {{"tokenizer.json", text},
+               {"tokenizer_config.json", config.dump(2) + "\n"},
+               {"special_tokens_map.json", special.dump(2) + "\n"}};
+  out.note = "tokenizer.json (Hugging Face, from the run's dataset " + data + ")";
+  return out;
+}
+
 TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions) {
   TokenizerFiles out;
   nlohmann::json opts;
@@ -80,7 +105,7 @@ TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions)
                " uses amsp's byte-level tokenizer (id = byte value), which has no Hugging Face counterpart";
     return out;
   }
-  if (kind != "sentencepiece") {
+  if (kind != "sentencepiece" && kind != "huggingface") {
     out.note = "the checkpoint does not say which tokenizer its run used";
     return out;
   }
@@ -89,20 +114,20 @@ TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions)
     if (data.empty() || !fs::is_regular_file(data)) throw UsageError("no such file");
     tok = data::dataset_tokenizer(data);
   } catch (const Error& e) {
-    out.note = "the run's SentencePiece tokenizer was stored in its dataset " + data + ", which cannot be read here (" +
+    out.note = "the run's " + kind + " tokenizer was stored in its dataset " + data + ", which cannot be read here (" +
                e.what() + ")";
     return out;
   }
   const int64_t vocab = opts["data_fingerprint"].value("vocab_size", int64_t{-1});
-  if (tok->kind() != "sentencepiece" || tok->vocab_size() != vocab) {
+  if (tok->kind() != kind || tok->vocab_size() != vocab) {
     out.note = cat("the dataset ", data, " now holds a ", tok->kind(), " tokenizer of ", tok->vocab_size(),
-                   " ids, not the run's sentencepiece one of ", vocab);
+                   " ids, not the run's ", kind, " one of ", vocab);
     return out;
   }
+  if (kind == "huggingface") return tokenizer_json_files(*tok, data, max_positions);
   sentencepiece::SentencePieceProcessor sp;
-  out.model = tok->serialized_model();
-  if (!sp.LoadFromSerializedProto(out.model).ok()) {
-    out.model.clear();
+  const std::string model = tok->serialized_model();
+  if (!sp.LoadFromSerializedProto(model).ok()) {
     out.note = "the SentencePiece model stored in " + data + " does not load";
     return out;
   }
@@ -126,8 +151,9 @@ TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions)
                                    {"model_max_length", max_positions},
                                    {"clean_up_tokenization_spaces", false}};
   for (const auto& [k, v] : special.items()) config[k] = v;
-  out.config_json = config.dump(2) + "\n";
-  out.special_tokens_json = special.dump(2) + "\n";
+  out.files = {{"tokenizer.model", model},
+               {"tokenizer_config.json", config.dump(2) + "\n"},
+               {"special_tokens_map.json", special.dump(2) + "\n"}};
   out.note = "tokenizer.model (SentencePiece, from the run's dataset " + data + ")";
   return out;
 }
@@ -201,7 +227,7 @@ ExportReport export_hf(const ExportOptions& o) {
   ExportReport report;
   report.step = meta.step;
   report.tokenizer = tok.note;
-  report.tokenizer_written = !tok.model.empty();
+  report.tokenizer_written = !tok.files.empty();
   report.tokenizer_warning = tok.fast_warning;
   std::vector<hf::TensorDecl> decls;
   for (const auto& u : units)
@@ -215,12 +241,9 @@ ExportReport export_hf(const ExportOptions& o) {
   try {
     hf::write_config(tmp.string(), config, o.dtype, tok.bos_id, tok.eos_id);
     report.files.push_back(hf::kConfigFile);
-    if (report.tokenizer_written) {
-      write_file(tmp / "tokenizer.model", tok.model);
-      write_file(tmp / "tokenizer_config.json", tok.config_json);
-      write_file(tmp / "special_tokens_map.json", tok.special_tokens_json);
-      for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
-        report.files.push_back(f);
+    for (const auto& [name, bytes] : tok.files) {
+      write_file(tmp / name, bytes);
+      report.files.push_back(name);
     }
     hf::WeightsWriter weights(tmp.string(), decls, o.max_shard_bytes);
     ckpt::read_parameters(o.checkpoint, units, [&](const model::TensorSpec&, std::vector<float>& data) {

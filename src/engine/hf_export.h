@@ -46,7 +46,9 @@ struct ExportReport {
 // same kind and vocabulary) gives tokenizer.model, tokenizer_config.json
 // (LlamaTokenizer) and special_tokens_map.json (and the report warns when
 // transformers' conversion of it to LlamaTokenizerFast, AutoTokenizer's
-// default, would encode otherwise than the model); otherwise (the byte tokenizer,
+// default, would encode otherwise than the model); a tokenizer.json dataset
+// gives the file as it was, tokenizer_config.json (PreTrainedTokenizerFast) and
+// special_tokens_map.json; otherwise (the byte tokenizer,
 // which has no Hugging Face counterpart, or a dataset gone) no tokenizer is
 // written and the report says why.
 ExportReport export_hf(const ExportOptions& options);
