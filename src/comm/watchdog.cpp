@@ -250,12 +250,6 @@ std::vector<std::string> idle_ranks(const Entry& world, const Poll& p) {
   return idle;
 }
 
-std::string join(const std::vector<std::string>& parts, const char* sep) {
-  std::string out;
-  for (const std::string& p : parts) out += (out.empty() ? "" : sep) + p;
-  return out;
-}
-
 }  // namespace
 
 void start() {

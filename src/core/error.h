@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace amsp {
 
@@ -24,6 +25,16 @@ std::string cat(Args&&... args) {
   std::ostringstream os;
   (os << ... << std::forward<Args>(args));
   return os.str();
+}
+
+// The parts with sep between them: join({"a", "b"}, ", ") is "a, b".
+inline std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
 }
 
 // An error with a one-line message and the exit code it should end with.

@@ -65,15 +65,6 @@ Handle make_group(const Writer& w, hid_t parent, const char* name) {
   return g;
 }
 
-std::string join_lines(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += '\n';
-    s += v[i];
-  }
-  return s;
-}
-
 // Removes the temporary file unless the prepare completed.
 struct TempFile {
   std::string path;
@@ -156,7 +147,7 @@ void write_attributes(const Writer& w, hid_t file, const PrepareOptions& options
   write_int_attr(w, file, "bos_id", tokenizer.bos_id());
   write_int_attr(w, file, "eos_id", tokenizer.eos_id());
   write_int_attr(w, file, "documents", report.documents);
-  write_string_attr(w, file, "sources", join_lines(files));
+  write_string_attr(w, file, "sources", join(files, "\n"));
   write_int_attr(w, file, "bytes_in", report.bytes_in);
   write_scalar_attr(w, file, "valid_fraction", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, options.valid_fraction);
   write_int_attr(w, file, "split_block", kSplitBlock);

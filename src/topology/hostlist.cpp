@@ -202,14 +202,7 @@ SwitchAddress parse_topology_addr(std::string_view addr, std::string_view patter
   return out;
 }
 
-std::string join_path(const std::vector<std::string>& switches) {
-  std::string out;
-  for (size_t i = 0; i < switches.size(); ++i) {
-    if (i) out += '.';
-    out += switches[i];
-  }
-  return out;
-}
+std::string join_path(const std::vector<std::string>& switches) { return join(switches, "."); }
 
 bool natural_less(std::string_view a, std::string_view b) {
   size_t i = 0, j = 0;
