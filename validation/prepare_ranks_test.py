@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""amsp data prepare on several ranks writes the file one process writes.
+"""amsp data prepare on several ranks writes the file one process writes, byte for byte.
 
 Twelve JSON Lines files of uneven sizes (some gzip-compressed, one empty of
 documents) are tokenized with a tokenizer.json on 1 rank, on 3 ranks and on 4
@@ -10,6 +10,7 @@ file behind.
 
 usage: prepare_ranks_test.py AMSP MPIEXEC WORKDIR
 """
+import filecmp
 import gzip
 import json
 import os
@@ -105,7 +106,10 @@ def main():
             if not np.array_equal(np.asarray(want_attrs[key]), np.asarray(attrs[key])):
                 sys.exit(f"prepare_ranks_test: {ranks} ranks: attribute {key} differs: "
                          f"{attrs[key]!r} against {want_attrs[key]!r}")
-        print(f"{ranks} ranks: identical to 1 rank")
+        # No modification times in the file (H5Pset_obj_track_times off): the bytes too.
+        if not filecmp.cmp(os.path.join(work, "ranks1.h5"), out, shallow=False):
+            sys.exit(f"prepare_ranks_test: {ranks} ranks: the same contents, but not the same file bytes as 1 rank's")
+        print(f"{ranks} ranks: identical to 1 rank, byte for byte")
 
     # A bad record in the tenth file (rank 2's share of 3): one line, exit 2.
     with open(os.path.join(inputs, "part-09.jsonl"), "a") as f:

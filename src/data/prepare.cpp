@@ -60,7 +60,9 @@ void write_int_attr(const Writer& w, hid_t obj, const char* name, int64_t value)
 }
 
 Handle make_group(const Writer& w, hid_t parent, const char* name) {
-  Handle g(H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  Handle gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+  if (!gcpl.valid() || H5Pset_obj_track_times(gcpl, false) < 0) w.failed("make a group property list");
+  Handle g(H5Gcreate2(parent, name, H5P_DEFAULT, gcpl, H5P_DEFAULT), H5Gclose);
   if (!g.valid()) w.failed(cat("create group ", name));
   return g;
 }
@@ -86,7 +88,8 @@ class TokenSink {
     const hsize_t dims[1] = {0}, max[1] = {H5S_UNLIMITED}, chunk[1] = {kChunk};
     Handle space(H5Screate_simple(1, dims, max), H5Sclose);
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl, 1, chunk) < 0)
+    if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl, 1, chunk) < 0 ||
+        H5Pset_obj_track_times(dcpl, false) < 0)
       w.failed(cat("set up ", name_));
     if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0 && H5Pset_deflate(dcpl, 1) < 0)
       w.failed(cat("set the compression of ", name_));
@@ -159,7 +162,9 @@ void write_tokenizer_model(const Writer& w, hid_t file, const Tokenizer& tokeniz
   Handle g = make_group(w, file, "tokenizer");
   const hsize_t dims[1] = {model.size()};
   Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-  Handle dset(H5Dcreate2(g, "model", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!dcpl.valid() || H5Pset_obj_track_times(dcpl, false) < 0) w.failed("make a dataset property list");
+  Handle dset(H5Dcreate2(g, "model", H5T_STD_U8LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
   if (!space.valid() || !dset.valid()) w.failed("create dataset /tokenizer/model");
   if (!model.empty() && H5Dwrite(dset, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, model.data()) < 0)
     w.failed("write dataset /tokenizer/model");
