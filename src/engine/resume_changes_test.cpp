@@ -22,7 +22,8 @@ std::string mixture(const std::string& text, const std::vector<std::tuple<std::s
   json list = json::array();
   for (const auto& [path, weight, tokens] : sources)
     list.push_back({{"path", path}, {"weight", weight}, {"fingerprint", fingerprint(tokens)}});
-  return json{{"data", text}, {"mixture", list}, {"seed", 1}}.dump();
+  // As trainer.cpp stores it: the first dataset's fingerprint beside the list.
+  return json{{"data", text}, {"data_fingerprint", list[0]["fingerprint"]}, {"mixture", list}, {"seed", 1}}.dump();
 }
 
 ResumeChanges compare(const std::string& before, const std::string& now) {

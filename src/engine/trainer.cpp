@@ -248,8 +248,9 @@ std::string options_json(const TrainOptions& o, int64_t rows_per_step, const dat
                       {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings},
                       {"precision", dtype_name(o.precision)}};
   if (!o.init_from.empty()) j["init_from"] = o.init_from;
+  // A mixture keeps data_fingerprint of its first dataset: the tokenizer is every
+  // dataset's (data/mixture.h), and amsp export reads it there.
   if (!data.single()) {
-    j.erase("data_fingerprint");
     nlohmann::json sources = nlohmann::json::array();
     for (size_t i = 0; i < data.size(); ++i)
       sources.push_back({{"path", data.path(i)}, {"weight", data.weight(i)},
