@@ -54,7 +54,8 @@ void agree_or_throw(const Status& mine, MPI_Comm c) { comm::rethrow(comm::agree(
 std::string meta_to_json(const Metadata& m) {
   nlohmann::json j{{"format_version", m.format_version}, {"step", m.step}, {"tokens", m.tokens},
                    {"seed", m.seed}, {"model_json", m.model_json}, {"options_json", m.options_json},
-                   {"plan", m.plan}, {"topology", m.topology}, {"world_size", m.world_size}};
+                   {"plan", m.plan}, {"topology", m.topology}, {"world_size", m.world_size},
+                   {"source_tokens", m.source_tokens}};
   return j.dump();
 }
 
@@ -70,6 +71,7 @@ Metadata meta_from_json(const std::string& s) {
   m.plan = j["plan"];
   m.topology = j["topology"];
   m.world_size = j["world_size"];
+  m.source_tokens = j["source_tokens"].get<std::vector<int64_t>>();
   return m;
 }
 

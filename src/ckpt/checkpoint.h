@@ -46,6 +46,9 @@ struct Metadata {
   std::string plan;           // plan::to_string of the plan written from
   std::string topology;       // topology::Topology::describe()
   int64_t world_size = 0;
+  // With a data mixture: tokens drawn from each source so far, in the order of
+  // the options' "mixture" list (empty for one dataset). In the sampler's JSON.
+  std::vector<int64_t> source_tokens;
 };
 
 // Where one unit's model states live in a rank's memory, as fp32 in the padded

@@ -101,9 +101,12 @@ bool read_u64_attr(hid_t obj, const char* name, uint64_t* out) {
 }
 
 bool write_metadata(hid_t file, const Metadata& m, const std::string& manifest_json) {
+  std::string source_tokens;
+  for (size_t i = 0; i < m.source_tokens.size(); ++i) source_tokens += cat(i ? ", " : "", m.source_tokens[i]);
   const std::string sampler =
       cat("{\"kind\": \"counter-based\", \"seed\": ", m.seed, ", \"step\": ", m.step,
-          ", \"tokens\": ", m.tokens, "}");
+          ", \"tokens\": ", m.tokens,
+          m.source_tokens.empty() ? "" : cat(", \"source_tokens\": [", source_tokens, "]"), "}");
   return write_string_attr(file, "format", kFormat) &&
          write_i64_attr(file, "format_version", m.format_version) &&
          write_i64_attr(file, "step", m.step) && write_i64_attr(file, "tokens", m.tokens) &&

@@ -43,12 +43,14 @@ std::string manifest_to_json(const Manifest& m) {
   ordered_json datasets = ordered_json::array();
   for (const auto& d : m.datasets)
     datasets.push_back({{"name", d.name}, {"shape", d.shape}, {"dtype", "float32"}, {"checksum", hex16(d.checksum)}});
+  ordered_json sampler = {{"kind", "counter-based"}, {"seed", meta.seed}, {"step", meta.step}};
+  if (!meta.source_tokens.empty()) sampler["source_tokens"] = meta.source_tokens;
   const ordered_json j = {{"format", kFormat},
                           {"format_version", meta.format_version},
                           {"step", meta.step},
                           {"tokens", meta.tokens},
                           {"seed", meta.seed},
-                          {"sampler", {{"kind", "counter-based"}, {"seed", meta.seed}, {"step", meta.step}}},
+                          {"sampler", sampler},
                           {"model_config", embedded(meta.model_json)},
                           {"options", embedded(meta.options_json)},
                           {"plan", meta.plan},
@@ -96,6 +98,15 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   m.meta.plan = string("plan");
   m.meta.topology = string("topology");
   m.meta.world_size = integer("world_size");
+  // A mixture's tokens per source (data/mixture.h); absent for one dataset.
+  if (j.contains("sampler") && j["sampler"].is_object() && j["sampler"].contains("source_tokens")) {
+    const auto& counts = j["sampler"]["source_tokens"];
+    if (!counts.is_array()) fail_usage(where, " field sampler.source_tokens is not a list");
+    for (const auto& c : counts) {
+      if (!c.is_number_unsigned()) fail_usage(where, " field sampler.source_tokens holds ", c.dump(), "; expected integers >= 0");
+      m.meta.source_tokens.push_back(c.get<int64_t>());
+    }
+  }
   if (m.meta.step < 0 || m.meta.tokens < 0 || m.meta.world_size < 1)
     fail_usage(where, " has step ", m.meta.step, ", tokens ", m.meta.tokens, ", world_size ", m.meta.world_size,
                "; expected step, tokens >= 0 and world_size >= 1");

@@ -5,6 +5,7 @@
 #include "cli/options.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "data/mixture.h"
 #include "engine/evaluate.h"
 
 #include <filesystem>
@@ -18,8 +19,9 @@ int run_eval(int argc, char** argv) {
   desc.add_options()
       ("checkpoint", po::value<std::string>(&o.checkpoint)->required()->value_name("FILE"),
            "a checkpoint written by amsp train --checkpoint-dir")
-      ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5"),
-           "token dataset from `amsp data prepare`")
+      ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5[:W],..."),
+           "token dataset from `amsp data prepare`, or a mixture a.h5:0.7,b.h5:0.3: the loss of each "
+           "and their mean weighted by the mixture")
       ("split", po::value<std::string>(&split)->default_value("valid")->value_name("valid|train"),
            "which split to evaluate")
       ("seq-len", po::value<int64_t>(&o.seq_len)->default_value(128)->value_name("INT"), "tokens per window")
@@ -48,6 +50,7 @@ int run_eval(int argc, char** argv) {
     backend::check_device_usable(*d);
     o.device = *d;
   }
+  data::parse_mixture(o.data_path);
   if (!std::filesystem::is_regular_file(o.checkpoint))
     fail_usage("--checkpoint ", o.checkpoint, ": no such file");
 

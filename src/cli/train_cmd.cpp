@@ -12,6 +12,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/stop.h"
+#include "data/mixture.h"
 #include "engine/trainer.h"
 #include "hf/model_dir.h"
 #include "model/config.h"
@@ -41,8 +42,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
   desc.add_options()
       ("model", po::value<std::string>(&a.model_name)->default_value("tiny")->value_name("NAME|FILE"),
            "model preset (inputs/models/NAME.json) or a Hugging Face config.json")
-      ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5"),
-           "token dataset from `amsp data prepare`")
+      ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5[:W],..."),
+           "token dataset from `amsp data prepare`, or a mixture a.h5:0.7,b.h5:0.3 that draws each "
+           "sequence from one dataset by weight (doc/data.md, \"Mixtures\")")
       ("steps", po::value<int64_t>(&o.steps)->default_value(300)->value_name("INT"),
            "optimizer steps; 0 trains none: evaluates the initial weights and, with "
            "--checkpoint-dir, saves them as the checkpoint of step 0 (e.g. --init-from weights "
@@ -259,6 +261,7 @@ engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm)
   set_precision(a);
   set_device(a);
   a.o.seed = static_cast<uint64_t>(a.seed);
+  data::parse_mixture(a.o.data_path);  // a malformed --data fails before MPI starts; the files are read later
   load_model(a, vm);
   set_schedule(a);
   set_run_options(a);

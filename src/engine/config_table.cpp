@@ -33,7 +33,20 @@ std::string format_table(const std::vector<std::pair<std::string, std::string>>&
   return out + rule;
 }
 
-void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
+namespace {
+
+// "900000 / 47000"; a mixture's per source: "900000 / 47000 + 30000 / 2048".
+std::string split_sizes(const data::Mixture& data) {
+  std::string out;
+  for (size_t i = 0; i < data.size(); ++i)
+    out += cat(i ? " + " : "", data.dataset(i).tokens(data::Split::kTrain).size(), " / ",
+               data.dataset(i).tokens(data::Split::kValid).size());
+  return out;
+}
+
+}  // namespace
+
+void print_config(const TrainOptions& o, const data::Mixture& data, double peak_flops,
                   int threads, const topology::Topology& topo, const PlanGroups& pg,
                   const ShardedEngine& engine, const std::string& backend) {
   const auto& m = o.model;
@@ -53,9 +66,8 @@ void print_config(const TrainOptions& o, const data::TokenDataset& data, double 
       {"backend, precision", cat(backend, ", ", dtype_name(o.precision))},
       {"model states per rank",
        cat(engine.model_state_bytes() / 1e6, " MB (+ ", engine.temporary_bytes() / 1e6, " MB in flight)")},
-      {"data", data.path()},
-      {"train / validation tokens",
-       cat(data.tokens(data::Split::kTrain).size(), " / ", data.tokens(data::Split::kValid).size())},
+      {"data", data.describe()},
+      {"train / validation tokens", split_sizes(data)},
       {"steps", std::to_string(o.steps)},
       {"batch x seq x accum x ranks", cat(o.batch_size, " x ", o.seq_len, " x ", o.grad_accum, " x ",
                                           topo.world_size, " = ", tokens, " tokens/step")},

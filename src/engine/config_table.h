@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "data/dataset.h"
+#include "data/mixture.h"
 #include "engine/plan_groups.h"
 #include "engine/sharded_engine.h"
 #include "engine/trainer.h"
@@ -18,7 +18,7 @@ namespace amsp::engine {
 std::string format_table(const std::vector<std::pair<std::string, std::string>>& rows);
 
 // The model, ranks, plan, data, schedule and MFU peak of a run, printed to stdout.
-void print_config(const TrainOptions& o, const data::TokenDataset& data, double peak_flops,
+void print_config(const TrainOptions& o, const data::Mixture& data, double peak_flops,
                   int threads, const topology::Topology& topo, const PlanGroups& pg,
                   const ShardedEngine& engine, const std::string& backend);
 

@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint.h"
 #include "comm/timed.h"
 #include "core/error.h"
+#include "data/mixture.h"
 #include "engine/plan_groups.h"
 #include "model/config.h"
 #include "topology/topology.h"
@@ -47,11 +48,13 @@ double run_eval(const EvalOptions& o) {
   model::LlamaConfig config = model::config_from_json(meta.model_json, "--checkpoint " + o.checkpoint);
   config.name = o.checkpoint;
   config.validate();
-  const data::TokenDataset data(o.data_path);
-  const int32_t max_id = data.max_token(o.split);
-  if (max_id >= config.vocab_size)
-    fail_usage("--data ", o.data_path, ": token id ", max_id, " is beyond the checkpoint's vocab_size ",
-               config.vocab_size);
+  const data::Mixture mixture(o.data_path);
+  for (size_t i = 0; i < mixture.size(); ++i) {
+    const int32_t max_id = mixture.dataset(i).max_token(o.split);
+    if (max_id >= config.vocab_size)
+      fail_usage("--data ", mixture.path(i), ": token id ", max_id, " is beyond the checkpoint's vocab_size ",
+                 config.vocab_size);
+  }
   if (o.seq_len > config.max_position_embeddings)
     fail_usage("--seq-len ", o.seq_len, ": expected at most max_position_embeddings = ",
                config.max_position_embeddings);
@@ -62,16 +65,28 @@ double run_eval(const EvalOptions& o) {
       o.device == Device::kCuda ? backend::cuda_device_for(topo.gpu.device, topo.local_rank) : 0);
   ShardedEngine engine(config, *be, o.batch_size, o.seq_len, pg, 0, EngineOptions{});
   ckpt::load(o.checkpoint, config, engine.units(), engine.shards(), engine.state_views(), MPI_COMM_WORLD);
-  int64_t windows = 0;
-  const double loss = evaluate_loss(engine, data, o.split, o.windows, o.batch_size, o.seq_len,
-                                    topo.world_size, pg.position, 0, &windows);
-  if (topo.rank == 0) {
-    std::printf("checkpoint %s (step %lld, %lld tokens) on %s, %s split: loss %.6f over %lld windows "
-                "of %lld tokens (perplexity %.3f), %d rank(s), plan %s\n",
-                o.checkpoint.c_str(), static_cast<long long>(meta.step), static_cast<long long>(meta.tokens),
-                o.data_path.c_str(), o.split == data::Split::kValid ? "validation" : "train", loss,
-                static_cast<long long>(windows), static_cast<long long>(o.seq_len), std::exp(loss),
-                topo.world_size, plan::to_string(pg.mesh.plan()).c_str());
+  // A mixture: one line per source, then their mean weighted as the mixture
+  // draws them (over the sources that have a window), as amsp train's val_loss.
+  double sum = 0, weights = 0;
+  for (size_t i = 0; i < mixture.size(); ++i) {
+    int64_t windows = 0;
+    const double loss = evaluate_loss(engine, mixture.dataset(i), o.split, o.windows, o.batch_size, o.seq_len,
+                                      topo.world_size, pg.position, 0, &windows);
+    if (windows > 0) sum += mixture.weight(i) * loss, weights += mixture.weight(i);
+    if (topo.rank == 0) {
+      std::printf("checkpoint %s (step %lld, %lld tokens) on %s, %s split: loss %.6f over %lld windows "
+                  "of %lld tokens (perplexity %.3f), %d rank(s), plan %s\n",
+                  o.checkpoint.c_str(), static_cast<long long>(meta.step), static_cast<long long>(meta.tokens),
+                  mixture.path(i).c_str(), o.split == data::Split::kValid ? "validation" : "train", loss,
+                  static_cast<long long>(windows), static_cast<long long>(o.seq_len), std::exp(loss),
+                  topo.world_size, plan::to_string(pg.mesh.plan()).c_str());
+      std::fflush(stdout);
+    }
+  }
+  const double loss = weights > 0 ? sum / weights : std::numeric_limits<double>::quiet_NaN();
+  if (topo.rank == 0 && !mixture.single()) {
+    std::printf("mixture %s, %s split: loss %.6f (the sources' losses weighted by the mixture)\n",
+                mixture.describe().c_str(), o.split == data::Split::kValid ? "validation" : "train", loss);
     std::fflush(stdout);
   }
   return loss;

@@ -8,6 +8,16 @@
 #include "core/error.h"
 
 namespace amsp::engine {
+namespace {
+
+// {"a.h5": 2.81, ...}; a source without a held-out window has null (NaN).
+nlohmann::json loss_object(const std::vector<std::pair<std::string, double>>& losses) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [path, loss] : losses) j[path] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json();
+  return j;
+}
+
+}  // namespace
 
 MetricsSink::MetricsSink(const std::string& path, bool append) {
   tty_ = isatty(STDOUT_FILENO) != 0;
@@ -56,6 +66,12 @@ void MetricsSink::step(const StepMetrics& m) {
                         {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
                         {"mfu", m.mfu},             {"tokens", m.tokens}};
     if (m.val_loss) j["val_loss"] = *m.val_loss;
+    if (!m.val_loss_sources.empty()) j["val_loss_sources"] = loss_object(m.val_loss_sources);
+    if (!m.source_tokens.empty()) {
+      nlohmann::json tokens = nlohmann::json::object();
+      for (const auto& [path, n] : m.source_tokens) tokens[path] = n;
+      j["source_tokens"] = tokens;
+    }
     j["model_state_bytes"] = m.model_state_bytes;
     j["temporary_bytes"] = m.temporary_bytes;
     j["activation_bytes"] = m.activation_bytes;
@@ -101,14 +117,20 @@ void MetricsSink::step(const StepMetrics& m) {
   }
 }
 
-void MetricsSink::eval(int64_t step, double val_loss, int64_t windows) {
+void MetricsSink::eval(int64_t step, double val_loss, int64_t windows,
+                       const std::vector<std::pair<std::string, double>>& sources) {
   clear_status();
-  std::printf("eval step %lld | val loss %.4f | %lld windows\n", static_cast<long long>(step),
+  std::printf("eval step %lld | val loss %.4f | %lld windows", static_cast<long long>(step),
               val_loss, static_cast<long long>(windows));
+  for (size_t i = 0; i < sources.size(); ++i)
+    std::printf("%s%s %.4f", i ? ", " : " | ", sources[i].first.c_str(), sources[i].second);
+  std::printf("\n");
   std::fflush(stdout);
   if (file_.is_open() && step == 0) {
     // Steps >= 1 carry val_loss in their own line; the initial one stands alone.
-    file_ << nlohmann::json({{"step", 0}, {"val_loss", val_loss}}).dump() << "\n";
+    nlohmann::json j = {{"step", 0}, {"val_loss", val_loss}};
+    if (!sources.empty()) j["val_loss_sources"] = loss_object(sources);
+    file_ << j.dump() << "\n";
     file_.flush();
   }
 }

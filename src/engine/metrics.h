@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/stats.h"
@@ -37,6 +38,9 @@ struct StepMetrics {
   double busy_ms = 0;              // the step less its waits in collectives (engine/straggler.h)
   std::optional<BusySpread> busy;  // at the end of a straggler window: every rank's busy time
   std::optional<double> val_loss;
+  // With a data mixture (several --data sources), keyed by the source's path:
+  std::vector<std::pair<std::string, int64_t>> source_tokens;   // tokens drawn from it so far
+  std::vector<std::pair<std::string, double>> val_loss_sources;  // its held-out loss, with val_loss
   std::optional<double> ckpt_stall_ms;  // a checkpoint was saved after this step: training blocked
   std::optional<double> ckpt_write_ms;  // a background write finished since the last step's report
 };
@@ -48,7 +52,9 @@ class MetricsSink {
   // append: keep what the file holds (a resumed run continues its metrics).
   explicit MetricsSink(const std::string& path, bool append = false);
   void step(const StepMetrics& m);
-  void eval(int64_t step, double val_loss, int64_t windows);
+  // sources: a mixture's held-out loss per source (empty for one dataset).
+  void eval(int64_t step, double val_loss, int64_t windows,
+            const std::vector<std::pair<std::string, double>>& sources = {});
   // The closing line: this attempt's steps first_step..last_step and time, and
   // the run's progress (a resumed attempt starts after step 1).
   void finish(double seconds, int64_t first_step, int64_t last_step, int64_t total_steps);

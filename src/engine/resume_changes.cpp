@@ -1,5 +1,6 @@
 #include "engine/resume_changes.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -52,6 +53,80 @@ void batch_notes(const json& b, const json& n, std::vector<std::string>* out) {
     if (changed(b, n, key)) out->push_back(cat(was(b, n, option, key), ": the optimizer's update changes"));
 }
 
+// A run's datasets as stored in its options: the "mixture" list, or the one
+// dataset of "data" with its fingerprint; empty for checkpoints older than
+// fingerprints.
+struct Source {
+  std::string path;
+  double weight = 1;
+  json fingerprint;
+};
+
+std::vector<Source> sources(const json& options) {
+  std::vector<Source> out;
+  if (options.contains("mixture")) {
+    for (const json& s : options["mixture"])
+      out.push_back({s.value("path", ""), s.value("weight", 1.0), s.value("fingerprint", json())});
+  } else if (options.contains("data_fingerprint")) {
+    out.push_back({text(options.value("data", json())), 1.0, options["data_fingerprint"]});
+  }
+  return out;
+}
+
+// For each of now's sources, the index of the first source of before with the
+// same tokens not matched yet, or -1.
+std::vector<int> match_sources(const std::vector<Source>& before, const std::vector<Source>& now) {
+  std::vector<int> match(now.size(), -1);
+  std::vector<bool> used(before.size(), false);
+  for (size_t i = 0; i < now.size(); ++i)
+    for (size_t j = 0; j < before.size(); ++j)
+      if (!used[j] && before[j].fingerprint == now[i].fingerprint) {
+        match[i] = static_cast<int>(j);
+        used[j] = true;
+        break;
+      }
+  return match;
+}
+
+std::string paths(const std::vector<Source>& sources) {
+  std::string out;
+  for (size_t i = 0; i < sources.size(); ++i) out += cat(i ? ", " : "", sources[i].path);
+  return out;
+}
+
+// A mixture on either side. Its sources are the dataset: one with tokens the
+// checkpoint's run never drew from, or one of its sources left out, is another
+// dataset (refused as one is). Other weights or another order only change which
+// source each row draws from, as another seed changes the windows: listed.
+void mixture_changes(const json& b, const json& n, ResumeChanges* r) {
+  const std::vector<Source> before = sources(b), now = sources(n);
+  if (before.empty() || now.empty()) return;
+  const std::vector<int> match = match_sources(before, now);
+  std::vector<bool> kept(before.size(), false);
+  bool same_order = before.size() == now.size(), same_paths = same_order;
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (match[i] < 0) {
+      r->refusals.push_back(cat("--data ", now[i].path, " holds other tokens than the datasets the checkpoint's run ",
+                                "trained on (", paths(before), ")"));
+      continue;
+    }
+    const Source& old = before[match[i]];
+    kept[match[i]] = true;
+    if (match[i] != static_cast<int>(i) || old.weight != now[i].weight) same_order = false;
+    if (old.path != now[i].path) same_paths = false;
+  }
+  for (size_t j = 0; j < before.size(); ++j)
+    if (!kept[j])
+      r->refusals.push_back(cat("--data ", text(n["data"]), " leaves out ", before[j].path,
+                                ", which the checkpoint's run trained on (weight ", before[j].weight, ")"));
+  if (!r->refusals.empty()) return;
+  if (!same_order)
+    r->notes.push_back(cat(was(b, n, "--data", "data"), ": the mixture's weights or order changed: which dataset "
+                           "each row draws from differs from the original run's from here on"));
+  else if (!same_paths)
+    r->notes.push_back(cat(was(b, n, "--data", "data"), ": the same tokens (sizes and samples agree)"));
+}
+
 json parse(const std::string& s) {
   try {
     return json::parse(s);
@@ -75,7 +150,9 @@ ResumeChanges compare_for_resume(const std::string& saved_options, const std::st
     r.notes.push_back(cat("--precision ", now_precision, " (was ", was_precision,
                           "): training continues from the checkpoint's fp32 master weights and moments "
                           "with ", now_precision, " parameters and gradients"));
-  if (changed(b, n, "data_fingerprint"))
+  if (b.contains("mixture") || n.contains("mixture"))
+    mixture_changes(b, n, &r);
+  else if (changed(b, n, "data_fingerprint"))
     r.refusals.push_back(cat("--data ", text(n["data"]), " holds other tokens than the checkpoint's run trained on (",
                              text(b["data"]), ", ", text(b["data_fingerprint"].value("train", json()).value("tokens", json())),
                              " train tokens; now ", text(n["data_fingerprint"].value("train", json()).value("tokens", json())),
@@ -87,6 +164,21 @@ ResumeChanges compare_for_resume(const std::string& saved_options, const std::st
       r.refusals.push_back(cat("model field ", field, " is ", text(nm[field]), " here but ", text(bm[field]),
                                " in the checkpoint: the trained weights would be used by another model"));
   return r;
+}
+
+std::vector<int64_t> carried_source_tokens(const std::string& saved_options,
+                                           const std::vector<int64_t>& saved_source_tokens, int64_t saved_tokens,
+                                           const std::string& options) {
+  const json b = parse(saved_options), n = parse(options);
+  const std::vector<Source> before = sources(b), now = sources(n);
+  // One dataset before: its count is the checkpoint's tokens.
+  const std::vector<int64_t> counts =
+      b.contains("mixture") ? saved_source_tokens : std::vector<int64_t>(before.size(), saved_tokens);
+  std::vector<int64_t> out(std::max<size_t>(now.size(), 1), 0);
+  const std::vector<int> match = match_sources(before, now);
+  for (size_t i = 0; i < now.size(); ++i)
+    if (match[i] >= 0 && static_cast<size_t>(match[i]) < counts.size()) out[i] = counts[match[i]];
+  return out;
 }
 
 std::string data_fingerprint(const data::TokenDataset& data) {

@@ -4,6 +4,7 @@
 // another number of ranks with the same global batch) is not a change.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,17 @@ struct ResumeChanges {
 // (older checkpoints) are not compared.
 ResumeChanges compare_for_resume(const std::string& saved_options, const std::string& saved_model,
                                  const std::string& options, const std::string& model);
+
+// Tokens drawn from each source of this run's data before the checkpoint, in
+// the order of this run's options' "mixture" list (one entry for a single
+// dataset): each source takes the count of the checkpoint's source that holds
+// the same tokens (the same fingerprint, whatever its path), 0 where the
+// checkpoint's run had no such source (a resume forced onto other data).
+// saved_source_tokens: the checkpoint's (empty when it had one dataset: then
+// saved_tokens is that dataset's count).
+std::vector<int64_t> carried_source_tokens(const std::string& saved_options,
+                                           const std::vector<int64_t>& saved_source_tokens, int64_t saved_tokens,
+                                           const std::string& options);
 
 // What identifies a dataset's content without reading all of it: sizes,
 // tokenizer and a hash of 4096 tokens spread over each split. JSON text.

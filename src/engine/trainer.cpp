@@ -28,6 +28,7 @@
 #include "core/fault.h"
 #include "core/stop.h"
 #include "data/dataset.h"
+#include "data/mixture.h"
 #include "engine/checkpointer.h"
 #include "engine/config_table.h"
 #include "engine/evaluate.h"
@@ -75,11 +76,7 @@ double seconds_since(Clock::time_point t0) {
 // Setup phases: the first failure on any rank ends every rank alike (comm/agree.h).
 void collectively(const std::function<void()>& fn) { comm::collectively(MPI_COMM_WORLD, fn); }
 
-void check_options(const TrainOptions& o, const data::TokenDataset& data) {
-  o.model.validate();
-  if (o.seq_len > o.model.max_position_embeddings)
-    fail_usage("--seq-len ", o.seq_len, ": expected at most max_position_embeddings = ",
-               o.model.max_position_embeddings, " of model ", o.model.name);
+void check_dataset(const TrainOptions& o, const data::TokenDataset& data) {
   for (auto split : {data::Split::kTrain, data::Split::kValid}) {
     const int32_t max_id = data.max_token(split);
     if (max_id >= o.model.vocab_size)
@@ -96,6 +93,14 @@ void check_options(const TrainOptions& o, const data::TokenDataset& data) {
   if (train_tokens < o.seq_len + 1)
     fail_usage("--data ", data.path(), ": train split has ", train_tokens,
                " tokens, fewer than one sequence of --seq-len ", o.seq_len, " + 1");
+}
+
+void check_options(const TrainOptions& o, const data::Mixture& data) {
+  o.model.validate();
+  if (o.seq_len > o.model.max_position_embeddings)
+    fail_usage("--seq-len ", o.seq_len, ": expected at most max_position_embeddings = ",
+               o.model.max_position_embeddings, " of model ", o.model.name);
+  for (size_t i = 0; i < data.size(); ++i) check_dataset(o, data.dataset(i));
 }
 
 int64_t available_memory_bytes() {
@@ -225,11 +230,14 @@ void print_devices(const std::vector<std::string>& devices) {
 
 // The options that decide the trajectory, as stored in checkpoints and the run
 // record: rows_per_step is the global batch in sequences (batch x grad-accum x
-// ranks), data_fingerprint the dataset's identity (resume_changes.h).
-std::string options_json(const TrainOptions& o, int64_t rows_per_step, const std::string& data_fingerprint) {
-  nlohmann::json j = {{"data", o.data_path},          {"steps", o.steps},
+// ranks), data_fingerprint the dataset's identity (resume_changes.h). A mixture
+// adds "mixture": every source's path, normalised weight and fingerprint; one
+// dataset, with or without a weight, is stored as before mixtures existed.
+std::string options_json(const TrainOptions& o, int64_t rows_per_step, const data::Mixture& data) {
+  nlohmann::json j = {{"data", data.single() ? data.path(0) : o.data_path},
+                      {"steps", o.steps},
                       {"rows_per_step", rows_per_step},
-                      {"data_fingerprint", nlohmann::json::parse(data_fingerprint)},
+                      {"data_fingerprint", nlohmann::json::parse(data_fingerprint(data.dataset(0)))},
                       {"seed", o.seed},                {"batch_size", o.batch_size},
                       {"seq_len", o.seq_len},          {"grad_accum", o.grad_accum},
                       {"lr", o.schedule.lr},           {"min_lr", o.schedule.min_lr},
@@ -240,6 +248,15 @@ std::string options_json(const TrainOptions& o, int64_t rows_per_step, const std
                       {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings},
                       {"precision", dtype_name(o.precision)}};
   if (!o.init_from.empty()) j["init_from"] = o.init_from;
+  // A mixture keeps data_fingerprint of its first dataset: the tokenizer is every
+  // dataset's (data/mixture.h), and amsp export reads it there.
+  if (!data.single()) {
+    nlohmann::json sources = nlohmann::json::array();
+    for (size_t i = 0; i < data.size(); ++i)
+      sources.push_back({{"path", data.path(i)}, {"weight", data.weight(i)},
+                         {"fingerprint", nlohmann::json::parse(data_fingerprint(data.dataset(i)))}});
+    j["mixture"] = sources;
+  }
   return j.dump();
 }
 
@@ -254,12 +271,18 @@ void write_params(const std::string& path, const std::vector<std::vector<float>>
 }
 
 // One JSON line: the step and where each of its rows' windows starts in the
-// train split, rows in global order (row = (micro * ranks + rank) * batch + b).
-void write_data_order(std::ofstream& out, const data::TokenDataset& data, uint64_t seed, int64_t step,
+// train split, rows in global order (row = (micro * ranks + rank) * batch + b);
+// with a mixture also each row's source (its index in --data).
+void write_data_order(std::ofstream& out, const data::Mixture& data, uint64_t seed, int64_t step,
                       int64_t rows, int64_t T) {
-  nlohmann::json starts = nlohmann::json::array();
-  for (int64_t row = 0; row < rows; ++row) starts.push_back(data::train_window_start(data, seed, step, row, T));
-  out << nlohmann::json{{"step", step}, {"window_tokens", T + 1}, {"starts", starts}}.dump() << "\n";
+  nlohmann::json starts = nlohmann::json::array(), sources = nlohmann::json::array();
+  for (int64_t row = 0; row < rows; ++row) {
+    starts.push_back(data.window_start(seed, step, row, T));
+    sources.push_back(data.source_of(seed, step, row));
+  }
+  nlohmann::json line = {{"step", step}, {"window_tokens", T + 1}, {"starts", starts}};
+  if (!data.single()) line["sources"] = sources;
+  out << line.dump() << "\n";
   out.flush();
   if (!out) fail("--data-order: write failed at step ", step);
 }
@@ -285,6 +308,7 @@ std::unique_ptr<ckpt::DirLock> lock_checkpoint_dir(const TrainOptions& o, bool r
 struct ResumePoint {
   int64_t first_step = 1;
   int64_t tokens_before = 0;
+  std::vector<int64_t> source_tokens_before;  // per source of --data (resume_changes.h)
   std::string from;  // the checkpoint resumed from, or empty
 };
 
@@ -339,7 +363,8 @@ ResumePoint resume(const TrainOptions& o, ShardedEngine& engine, const std::stri
     for (const auto& r : changes.refusals) std::printf("resume: forced (--force-resume): %s\n", r.c_str());
     for (const auto& n : changes.notes) std::printf("resume: changed: %s\n", n.c_str());
   }
-  return {meta.step + 1, meta.tokens, path};
+  return {meta.step + 1, meta.tokens,
+          carried_source_tokens(meta.options_json, meta.source_tokens, meta.tokens, run_options), path};
 }
 
 // A directory whose checkpoints go past where this run starts holds another
@@ -371,7 +396,7 @@ class Run {
   TrainOptions o;
   int threads = 0;
   topology::Topology topo;
-  std::unique_ptr<data::TokenDataset> data;
+  std::unique_ptr<data::Mixture> data;
   bool root = false;
   std::unique_ptr<backend::Backend> be;
   std::unique_ptr<KernelProfile> profile;  // with --kernel-profile; be is then a ProfiledBackend
@@ -394,6 +419,8 @@ class Run {
   std::ofstream data_order;
   int64_t windows = 0;
   double val_loss = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> val_losses;     // per source of a mixture, at the last evaluation
+  std::vector<int64_t> source_tokens;  // per source of a mixture: tokens drawn so far
   TrainResult result;
   Clock::time_point run_start;
   int64_t reserved_max = 0;  // the caching allocator's reserved bytes, largest at a step's end
@@ -449,7 +476,7 @@ void Run::set_up_ranks() {
     topo = topology::discover(MPI_COMM_WORLD);
   });
   collectively([&] {
-    data = std::make_unique<data::TokenDataset>(o.data_path);
+    data = std::make_unique<data::Mixture>(o.data_path);
     check_options(o, *data);
   });
   root = topo.rank == 0;
@@ -517,13 +544,36 @@ void Run::set_up_engine() {
   world = topo.world_size;
   pos = pg->position;
   tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * world;
-  run_options = options_json(o, world * o.batch_size * o.grad_accum, data_fingerprint(*data));
+  run_options = options_json(o, world * o.batch_size * o.grad_accum, *data);
   flops_per_token = model::Llama::flops_per_token(o.model, o.seq_len);
 }
 
+// The held-out loss. A mixture evaluates every source (val_losses) and returns
+// their mean weighted as the mixture draws them, over the sources that have a
+// held-out window: the loss of the training distribution.
 double Run::evaluate() {
-  return evaluate_loss(*engine, *data, data::Split::kValid, o.eval_windows, o.batch_size, o.seq_len,
-                       world, pos, o.comm_timeout_s, &windows);
+  if (data->single())
+    return evaluate_loss(*engine, data->dataset(0), data::Split::kValid, o.eval_windows, o.batch_size, o.seq_len,
+                         world, pos, o.comm_timeout_s, &windows);
+  val_losses.clear();
+  windows = 0;
+  double sum = 0, weights = 0;
+  for (size_t i = 0; i < data->size(); ++i) {
+    int64_t used = 0;
+    val_losses.push_back(evaluate_loss(*engine, data->dataset(i), data::Split::kValid, o.eval_windows, o.batch_size,
+                                       o.seq_len, world, pos, o.comm_timeout_s, &used));
+    windows += used;
+    if (used > 0) sum += data->weight(i) * val_losses.back(), weights += data->weight(i);
+  }
+  return weights > 0 ? sum / weights : std::numeric_limits<double>::quiet_NaN();
+}
+
+// Per source of a mixture (empty for one dataset), keyed by the source's path.
+template <typename T>
+std::vector<std::pair<std::string, T>> by_source(const data::Mixture& data, const std::vector<T>& values) {
+  std::vector<std::pair<std::string, T>> out;
+  for (size_t i = 0; !data.single() && i < values.size(); ++i) out.emplace_back(data.path(i), values[i]);
+  return out;
 }
 
 void Run::start() {
@@ -540,9 +590,11 @@ void Run::start() {
     data_order.open(o.data_order_path, start_point.first_step > 1 ? std::ios::app : std::ios::trunc);
     if (!data_order) comm::abort_job(cat("--data-order ", o.data_order_path, ": cannot create the file"));
   }
+  source_tokens = start_point.source_tokens_before;
+  source_tokens.resize(data->size(), 0);
   if (start_point.first_step == 1) {
     val_loss = evaluate();
-    if (root) sink->eval(0, val_loss, windows);
+    if (root) sink->eval(0, val_loss, windows, by_source(*data, val_losses));
   }
   result.last_step = start_point.first_step - 1;
   run_start = Clock::now();
@@ -649,7 +701,7 @@ StepMetrics Run::train_step(int64_t step) {
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr,
                                     [&](int64_t micro, int32_t* tokens, int32_t* targets) {
-                                      data::sample_train_batch(*data, o.seed, step, (micro * world + pos) * o.batch_size,
+                                      data->sample_train_batch(o.seed, step, (micro * world + pos) * o.batch_size,
                                                                o.batch_size, o.seq_len, tokens, targets);
                                     });
   const double busy_s = busy_seconds(step, seconds_since(t0), process_cpu_seconds() - cpu0);
@@ -671,6 +723,12 @@ StepMetrics Run::train_step(int64_t step) {
   m.tokens_per_s = static_cast<double>(tokens_per_step) / (m.step_ms / 1e3);
   m.mfu = peak_flops > 0 ? flops_per_token * m.tokens_per_s / (peak_flops * static_cast<double>(world)) : 0.0;
   m.tokens = start_point.tokens_before + (step - start_point.first_step + 1) * tokens_per_step;
+  if (!data->single()) {
+    // Every rank counts every row of the step: a row's source is a function of (seed, step, row).
+    const std::vector<int64_t> rows = data->rows_per_source(o.seed, step, tokens_per_step / o.seq_len);
+    for (size_t i = 0; i < rows.size(); ++i) source_tokens[i] += rows[i] * o.seq_len;
+    m.source_tokens = by_source(*data, source_tokens);
+  }
   add_memory(m);
   m.comm = engine->comm_stats();
   m.busy_ms = busy_s * 1e3;
@@ -722,10 +780,11 @@ void Run::report(StepMetrics& m, bool eval_now) {
   if (eval_now) {
     val_loss = evaluate();
     m.val_loss = val_loss;
+    m.val_loss_sources = by_source(*data, val_losses);
   }
   if (root) {
     sink->step(m);
-    if (eval_now) sink->eval(m.step, val_loss, windows);
+    if (eval_now) sink->eval(m.step, val_loss, windows, m.val_loss_sources);
     if (data_order.is_open())
       write_data_order(data_order, *data, o.seed, m.step, tokens_per_step / o.seq_len, o.seq_len);
   }
@@ -765,6 +824,7 @@ double Run::save_checkpoint(int64_t step) {
   meta.plan = plan::to_string(pg->mesh.plan());
   meta.topology = topo.describe();
   meta.world_size = world;
+  if (!data->single()) meta.source_tokens = source_tokens;
   return checkpointer->save(meta);
 }
 

@@ -32,3 +32,11 @@ add_test(NAME resume_slurm
 set_tests_properties(resume_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 900 SKIP_RETURN_CODE 77
   PROCESSORS 8 RESOURCE_LOCK local_slurm)
+
+# Data mixtures (validation/ckpt/mixture_test.py, doc/data.md "Mixtures"): rows' sources
+# and windows by doc/data.md's formula, resume on 2, 3 and 1 ranks, a changed mixture
+# on resume, bad --data specs, amsp eval per source. About 5 s; 3 ranks at most.
+add_test(NAME resume_mixture_mpi
+  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/mixture_test.py --amsp $<TARGET_FILE:amsp>
+          --work ${AMSP_TEST_WORK}/mixture --mpiexec ${MPIEXEC_EXECUTABLE})
+set_tests_properties(resume_mixture_mpi PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 3)
