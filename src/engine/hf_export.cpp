@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "data/dataset.h"
+#include "data/mixture.h"
 #include "hf/model_dir.h"
 #include "model/config.h"
 #include "model/layout.h"
@@ -96,7 +97,13 @@ TokenizerFiles find_tokenizer(const ckpt::Metadata& meta, int64_t max_positions)
     out.note = "the checkpoint's run options are not JSON";
     return out;
   }
-  const std::string data = opts.value("data", "");
+  // A mixture's datasets share one tokenizer (data/mixture.h): the first one's.
+  std::string data = opts.value("data", "");
+  try {
+    if (!data.empty()) data = data::parse_mixture(data).front().path;
+  } catch (const Error&) {
+    // Named in the note below when it cannot be read.
+  }
   std::string kind;
   if (opts.contains("data_fingerprint") && opts["data_fingerprint"].is_object())
     kind = opts["data_fingerprint"].value("tokenizer", "");
