@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace amsp::ckpt {
 namespace fs = std::filesystem;
@@ -167,12 +168,6 @@ Verdict judge(const std::string& dir, const std::string& path, const std::string
   v.stale = true;  // or gone meanwhile: the claimant's second reading decides
   v.reason = "took over a damaged lock file older than the lease";
   return v;
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
 }
 
 std::string claim_path(const std::string& dir, const std::string& key) {

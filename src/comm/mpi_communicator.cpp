@@ -28,6 +28,7 @@
 #include "core/mpi_check.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/parse.h"
 #include "kernels/common/math.h"
 
@@ -244,9 +245,8 @@ class MpiCommunicator final : public Communicator {
   static watchdog::Identity identity(const Pending& p) { return identity_of(p.seq, p.args); }
 
   static uint64_t signature(const Pending& p) {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : identity(p)) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return h;
+    const watchdog::Identity id = identity(p);
+    return fnv1a(&id, sizeof id);
   }
 
   void start_check(const Pending& p) {

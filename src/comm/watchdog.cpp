@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/mpi_check.h"
 
 namespace amsp::comm::watchdog {
@@ -73,12 +74,6 @@ State& state() {
 
 std::atomic<int64_t> g_step{0};
 std::atomic<int64_t> g_index{0};
-
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 std::string seconds(double s) {
   char buf[32];
@@ -324,8 +319,8 @@ std::string ranks_phrase(const std::vector<int>& ranks) {
 Entry::Entry(const std::string& name, std::vector<int> members)
     : name_(name), members_(std::move(members)) {
   description_ = cat("the ", name_, " group of ranks ", rank_list(members_));
-  name_key_ = fnv1a(1469598103934665603ull, name_.data(), name_.size());
-  key_ = fnv1a(name_key_, members_.data(), members_.size() * sizeof(int));
+  name_key_ = fnv1a(name_);
+  key_ = fnv1a(members_.data(), members_.size() * sizeof(int), name_key_);
   State& s = state();
   std::lock_guard lock(s.mu);
   s.entries.push_back(this);

@@ -82,6 +82,10 @@ class TokenDataset {
   std::vector<int32_t> train_, valid_;
 };
 
+// The counter that the random draws of row `row` of step `step` use: distinct
+// for every pair with 0 <= step, row < 2^32 (a runtime failure outside).
+uint64_t step_row_index(int64_t step, int64_t row);
+
 // Fills B windows of T+1 consecutive tokens: tokens[b*T + t] = w[t], targets =
 // w[t+1]. Training windows start at positions drawn from (seed, step, row) with
 // the counter-based RNG, row = first_row + b: a row's window depends only on

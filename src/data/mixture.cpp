@@ -19,15 +19,6 @@ namespace {
 // window drawn within a source is the one a single dataset would draw.
 constexpr uint64_t kSourceStream = 0x6d6978736f757263ULL;
 
-// (step, row) -> a counter that is distinct for every pair with
-// 0 <= step, row < 2^32.
-uint64_t row_index(int64_t step, int64_t row) {
-  constexpr int64_t kLimit = int64_t{1} << 32;
-  if (step < 0 || step >= kLimit) fail("mixture: step ", step, " outside [0, 2^32)");
-  if (row < 0 || row >= kLimit) fail("mixture: row ", row, " outside [0, 2^32)");
-  return (static_cast<uint64_t>(step) << 32) | static_cast<uint64_t>(row);
-}
-
 bool exists(const std::string& path) {
   std::error_code ec;
   return fs::exists(path, ec);
@@ -128,7 +119,7 @@ std::string Mixture::describe() const {
 
 size_t Mixture::source_of(uint64_t seed, int64_t step, int64_t row) const {
   if (single()) return 0;
-  const double u = random_uniform(seed, kSourceStream, row_index(step, row));
+  const double u = random_uniform(seed, kSourceStream, step_row_index(step, row));
   size_t i = 0;
   while (u >= sources_[i].cumulative) ++i;
   return i;

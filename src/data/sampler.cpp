@@ -14,21 +14,19 @@ namespace {
 // core/rng.h may use it.
 constexpr uint64_t kTrainWindowStream = 0x747261696e77696eULL;
 
-// (step, row) -> a counter that is distinct for every pair with
-// 0 <= step, row < 2^32.
-uint64_t window_index(int64_t step, int64_t row) {
-  constexpr int64_t kLimit = int64_t{1} << 32;
-  if (step < 0 || step >= kLimit) fail("sample_train_batch: step ", step, " outside [0, 2^32)");
-  if (row < 0 || row >= kLimit) fail("sample_train_batch: row ", row, " outside [0, 2^32)");
-  return (static_cast<uint64_t>(step) << 32) | static_cast<uint64_t>(row);
-}
-
 void copy_window(const int32_t* w, int64_t T, int32_t* tokens, int32_t* targets) {
   std::memcpy(tokens, w, sizeof(int32_t) * T);
   std::memcpy(targets, w + 1, sizeof(int32_t) * T);
 }
 
 }  // namespace
+
+uint64_t step_row_index(int64_t step, int64_t row) {
+  constexpr int64_t kLimit = int64_t{1} << 32;
+  if (step < 0 || step >= kLimit) fail("sampling: step ", step, " outside [0, 2^32)");
+  if (row < 0 || row >= kLimit) fail("sampling: row ", row, " outside [0, 2^32)");
+  return (static_cast<uint64_t>(step) << 32) | static_cast<uint64_t>(row);
+}
 
 int64_t train_window_start(const TokenDataset& data, uint64_t seed, int64_t step, int64_t row, int64_t T) {
   if (T <= 0) fail("train_window_start: T = ", T, ": expected T > 0");
@@ -38,7 +36,7 @@ int64_t train_window_start(const TokenDataset& data, uint64_t seed, int64_t step
                T, " + 1");
   // Starts uniform over [0, n - (T+1)]: n - T choices.
   const uint64_t choices = static_cast<uint64_t>(n - T);
-  return static_cast<int64_t>(random_below(seed, kTrainWindowStream, window_index(step, row), choices));
+  return static_cast<int64_t>(random_below(seed, kTrainWindowStream, step_row_index(step, row), choices));
 }
 
 void sample_train_batch(const TokenDataset& data, uint64_t seed, int64_t step, int64_t first_row,
