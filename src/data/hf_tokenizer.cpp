@@ -15,45 +15,65 @@ namespace {
 using namespace hf;  // the configuration's types
 
 // Added tokens found leftmost-longest, as tokenizers' Aho-Corasick automaton
-// finds them.
+// finds them: at each position the longest token that starts there, walked in a
+// byte trie (LLaMA-3's 256 special tokens all begin with "<|").
 class AddedTokenMatcher {
  public:
+  // A token's content as a path of bytes in a trie; the first of equal contents wins.
   void add(const std::string& content, int32_t id) {
     if (content.empty()) return;
-    const auto first = static_cast<unsigned char>(content[0]);
-    by_first_[first].push_back(tokens_.size());
-    tokens_.push_back({content, id});
+    int node = 0;
+    for (unsigned char c : content) {
+      int next = child(node, c);
+      if (next < 0) {
+        next = static_cast<int>(nodes_.size());
+        nodes_[node].children.push_back({c, next});
+        nodes_.emplace_back();
+      }
+      node = next;
+    }
+    if (nodes_[node].id < 0) nodes_[node].id = id;
   }
-  bool empty() const { return tokens_.empty(); }
 
-  // Calls f(piece, id) for consecutive pieces of s: an added token (id >= 0)
-  // or the non-empty text between them (id = -1), with the piece's offset.
+  // Calls f(piece, id, offset) for consecutive pieces of s: an added token
+  // (id >= 0) or the non-empty text between them (id = -1).
   template <typename F>
   void split(std::string_view s, F&& f) const {
     size_t start = 0;
     for (size_t i = 0; i < s.size();) {
-      const auto& candidates = by_first_[static_cast<unsigned char>(s[i])];
-      size_t best = tokens_.size();
-      for (size_t t : candidates) {
-        const std::string& c = tokens_[t].first;
-        if (s.compare(i, c.size(), c) == 0 && (best == tokens_.size() || c.size() > tokens_[best].first.size()))
-          best = t;
-      }
-      if (best == tokens_.size()) {
+      const auto [len, id] = longest_at(s, i);
+      if (len == 0) {
         ++i;
         continue;
       }
       if (i > start) f(s.substr(start, i - start), -1, start);
-      f(s.substr(i, tokens_[best].first.size()), tokens_[best].second, i);
-      i += tokens_[best].first.size();
+      f(s.substr(i, len), id, i);
+      i += len;
       start = i;
     }
     if (start < s.size()) f(s.substr(start), -1, start);
   }
 
  private:
-  std::vector<std::pair<std::string, int32_t>> tokens_;
-  std::array<std::vector<size_t>, 256> by_first_;
+  struct Node {
+    std::vector<std::pair<unsigned char, int>> children;
+    int32_t id = -1;  // a token ends here
+  };
+  int child(int node, unsigned char c) const {
+    for (const auto& [byte, next] : nodes_[node].children)
+      if (byte == c) return next;
+    return -1;
+  }
+  // The longest token that starts at s[i]: (its length, its id), or (0, -1).
+  std::pair<size_t, int32_t> longest_at(std::string_view s, size_t i) const {
+    std::pair<size_t, int32_t> best{0, -1};
+    int node = 0;
+    for (size_t k = i; k < s.size() && (node = child(node, static_cast<unsigned char>(s[k]))) >= 0; ++k)
+      if (nodes_[node].id >= 0) best = {k - i + 1, nodes_[node].id};
+    return best;
+  }
+
+  std::vector<Node> nodes_ = std::vector<Node>(1);  // [0]: the root
 };
 
 // A byte-level string back to its bytes: each character of GPT-2's alphabet is

@@ -109,6 +109,18 @@ TEST(HfTokenizer, ByteLevelMergesLowestRankFirstAndRoundTrips) {
   EXPECT_EQ(tok->decode(all), "Grüße, 世界! \t\n🦙 the  end\r\n");  // special tokens are skipped
 }
 
+TEST(HfTokenizer, AddedTokensMatchLeftmostLongest) {
+  json j = byte_level_json({});
+  const int n = static_cast<int>(j["model"]["vocab"].size()) + 1;  // after <s>
+  j["added_tokens"].push_back({{"id", n}, {"content", "<|a|>"}, {"special", true}, {"normalized", false}});
+  j["added_tokens"].push_back({{"id", n + 1}, {"content", "<|a|><|b|>"}, {"special", true}, {"normalized", false}});
+  j["added_tokens"].push_back({{"id", n + 2}, {"content", "|><"}, {"special", true}, {"normalized", false}});
+  auto tok = make_hf_tokenizer(j.dump(), "test");
+  // The longest at the leftmost position: not <|a|> then "<|b|>", and not the "|><" inside.
+  EXPECT_EQ(tok->encode("x<|a|><|b|>y"), (std::vector<int32_t>{'x', n + 1, 'y'}));
+  EXPECT_EQ(tok->encode("<|a|><|c"), (std::vector<int32_t>{n, '<', '|', 'c'}));
+}
+
 TEST(HfTokenizer, ByteFallbackAndNormalizerInOrder) {
   // A LLaMA-2 style file: "▁" prepended and spaces replaced, no pre-tokenizer,
   // unknown characters as <0xXX>.
