@@ -3,14 +3,16 @@
 
 - slowed: on 4 and on 8 ranks, a random rank is made 20% busier from a random step S on
   (AMSP_FAULT=train.step@S:RANK,SLOW=0.2: it spins for a fifth of its busy time each
-  step). The job must print 'straggler: rank RANK (...)' naming that rank, by step S + 20,
+  step). The job must print 'straggler: rank RANK (...)' naming that rank, by step S + 28,
   and name no other rank.
 - quiet: 4 ranks, 1000 steps, nothing injected: at most one straggler report.
 
-Windows of 4 steps, 2 in a row, threshold 10% (--straggler-every 4 --straggler-windows 2).
+Windows of 4 steps, 3 in a row, threshold 10% (--straggler-every 4 --straggler-windows 3).
 Measured here: a 20% slowdown shows as 11 to 24% in a window, an undisturbed window's
-largest excess is at most 7% (p99 6.3% over 250 windows), so two windows in a row leave
-room for one low window within the 20 steps. Prints a table: case, ranks, slowed rank, from step, named at, delay, reports.
+largest excess is at most 7% (p99 6.3% over 250 windows), and three windows in a row leave
+room for one low window within the 28 steps. Two in a row were not enough on this
+oversubscribed machine (4 ranks on 2 cores): an undisturbed run once named two ranks in
+1000 steps, each 15% busier for two windows while something else took the cores. Prints a table: case, ranks, slowed rank, from step, named at, delay, reports.
 
 usage: straggler_test.py AMSP MPIEXEC DATA WORK [--seed S] [--quiet-steps 1000]
 """
@@ -22,7 +24,7 @@ import subprocess
 import sys
 
 EVERY = 4
-LIMIT = 20  # steps from the slowdown to the report
+LIMIT = 28  # steps from the slowdown to the report
 REPORT = re.compile(r"^straggler: rank (\d+) \(([^)]*)\) is (\d+)% busier .* up to step (\d+)$")
 
 
@@ -30,7 +32,7 @@ def train(args, ranks, steps, fault=None):
     cmd = [args.mpiexec, "-n", str(ranks), args.amsp, "train", "--model", "tiny", "--data", args.data,
            "--steps", str(steps), "--seq-len", "32", "--batch-size", "1", "--shard", "zero3",
            "--eval-every", "0", "--peak-tflops", "1", "--threads", "1", "--straggler-every", str(EVERY),
-           "--straggler-windows", "2"]
+           "--straggler-windows", "3"]
     env = dict(os.environ)
     env.pop("AMSP_FAULT", None)
     if fault:
