@@ -16,6 +16,10 @@ are added (doc/engine-tests.md derives the tolerances from that). Compared:
     validation/hf_compare.py does) and |a - b| / |b| (L2) <= 1e-5. The worst tensor is
     reported.
 
+In mpi mode every case also checks the one issue order (validation/engine/issue_order.py):
+each rank logs the collectives it issues, its communication thread slowed by its own random
+time, and every rank's log must be the same and be `amsp plan --schedule`'s step order.
+
 Also: a plan that does not fit the world (mics:3) is refused before any work, exit code
 2 and the reason on stderr; and --shard auto runs, names the plan it chose on its first
 output line, and gives the reference losses too.
@@ -76,6 +80,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "slurm"))
 import local_cluster as lc  # noqa: E402
+import issue_order  # noqa: E402
 
 # (ranks per node, nodes, plan, M, B). Plans name their factors as
 # "ranks per node x nodes"; on mpiexec every rank is on one node.
@@ -243,6 +248,8 @@ class Runner:
         self.args = args
         self.slurm_env = slurm_env
         self.refs = {}
+        # The issue log needs mpiexec's PMI_RANK and the schedule of one node.
+        self.check_order = slurm_env is None
         self.layout = tensor_layout(os.path.join(REPO, "inputs", "models", "tiny.json"))
 
     def train_args(self, batch, accum, shard, tag, steps=STEPS):
@@ -262,14 +269,28 @@ class Runner:
         return (["srun", "--mpi=pmi2", "--time=4", "-N", str(nodes), f"--ntasks-per-node={per_node}"],
                 self.slurm_env)
 
-    def launch(self, per_node, nodes, batch, accum, shard, tag, steps=STEPS):
+    def launch(self, per_node, nodes, batch, accum, shard, tag, steps=STEPS, order=None):
+        """order: (env additions, command prefix) of issue_order.env_and_wrapper, or None."""
         for ext in (".jsonl", ".bin"):
             path = os.path.join(self.args.work, tag + ext)
             if os.path.exists(path):
                 os.remove(path)
         pre, env = self.launcher(per_node, nodes)
+        if order:
+            env = dict(env, **order[0])
+            pre = pre + order[1]
         cmd = pre + self.train_args(batch, accum, shard, tag, steps)
         return cmd, run(cmd, env)
+
+    def issue_order_setup(self, per_node, plan, accum, batch, tag):
+        """(schedule's step, log folder, (env, prefix)) for a case whose issue order is checked."""
+        expected = issue_order.schedule_issues(lambda c: run(c, clean_env()), self.args.amsp, per_node,
+                                               plan, accum, batch, SEQ, self.args.precision)
+        logdir = os.path.join(self.args.work, tag + "-issues")
+        shutil.rmtree(logdir, ignore_errors=True)
+        os.makedirs(logdir)
+        seed = sum(map(ord, tag))
+        return expected, logdir, issue_order.env_and_wrapper(logdir, per_node, seed)
 
     def reference(self, batch, micro_batches):
         """One rank, the same micro-batches as the N ranks together: batch B, N*M of them."""
@@ -285,15 +306,29 @@ class Runner:
             print(f"     reference: 1 rank, batch {batch}, M={micro_batches}: {secs:.1f} s", flush=True)
         return self.refs[key]
 
-    def case(self, per_node, nodes, plan, accum, batch):
+    def case(self, per_node, nodes, plan, accum, batch, check_order=True):
         world = per_node * nodes
         label = (f"{world} ranks ({per_node}x{nodes}) {plan:20s} M={accum} B={batch}")
         ref_metrics, ref_params = self.reference(batch, world * accum)
         tag = f"w{per_node}x{nodes}-{plan.replace(':', '').replace(',', '_').replace('=', '')}-m{accum}-b{batch}"
-        cmd, (rc, out, err, secs) = self.launch(per_node, nodes, batch, accum, plan, tag)
+        check_order = check_order and self.check_order
+        if check_order:
+            try:
+                expected, logdir, order = self.issue_order_setup(per_node, plan, accum, batch, tag)
+            except ValueError as e:
+                return False, f"{label}  {e}", [], "", ""
+        cmd, (rc, out, err, secs) = self.launch(per_node, nodes, batch, accum, plan, tag,
+                                                order=order if check_order else None)
         first = out.splitlines()[0] if out else ""
         if rc != 0:
             return False, f"{label}  exited with {rc} after {secs:.1f} s", cmd, err, first
+        order_text = ""
+        if check_order:
+            try:
+                issues = issue_order.check_logs(logdir, world, expected, STEPS)
+                order_text = f"  one issue order ({issues} issues)"
+            except (OSError, ValueError) as e:
+                return False, f"{label}  issue order: {e}", cmd, "", first
         try:
             metrics = read_metrics(os.path.join(self.args.work, f"{tag}.jsonl"))
             params = read_params(os.path.join(self.args.work, f"{tag}.bin"))
@@ -305,7 +340,7 @@ class Runner:
               and pl2 <= PARAM_L2_TOL)
         factors = first.split()[1] if first.startswith("plan: ") else "?"
         text = (f"{label} = {factors:20s} loss {lerr:.1e} ({lwhere})  grad norm {nfirst:.1e} at step 1, {nerr:.1e} ({nwhere})  "
-                f"params max {perr:.1e} ({pwhere}) L2 {pl2:.1e}  "
+                f"params max {perr:.1e} ({pwhere}) L2 {pl2:.1e}{order_text}  "
                 f"{secs:4.1f} s")
         return ok, text, cmd, "" if ok else err, first
 
@@ -327,7 +362,7 @@ class Runner:
 
     def auto(self, per_node, nodes, accum=1, batch=1):
         """--shard auto runs, names its plan on the first line and matches the reference."""
-        ok, text, cmd, err, first = self.case(per_node, nodes, "auto", accum, batch)
+        ok, text, cmd, err, first = self.case(per_node, nodes, "auto", accum, batch, check_order=False)
         if first.startswith("plan: ") and "auto" in first:
             text += "\n     " + first[:160]
         else:

@@ -16,14 +16,16 @@ set(AMSP_EQUIVALENCE_ARGS
   --mpiexec ${MPIEXEC_EXECUTABLE}
   --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster)
 
-# About 2 minutes on 2 cores; the script gives itself 540 s.
+# Each case also checks the one issue order: every rank's log of issued collectives, its
+# communication thread slowed at random, is the same and is the schedule's step order
+# (validation/engine/issue_order.py). About 90 s on 2 cores; the script gives itself 540 s.
 add_test(NAME engine_equivalence_mpi
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_mpi PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS 8)
 
 # bf16 mixed precision on 4 ranks against one rank in bf16, with tolerances argued
-# from bf16's 8-bit mantissa (about 75 s).
+# from bf16's 8-bit mantissa, and the issue order as above (about 30 s).
 add_test(NAME engine_equivalence_mpi_bf16
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS} --precision bf16)
 set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
@@ -36,15 +38,6 @@ add_test(NAME engine_equivalence_slurm
 set_tests_properties(engine_equivalence_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 600 SKIP_RETURN_CODE 77
   PROCESSORS 8 RESOURCE_LOCK local_slurm)
-
-# The one issue order: every case of the equivalence set on 4 and 8 ranks (fp32 and bf16),
-# 2 steps with each rank's communication thread slowed at random; every rank's log of
-# issued collectives must be the same and be the schedule's order (about 60 s).
-add_test(NAME engine_issue_order
-  COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/issue_order_test.py --amsp $<TARGET_FILE:amsp>
-          --data ${AMSP_CORPUS} --work ${AMSP_TEST_WORK}/issue_order --mpiexec ${MPIEXEC_EXECUTABLE})
-set_tests_properties(engine_issue_order PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300
-  PROCESSORS 8)
 
 # benchmarks/hidden_bench.py, sampled: one plan, the same binary on both sides, a few
 # steps of the tiny preset on 4 ranks; the table must come out (about 15 s). The
