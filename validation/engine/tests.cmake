@@ -93,7 +93,7 @@ set_tests_properties(engine_kernel_profile PROPERTIES FIXTURES_REQUIRED corpus L
 set(AMSP_FAULT_TEST ${CMAKE_CURRENT_SOURCE_DIR}/engine/fault_test.py)
 add_test(NAME engine_fault_named_mpi
   COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
-          ${AMSP_TEST_WORK}/fault --runs 12)
+          ${AMSP_TEST_WORK}/fault --runs 8)
 set_tests_properties(engine_fault_named_mpi PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 500 PROCESSORS 8)
 add_test(NAME engine_fault_named_slurm

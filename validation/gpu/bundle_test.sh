@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU bundle (validation/gpu/bundle.sh) used as a bare GPU machine would use it,
 # minus the GPU:
-#   - the archive is at most 48 MiB;
+#   - the archive is at most 48 MiB, and built for sm_80 and sm_90;
 #   - unpacked into an empty folder, in a mount namespace where every library the
 #     bundle packs is hidden at the place it was packed from (/dev/null mounted
 #     over it), ldd resolves each packed library inside the bundle, and amsp's CPU
@@ -23,6 +23,8 @@ rm -rf "$work" && mkdir -p "$work"
 tar -C "$work" -xJf "$archive"
 b=$work/amsp-gpu
 [[ -f $b/MANIFEST ]] || { echo "FAIL: no MANIFEST in the archive"; exit 1; }
+grep -q '^cuda .* arch 80;90$' "$b/MANIFEST" ||
+  { echo "FAIL: the MANIFEST does not name both architectures (sm_80 and sm_90): $(grep '^cuda' "$b/MANIFEST")"; exit 1; }
 cp "$corpus" "$work/corpus.h5"
 
 # Inside the namespace: the packed libraries' origins hidden, then the checks.
