@@ -106,10 +106,11 @@ MpiDefault=pmi2
 ReturnToService=2
 TopologyPlugin=topology/tree
 # Short timeouts: this cluster only runs small test jobs. KillWait (SIGTERM to
-# SIGKILL when a job is cancelled, requeued or out of time) stays at Slurm's
-# default, which is the time a stopped amsp has to write its checkpoint.
+# SIGKILL when a job is cancelled, requeued or out of time: the time a stopped amsp
+# has to write its checkpoint) is 10 s, not Slurm's default 30: the tiny models of
+# the tests save in well under a second, and a job whose rank died waits it out.
 SlurmdTimeout=60
-KillWait=30
+KillWait=10
 MinJobAge=30
 InactiveLimit=0
 NodeName=n[1-4] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$((NODE_PORT + 3)) CPUs=2 RealMemory=2000 State=UNKNOWN
