@@ -349,7 +349,7 @@ void check_ops(const Group& g) {
   // Blocks far above MPI's eager limit: a send that ran at its call instead of
   // at the group's end would wait for a receive not yet posted (for its own
   // block at once); the timeout turns that hang into a failure.
-  amsp::emu::nccl_set_timeout(20);
+  amsp::emu::nccl_set_timeout(5);
   check_all_to_all(g, ncclFloat32, 100000, ++salt);
   amsp::emu::nccl_set_timeout(0);
   check_p2p_order(g, ++salt);
