@@ -64,12 +64,12 @@ std::vector<std::string> split_list(const std::string& text) {
 
 int run_comm_bench(int argc, char** argv) {
   comm::BenchOptions o;
-  std::string ops = "all_gather,reduce_scatter,all_reduce,broadcast", groups = "node,cross,world";
+  std::string ops = "all_gather,reduce_scatter,all_reduce,broadcast,all_to_all", groups = "node,cross,world";
   std::string min_bytes = "1K", max_bytes = "256M", dtype = "fp32", backend_name = "mpi";
   po::options_description desc("Options");
   desc.add_options()
       ("ops", po::value<std::string>(&ops)->default_value(ops)->value_name("LIST"),
-           "collectives to measure: all_gather, reduce_scatter, all_reduce, broadcast")
+           "collectives to measure: all_gather, reduce_scatter, all_reduce, broadcast, all_to_all")
       ("groups", po::value<std::string>(&groups)->default_value(groups)->value_name("LIST"),
            "group shapes: node (the ranks of one node), cross (one rank per node), world")
       ("min-bytes", po::value<std::string>(&min_bytes)->default_value(min_bytes)->value_name("SIZE"),
@@ -100,14 +100,14 @@ int run_comm_bench(int argc, char** argv) {
            "write the bandwidth table the planner reads (inputs/bandwidth/README.md)");
   po::variables_map vm;
   if (!parse_command("comm-bench",
-                     "Measures all-gather, reduce-scatter, all-reduce and broadcast like "
+                     "Measures all-gather, reduce-scatter, all-reduce, broadcast and all-to-all like "
                      "nccl-tests, under mpiexec or srun.",
                      desc, argc, argv, vm))
     return 0;
   o.ops.clear();
   for (const auto& name : split_list(ops)) {
     const auto op = comm::parse_op(name);
-    if (!op) fail_usage("--ops ", name, ": expected all_gather, reduce_scatter, all_reduce or broadcast");
+    if (!op) fail_usage("--ops ", name, ": expected all_gather, reduce_scatter, all_reduce, broadcast or all_to_all");
     o.ops.push_back(*op);
   }
   o.shapes.clear();

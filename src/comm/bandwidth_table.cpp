@@ -93,7 +93,7 @@ BandwidthTable parse_bandwidth_table(const std::string& text, const std::string&
       const auto op = parse_op(e.at("op").get<std::string>());
       if (!op)
         fail_usage(where(), ": op '", e.at("op").get<std::string>(),
-                   "' (expected all_gather, reduce_scatter, all_reduce or broadcast)");
+                   "' (expected all_gather, reduce_scatter, all_reduce, broadcast or all_to_all)");
       x.op = *op;
       x.ranks_per_node = e.at("ranks_per_node").get<int64_t>();
       x.nodes = e.at("nodes").get<int64_t>();

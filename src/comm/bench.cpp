@@ -198,6 +198,16 @@ int64_t check_op(MessageSpace& space, Communicator& c, Op op, int64_t count, DTy
       for (int64_t i = 0; i < count; ++i) wrong += buf.get(i) != value(0, i);
       break;
     }
+    case Op::kAllToAll: {  // block r of rank me's input goes to rank r
+      Buffer send(space, t, count * n, 0.0f), recv(space, t, count * n, -1.0f);
+      for (int64_t i = 0; i < count * n; ++i) send.set(i, value(me, i));
+      send.push();
+      c.all_to_all(send.data(), count, recv.data(), t).wait();
+      recv.pull();
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < count; ++i) wrong += recv.get(r * count + i) != value(r, me * count + i);
+      break;
+    }
   }
   return wrong;
 }
@@ -210,6 +220,7 @@ void run_ops(Communicator& c, Op op, int64_t count, DType t, int k, Buffer& a, B
       case Op::kReduceScatter: c.reduce_scatter(a.data(), count, b.data(), t); break;
       case Op::kAllReduce: c.all_reduce(a.data(), count, t); break;
       case Op::kBroadcast: c.broadcast(a.data(), count, 0, t); break;
+      case Op::kAllToAll: c.all_to_all(a.data(), count, b.data(), t); break;
     }
   }
   c.synchronize();
@@ -336,8 +347,8 @@ class BenchRun {
   // One row: check, time, print and record one message size.
   void run_size(Communicator& c, Op op, Shape shape, int64_t p0, int64_t p1, int64_t bytes) {
     const int64_t n = p0 * p1, eb = dtype_bytes(opt_.dtype);
-    // Elements per call: per rank for all-gather and reduce-scatter.
-    const bool blocked = op == Op::kAllGather || op == Op::kReduceScatter;
+    // Elements per call: per rank for all-gather, reduce-scatter and all-to-all.
+    const bool blocked = op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll;
     const int64_t count = blocked ? bytes / (eb * n) : bytes / eb;
     if (count == 0) return;
     const int64_t size = bench_size_bytes(op, count, n, eb);
@@ -377,8 +388,9 @@ class BenchRun {
   // iterations then fit the time budget.
   Timing time_op(Communicator& c, Op op, int64_t count, int64_t n) {
     const DType dtype = opt_.dtype;
-    Buffer a(space_, dtype, op == Op::kReduceScatter ? count * n : count, 0.0f);
-    Buffer b(space_, dtype, op == Op::kAllGather ? count * n : count, 0.0f);
+    const bool a2a = op == Op::kAllToAll;
+    Buffer a(space_, dtype, op == Op::kReduceScatter || a2a ? count * n : count, 0.0f);
+    Buffer b(space_, dtype, op == Op::kAllGather || a2a ? count * n : count, 0.0f);
     AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     double t0 = now_seconds();
     run_ops(c, op, count, dtype, 1, a, b);

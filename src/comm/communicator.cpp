@@ -167,6 +167,11 @@ Handle Communicator::broadcast(void* buf, int64_t count, int root, DType dtype) 
   return submit(args_of(Op::kBroadcast, buf, buf, count, root, dtype));
 }
 
+Handle Communicator::all_to_all(const void* send, int64_t count_per_rank, void* recv,
+                                DType dtype) {
+  return submit(args_of(Op::kAllToAll, send, recv, count_per_rank, 0, dtype));
+}
+
 Handle Communicator::submit(const OpArgs& asked) {
   OpArgs a = asked;
   a.position = watchdog::next_op_index();
@@ -181,10 +186,19 @@ Handle Communicator::submit(const OpArgs& asked) {
   if (reduces && a.dtype == DType::kI32)
     fail(op_name(a.op), " on group ", name(), ": cannot sum ", dtype_name(a.dtype),
          " elements; reductions take fp32, bf16 or fp64 (", dtype_name(a.dtype),
-         " is for all_gather and broadcast)");
+         " is for all_gather, broadcast and all_to_all)");
   if (a.count < 0 || a.count > INT_MAX)
     abort_job(cat(op_name(a.op), " on group ", name(), ": count ", a.count,
                   " outside [0, INT_MAX]"));
+  if (a.op == Op::kAllToAll && a.count > 0) {
+    // Each rank's block would be overwritten while it is still being sent.
+    const auto* s = static_cast<const char*>(a.send);
+    const auto* r = static_cast<const char*>(a.recv);
+    const int64_t bytes = a.count * size() * dtype_bytes(a.dtype);
+    if (s < r + bytes && r < s + bytes)
+      fail("all_to_all on group ", name(), ": send and recv overlap (", bytes,
+           " bytes each); all_to_all is not in place");
+  }
   if (a.op == Op::kBroadcast && (a.root < 0 || a.root >= size()))
     abort_job(cat("broadcast on group ", name(), ": root ", a.root, " outside the group of ",
                   size()));

@@ -16,6 +16,9 @@
 //                                  (rank+1)*c); send holds c * size elements
 //   all_reduce(buf, n)             buf = sum over ranks of buf (in place)
 //   broadcast(buf, n, root)        buf = root's buf
+//   all_to_all(send, c, recv)      recv[i*c .. (i+1)*c) = send[rank*c .. (rank+1)*c)
+//                                  of group rank i; send and recv hold c * size
+//                                  elements each and must not overlap
 //
 // Every rank of the group must issue the same ops in the same order with the
 // same counts and dtypes. Zero counts are fine.
@@ -25,8 +28,10 @@
 // 0, 1, ..., n-1 in that order: the same on every rank and whatever algorithm
 // MPI picks (doc/communication.md, "Element types"). fp64 is for a few
 // statistics (the gradient norm's partial sums). int32 is for moving data
-// (all-gather, broadcast); reducing it throws amsp::Error. all-gather and
-// reduce-scatter take equal blocks: callers pad (comm/traffic.h: padded_count, real_part_of_block).
+// (all-gather, broadcast, all-to-all: opaque records as int32 words); reducing
+// it throws amsp::Error. all-to-all only moves data and takes every dtype.
+// all-gather, reduce-scatter and all-to-all take equal blocks: callers pad
+// (comm/traffic.h: padded_count, real_part_of_block).
 //
 // The operations themselves are not thread-safe against each other on one
 // communicator: issue, test and wait from one thread at a time.
@@ -111,7 +116,7 @@ struct OpArgs {
   Op op = Op::kAllReduce;
   const void* send = nullptr;
   void* recv = nullptr;  // also the buffer of all-reduce and broadcast
-  int64_t count = 0;     // elements: per rank for all-gather / reduce-scatter, else the buffer
+  int64_t count = 0;     // elements: per rank for all-gather / reduce-scatter / all-to-all, else the buffer
   int root = 0;
   DType dtype = DType::kF32;
   // Chaining, for the stages of one gradient reduction: the op starts only once
@@ -140,6 +145,11 @@ class Communicator {
                         DType dtype = DType::kF32);
   Handle all_reduce(void* buf, int64_t count, DType dtype = DType::kF32);
   Handle broadcast(void* buf, int64_t count, int root, DType dtype = DType::kF32);
+  // Block i of `send` goes to group rank i; block i of `recv` comes from it.
+  // Not in place: overlapping buffers throw amsp::Error before anything is
+  // issued or counted.
+  Handle all_to_all(const void* send, int64_t count_per_rank, void* recv,
+                    DType dtype = DType::kF32);
   // Any op, with its chaining (OpArgs).
   Handle submit(const OpArgs& args);
 

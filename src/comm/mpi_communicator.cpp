@@ -3,10 +3,12 @@
 // thread shared by all communicators of the process or by the caller.
 // Measurements and reasoning: doc/communication.md.
 //
-// fp32 ops are one MPI collective each. A bf16 sum is done here rather than by
-// MPI (which has no bf16 type, and whose algorithms would round at every hop
-// in an order of their choosing): an op may therefore take several stages, an
-// MPI collective each followed by local work, all run by the poller:
+// fp32 ops, and every op that only moves data (all-gather, broadcast, and
+// all-to-all: MPI_Ialltoall in any dtype), are one MPI collective each. A bf16
+// sum is done here rather than by MPI (which has no bf16 type, and whose
+// algorithms would round at every hop in an order of their choosing): an op
+// may therefore take several stages, an MPI collective each followed by local
+// work, all run by the poller:
 //   bf16 reduce-scatter  alltoall of the blocks; sum in fp32 in rank order, round
 //   bf16 all-reduce      the same on ceil(count/n)-element blocks of a padded
 //                        copy, then an in-place all-gather of the blocks
@@ -325,6 +327,9 @@ class MpiCommunicator final : public Communicator {
       case Op::kBroadcast:
         AMSP_MPI_CHECK(MPI_Ibcast(a.recv, n, type, a.root, comm, &req_));
         break;
+      case Op::kAllToAll:  // moves only: the element type is just its size
+        AMSP_MPI_CHECK(MPI_Ialltoall(a.send, n, type, a.recv, n, type, comm, &req_));
+        break;
     }
   }
 
@@ -450,10 +455,14 @@ void MpiCommunicator::mismatch(const std::vector<int64_t>& all) {
     else odd += cat(odd.empty() ? "" : "; ", watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r]));
   }
   const std::string where = cat("op #", all[0], " on ", watched().description());
+  // The check runs before the op: nothing of it reached the wire.
+  const Op op = static_cast<Op>(all[1]);
+  const char* nothing = op == Op::kReduceScatter || op == Op::kAllReduce ? "; nothing was reduced"
+                                                                           : "; nothing was moved";
   const std::string line =
-      agree.empty() ? cat("mismatch in ", where, " with no majority to tell the odd rank: ", odd, "; nothing was reduced")
+      agree.empty() ? cat("mismatch in ", where, " with no majority to tell the odd rank: ", odd, nothing)
                     : cat("mismatch in ", where, ": ", odd, " where ", whose, watchdog::ranks_phrase(agree), " issued ",
-                          describe_op(common.data()), "; nothing was reduced");
+                          describe_op(common.data()), nothing);
   // One line per job: the group's first rank reports, the others a moment later.
   if (rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
   abort_job(line);

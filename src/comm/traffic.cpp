@@ -10,6 +10,7 @@ const char* op_name(Op op) {
     case Op::kReduceScatter: return "reduce_scatter";
     case Op::kAllReduce: return "all_reduce";
     case Op::kBroadcast: return "broadcast";
+    case Op::kAllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -23,6 +24,7 @@ std::optional<Op> parse_op(const std::string& name) {
   if (n == "reducescatter") return Op::kReduceScatter;
   if (n == "allreduce") return Op::kAllReduce;
   if (n == "bcast") return Op::kBroadcast;
+  if (n == "alltoall") return Op::kAllToAll;
   return std::nullopt;
 }
 
@@ -31,7 +33,8 @@ Traffic traffic_bytes(Op op, int64_t count, int64_t n, int64_t rank, int64_t roo
   if (n <= 1 || count <= 0) return {};
   switch (op) {
     case Op::kAllGather:
-    case Op::kReduceScatter: {
+    case Op::kReduceScatter:
+    case Op::kAllToAll: {  // all-to-all: the own block stays local
       const int64_t b = (n - 1) * count * elem_bytes;
       return {b, b};
     }
@@ -58,7 +61,8 @@ double busbw_factor(Op op, int64_t n) {
   switch (op) {
     case Op::kAllReduce: return 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
     case Op::kAllGather:
-    case Op::kReduceScatter: return static_cast<double>(n - 1) / static_cast<double>(n);
+    case Op::kReduceScatter:
+    case Op::kAllToAll: return static_cast<double>(n - 1) / static_cast<double>(n);
     case Op::kBroadcast: return 1.0;
   }
   return 1.0;
@@ -67,7 +71,8 @@ double busbw_factor(Op op, int64_t n) {
 int64_t bench_size_bytes(Op op, int64_t count, int64_t n, int64_t elem_bytes) {
   switch (op) {
     case Op::kAllGather:
-    case Op::kReduceScatter: return count * n * elem_bytes;
+    case Op::kReduceScatter:
+    case Op::kAllToAll: return count * n * elem_bytes;
     case Op::kAllReduce:
     case Op::kBroadcast: return count * elem_bytes;
   }

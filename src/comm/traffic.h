@@ -1,9 +1,9 @@
 // The collectives, and what each one moves: pure functions, no MPI, so the
 // planner and the tests can predict exactly what the communicators account.
 //
-// Counts are in elements. For all-gather and reduce-scatter `count` is the
-// block one rank contributes or receives (count_per_rank); for all-reduce and
-// broadcast it is the whole buffer.
+// Counts are in elements. For all-gather, reduce-scatter and all-to-all
+// `count` is the block one rank contributes, receives or sends to each rank
+// (count_per_rank); for all-reduce and broadcast it is the whole buffer.
 //
 // Traffic per rank (what Stats accounts and traffic_bytes returns) is the
 // volume a bandwidth-optimal algorithm (ring / pipelined chain) moves through
@@ -14,6 +14,8 @@
 //                   (a reduce-scatter then an all-gather of padded blocks)
 //   broadcast       root: sent = count, received = 0;
 //                   others: sent = 0, received = count
+//   all-to-all      sent = received = (n-1) * count: a block to and from each
+//                   other rank; the rank's own block is a local copy, no bytes
 // times the element size; a group of one moves nothing. The MPI library may
 // choose another algorithm (recursive doubling, binomial trees): these are the
 // figures to compare bandwidths with, not a trace of the wire.
@@ -25,12 +27,13 @@
 
 namespace amsp::comm {
 
-enum class Op { kAllGather, kReduceScatter, kAllReduce, kBroadcast };
+enum class Op { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 inline constexpr Op kAllOps[] = {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce,
-                                 Op::kBroadcast};
-inline constexpr int kNumOps = 4;
+                                 Op::kBroadcast, Op::kAllToAll};
+inline constexpr int kNumOps = 5;
 
-const char* op_name(Op op);  // "all_gather", "reduce_scatter", "all_reduce", "broadcast"
+// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all"
+const char* op_name(Op op);
 std::optional<Op> parse_op(const std::string& name);  // accepts op_name's spellings
 
 struct Traffic {
@@ -62,10 +65,10 @@ struct Span {
 Span real_part_of_block(int64_t n, int64_t group_size, int64_t index);
 
 // nccl-tests' conventions for a benchmark row. `size_bytes` is the size column:
-// the whole gathered buffer for all-gather, the whole input for reduce-scatter,
-// the buffer for all-reduce and broadcast. algbw = size / time; busbw = algbw x
-// factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather and
-// reduce-scatter, 1 for broadcast.
+// the whole gathered buffer for all-gather, the whole input for reduce-scatter
+// and all-to-all, the buffer for all-reduce and broadcast. algbw = size / time;
+// busbw = algbw x factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for
+// all-gather, reduce-scatter and all-to-all, 1 for broadcast.
 double busbw_factor(Op op, int64_t group_size);
 int64_t bench_size_bytes(Op op, int64_t count, int64_t group_size, int64_t elem_bytes = 4);
 

@@ -22,6 +22,14 @@ TEST(Traffic, RingVolumesPerRank) {
   EXPECT_EQ(traffic_bytes(Op::kAllGather, 10, 3, 0, 0, /*elem_bytes=*/2), (Traffic{40, 40}));
 }
 
+TEST(Traffic, AllToAllSendsABlockToEachOtherRank) {
+  // 3 ranks, 1000 int32 per destination: two blocks go out, two come in; the
+  // block a rank keeps for itself is a local copy and costs nothing.
+  EXPECT_EQ(traffic_bytes(Op::kAllToAll, 1000, 3), (Traffic{8000, 8000}));
+  EXPECT_EQ(traffic_bytes(Op::kAllToAll, 7, 4, /*rank=*/3, 0, /*elem_bytes=*/2), (Traffic{42, 42}));
+  EXPECT_EQ(traffic_bytes(Op::kAllToAll, 7, 2, 1, /*root=*/1), (Traffic{28, 28}));  // root is ignored
+}
+
 TEST(Traffic, NothingMovesInAGroupOfOneOrForZeroElements) {
   for (Op op : kAllOps) {
     EXPECT_EQ(traffic_bytes(op, 1000, 1), Traffic{}) << op_name(op);
@@ -33,7 +41,10 @@ TEST(Traffic, OpNamesRoundTrip) {
   for (Op op : kAllOps) EXPECT_EQ(parse_op(op_name(op)), op);
   EXPECT_EQ(parse_op("all-reduce"), Op::kAllReduce);
   EXPECT_EQ(parse_op("allgather"), Op::kAllGather);
-  EXPECT_FALSE(parse_op("all_to_all"));
+  EXPECT_EQ(parse_op("alltoall"), Op::kAllToAll);
+  EXPECT_EQ(parse_op("all-to-all"), Op::kAllToAll);
+  EXPECT_STREQ(op_name(Op::kAllToAll), "all_to_all");
+  EXPECT_FALSE(parse_op("all_to_one"));
 }
 
 TEST(Padding, BlocksCoverTheBufferAndPadTheTail) {
@@ -66,6 +77,8 @@ TEST(Bench, BusBandwidthFactorsAreNcclTests) {
   EXPECT_DOUBLE_EQ(busbw_factor(Op::kBroadcast, 8), 1.0);
   EXPECT_EQ(bench_size_bytes(Op::kAllGather, 256, 4), 4096);  // the gathered buffer
   EXPECT_EQ(bench_size_bytes(Op::kAllReduce, 256, 4), 1024);
+  EXPECT_DOUBLE_EQ(busbw_factor(Op::kAllToAll, 4), 0.75);  // nccl-tests' alltoall_perf
+  EXPECT_EQ(bench_size_bytes(Op::kAllToAll, 256, 4), 4096);  // the whole send buffer
 }
 
 TEST(Bench, SizesAndByteParsing) {

@@ -4,7 +4,10 @@
 // completion, groups built from a shard plan's mesh, concurrent groups, and
 // the accounting against traffic_bytes; the same in bf16 against a reference
 // written here (the fp32 sum in rank order, rounded once), int32 moves, and
-// the accounting per dtype. Prints "N passed, M failed".
+// the accounting per dtype. all-to-all in fp32, bf16 and int32 on groups of
+// every size up to the world's, chained after an op of another communicator,
+// on the MPI backend and (progress thread only) on the NCCL backend over the
+// emulated NCCL. Prints "N passed, M failed".
 //
 // With --wire DIR it only runs a fixed set of ops of every dtype, one group per
 // (dtype, op), and writes each rank's accounting to DIR/amsp-rank-<r>.json, for
@@ -12,17 +15,22 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/group.h"
+#include "comm/nccl/nccl_communicator.h"
 #include "comm/traffic.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -169,9 +177,9 @@ void check_issue_order(comm::Communicator& c) {
 
 // The accounting equals the bandwidth-optimal model, written out here for
 // each op (not through comm::traffic_bytes, which the accounting itself uses):
-// all-gather and reduce-scatter move (n-1) blocks of the per-rank count, an
-// all-reduce 2(n-1) blocks of ceil(count/n), a broadcast's root sends the
-// buffer once and every other rank receives it; 4-byte floats.
+// all-gather, reduce-scatter and all-to-all move (n-1) blocks of the per-rank
+// count, an all-reduce 2(n-1) blocks of ceil(count/n), a broadcast's root sends
+// the buffer once and every other rank receives it; 4-byte floats.
 void check_accounting(comm::Communicator& c) {
   c.reset_stats();
   const int64_t n = c.size(), me = c.rank(), root = n - 1;
@@ -183,16 +191,19 @@ void check_accounting(comm::Communicator& c) {
     c.reduce_scatter(a.data(), k, b.data());
     c.all_reduce(a.data(), k);
     c.broadcast(a.data(), k, static_cast<int>(root));
+    c.all_to_all(a.data(), k, b.data());
     c.synchronize();
     gather += (n - 1) * k * 4;
     allreduce += 2 * (n - 1) * ((k + n - 1) / n) * 4;
     bcast += n > 1 ? k * 4 : 0;
   }
-  // {sent, received} per op on this rank; a group of one moves nothing.
-  const int64_t want[4][2] = {{gather, gather},
+  // {sent, received} per op on this rank; a group of one moves nothing. An
+  // all-to-all sends a block to each other rank and keeps its own: (n-1) blocks.
+  const int64_t want[5][2] = {{gather, gather},
                               {gather, gather},
                               {allreduce, allreduce},
-                              {me == root ? bcast : 0, me == root ? 0 : bcast}};
+                              {me == root ? bcast : 0, me == root ? 0 : bcast},
+                              {gather, gather}};
   const comm::Stats got = c.stats();
   for (Op op : comm::kAllOps) {
     const auto* w = want[static_cast<int>(op)];
@@ -360,16 +371,16 @@ void check_int32(comm::Communicator& c, int64_t count) {
 }
 
 // Bytes per dtype, against formulas written here: per element 4 bytes (fp32,
-// int32) or 2 (bf16); all-gather and reduce-scatter move (n-1) blocks of the
-// per-rank count, all-reduce 2(n-1) blocks of ceil(count/n), broadcast the
-// buffer once (the root sends, the others receive). The totals per op are the
-// sums over dtypes.
+// int32) or 2 (bf16); all-gather, reduce-scatter and all-to-all move (n-1)
+// blocks of the per-rank count, all-reduce 2(n-1) blocks of ceil(count/n),
+// broadcast the buffer once (the root sends, the others receive). The totals
+// per op are the sums over dtypes.
 void check_accounting_by_dtype(comm::Communicator& c) {
   c.reset_stats();
   const int64_t n = c.size(), me = c.rank(), root = 0;
   const int64_t counts[] = {0, 1, 5, 1001};
   // want[op][dtype] = {calls, sent, received}
-  int64_t want[4][3][3] = {};
+  int64_t want[5][3][3] = {};
   for (int64_t k : counts) {
     std::vector<uint32_t> a(static_cast<size_t>(k * n) + 1, 0), b(static_cast<size_t>(k * n) + 1, 0);
     for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
@@ -385,6 +396,8 @@ void check_accounting_by_dtype(comm::Communicator& c) {
       add(Op::kAllGather, (n - 1) * k * e, (n - 1) * k * e);
       c.broadcast(a.data(), k, static_cast<int>(root), t);
       add(Op::kBroadcast, me == root ? k * e : 0, me == root ? 0 : k * e);
+      c.all_to_all(a.data(), k, b.data(), t);
+      add(Op::kAllToAll, (n - 1) * k * e, (n - 1) * k * e);
       if (t == DType::kI32) continue;
       c.reduce_scatter(a.data(), k, b.data(), t);
       add(Op::kReduceScatter, (n - 1) * k * e, (n - 1) * k * e);
@@ -425,6 +438,184 @@ void check_accounting_by_dtype(comm::Communicator& c) {
         "format_stats shows the dtypes:\n" + table);
 }
 
+// --- all-to-all ------------------------------------------------------------------
+// The same checks on both backends: buffers in host memory for MPI, in the
+// emulated device memory for NCCL.
+class Memory {
+ public:
+  explicit Memory(bool device) : device_(device) {}
+  bool device() const { return device_; }
+  // A buffer holding `bytes`.
+  std::shared_ptr<void> make(const std::vector<uint8_t>& bytes) {
+    const size_t size = std::max<size_t>(bytes.size(), 1);
+    std::shared_ptr<void> p;
+    if (device_) {
+      void* d = nullptr;
+      cudaMalloc(&d, size);
+      p = std::shared_ptr<void>(d, [](void* q) { cudaFree(q); });
+      cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice);
+    } else {
+      p = std::shared_ptr<void>(std::malloc(size), std::free);
+      std::memcpy(p.get(), bytes.data(), bytes.size());
+    }
+    return p;
+  }
+  std::vector<uint8_t> read(const void* src, size_t bytes) {
+    std::vector<uint8_t> out(bytes);
+    if (device_) cudaMemcpy(out.data(), src, bytes, cudaMemcpyDeviceToHost);
+    else std::memcpy(out.data(), src, bytes);
+    return out;
+  }
+
+ private:
+  bool device_;
+};
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The bits of element i of the block group rank `from` sends to group rank
+// `to`, appended to `out`: different for (almost) every (from, to, i), and
+// finite numbers in fp32 and bf16 (int32: any bits, an opaque record's words).
+void append_word(std::vector<uint8_t>& out, uint64_t seed, int from, int to, int64_t i, DType t) {
+  const uint64_t h = splitmix(seed * 0x100000001b3ull ^ splitmix((uint64_t(from) << 48) ^
+                                                                 (uint64_t(to) << 32) ^ uint64_t(i)));
+  uint32_t w = static_cast<uint32_t>(h);
+  if (t == DType::kF32)  // sign, exponent 2^-20 .. 2^20, any mantissa
+    w = (w & 0x807fffffu) | ((127 - 20 + static_cast<uint32_t>((h >> 32) % 41)) << 23);
+  if (t == DType::kBF16)
+    w = (w & 0x807fu) | ((127 - 20 + static_cast<uint32_t>((h >> 32) % 41)) << 7);
+  const auto* b = reinterpret_cast<const uint8_t*>(&w);
+  out.insert(out.end(), b, b + dtype_bytes(t));  // little endian: the low bytes
+}
+
+std::string a2a_label(const comm::Communicator& c, DType t, int64_t count) {
+  return cat(dtype_name(t), " all_to_all on ", c.name(), " (", c.backend(), ", ", c.size(),
+             " ranks), count ", count);
+}
+
+// Every rank sends block j of its input to group rank j: block r of what this
+// rank receives is what rank r made for it, bit for bit; the input is untouched.
+void check_all_to_all(comm::Communicator& c, Memory& mem, int64_t count, DType t, uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  const size_t bytes = static_cast<size_t>(count * n * dtype_bytes(t));
+  std::vector<uint8_t> mine, want;
+  for (int to = 0; to < n; ++to)
+    for (int64_t i = 0; i < count; ++i) append_word(mine, seed, me, to, i, t);
+  for (int from = 0; from < n; ++from)
+    for (int64_t i = 0; i < count; ++i) append_word(want, seed, from, me, i, t);
+  auto send = mem.make(mine);
+  auto recv = mem.make(std::vector<uint8_t>(bytes, 0xee));
+  c.all_to_all(send.get(), count, recv.get(), t).wait();
+  check(mem.read(recv.get(), bytes) == want && mem.read(send.get(), bytes) == mine,
+        a2a_label(c, t, count));
+}
+
+// Overlapping buffers are refused on every rank before anything is issued or
+// counted; count 0 moves nothing whatever the pointers.
+void check_all_to_all_refused(comm::Communicator& c, Memory& mem) {
+  const int n = c.size();
+  auto buf = mem.make(std::vector<uint8_t>(static_cast<size_t>(8 * n * 4 + 4), 0));
+  char* p = static_cast<char*>(buf.get());
+  const comm::Stats before = c.stats();
+  for (char* recv : {p, p + 4}) {
+    std::string message;
+    try {
+      c.all_to_all(p, 8, recv, DType::kI32);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    check(message.find("all_to_all") != std::string::npos && message.find("overlap") != std::string::npos &&
+              message.find(c.name()) != std::string::npos,
+          cat("an all_to_all into its own input is refused on ", c.name(), " (", c.backend(), "): '", message, "'"));
+  }
+  c.all_to_all(p, 0, p, DType::kI32).wait();
+  check(c.stats()[Op::kAllToAll].calls == before[Op::kAllToAll].calls + 1,
+        cat("refused all_to_alls are not counted on ", c.name()));
+}
+
+// all-to-all in every dtype and count on c, then its accounting per dtype
+// against (n-1) blocks of count x element size, written out here.
+void check_all_to_all_cases(comm::Communicator& c, Memory& mem, const std::vector<int64_t>& counts,
+                          uint64_t seed) {
+  c.reset_stats();
+  const int64_t n = c.size();
+  std::array<int64_t, kNumDTypes> calls{}, bytes{};
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI32})
+    for (int64_t k : counts) {
+      check_all_to_all(c, mem, k, t, seed += 10);
+      calls[static_cast<int>(t)] += 1;
+      bytes[static_cast<int>(t)] += (n - 1) * k * (t == DType::kBF16 ? 2 : 4);
+    }
+  const comm::Stats got = c.stats();
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI32}) {
+    const comm::Counters& g = got[Op::kAllToAll][t];
+    const int ti = static_cast<int>(t);
+    check(g.calls == calls[ti] && g.bytes_sent == bytes[ti] && g.bytes_received == bytes[ti],
+          cat("stats of ", dtype_name(t), " all_to_all on ", c.name(), " (", c.backend(), "): ", g.calls,
+              " calls, ", g.bytes_sent, "/", g.bytes_received, " bytes; expected ", calls[ti], ", ",
+              bytes[ti], "/", bytes[ti]));
+  }
+  check_all_to_all_refused(c, mem);
+}
+
+// An all-to-all on `b` chained after a reduce-scatter on `a` (the same ranks):
+// `before` converts the reduce-scatter's fp32 output to the bf16 the all-to-all
+// sends, `then` adds what it received into an fp32 buffer. Only the last op is
+// waited for. Integer data: the fp32 sums are exact whatever MPI's order.
+void check_chained_all_to_all(comm::Communicator& a, comm::Communicator& b, Memory& mem, int64_t count,
+                              uint64_t seed) {
+  const int n = a.size(), me = a.rank();
+  const int64_t rows = count * n;  // what the reduce-scatter hands each rank
+  const auto x_of = [&](int r, int64_t k) {
+    return static_cast<float>(static_cast<int64_t>(splitmix(seed + r * 1000003ull + k) % 2001) - 1000);
+  };
+  const auto to_bytes = [](const auto& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    return std::vector<uint8_t>(p, p + v.size() * sizeof v[0]);
+  };
+  std::vector<float> x(static_cast<size_t>(rows * n)), acc0(static_cast<size_t>(rows));
+  for (int64_t k = 0; k < rows * n; ++k) x[k] = x_of(me, k);
+  for (int64_t k = 0; k < rows; ++k) acc0[k] = static_cast<float>(k % 5);
+  auto xs = mem.make(to_bytes(x));
+  auto d = mem.make(to_bytes(std::vector<float>(static_cast<size_t>(rows), -7.0f)));
+  auto s = mem.make(std::vector<uint8_t>(static_cast<size_t>(rows * 2), 0xff));
+  auto rv = mem.make(std::vector<uint8_t>(static_cast<size_t>(rows * 2), 0xff));
+  auto acc = mem.make(to_bytes(acc0));
+
+  comm::OpArgs o;
+  o.op = Op::kAllToAll;
+  o.send = s.get();
+  o.recv = rv.get();
+  o.count = count;
+  o.dtype = DType::kBF16;
+  o.after = a.reduce_scatter(xs.get(), rows, d.get());
+  o.before = {comm::Local::kCopy, d.get(), DType::kF32, s.get(), DType::kBF16, rows};
+  o.then = {comm::Local::kAdd, rv.get(), DType::kBF16, acc.get(), DType::kF32, rows};
+  b.submit(o).wait();
+
+  // Rank r's reduce-scatter output, element k, as bf16: what it sends.
+  const auto sent = [&](int r, int64_t k) {
+    float sum = 0;
+    for (int q = 0; q < n; ++q) sum += x_of(q, r * rows + k);
+    return bf16_nearest(sum);
+  };
+  std::vector<uint16_t> want_rv;
+  std::vector<float> want_acc;
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < count; ++i) {
+      want_rv.push_back(sent(r, me * count + i));
+      want_acc.push_back(acc0[want_acc.size()] + bf16_value(want_rv.back()));
+    }
+  check(mem.read(rv.get(), rows * 2) == to_bytes(want_rv) && mem.read(acc.get(), rows * 4) == to_bytes(want_acc),
+        cat("bf16 all_to_all on ", b.name(), " (", b.backend(), ", ", n, " ranks) chained after a reduce_scatter on ",
+            a.name(), ", with before and then steps, count ", count));
+}
+
 // --wire DIR: every op of every dtype on a group of its own, then this rank's
 // accounting as JSON: {group: {"size": n, op: {dtype: [calls, sent, received]}}}.
 void write_wire_stats(const std::string& dir) {
@@ -444,6 +635,7 @@ void write_wire_stats(const std::string& dir) {
           case Op::kReduceScatter: c->reduce_scatter(a.data(), k, b.data(), t); break;
           case Op::kAllReduce: c->all_reduce(a.data(), k, t); break;
           case Op::kBroadcast: c->broadcast(a.data(), k, static_cast<int>(k % n), t); break;
+          case Op::kAllToAll: c->all_to_all(a.data(), k, b.data(), t); break;
         }
         c->synchronize();
       }
@@ -501,6 +693,23 @@ int main(int argc, char** argv) {
     check_int32(*world, 0);
     check_int32(*world, 1001);
 
+    // all-to-all on the world, a pair and a single rank, then chained after a
+    // reduce-scatter on another communicator of the world.
+    {
+      const int first = g_rank - g_rank % 2;
+      std::vector<int> pair{first};
+      if (first + 1 < g_world) pair.push_back(first + 1);
+      auto two = comm::make_mpi_communicator(comm::make_group(MPI_COMM_WORLD, pair, "pair"));
+      auto one = comm::make_mpi_communicator(comm::make_group(MPI_COMM_WORLD, {g_rank}, "self"));
+      auto chain = comm::make_mpi_communicator(comm::dup_group(MPI_COMM_WORLD, "chain"));
+      Memory host(false);
+      check_all_to_all_cases(*world, host, {0, 1, 7, 1001, 100003}, seed += 1000);
+      for (comm::Communicator* c : {two.get(), one.get()})
+        check_all_to_all_cases(*c, host, {0, 1, 7, 1001}, seed += 1000);
+      check_chained_all_to_all(*world, *chain, host, 4099, seed += 10);
+      check_chained_all_to_all(*world, *chain, host, 0, seed += 10);
+    }
+
     // The five groups of a plan on a fake mesh (2 ranks per node when the world
     // is even), as the engine will build them.
     const plan::MeshShape shape = g_world % 2 == 0 ? plan::MeshShape{2, g_world / 2}
@@ -549,6 +758,27 @@ int main(int argc, char** argv) {
             "interleaved ops on two groups");
     }
     groups.clear();
+  }
+  // The NCCL backend over the emulated NCCL, on device buffers: the same
+  // all-to-all checks (once: the MPI backend's progress mode does not matter).
+  if (session.progress() == comm::Progress::kThread) {
+    cudaStream_t compute = nullptr;
+    cudaStreamCreate(&compute);
+    const int first = g_rank - g_rank % 2;
+    std::vector<int> pair{first};
+    if (first + 1 < g_world) pair.push_back(first + 1);
+    {
+      comm::NcclCommunicator world(comm::dup_group(MPI_COMM_WORLD, "nccl.world"), compute);
+      comm::NcclCommunicator chain(comm::dup_group(MPI_COMM_WORLD, "nccl.chain"), compute);
+      comm::NcclCommunicator two(comm::make_group(MPI_COMM_WORLD, pair, "nccl.pair"), compute);
+      comm::NcclCommunicator one(comm::make_group(MPI_COMM_WORLD, {g_rank}, "nccl.self"), compute);
+      Memory device(true);
+      uint64_t seed = 7000;
+      for (comm::Communicator* c : std::initializer_list<comm::Communicator*>{&world, &two, &one})
+        check_all_to_all_cases(*c, device, {0, 1, 7, 1001}, seed += 1000);
+      check_chained_all_to_all(world, chain, device, 1001, seed += 10);
+    }
+    cudaStreamDestroy(compute);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (g_rank == 0) std::printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -72,17 +72,29 @@ set_tests_properties(comm_bench_table_planned PROPERTIES LABELS mpi TIMEOUT 60
 add_executable(amsp_comm_timeout_test ${CMAKE_CURRENT_SOURCE_DIR}/comm/timeout_test.cpp)
 target_compile_options(amsp_comm_timeout_test PRIVATE ${AMSP_WARNINGS})
 target_link_libraries(amsp_comm_timeout_test PRIVATE amsp_core)
-# The default mode names the rank that never joined (comm/watchdog.h); `none` runs
-# no watchdog thread (it would progress the ops) and names the op.
-set(AMSP_TIMEOUT_LINE_thread "rank 0 of 3 on host .*: hang: rank 1 \\([^,]+, local 1\\) never reached all_reduce #1 on the P group of ranks 0-2 \\(it waits in no collective: it computes, its last op on the group #0\\); ranks 0, 2 waited 1.5 s$")
+# The default mode names the rank that never joined (comm/watchdog.h), here in an
+# all-to-all; `none` runs no watchdog thread (it would progress the ops) and names
+# the op, here an all-reduce.
+set(AMSP_TIMEOUT_OP_thread all_to_all)
+set(AMSP_TIMEOUT_OP_none all_reduce)
+set(AMSP_TIMEOUT_LINE_thread "rank 0 of 3 on host .*: hang: rank 1 \\([^,]+, local 1\\) never reached all_to_all #1 on the P group of ranks 0-2 \\(it waits in no collective: it computes, its last op on the group #0\\); ranks 0, 2 waited 1.5 s$")
 set(AMSP_TIMEOUT_LINE_none "rank [02] of 3 on host .*: hang: all_reduce #1 on the P group of ranks 0-2 did not complete within 1.5 s \\(with AMSP_COMM_PROGRESS=none no watchdog thread runs")
 foreach(mode thread none)
   add_test(NAME comm_timeout_${mode}
     COMMAND ${AMSP_EXPECT_OUTPUT} --exit 1 "${AMSP_TIMEOUT_LINE_${mode}}" --
-            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test>)
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test>
+            ${AMSP_TIMEOUT_OP_${mode}})
   set_tests_properties(comm_timeout_${mode} PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 3
     ENVIRONMENT "AMSP_COMM_TIMEOUT=1.5;AMSP_COMM_PROGRESS=${mode}")
 endforeach()
+# The mismatch check (progress thread): rank 1 issues an all-to-all of 5 int32
+# where ranks 0 and 2 issue 4; the job ends before anything moves, naming rank 1
+# and both counts.
+add_test(NAME comm_mismatch_all_to_all
+  COMMAND ${AMSP_EXPECT_OUTPUT} --exit 1 "rank 0 of 3 on host .*: mismatch in op #1 on the P group of ranks 0-2: rank 1 \\([^,]+, local 1\\) issued all_to_all of 5 int32 where ranks 0, 2 issued all_to_all of 4 int32; nothing was moved$" --
+          ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test> mismatch)
+set_tests_properties(comm_mismatch_all_to_all PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 3
+  ENVIRONMENT "AMSP_COMM_PROGRESS=thread;AMSP_COMM_CHECK=1")
 
 # What the communicators hand to MPI, counted through PMPI (the engine tests'
 # libamsp_mpi_count), per dtype: the MPI collectives each op uses and their bytes

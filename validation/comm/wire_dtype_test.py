@@ -3,7 +3,9 @@
 
 The accounting (comm::Stats) comes from comm::traffic_bytes; the bf16 sums do not map
 onto MPI's reductions (an all-to-all of bf16 blocks, summed in fp32 by amsp, plus an
-all-gather for an all-reduce). This runs `amsp_comm_collectives_test --wire DIR` under
+all-gather for an all-reduce). amsp's all-to-all, in any dtype, is one MPI all-to-all
+whose count is the block for each rank; the ring model counts n-1 of them, the rank's
+own block not being sent. This runs `amsp_comm_collectives_test --wire DIR` under
 the PMPI counter of the engine tests (validation/engine/mpi_count.c, LD_PRELOAD): one
 group per (dtype, op), each op issued with counts 0, 1, 7, 1001 and 4099. For every rank
 and group it checks

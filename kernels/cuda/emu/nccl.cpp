@@ -1,6 +1,7 @@
 // NCCL over MPI (nccl.h). Each communicator is an MPI communicator split off
-// a private copy of MPI_COMM_WORLD; each op is one or two MPI collectives run
-// to completion at issue. Sums are ours, in rank order, so that every rank
+// a private copy of MPI_COMM_WORLD; each collective is one or two MPI
+// collectives run to completion at issue; ncclSend and ncclRecv are
+// MPI_Isend and MPI_Irecv, posted together at the end of their group. Sums are ours, in rank order, so that every rank
 // gets the same bits (as comm/mpi_communicator.cpp does for bf16).
 #include "kernels/cuda/emu/nccl.h"
 
@@ -38,6 +39,18 @@ std::mutex g_mu;
 std::set<ncclComm_t> g_comms;  // live and aborted
 std::atomic<double> g_timeout_s{0};
 thread_local int t_group_depth = 0;
+
+// A send or receive, queued until the end of its group.
+struct P2p {
+  bool send = false;
+  ncclComm_t comm = nullptr;
+  void* buf = nullptr;  // a send's is const
+  size_t count = 0;
+  ncclDataType_t type = ncclFloat32;
+  int peer = 0;
+  bool async_fail = false;  // injected: report ncclRemoteError once it completed
+};
+thread_local std::vector<P2p> t_p2p;  // this thread's open group's
 
 void warn(const std::string& message) {
   std::fprintf(stderr, "amsp emu nccl: %s\n", message.c_str());
@@ -353,6 +366,96 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   return end(c, fail, finish(comm, c.name, "MPI_Ibcast", rc, &req));
 }
 
+// ---- point to point -----------------------------------------------------------------------
+
+namespace {
+
+// The tag of every send and receive: MPI matches messages between two ranks of
+// a communicator in the order they were sent, as NCCL does.
+constexpr int kP2pTag = 0x4e43;
+
+// Posts every queued send and receive, then completes them all: MPI_Waitall,
+// or polling up to the timeout.
+ncclResult_t run_p2p(const std::vector<P2p>& ops) {
+  std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2p& o = ops[i];
+    const int count = static_cast<int>(o.count);
+    const MPI_Datatype t = mpi_type(o.type);
+    const int rc = o.send ? MPI_Isend(o.buf, count, t, o.peer, kP2pTag, o.comm->mpi, &reqs[i])
+                          : MPI_Irecv(o.buf, count, t, o.peer, kP2pTag, o.comm->mpi, &reqs[i]);
+    if (rc != MPI_SUCCESS)
+      return mpi_failed(o.comm, o.send ? "ncclSend (MPI_Isend)" : "ncclRecv (MPI_Irecv)", rc);
+  }
+  const int n = static_cast<int>(reqs.size());
+  const double timeout = g_timeout_s.load();
+  if (timeout <= 0) {
+    const int rc = MPI_Waitall(n, reqs.data(), MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_failed(ops.front().comm, "ncclGroupEnd (MPI_Waitall)", rc);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    for (int done = 0; !done;) {
+      const int rc = MPI_Testall(n, reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) return mpi_failed(ops.front().comm, "ncclGroupEnd (MPI_Testall)", rc);
+      if (done) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (size_t i = 0; i < ops.size(); ++i) {
+          int complete = 1;
+          MPI_Request_get_status(reqs[i], &complete, MPI_STATUS_IGNORE);
+          if (complete) continue;
+          const P2p& o = ops[i];
+          warn(std::string(o.send ? "ncclSend to " : "ncclRecv from ") + std::to_string(o.peer) +
+               " on rank " + std::to_string(o.comm->rank) + " of " +
+               std::to_string(o.comm->nranks) + ": the peer did not arrive within " +
+               std::to_string(timeout) + " s");
+          o.comm->async_error = ncclRemoteError;
+        }
+        return ncclRemoteError;
+      }
+      sched_yield();
+    }
+  }
+  for (const P2p& o : ops)
+    if (o.async_fail) o.comm->async_error = ncclRemoteError;
+  return ncclSuccess;
+}
+
+ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t datatype, int peer,
+                 ncclComm_t comm, cudaStream_t stream, const char* file, int line) {
+  const char* name = send ? "ncclSend" : "ncclRecv";
+  if (const ncclResult_t rc = check_comm(comm, name); rc != ncclSuccess) return rc;
+  if (peer < 0 || peer >= comm->nranks) {
+    warn(std::string(name) + ": peer " + std::to_string(peer) + " outside the communicator's " +
+         std::to_string(comm->nranks) + " ranks");
+    return ncclInvalidArgument;
+  }
+  const size_t bytes = count * type_bytes(datatype);
+  const Call c{name, send ? "send" : "recv", comm, datatype, stream, count,
+               send ? buf : nullptr, send ? bytes : 0, send ? nullptr : buf, send ? 0 : bytes,
+               file, line};
+  Fail fail = Fail::kNo;
+  if (const ncclResult_t rc = begin(c, &fail); rc != ncclSuccess) return rc;
+  P2p op{send, comm, buf, count, datatype, peer, fail == Fail::kAsync};
+  if (t_group_depth > 0) {
+    t_p2p.push_back(op);
+    return ncclSuccess;
+  }
+  return run_p2p({op});
+}
+
+}  // namespace
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream, const char* file, int line) {
+  // MPI_Isend takes a const buffer: the cast only lets P2p hold both kinds.
+  return p2p(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream, file, line);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream, const char* file, int line) {
+  return p2p(false, recvbuff, count, datatype, peer, comm, stream, file, line);
+}
+
 // ---- communicators ----------------------------------------------------------------------
 
 namespace {
@@ -499,8 +602,10 @@ ncclResult_t ncclGroupEnd() {
     warn("ncclGroupEnd without ncclGroupStart");
     return ncclInvalidUsage;
   }
-  --t_group_depth;
-  return ncclSuccess;
+  if (--t_group_depth > 0 || t_p2p.empty()) return ncclSuccess;
+  std::vector<P2p> ops;
+  ops.swap(t_p2p);
+  return run_p2p(ops);
 }
 
 const char* ncclGetErrorString(ncclResult_t result) {

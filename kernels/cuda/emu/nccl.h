@@ -16,7 +16,14 @@
 // sendbuff and writes of recvbuff on `stream` for the happens-before checker
 // and take the caller's file and line as defaulted trailing arguments (as
 // runtime.h's copies do); buffers must be cudaMalloc'd or cudaMallocHost'd.
-// ncclGroupStart/End only nest: ops run at issue. ncclCommAbort marks the
+// Collectives run at issue, inside a group too. ncclSend and ncclRecv have
+// NCCL's semantics: outside a group each is an operation of its own that
+// returns when its peer has matched it; between ncclGroupStart and the
+// outermost ncclGroupEnd they are queued (their accesses recorded on their
+// streams at the call) and ncclGroupEnd posts them all at once and returns
+// when all have completed, so that a rank may send to and receive from every
+// peer, itself included, in one group. Sends and receives between two ranks
+// of a communicator match in the order they were issued. ncclCommAbort marks the
 // communicator aborted (it cannot interrupt a peer's MPI call): later ops on
 // it return ncclInvalidUsage, ncclCommDestroy included (the handle stays valid).
 // A peer that never arrives blocks an op in MPI forever unless
@@ -25,7 +32,8 @@
 //
 // AMSP_EMU_NCCL_FAIL=<op>:<n>[:async] makes the n-th call (from 1, counted per
 // process) of <op> (allgather, reducescatter, allreduce, broadcast or any)
-// fail, so that callers' error paths can be tested: it returns
+// fail (any: every call counts, ncclSend and ncclRecv included),
+// so that callers' error paths can be tested: it returns
 // ncclSystemError without communicating, or, with :async, completes and then
 // ncclCommGetAsyncError reports ncclRemoteError. Set it on every rank (a rank
 // that fails alone leaves its peers waiting).
@@ -74,6 +82,13 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream, const char* file = __builtin_FILE(),
                            int line = __builtin_LINE());
+// Point to point (NCCL 2.7+): count elements to or from group rank `peer`.
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE());
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE());
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 const char* ncclGetErrorString(ncclResult_t result);

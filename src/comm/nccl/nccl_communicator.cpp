@@ -38,6 +38,26 @@ void abort_bounded(ncclComm_t comm) {
   while (!returned->load() && now_seconds() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
+// An all-to-all as NCCL composes it: one group of a send to and a receive
+// from every rank, this one included (NCCL copies that block locally), on
+// `stream`. Block p of `send` goes to rank p; block p of `recv` comes from it.
+// Send and receive exist since NCCL 2.7; ncclAlltoAll only since 2.28.
+ncclResult_t nccl_all_to_all(const void* send, void* recv, size_t count, DType dtype, int ranks,
+                             ncclComm_t comm, cudaStream_t stream) {
+  if (count == 0) return ncclSuccess;  // every rank issued the same count: nothing to match
+  const size_t block = count * static_cast<size_t>(dtype_bytes(dtype));
+  const ncclDataType_t type = nccl_type(dtype);
+  ncclResult_t rc = ncclGroupStart();
+  if (rc != ncclSuccess) return rc;
+  for (int p = 0; p < ranks && rc == ncclSuccess; ++p) {
+    rc = ncclSend(static_cast<const char*>(send) + p * block, count, type, p, comm, stream);
+    if (rc == ncclSuccess)
+      rc = ncclRecv(static_cast<char*>(recv) + p * block, count, type, p, comm, stream);
+  }
+  const ncclResult_t end = ncclGroupEnd();  // closes the group whatever happened in it
+  return rc != ncclSuccess ? rc : end;
+}
+
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
@@ -146,6 +166,9 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
       break;
     case Op::kBroadcast:
       rc = ncclBroadcast(a.recv, a.recv, n, type, a.root, comm_, stream_);
+      break;
+    case Op::kAllToAll:
+      rc = nccl_all_to_all(a.send, a.recv, n, a.dtype, size(), comm_, stream_);
       break;
   }
   if (rc == ncclRemoteError) {  // a peer failed or, emulated, never arrived: ask which

@@ -2,8 +2,12 @@
 // in fp32, bf16, int32 and fp64, out of place and in place, on the world and on two
 // generations of groups of 2, against references computed here; sums must be
 // the rank-order sums (bf16: in fp32, rounded once) bit for bit on every rank.
-// Then the error paths: a group whose members disagree fails on all of them,
-// an aborted communicator refuses work. With AMSP_EMU_NCCL_FAIL set it checks
+// ncclSend and ncclRecv: an all-to-all as one group of a send to and a receive
+// from every rank (itself included), messages between two ranks matched in
+// issue order, and a send and a receive outside any group. Then the error
+// paths: a group whose members disagree fails on all of them, an aborted
+// communicator refuses work, a peer outside the communicator is refused, a
+// late peer times out a collective and a group of sends and receives. With AMSP_EMU_NCCL_FAIL set it checks
 // instead that the injected failure happens where asked.
 //
 // Not a gtest program: it needs MPI and 4 ranks (emu/tests.cmake runs it).
@@ -257,16 +261,98 @@ void check_broadcast(const Group& g, ncclDataType_t t, size_t n, bool in_place, 
   if (!in_place) cudaFree(recv);
 }
 
+// An all-to-all as NCCL's users write it: in one group, block p of send goes
+// to rank p and block p of recv comes from it, this rank included. Rank r's
+// input is parts[r]: block p of what this rank gets is block `rank` of parts[p].
+void check_all_to_all(const Group& g, ncclDataType_t t, size_t n, uint64_t salt) {
+  const size_t bytes = n * type_bytes(t);
+  const auto parts = all_inputs(t, g, n * g.size, salt);
+  char* send = device(bytes * g.size);
+  char* recv = device(bytes * g.size);
+  upload(send, parts[g.rank]);
+  const std::string what = label(g, "all-to-all (send/recv)", t, n, false);
+  bool ok = ncclGroupStart() == ncclSuccess;
+  for (int p = 0; p < g.size; ++p) {
+    ok &= ncclSend(send + p * bytes, n, t, p, g.comm, g.stream) == ncclSuccess;
+    ok &= ncclRecv(recv + p * bytes, n, t, p, g.comm, g.stream) == ncclSuccess;
+  }
+  ok &= ncclGroupEnd() == ncclSuccess;
+  expect(ok, what);
+  Bytes want;
+  for (const Bytes& p : parts) want.insert(want.end(), p.begin() + g.rank * bytes, p.begin() + (g.rank + 1) * bytes);
+  expect(download(g, recv, bytes * g.size) == want, what + ": values");
+  cudaFree(send);
+  cudaFree(recv);
+}
+
+// Between two ranks, messages match in issue order: three sends of different
+// sizes to the next rank, in a nested group, land in three receives in the
+// same order (sizes that did not match would fail or truncate). Then one send
+// and one receive outside any group, each an operation of its own: even ranks
+// send first, odd ranks receive first.
+void check_p2p_order(const Group& g, uint64_t salt) {
+  const ncclDataType_t t = ncclFloat32;
+  const int next = (g.rank + 1) % g.size, prev = (g.rank + g.size - 1) % g.size;
+  const size_t sizes[3] = {3, 1, 700};
+  std::vector<Bytes> mine, theirs;
+  for (size_t k = 0; k < 3; ++k) {
+    mine.push_back(input(t, g.rank, sizes[k], salt + k));
+    theirs.push_back(input(t, prev, sizes[k], salt + k));
+  }
+  std::vector<char*> out, in;
+  bool ok = ncclGroupStart() == ncclSuccess && ncclGroupStart() == ncclSuccess;
+  for (size_t k = 0; k < 3; ++k) {
+    out.push_back(device(mine[k].size()));
+    in.push_back(device(theirs[k].size()));
+    upload(out[k], mine[k]);
+    ok &= ncclRecv(in[k], sizes[k], t, prev, g.comm, g.stream) == ncclSuccess;
+    ok &= ncclSend(out[k], sizes[k], t, next, g.comm, g.stream) == ncclSuccess;
+    if (k == 0) ok &= ncclGroupEnd() == ncclSuccess;  // closes the inner group only
+  }
+  ok &= ncclGroupEnd() == ncclSuccess;
+  expect(ok, g.name + " three sends to the next rank in a group");
+  for (size_t k = 0; k < 3; ++k) {
+    expect(download(g, in[k], theirs[k].size()) == theirs[k],
+           g.name + " send/recv in issue order, message " + std::to_string(k));
+    cudaFree(out[k]);
+    cudaFree(in[k]);
+  }
+  if (g.size < 2) return;
+  const int peer = g.rank ^ 1;  // pairs (0, 1), (2, 3)
+  if (peer >= g.size) return;
+  const Bytes m = input(t, g.rank, 9, salt + 5), want = input(t, peer, 9, salt + 5);
+  char* a = device(m.size());
+  char* b = device(m.size());
+  upload(a, m);
+  ok = true;
+  for (int step = 0; step < 2; ++step) {
+    if ((step == 0) == (g.rank % 2 == 0)) ok &= ncclSend(a, 9, t, peer, g.comm, g.stream) == ncclSuccess;
+    else ok &= ncclRecv(b, 9, t, peer, g.comm, g.stream) == ncclSuccess;
+  }
+  expect(ok && download(g, b, m.size()) == want, g.name + " a send and a receive outside a group");
+  cudaFree(a);
+  cudaFree(b);
+}
+
 void check_ops(const Group& g) {
   uint64_t salt = 1;
   for (ncclDataType_t t : {ncclFloat32, ncclBfloat16, ncclInt32, ncclFloat64})
-    for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{1003}})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{1003}}) {
       for (bool in_place : {false, true}) {
         check_all_reduce(g, t, n, in_place, ++salt);
         check_reduce_scatter(g, t, n, in_place, ++salt);
         check_all_gather(g, t, n, in_place, ++salt);
         check_broadcast(g, t, n, in_place, ++salt);
       }
+      check_all_to_all(g, t, n, ++salt);
+    }
+  // Blocks far above MPI's eager limit: a send that ran at its call instead of
+  // at the group's end would wait for a receive not yet posted (for its own
+  // block at once); the timeout turns that hang into a failure.
+  amsp::emu::nccl_set_timeout(5);
+  check_all_to_all(g, ncclFloat32, 100000, ++salt);
+  amsp::emu::nccl_set_timeout(0);
+  check_p2p_order(g, ++salt);
 }
 
 // ---- error paths ------------------------------------------------------------------------
@@ -291,6 +377,9 @@ void check_errors(int world_size) {
   expect(ncclAllReduce(d, d, 0, ncclFloat32, ncclSum, g.comm, g.stream) == ncclSuccess,
          "an op inside a group");
   expect(ncclGroupEnd() == ncclSuccess, "ncclGroupEnd");
+  expect(ncclSend(d, 1, ncclFloat32, world_size, g.comm, g.stream) == ncclInvalidArgument &&
+             ncclRecv(d, 1, ncclFloat32, -1, g.comm, g.stream) == ncclInvalidArgument,
+         "a peer outside the communicator is refused");
   expect(ncclCommAbort(g.comm) == ncclSuccess, "abort");
   expect(ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, g.comm, g.stream) == ncclInvalidUsage,
          "an aborted communicator refuses work");
@@ -304,22 +393,33 @@ void check_errors(int world_size) {
   cudaStreamDestroy(g.stream);
 }
 
-// With a timeout, an op whose peer comes late returns ncclRemoteError.
+// With a timeout, an op whose peer comes late returns ncclRemoteError: a
+// broadcast from rank 0, then a group of a send to the next rank and a receive
+// from the previous one, where only rank 1 waits for rank 0.
 void check_timeout() {
   Group g = make_group(MPI_COMM_WORLD, "late");
   amsp::emu::nccl_set_timeout(0.5);
   char* d = device(16);
+  char* p2p = device(8);
   if (g.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const ncclResult_t rc = ncclBroadcast(d, d, 4, ncclFloat32, 0, g.comm, g.stream);
   ncclResult_t async = ncclSuccess;
   ncclCommGetAsyncError(g.comm, &async);
   if (g.rank != 0)
     expect(rc == ncclRemoteError && async == ncclRemoteError, "a late peer times the op out");
+  ncclGroupStart();
+  ncclSend(p2p, 1, ncclFloat32, (g.rank + 1) % g.size, g.comm, g.stream);
+  ncclRecv(p2p + 4, 1, ncclFloat32, (g.rank + g.size - 1) % g.size, g.comm, g.stream);
+  const ncclResult_t group = ncclGroupEnd();
+  if (g.rank != 0)
+    expect(group == (g.rank == 1 ? ncclRemoteError : ncclSuccess),
+           "a receive from a late peer times its group out, the others complete");
   amsp::emu::nccl_set_timeout(0);
   MPI_Barrier(MPI_COMM_WORLD);  // the root's message is delivered; nothing is left pending
   ncclCommAbort(g.comm);
   cudaStreamSynchronize(g.stream);
   cudaFree(d);
+  cudaFree(p2p);
   cudaStreamDestroy(g.stream);
 }
 
