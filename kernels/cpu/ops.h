@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/quant.h"
+
 namespace amsp::kernels {
 
 // ---- matmul.cpp ---------------------------------------------------------------
@@ -105,5 +107,30 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dtable,
 // step counts from 1.
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+// ---- quant.cpp ----------------------------------------------------------------
+// Block quantization (kernels/common/quant.h, doc/compression.md). x holds
+// `records` chunks of n values one after another (fp32, or bf16 bit patterns);
+// words receives as many records of quant::record_words(n, spec) words, each
+// written whole (padding included). Threads share the blocks, or the values of
+// a block when there are fewer blocks than threads: max is exact, so the
+// records are the same bits with any thread count.
+void quantize(const float* x, int64_t n, int64_t records, const quant::Spec& spec, int32_t* words);
+void quantize(const uint16_t* x, int64_t n, int64_t records, const quant::Spec& spec,
+              int32_t* words);
+// y[r n + i] = q * scale for element i of record r, stored as fp32 or bf16
+// (rounded to nearest even).
+void dequantize(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec,
+                float* y);
+void dequantize(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec,
+                uint16_t* y);
+// y[i] = the sum over records r = 0, 1, ... in that order of q_r[i] * scale_r,
+// every product and every addition rounded to fp32 on its own (no fused
+// multiply-add: quant.cpp is compiled without contraction), then stored as
+// fp32 or bf16; records == 0 gives 0.
+void dequantize_sum(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec,
+                    float* y);
+void dequantize_sum(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec,
+                    uint16_t* y);
 
 }  // namespace amsp::kernels
