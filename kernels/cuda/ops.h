@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/quant.h"
 #include "kernels/cuda/api.h"
 
 namespace amsp::kernels::cuda {
@@ -167,5 +168,25 @@ struct AdamWTensor {
 };
 constexpr int kAdamWTensors = 16;
 void adamw(const AdamWTensor* tensors, int count, const AdamWHyper& hyper, cudaStream_t s);
+
+// ---- block quantization (kernels/common/quant.h) -------------------------------------------
+// kernels/cpu/ops.h's quantize, dequantize and dequantize_sum, to the bit (quant.cu says
+// how the work is split). x: `records` chunks of n values; words: as many records of
+// quant::record_words(n, spec) words, written whole; y: fp32 or bf16.
+void quantize(const float* x, int64_t n, int64_t records, const quant::Spec& spec, int32_t* words,
+              cudaStream_t s);
+void quantize(const bf16* x, int64_t n, int64_t records, const quant::Spec& spec, int32_t* words,
+              cudaStream_t s);
+// y[r n + i] = q * scale of element i of record r.
+void dequantize(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec, float* y,
+                cudaStream_t s);
+void dequantize(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec, bf16* y,
+                cudaStream_t s);
+// y[i] = sum over r = 0, 1, ... in order of q_r[i] * scale_r, each product and addition
+// rounded to fp32 on its own; records == 0 gives 0.
+void dequantize_sum(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec,
+                    float* y, cudaStream_t s);
+void dequantize_sum(const int32_t* words, int64_t n, int64_t records, const quant::Spec& spec,
+                    bf16* y, cudaStream_t s);
 
 }  // namespace amsp::kernels::cuda

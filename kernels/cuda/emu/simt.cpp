@@ -360,3 +360,7 @@ int64_t switch_count() { return switches; }
 int64_t fiber_count() { return fibers_started; }
 
 }  // namespace amsp::emu::simt
+
+// Out of line on purpose (simt.h): a call is never contracted with its caller's arithmetic.
+float __fmul_rn(float a, float b) { return a * b; }
+float __fadd_rn(float a, float b) { return a + b; }

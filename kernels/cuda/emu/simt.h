@@ -241,3 +241,9 @@ inline int atomicMin(int* address, int value) {
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+// fp32 product and sum rounded once each, which nvcc never contracts into a
+// fused multiply-add. Out of line (simt.cpp), so that the host compiler cannot
+// fuse them with their neighbours either, whatever its -ffp-contract.
+float __fmul_rn(float a, float b);
+float __fadd_rn(float a, float b);
