@@ -37,6 +37,7 @@
 #include "backend/buffer.h"
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "kernels/common/quant.h"
 
 namespace amsp::backend {
 
@@ -115,8 +116,10 @@ class Backend {
   // from the device is a DMA that can run asynchronously. Not zeroed. Counted
   // in memory().host while it lives.
   virtual Buffer alloc_host(int64_t count) = 0;
-  // Host <-> device, converting between fp32 (host) and the view's dtype.
+  // Host <-> device, converting between fp32 (host) and the view's dtype; int32
+  // views (token ids, quantized records) as they are.
   virtual void to_host(const View& src, float* dst) = 0;
+  virtual void to_host(const View& src, int32_t* dst) = 0;
   virtual void from_host(const float* src, const View& dst) = 0;
   virtual void from_host(const int32_t* src, const View& dst) = 0;
 
@@ -152,6 +155,29 @@ class Backend {
   virtual void add(const View& dst, const View& src) = 0;
   // Sum of squares in double, in a fixed order whatever the thread count.
   virtual double sum_squares(const View& x) = 0;
+
+  // ---- compression: block quantization (kernels/common/quant.h) ---------------
+  // A chunk of n fp32 or bf16 values is one record of quant::record_words(n,
+  // spec) int32 words (scales, codes, padding); views of records are kI32.
+  // The bits are the same on every backend and thread count (doc/compression.md
+  // gives the format, the rounding and the error bound). Each call fails with
+  // an Error on an invalid spec, a negative n or records, or a view of another
+  // dtype or too small for the call.
+  //
+  // src: `records` chunks of n values, one after another; dst receives as many
+  // records, one after another.
+  virtual void quantize(const View& src, int64_t n, int64_t records, const View& dst,
+                        const kernels::quant::Spec& spec) = 0;
+  // src: `records` records of n values; dst[r n + i] = q * scale of value i of
+  // record r (fp32, rounded to nearest even into a bf16 dst).
+  virtual void dequantize(const View& src, int64_t n, int64_t records, const View& dst,
+                          const kernels::quant::Spec& spec) = 0;
+  // src: `records` records of n values (one per source rank of a reduction);
+  // dst[i] = the sum over r = 0, 1, ... in that order of q_r[i] * scale_r, each
+  // product and each addition rounded to fp32 on its own, then stored in
+  // dst's dtype. records == 0 gives zeros.
+  virtual void dequantize_sum(const View& src, int64_t n, int64_t records, const View& dst,
+                              const kernels::quant::Spec& spec) = 0;
 
   // ---- the model's kernels -------------------------------------------------
   // out[r, :] = table[tokens[r], :]; dtable[tokens[r], :] += dout[r, :]

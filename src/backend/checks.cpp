@@ -258,4 +258,24 @@ void Checks::adamw(const View& master, const View& m, const View& v, const View&
     fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
 }
 
+// ---- compression ----------------------------------------------------------------------
+
+int64_t Checks::quant(const char* kn, const kernels::quant::Spec& spec, int64_t n, int64_t records,
+                      const View& values, const char* values_name, int64_t chunks,
+                      const View& records_view, const char* records_name) const {
+  if (spec.bits != 8 && spec.bits != 4) fail(kn, ": bits = ", spec.bits, ", expected 8 or 4");
+  if (spec.block <= 0) fail(kn, ": block = ", spec.block, ", expected a positive number of values");
+  sizes(kn, {{"n", n}, {"records", records}});
+  expect_float(kn, values_name, values);
+  expect(kn, records_name, records_view, DType::kI32);
+  need(kn, values_name, values, product(kn, {chunks, n}));
+  const int64_t words = kernels::quant::record_words(n, spec);
+  const int64_t need_words = product(kn, {records, words});
+  if (records_view.count < need_words)
+    fail(kn, ": ", records_name, " holds ", records_view.count, " int32 words, needs ", need_words,
+         " (", records, " records of ", words, " words: n = ", n, ", bits ", spec.bits, ", block ",
+         spec.block, ")");
+  return words;
+}
+
 }  // namespace amsp::backend

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "backend/buffer.h"
+#include "kernels/common/quant.h"
 
 namespace amsp::backend {
 
@@ -98,6 +99,15 @@ class Checks {
                      int64_t rows, int64_t V) const;
   void adamw(const View& master, const View& m, const View& v, const View& grad,
              const View& param_copy) const;
+
+  // ---- compression (kernels/common/quant.h) ---------------------------------------
+  // A valid spec, n and records not negative; `values` fp32 or bf16 holding
+  // `chunks` chunks of n values (records, or 1 for dequantize_sum's sum);
+  // `records_view` int32 holding `records` records of n values. Returns the
+  // words of one record.
+  int64_t quant(const char* kernel, const kernels::quant::Spec& spec, int64_t n, int64_t records,
+                const View& values, const char* values_name, int64_t chunks,
+                const View& records_view, const char* records_name) const;
 
  private:
   Device device_;

@@ -29,6 +29,7 @@ class Forwarding : public Backend {
   MemoryStats memory() const override { return in_->memory(); }
   Buffer alloc_host(int64_t n) override { return in_->alloc_host(n); }
   void to_host(const View& s, float* d) override { in_->to_host(s, d); }
+  void to_host(const View& s, int32_t* d) override { in_->to_host(s, d); }
   void from_host(const float* s, const View& d) override { in_->from_host(s, d); }
   void from_host(const int32_t* s, const View& d) override { in_->from_host(s, d); }
   Event record() override { return in_->record(); }
@@ -41,6 +42,18 @@ class Forwarding : public Backend {
   void copy(const View& s, const View& d) override { in_->copy(s, d); }
   void add(const View& d, const View& s) override { in_->add(d, s); }
   double sum_squares(const View& x) override { return in_->sum_squares(x); }
+  void quantize(const View& s, int64_t n, int64_t r, const View& d,
+                const kernels::quant::Spec& spec) override {
+    in_->quantize(s, n, r, d, spec);
+  }
+  void dequantize(const View& s, int64_t n, int64_t r, const View& d,
+                  const kernels::quant::Spec& spec) override {
+    in_->dequantize(s, n, r, d, spec);
+  }
+  void dequantize_sum(const View& s, int64_t n, int64_t r, const View& d,
+                      const kernels::quant::Spec& spec) override {
+    in_->dequantize_sum(s, n, r, d, spec);
+  }
   void embedding_forward(const View& t, const View& w, const View& o, int64_t r, int64_t d) override {
     in_->embedding_forward(t, w, o, r, d);
   }

@@ -124,6 +124,11 @@ void CpuBackend::to_host(const View& src, float* dst) {
     widen(src.bf16(), dst, src.count);
 }
 
+void CpuBackend::to_host(const View& src, int32_t* dst) {
+  check.expect("to_host", "src", src, DType::kI32);
+  if (src.count > 0) std::memcpy(dst, src.data, static_cast<size_t>(src.bytes()));
+}
+
 void CpuBackend::from_host(const float* src, const View& dst) {
   check.expect_float("from_host", "dst", dst);
   if (dst.count == 0) return;
@@ -245,6 +250,35 @@ double CpuBackend::sum_squares(const View& x) {
   const uint16_t* p = x.bf16();
   return chunked_sum_squares(
       x.count, [p](int64_t i) { return static_cast<double>(kernels::bf16_to_float(p[i])); });
+}
+
+// ---- compression -----------------------------------------------------------------------
+
+void CpuBackend::quantize(const View& src, int64_t n, int64_t records, const View& dst,
+                          const kernels::quant::Spec& spec) {
+  check.quant("quantize", spec, n, records, src, "src", records, dst, "dst");
+  if (src.dtype == DType::kF32)
+    kernels::quantize(src.f32(), n, records, spec, dst.i32());
+  else
+    kernels::quantize(src.bf16(), n, records, spec, dst.i32());
+}
+
+void CpuBackend::dequantize(const View& src, int64_t n, int64_t records, const View& dst,
+                            const kernels::quant::Spec& spec) {
+  check.quant("dequantize", spec, n, records, dst, "dst", records, src, "src");
+  if (dst.dtype == DType::kF32)
+    kernels::dequantize(src.i32(), n, records, spec, dst.f32());
+  else
+    kernels::dequantize(src.i32(), n, records, spec, dst.bf16());
+}
+
+void CpuBackend::dequantize_sum(const View& src, int64_t n, int64_t records, const View& dst,
+                                const kernels::quant::Spec& spec) {
+  check.quant("dequantize_sum", spec, n, records, dst, "dst", 1, src, "src");
+  if (dst.dtype == DType::kF32)
+    kernels::dequantize_sum(src.i32(), n, records, spec, dst.f32());
+  else
+    kernels::dequantize_sum(src.i32(), n, records, spec, dst.bf16());
 }
 
 // ---- RoPE ---------------------------------------------------------------------------

@@ -40,6 +40,8 @@
 //   - adamw: master, m and v fp32; grad fp32 or bf16; param_copy empty, fp32 or
 //     bf16, written from the updated master.
 //   - to_host widens, from_host rounds.
+//   - quantize reads fp32 or bf16 values; dequantize and dequantize_sum store
+//     fp32 or bf16 (kernels/cpu quant.cpp, doc/compression.md).
 //
 // Attention keeps the softmax probabilities: attention_saved_count is
 // B * H * T * T, and attention_backward does not read `out`.
@@ -87,6 +89,7 @@ class CpuBackend final : public Backend {
   Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
   void to_host(const View& src, float* dst) override;
+  void to_host(const View& src, int32_t* dst) override;
   void from_host(const float* src, const View& dst) override;
   void from_host(const int32_t* src, const View& dst) override;
 
@@ -101,6 +104,13 @@ class CpuBackend final : public Backend {
   void copy(const View& src, const View& dst) override;
   void add(const View& dst, const View& src) override;
   double sum_squares(const View& x) override;
+
+  void quantize(const View& src, int64_t n, int64_t records, const View& dst,
+                const kernels::quant::Spec& spec) override;
+  void dequantize(const View& src, int64_t n, int64_t records, const View& dst,
+                  const kernels::quant::Spec& spec) override;
+  void dequantize_sum(const View& src, int64_t n, int64_t records, const View& dst,
+                      const kernels::quant::Spec& spec) override;
 
   void embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
                          int64_t dim) override;

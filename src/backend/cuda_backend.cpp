@@ -247,6 +247,12 @@ void CudaBackend::from_host_async(const int32_t* src, const View& dst) {
                                   stream_));
 }
 
+void CudaBackend::to_host(const View& src, int32_t* dst) {
+  check.expect("to_host", "src", src, DType::kI32);
+  if (src.count == 0) return;
+  std::memcpy(dst, download(src.data, src.bytes()), static_cast<size_t>(src.bytes()));
+}
+
 void CudaBackend::to_host_f64(const View& src, double* dst) {
   check.expect("to_host_f64", "src", src, DType::kF64);
   if (src.count == 0) return;

@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
   DeviceCounts device_counts() const override;
   void reserve(int64_t predicted_peak) override;
   void to_host(const View& src, float* dst) override;
+  void to_host(const View& src, int32_t* dst) override;
   void from_host(const float* src, const View& dst) override;
   void from_host(const int32_t* src, const View& dst) override;
 
@@ -106,6 +107,14 @@ class CudaBackend final : public Backend {
   void copy(const View& src, const View& dst) override;
   void add(const View& dst, const View& src) override;
   double sum_squares(const View& x) override;
+
+  // cuda_backend_quant.cpp
+  void quantize(const View& src, int64_t n, int64_t records, const View& dst,
+                const kernels::quant::Spec& spec) override;
+  void dequantize(const View& src, int64_t n, int64_t records, const View& dst,
+                  const kernels::quant::Spec& spec) override;
+  void dequantize_sum(const View& src, int64_t n, int64_t records, const View& dst,
+                      const kernels::quant::Spec& spec) override;
 
   void embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
                          int64_t dim) override;

@@ -111,6 +111,10 @@ void ProfiledBackend::to_host(const View& src, float* dst) {
   timed("to_host", src.bytes(), [&] { inner_->to_host(src, dst); });
 }
 
+void ProfiledBackend::to_host(const View& src, int32_t* dst) {
+  timed("to_host", src.bytes(), [&] { inner_->to_host(src, dst); });
+}
+
 void ProfiledBackend::from_host(const float* src, const View& dst) {
   timed("from_host", dst.bytes(), [&] { inner_->from_host(src, dst); });
 }
@@ -139,6 +143,26 @@ void ProfiledBackend::add(const View& dst, const View& src) {
 
 double ProfiledBackend::sum_squares(const View& x) {
   return timed("sum_squares", x.bytes(), [&] { return inner_->sum_squares(x); });
+}
+
+// ---- compression: the values read or written once, the records likewise -----------
+
+void ProfiledBackend::quantize(const View& src, int64_t n, int64_t records, const View& dst,
+                               const kernels::quant::Spec& spec) {
+  timed("quantize", records * (n * size(src) + kernels::quant::record_bytes(n, spec)),
+        [&] { inner_->quantize(src, n, records, dst, spec); });
+}
+
+void ProfiledBackend::dequantize(const View& src, int64_t n, int64_t records, const View& dst,
+                                 const kernels::quant::Spec& spec) {
+  timed("dequantize", records * (n * size(dst) + kernels::quant::record_bytes(n, spec)),
+        [&] { inner_->dequantize(src, n, records, dst, spec); });
+}
+
+void ProfiledBackend::dequantize_sum(const View& src, int64_t n, int64_t records, const View& dst,
+                                     const kernels::quant::Spec& spec) {
+  timed("dequantize_sum", n * size(dst) + records * kernels::quant::record_bytes(n, spec),
+        [&] { inner_->dequantize_sum(src, n, records, dst, spec); });
 }
 
 // ---- the model's kernels ----------------------------------------------------------

@@ -5,7 +5,7 @@
 //
 // What is timed: every call that does work on the compute stream (the model's
 // kernels, the optimizer, copy, add, fill_zero, sum_squares, alloc's zeroing,
-// the host transfers), through the wrapped backend's StreamTimer (wall time on
+// the host transfers, quantization), through the wrapped backend's StreamTimer (wall time on
 // the CPU, an event pair on the CUDA compute stream). Not timed: ordering
 // (record, wait, synchronize) and questions (memory, describe, peak_flops).
 // Calls the wrapped backend makes to itself are inside the call that made them.
@@ -76,6 +76,7 @@ class ProfiledBackend final : public Backend {
   void reserve(int64_t predicted_peak) override { inner_->reserve(predicted_peak); }
   Buffer alloc_host(int64_t count) override { return inner_->alloc_host(count); }
   void to_host(const View& src, float* dst) override;
+  void to_host(const View& src, int32_t* dst) override;
   void from_host(const float* src, const View& dst) override;
   void from_host(const int32_t* src, const View& dst) override;
 
@@ -91,6 +92,13 @@ class ProfiledBackend final : public Backend {
   void copy(const View& src, const View& dst) override;
   void add(const View& dst, const View& src) override;
   double sum_squares(const View& x) override;
+
+  void quantize(const View& src, int64_t n, int64_t records, const View& dst,
+                const kernels::quant::Spec& spec) override;
+  void dequantize(const View& src, int64_t n, int64_t records, const View& dst,
+                  const kernels::quant::Spec& spec) override;
+  void dequantize_sum(const View& src, int64_t n, int64_t records, const View& dst,
+                      const kernels::quant::Spec& spec) override;
 
   void embedding_forward(const View& tokens, const View& table, const View& out, int64_t rows,
                          int64_t dim) override;
