@@ -107,11 +107,19 @@ AMSP_HD uint8_t pack_nibbles(int32_t lo, int32_t hi) {
   return static_cast<uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
 }
 
-// The code of element i of a chunk's codes.
+// The code of element i of a chunk's codes, for codes of kBits bits (a loop
+// that knows its bits has no branch per value) or of spec.bits.
+template <int kBits>
+AMSP_HD int32_t code_at(const uint8_t* codes, int64_t i) {
+  if constexpr (kBits == 8) {
+    return static_cast<int8_t>(codes[i]);
+  } else {
+    const int32_t nibble = (codes[i >> 1] >> ((i & 1) * 4)) & 0xf;
+    return nibble >= 8 ? nibble - 16 : nibble;
+  }
+}
 AMSP_HD int32_t code_at(const uint8_t* codes, int64_t i, const Spec& s) {
-  if (s.bits == 8) return static_cast<int8_t>(codes[i]);
-  const int32_t nibble = (codes[i >> 1] >> ((i & 1) * 4)) & 0xf;
-  return nibble >= 8 ? nibble - 16 : nibble;
+  return s.bits == 8 ? code_at<8>(codes, i) : code_at<4>(codes, i);
 }
 
 // Scale b of a record (the record's first words), as fp32.

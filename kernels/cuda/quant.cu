@@ -43,13 +43,11 @@ AMSP_DEVICE_INLINE const uint8_t* codes_of(const int32_t* record, int64_t n, con
   return reinterpret_cast<const uint8_t*>(record) + quant::codes_offset(n, s);
 }
 
-// The dequantized value of element i of a record, in fp32.
+// The dequantized value of element i of a record with codes of kBits bits, in fp32.
+template <int kBits>
 AMSP_DEVICE_INLINE float value(const int32_t* record, const uint8_t* codes, int64_t i, const Spec& s) {
-  return __fmul_rn(static_cast<float>(quant::code_at(codes, i, s)), quant::scale_at(record, i / s.block));
+  return __fmul_rn(static_cast<float>(quant::code_at<kBits>(codes, i)), quant::scale_at(record, i / s.block));
 }
-
-// Values (8-bit) or bytes (4-bit) of one chunk's codes: a thread's item when dequantizing.
-AMSP_DEVICE_INLINE int64_t items(int64_t n, const Spec& s) { return s.bits == 8 ? n : n / 2 + n % 2; }
 
 template <typename T>
 __global__ void quantize_kernel(const T* x, int64_t n, int64_t records, Spec s, int32_t* words) {
@@ -96,45 +94,58 @@ __global__ void quantize_kernel(const T* x, int64_t n, int64_t records, Spec s, 
   }
 }
 
-template <typename T>
-__global__ void dequantize_kernel(const int32_t* words, int64_t n, int64_t records, Spec s, T* y) {
-  const int64_t per = items(n, s), rw = quant::record_words(n, s);
+// What a dequantizing kernel is compiled for: its output type and its codes' bits
+// (one type, because AMSP_LAUNCH's template arguments must hold no comma).
+template <typename T, int Bits>
+struct Out {
+  using Type = T;
+  static constexpr int kBits = Bits;
+};
+
+template <typename O>
+__global__ void dequantize_kernel(const int32_t* words, int64_t n, int64_t records, Spec s,
+                                  typename O::Type* y) {
+  constexpr int kBits = O::kBits;
+  const int64_t per = quant::code_bytes(n, s), rw = quant::record_words(n, s);
   for (int64_t t = first_index(); t < records * per; t += grid_stride()) {
     const int64_t r = t / per, j = t % per;
     const int32_t* record = words + r * rw;
     const uint8_t* codes = codes_of(record, n, s);
-    T* out = y + r * n;
-    if (s.bits == 8) {
-      store(out + j, value(record, codes, j, s));
+    typename O::Type* out = y + r * n;
+    if (kBits == 8) {
+      store(out + j, value<8>(record, codes, j, s));
     } else {
-      store(out + 2 * j, value(record, codes, 2 * j, s));
-      if (2 * j + 1 < n) store(out + 2 * j + 1, value(record, codes, 2 * j + 1, s));
+      store(out + 2 * j, value<4>(record, codes, 2 * j, s));
+      if (2 * j + 1 < n) store(out + 2 * j + 1, value<4>(record, codes, 2 * j + 1, s));
     }
   }
 }
 
-// Element i summed over the records in order, the first record's value the start.
+// Element i summed over the records in order, the first record's value the start:
+// acc + q * scale, which a compiler fuses where it is written so.
+template <int kBits>
 AMSP_DEVICE_INLINE float sum_element(const int32_t* words, int64_t rw, int64_t n, int64_t records,
                                      const Spec& s, int64_t i) {
-  float acc = 0.0f;
-  for (int64_t r = 0; r < records; ++r) {
+  if (records == 0) return 0.0f;
+  float acc = value<kBits>(words, codes_of(words, n, s), i, s);
+  for (int64_t r = 1; r < records; ++r) {
     const int32_t* record = words + r * rw;
-    const float v = value(record, codes_of(record, n, s), i, s);
-    acc = r == 0 ? v : __fadd_rn(acc, v);
+    acc = __fadd_rn(acc, value<kBits>(record, codes_of(record, n, s), i, s));
   }
   return acc;
 }
 
-template <typename T>
+template <typename O>
 __global__ void dequantize_sum_kernel(const int32_t* words, int64_t n, int64_t records, Spec s,
-                                      T* y) {
-  const int64_t per = items(n, s), rw = quant::record_words(n, s);
+                                      typename O::Type* y) {
+  constexpr int kBits = O::kBits;
+  const int64_t per = quant::code_bytes(n, s), rw = quant::record_words(n, s);
   for (int64_t j = first_index(); j < per; j += grid_stride()) {
-    if (s.bits == 8) {
-      store(y + j, sum_element(words, rw, n, records, s, j));
+    if (kBits == 8) {
+      store(y + j, sum_element<8>(words, rw, n, records, s, j));
     } else {
-      store(y + 2 * j, sum_element(words, rw, n, records, s, 2 * j));
-      if (2 * j + 1 < n) store(y + 2 * j + 1, sum_element(words, rw, n, records, s, 2 * j + 1));
+      store(y + 2 * j, sum_element<4>(words, rw, n, records, s, 2 * j));
+      if (2 * j + 1 < n) store(y + 2 * j + 1, sum_element<4>(words, rw, n, records, s, 2 * j + 1));
     }
   }
 }
@@ -154,18 +165,27 @@ void quantize_impl(const T* x, int64_t n, int64_t records, const Spec& spec, int
 template <typename T>
 void dequantize_impl(const int32_t* words, int64_t n, int64_t records, const Spec& spec, T* y,
                      cudaStream_t s) {
-  const int64_t total = records * items(n, spec);
-  if (total > 0)
-    AMSP_LAUNCH(dequantize_kernel<T>, grid_for(total), kBlockThreads, 0, s)(words, n, records, spec, y);
+  const int64_t total = records * quant::code_bytes(n, spec);
+  if (total == 0) return;
+  using Out8 = Out<T, 8>;
+  using Out4 = Out<T, 4>;
+  if (spec.bits == 8)
+    AMSP_LAUNCH(dequantize_kernel<Out8>, grid_for(total), kBlockThreads, 0, s)(words, n, records, spec, y);
+  else
+    AMSP_LAUNCH(dequantize_kernel<Out4>, grid_for(total), kBlockThreads, 0, s)(words, n, records, spec, y);
 }
 
 template <typename T>
 void dequantize_sum_impl(const int32_t* words, int64_t n, int64_t records, const Spec& spec, T* y,
                          cudaStream_t s) {
-  const int64_t total = items(n, spec);
-  if (total > 0)
-    AMSP_LAUNCH(dequantize_sum_kernel<T>, grid_for(total), kBlockThreads, 0, s)(words, n, records,
-                                                                               spec, y);
+  const int64_t total = quant::code_bytes(n, spec);
+  if (total == 0) return;
+  using Out8 = Out<T, 8>;
+  using Out4 = Out<T, 4>;
+  if (spec.bits == 8)
+    AMSP_LAUNCH(dequantize_sum_kernel<Out8>, grid_for(total), kBlockThreads, 0, s)(words, n, records, spec, y);
+  else
+    AMSP_LAUNCH(dequantize_sum_kernel<Out4>, grid_for(total), kBlockThreads, 0, s)(words, n, records, spec, y);
 }
 
 }  // namespace
