@@ -22,3 +22,10 @@ add_test(NAME quant_numpy
           ${CMAKE_CURRENT_SOURCE_DIR}/setup-python.sh ${CMAKE_CURRENT_SOURCE_DIR}/quant/quant_compare.py
           $<TARGET_FILE:amsp_quant_tool> ${AMSP_TEST_WORK}/quant_numpy)
 set_tests_properties(quant_numpy PROPERTIES LABELS validation TIMEOUT 300)
+
+# kernels/cuda/quant.cu through nvcc to PTX (sm_80, sm_90): no fused multiply-add,
+# which nvcc would make of plain * and + in dequantize_sum. Needs the CUDA toolkit,
+# not a GPU; skipped (exit 77) without nvcc, as the bundle's tests are.
+add_test(NAME quant_cuda_ptx_no_fma
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/quant/ptx_no_fma.sh ${PROJECT_SOURCE_DIR} ${AMSP_TEST_WORK}/quant_ptx)
+set_tests_properties(quant_cuda_ptx_no_fma PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT 120)
