@@ -38,6 +38,11 @@ void small_cases(Checker& c) {
     cross_entropy_case(c, rows, V);
   for (int64_t n : {int64_t{1}, int64_t{70001}})
     for (DType g : {DType::kF32, DType::kBF16}) adamw_case(c, n, g);
+  // Units of one block, of two odd 4-bit blocks, blocks of one value, one block per chunk.
+  quant_case(c, 1000, 4, {8, 256}, DType::kF32, DType::kF32);
+  quant_case(c, 1001, 3, {4, 33}, DType::kBF16, DType::kBF16);
+  quant_case(c, 37, 2, {8, 1}, DType::kF32, DType::kBF16);
+  quant_case(c, 777, 2, {4, int64_t{1} << 40}, DType::kBF16, DType::kF32);
 }
 
 // ---- one layer of a real model ------------------------------------------------------------
@@ -75,6 +80,7 @@ void layer_cases(Checker& c, const Layer& l) {
   cross_entropy_case(c, T, l.vocab);
   embedding_case(c, T, h, l.vocab, f32);
   adamw_case(c, h * h, DType::kBF16);
+  quant_case(c, h * h / 4, 4, {8, 2048}, DType::kBF16, DType::kBF16);
 }
 
 // CPU reference cost per compute dtype, 2 M in out FLOP per product and

@@ -391,4 +391,28 @@ void adamw_case(Checker& c, int64_t n, DType g) {
   });
 }
 
+void quant_case(Checker& c, int64_t n, int64_t records, const kernels::quant::Spec& spec, DType in,
+                DType out) {
+  const std::string shape = fmt("n=%lld records=%lld bits=%d block=%lld %s->%s", (long long)n,
+                                (long long)records, spec.bits, (long long)spec.block, name(in), name(out));
+  // Blocks of magnitudes from 1e-2 to 1e2, so that the scales differ.
+  Floats x = randn(records * n, 40);
+  for (int64_t i = 0; i < records * n; ++i)
+    x[static_cast<size_t>(i)] *= std::pow(10.0f, static_cast<float>((i / 97) % 5 - 2));
+  c.compare("quantize, dequantize, dequantize_sum", shape, 0, [&](Backend& be) {
+    const int64_t words = records * kernels::quant::record_words(n, spec);
+    Buffer v = put(be, x, in), w = be.alloc(DType::kI32, words);
+    Buffer y = be.alloc(out, records * n), sum = be.alloc(out, n);
+    be.quantize(v.view(), n, records, w.view(), spec);
+    be.dequantize(w.view(), n, records, y.view(), spec);
+    be.dequantize_sum(w.view(), n, records, sum.view(), spec);
+    Ints host(static_cast<size_t>(words));
+    be.to_host(w.view(), host.data());
+    Floats bytes(host.size() * 4);  // each byte of the records as a value, exactly
+    for (size_t i = 0; i < bytes.size(); ++i)
+      bytes[i] = static_cast<float>(reinterpret_cast<const uint8_t*>(host.data())[i]);
+    return Outputs{{"records", bytes, 0}, {"dequantize", get(be, y), 0}, {"dequantize_sum", get(be, sum), 0}};
+  });
+}
+
 }  // namespace amsp::backend::cases

@@ -74,5 +74,10 @@ void cross_entropy_case(Checker& c, int64_t rows, int64_t V);
 void embedding_case(Checker& c, int64_t rows, int64_t dim, int64_t vocab, DType table);
 void elementwise_case(Checker& c, int64_t n, DType dst, DType src);
 void adamw_case(Checker& c, int64_t n, DType grad);
+// quantize, dequantize and dequantize_sum (kernels/common/quant.h): `records`
+// chunks of n values from `in` into `out`; the records (as their bytes), values
+// and sums must be the same bits (tolerance 0).
+void quant_case(Checker& c, int64_t n, int64_t records, const kernels::quant::Spec& spec, DType in,
+                DType out);
 
 }  // namespace amsp::backend::cases

@@ -199,6 +199,26 @@ class CopyOneUlpOver : public Forwarding {
   }
 };
 
+// dequantize_sum one ulp off in its largest element: what a fused multiply-add
+// where two roundings were promised would do to one element.
+class FusedQuantSum : public Forwarding {
+ public:
+  using Forwarding::Forwarding;
+  void dequantize_sum(const View& s, int64_t n, int64_t r, const View& d,
+                      const kernels::quant::Spec& spec) override {
+    in_->dequantize_sum(s, n, r, d, spec);
+    if (n == 0) return;
+    if (d.dtype == DType::kBF16) {
+      uint16_t* p = d.bf16();
+      *std::max_element(p, p + n, [](uint16_t a, uint16_t b) { return (a & 0x7fff) < (b & 0x7fff); }) += 1;
+      return;
+    }
+    float* p = d.f32();
+    float* big = std::max_element(p, p + n, [](float a, float b) { return std::fabs(a) < std::fabs(b); });
+    *big = std::nextafter(*big, 2 * *big);
+  }
+};
+
 // The (kernel, output) pairs of the failing rows.
 std::set<std::pair<std::string, std::string>> failing(const CompareReport& r) {
   std::set<std::pair<std::string, std::string>> f;
@@ -248,6 +268,23 @@ TEST(BackendCompare, OneBf16UlpInOneLinearOutputFailsExactlyThatKernel) {
   print_report(report, out);
   EXPECT_NE(out.str().find("failing:"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find(" outputs outside tolerance"), std::string::npos) << out.str();
+}
+
+// Quantization must be bit for bit: one ulp in one summed value fails its rows, every one.
+TEST(BackendCompare, OneUlpInOneQuantizedSumFailsExactlyThatOutput) {
+  auto a = make_cpu_backend(DType::kF32);
+  FusedQuantSum wrong(DType::kF32);
+  const CompareReport report = compare_backends(*a, wrong);
+  const std::set<std::pair<std::string, std::string>> want{
+      {"quantize, dequantize, dequantize_sum", "dequantize_sum"}};
+  EXPECT_EQ(failing(report), want);
+  int rows = 0;
+  for (const CompareRow& r : report.rows) {
+    if (r.output != "dequantize_sum") continue;
+    EXPECT_FALSE(r.ok()) << r.shape;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 4);
 }
 
 TEST(BackendCompare, AttentionThatDropsAKeyFailsExactlyItsOutput) {
