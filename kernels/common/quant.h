@@ -44,6 +44,11 @@ AMSP_HD int32_t qmax(const Spec& s) { return (1 << (s.bits - 1)) - 1; }
 
 // Blocks (scales) of a chunk: ceil(n / block), without overflow for a huge block.
 AMSP_HD int64_t blocks(int64_t n, const Spec& s) { return n / s.block + (n % s.block != 0); }
+// The end of block b (< blocks(n)): the value after its last.
+AMSP_HD int64_t block_end(int64_t b, int64_t n, const Spec& s) {
+  const int64_t lo = b * s.block;
+  return s.block >= n - lo ? n : lo + s.block;
+}
 // Where the codes start, in bytes from the record's start.
 AMSP_HD int64_t codes_offset(int64_t n, const Spec& s) { return 4 * blocks(n, s); }
 AMSP_HD int64_t code_bytes(int64_t n, const Spec& s) { return s.bits == 8 ? n : n / 2 + n % 2; }

@@ -21,19 +21,14 @@ namespace {
 using quant::Quantizer;
 using quant::Spec;
 
-// Elements per task of the dequantizing loops (even: 4-bit codes start on a byte).
+// Values per task of the dequantizing loops, and per piece of a unit split over
+// the threads (even: 4-bit codes start on a byte).
 constexpr int64_t kTile = 4096;
 
 inline float load(float x) { return x; }
 inline float load(uint16_t x) { return bf16_to_float(x); }
 inline void store(float* p, float v) { *p = v; }
 inline void store(uint16_t* p, float v) { *p = float_to_bf16(v); }
-
-// The end of block b of a chunk of n (b < blocks(n)), without overflowing for a huge block.
-inline int64_t block_end(int64_t b, int64_t n, const Spec& s) {
-  const int64_t lo = b * s.block;
-  return s.block >= n - lo ? n : lo + s.block;
-}
 
 inline uint8_t* codes_of(int32_t* record, int64_t n, const Spec& s) {
   return reinterpret_cast<uint8_t*>(record) + quant::codes_offset(n, s);
@@ -84,9 +79,9 @@ void for_pieces(int64_t lo, int64_t hi, bool parallel, const F& f) {
 template <typename T>
 void quantize_unit(const T* x, int64_t n, int64_t u, const Spec& s, int32_t* record, bool parallel) {
   const int64_t nb = quant::blocks(n, s), b0 = u * quant::blocks_per_unit(s);
-  const int64_t lo = b0 * s.block, mid = block_end(b0, n, s);
+  const int64_t lo = b0 * s.block, mid = quant::block_end(b0, n, s);
   const bool two = quant::blocks_per_unit(s) == 2 && b0 + 1 < nb;
-  const int64_t hi = two ? block_end(b0 + 1, n, s) : mid;
+  const int64_t hi = two ? quant::block_end(b0 + 1, n, s) : mid;
   uint32_t m0 = 0, m1 = 0;
   if (parallel) {
 #pragma omp parallel for schedule(static) reduction(max : m0)
@@ -137,7 +132,7 @@ template <typename F>
 void for_block_runs(const int32_t* record, int64_t n, const Spec& s, int64_t from, int64_t to,
                     const F& f) {
   for (int64_t b = from / s.block; from < to; ++b) {
-    const int64_t hi = std::min(to, block_end(b, n, s));
+    const int64_t hi = std::min(to, quant::block_end(b, n, s));
     f(from, hi, quant::scale_at(record, b));
     from = hi;
   }

@@ -44,7 +44,7 @@ inline std::vector<float> values(int64_t n, int64_t records, const quant::Spec& 
   const float q = static_cast<float>(quant::qmax(s));
   for (int64_t r = 0; r < records; ++r) {
     for (int64_t b = 0; b < quant::blocks(n, s); ++b) {
-      const int64_t lo = b * s.block, hi = s.block >= n - lo ? n : lo + s.block;
+      const int64_t lo = b * s.block, hi = quant::block_end(b, n, s);
       const int kind = kind_of(r, b, n, s, shift);
       float* v = x.data() + r * n;
       auto normal = [&](int64_t i) {

@@ -33,12 +33,6 @@ AMSP_DEVICE_INLINE int64_t first_index() {
 }
 AMSP_DEVICE_INLINE int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-// The end of block b of a chunk of n (b < blocks(n)), without overflowing for a huge block.
-AMSP_DEVICE_INLINE int64_t block_end(int64_t b, int64_t n, const Spec& s) {
-  const int64_t lo = b * s.block;
-  return s.block >= n - lo ? n : lo + s.block;
-}
-
 AMSP_DEVICE_INLINE const uint8_t* codes_of(const int32_t* record, int64_t n, const Spec& s) {
   return reinterpret_cast<const uint8_t*>(record) + quant::codes_offset(n, s);
 }
@@ -59,8 +53,8 @@ __global__ void quantize_kernel(const T* x, int64_t n, int64_t records, Spec s, 
     const T* xr = x + r * n;
     int32_t* record = words + r * rw;
     const bool two = per == 2 && b0 + 1 < nb;  // the same in every thread of the block
-    const int64_t lo = b0 * s.block, mid = block_end(b0, n, s);
-    const int64_t hi = two ? block_end(b0 + 1, n, s) : mid;
+    const int64_t lo = b0 * s.block, mid = quant::block_end(b0, n, s);
+    const int64_t hi = two ? quant::block_end(b0 + 1, n, s) : mid;
     uint32_t m0 = 0, m1 = 0;
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const uint32_t a = quant::abs_bits(load(xr[i]));
