@@ -140,7 +140,7 @@ void print_paper(std::ostream& os, const Evaluation& amsp, const Evaluation& pap
 // The command line as given.
 struct PlanArgs {
   std::string model_name, cluster_name, bandwidth_path, gpu_memory, precision, recompute,
-      global_batch, shard, overlap, sweep, plot;
+      global_batch, shard, overlap, sweep, plot, compress;
   int64_t nodes = 1, gpus_per_node = 0, ranks_per_node = 0, seq_len = 0, micro_batch = 0, top = 0;
   double peak_tflops = 0, achievable = 0, memory_margin = 0;
   bool json = false;
@@ -174,6 +174,8 @@ po::options_description plan_options(PlanArgs& a) {
            "default: one micro-batch per rank")
       ("recompute", po::value<std::string>(&a.recompute)->default_value("none")->value_name("none|full"),
            "activation recomputation")
+      ("compress", po::value<std::string>(&a.compress)->default_value("off")->value_name("SPEC"),
+           "block-quantized collectives, as amsp train --compress (doc/compression.md)")
       ("peak-tflops", po::value<double>(&a.peak_tflops)->value_name("NUM"),
            "peak TFLOP/s per rank (default: the cluster's for the precision)")
       ("achievable", po::value<double>(&a.achievable)->value_name("NUM"),
@@ -256,6 +258,8 @@ PlanSetup plan_setup(const PlanArgs& a, const po::variables_map& vm) {
   w.micro_batch = a.micro_batch;
   w.precision = a.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   w.recompute = a.recompute == "none" ? Recompute::kNone : Recompute::kFull;
+  w.compression = plan::parse_compression(a.compress);
+  plan::require_implemented(w.compression);
 
   s.cluster = load_cluster(a.cluster_name, "cluster");
   in.mesh.nodes = a.nodes;
@@ -296,6 +300,7 @@ ordered_json input_json(const PlanArgs& a, const PlanSetup& s) {
   input["bandwidth_modelled"] = !s.measured && s.cluster.modelled;
   input["precision"] = precision_name(w.precision);
   input["recompute"] = recompute_name(w.recompute);
+  input["compress"] = plan::to_string(w.compression);
   input["seq_len"] = a.seq_len;
   input["micro_batch"] = a.micro_batch;
   input["global_batch_tokens"] = s.in.global_batch_tokens;
@@ -324,7 +329,8 @@ void print_header(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
        << "\n";
   os << "batch: " << in.global_batch_tokens << " tokens per step = " << s.M
      << " micro-batch(es) of " << a.micro_batch << " x " << a.seq_len << " tokens per rank; "
-     << precision_name(w.precision) << ", recompute " << recompute_name(w.recompute) << "\n";
+     << precision_name(w.precision) << ", recompute " << recompute_name(w.recompute)
+     << (w.compression.any() ? ", compress " + plan::to_string(w.compression) : std::string()) << "\n";
   os << "compute: " << fmt("%.4g", in.compute.flops_per_s / 1e12) << " TFLOP/s per rank ("
      << fmt("%.4g", in.compute.peak_flops_per_s / 1e12) << " peak x " << fmt("%.2f", s.fraction)
      << "); bytes per node per step (GB = 10^9), memory per rank in GiB\n";

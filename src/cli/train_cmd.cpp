@@ -27,7 +27,7 @@ namespace {
 // other options or parsing.
 struct TrainArgs {
   engine::TrainOptions o;
-  std::string model_name, precision, device;
+  std::string model_name, precision, device, compress;
   double lr = 0, min_lr = -1;
   int64_t warmup = -1, seed = 0;
   std::string memory;
@@ -92,6 +92,11 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("shard", po::value<std::string>(&o.shard)->default_value("auto")->value_name("PLAN"),
            "shard plan: ddp, zero1, zero2, zero3, fsdp, mics:K, factors such as "
            "p=2x1,g=2x1,os=8x1, or auto (the planner's choice for this topology)")
+      ("compress", po::value<std::string>(&a.compress)->default_value("off")->value_name("SPEC"),
+           "block-quantized collectives: off, or a list of p=int8|int4|off (parameters' "
+           "all-gathers), g=int8|int4|off (gradients' reductions), block=N|chunk (values per "
+           "scale, default 256), inter-node (only groups that cross nodes), on (p=int8,g=int8); "
+           "doc/compression.md")
       ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
            "default: inputs/bandwidth/localcluster-2x4.json")
@@ -260,6 +265,8 @@ engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm)
   check_ranges(a);
   set_precision(a);
   set_device(a);
+  a.o.compression = plan::parse_compression(a.compress);
+  plan::require_implemented(a.o.compression);
   a.o.seed = static_cast<uint64_t>(a.seed);
   data::parse_mixture(a.o.data_path);  // a malformed --data fails before MPI starts; the files are read later
   load_model(a, vm);

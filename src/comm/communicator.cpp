@@ -9,6 +9,7 @@
 
 #include "core/mpi_check.h"
 #include "core/error.h"
+#include "kernels/cpu/ops.h"
 #include "core/fault.h"
 #include "core/parse.h"
 #include "kernels/common/math.h"
@@ -64,8 +65,50 @@ void local_loop(const Src* src, Dst* dst, int64_t n, bool add) {
 
 }  // namespace
 
+int64_t Local::src_bytes() const {
+  if (kind == kDequantize || kind == kDequantizeSum)
+    return records * kernels::quant::record_bytes(count, spec);
+  return records * count * dtype_bytes(src_dtype);
+}
+
+int64_t Local::dst_bytes() const {
+  if (kind == kQuantize) return records * kernels::quant::record_bytes(count, spec);
+  return (kind == kDequantizeSum ? 1 : records) * count * dtype_bytes(dst_dtype);
+}
+
+namespace {
+
+// The quantizing kinds of a Local, with the CPU kernels (kernels/cpu/quant.cpp).
+void run_quant_on_host(const Local& l) {
+  const bool s16 = l.src_dtype == DType::kBF16, d16 = l.dst_dtype == DType::kBF16;
+  const auto* words = static_cast<const int32_t*>(l.src);
+  switch (l.kind) {
+    case Local::kQuantize:
+      if (s16) kernels::quantize(static_cast<const uint16_t*>(l.src), l.count, l.records, l.spec,
+                                 static_cast<int32_t*>(l.dst));
+      else kernels::quantize(static_cast<const float*>(l.src), l.count, l.records, l.spec,
+                             static_cast<int32_t*>(l.dst));
+      break;
+    case Local::kDequantize:
+      if (d16) kernels::dequantize(words, l.count, l.records, l.spec, static_cast<uint16_t*>(l.dst));
+      else kernels::dequantize(words, l.count, l.records, l.spec, static_cast<float*>(l.dst));
+      break;
+    case Local::kDequantizeSum:
+      if (d16) kernels::dequantize_sum(words, l.count, l.records, l.spec, static_cast<uint16_t*>(l.dst));
+      else kernels::dequantize_sum(words, l.count, l.records, l.spec, static_cast<float*>(l.dst));
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
 void run_local_on_host(const Local& l) {
   if (l.kind == Local::kNone || l.count == 0) return;
+  if (l.quantizing()) {
+    run_quant_on_host(l);
+    return;
+  }
   const bool s16 = l.src_dtype == DType::kBF16, d16 = l.dst_dtype == DType::kBF16;
   if (l.src_dtype != DType::kF32 && !s16) fail("local ", dtype_name(l.src_dtype), ": fp32 or bf16 only");
   if (l.dst_dtype != DType::kF32 && !d16) fail("local ", dtype_name(l.dst_dtype), ": fp32 or bf16 only");

@@ -50,6 +50,7 @@
 #include "comm/traffic.h"
 #include "comm/watchdog.h"
 #include "core/dtype.h"
+#include "kernels/common/quant.h"
 
 namespace amsp::comm {
 
@@ -95,13 +96,26 @@ class Handle {
 // copy sets dst = src converted to dst's dtype (fp32 or bf16; bf16 rounds to
 // nearest even). The same arithmetic as Backend::add and Backend::copy, so
 // moving work here changes no bit. Not a collective: Stats do not count it.
+//
+// The quantizing kinds are the compressed collectives' ends (doc/compression.md,
+// kernels/common/quant.h), with Backend::quantize's arithmetic: quantize turns
+// `records` chunks of `count` values of src (fp32 or bf16) into as many records
+// in dst (int32 words); dequantize turns `records` records of src into as many
+// chunks of `count` values of dst; dequantize_sum sums `records` records of src,
+// in record order, into one chunk of `count` values of dst.
 struct Local {
-  enum Kind { kNone, kAdd, kCopy } kind = kNone;
+  enum Kind { kNone, kAdd, kCopy, kQuantize, kDequantize, kDequantizeSum } kind = kNone;
   const void* src = nullptr;
   DType src_dtype = DType::kF32;
   void* dst = nullptr;
   DType dst_dtype = DType::kF32;
-  int64_t count = 0;
+  int64_t count = 0;    // values (per record, for the quantizing kinds)
+  int64_t records = 1;  // the quantizing kinds' records
+  kernels::quant::Spec spec;
+  bool quantizing() const { return kind == kQuantize || kind == kDequantize || kind == kDequantizeSum; }
+  // Bytes the Local reads from src and writes to dst.
+  int64_t src_bytes() const;
+  int64_t dst_bytes() const;
 };
 // Runs a Local on host memory (the MPI backend's poller).
 void run_local_on_host(const Local& l);

@@ -14,6 +14,7 @@
 //                        copy, then an in-place all-gather of the blocks
 // Each rank's bytes are those of a ring (comm/traffic.h).
 
+#include <omp.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -498,6 +499,10 @@ void Engine::remove(MpiCommunicator* c) {
 }
 
 void Engine::run() {
+  // The Locals this thread runs (the compressed collectives' quantization
+  // among them) stay on it: the ranks' compute threads own the cores, and an
+  // OpenMP team per poller would oversubscribe them.
+  omp_set_num_threads(1);
   const PollPolicy policy = poll_policy();
   for (;;) {
     uint64_t seen = 0;

@@ -47,6 +47,8 @@ struct ShardedEngine::Impl {
   // Gathered units: `prefetch + 1` buffers, gather position i of a program
   // uses buffer i mod (prefetch + 1).
   std::vector<Buffer> gather_slots;
+  // Per gather buffer, for compressed all-gathers: the records sent and received.
+  std::vector<Buffer> gather_qsend, gather_qrecv;
   std::vector<comm::Handle> gather_handles;  // per position of the running program
 
   std::vector<Slot> slots;
@@ -137,6 +139,7 @@ ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vecto
   w.precision = bf16() ? plan::Precision::kBf16 : plan::Precision::kFp32;
   w.prefetch = opt.prefetch;
   w.max_reductions = opt.max_reductions;
+  w.compression = opt.compression;
   schedule = plan::step_schedule(w, plan, pg.mesh.shape());
   for (int u = 0; u < U; ++u)
     if (schedule.padded[static_cast<size_t>(u)] != sh(u).padded)
@@ -184,7 +187,13 @@ void ShardedEngine::Impl::allocate() {
   clip = be.alloc(DType::kF32, 1);
 
   if (sp > 1)
-    for (int i = 0; i <= opt.prefetch; ++i) gather_slots.push_back(be.alloc(wire, max_padded));
+    for (int i = 0; i <= opt.prefetch; ++i) {
+      gather_slots.push_back(be.alloc(wire, max_padded));
+      if (schedule.gather_qsend > 0) {
+        gather_qsend.push_back(be.alloc(DType::kI32, schedule.gather_qsend));
+        gather_qrecv.push_back(be.alloc(DType::kI32, schedule.gather_qrecv));
+      }
+    }
   // The reduction slots, in the sizes the schedule's stages name; the
   // planner's memory model (plan/memory.h) predicts exactly these.
   const plan::SlotElems& e = schedule.slot;
@@ -207,13 +216,25 @@ void ShardedEngine::Impl::start_program(const std::vector<plan::Action>& program
 void ShardedEngine::Impl::issue_gather(const plan::Action& a) {
   const int u = a.unit;
   const plan::Stage& g = schedule.gather[static_cast<size_t>(u)];
+  const size_t b = static_cast<size_t>(a.pos) % gather_slots.size();
   comm::OpArgs args;
   args.op = g.op;
   args.send = st(u).p.data();
-  args.recv = gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()].data();
+  args.recv = gather_slots[b].data();
   args.count = g.count;
   args.dtype = g.dtype;
   args.after = param_update[static_cast<size_t>(u)];  // the P-shard is final
+  if (g.compressed) {
+    // Records travel: the P-shard quantized into one, the s_p gathered ones
+    // dequantized into the unit (plan/schedule.cpp, compress_gather).
+    const DType pd = st(u).p.dtype();
+    args.send = gather_qsend[b].data();
+    args.recv = gather_qrecv[b].data();
+    args.before = {comm::Local::kQuantize, st(u).p.data(), pd, gather_qsend[b].data(),
+                   DType::kI32, g.values, 1, g.quant};
+    args.then = {comm::Local::kDequantize, gather_qrecv[b].data(), DType::kI32, gather_slots[b].data(), pd,
+                 g.values, g.after.records, g.quant};
+  }
   gather_handles[static_cast<size_t>(a.pos)] = issued(comm(g.group).submit(args));
 }
 
@@ -253,7 +274,7 @@ comm::Local ShardedEngine::Impl::local(const plan::LocalStep& l, int u, int s) {
     fail("engine: local step ", plan::buf_name(l.src), " -> ", plan::buf_name(l.dst), " of ",
          src.count, " and ", dst.count, " elements");
   return {l.kind == plan::LocalStep::kAdd ? comm::Local::kAdd : comm::Local::kCopy, src.data,
-          src.dtype, dst.data, dst.dtype, dst.count};
+          src.dtype, dst.data, dst.dtype, dst.count, 1, {}};
 }
 
 // The next slot in turn, once compute may overwrite its `full` buffer: the
@@ -461,7 +482,8 @@ int64_t reserve_working_set(backend::Backend& be, const model::LlamaConfig& conf
   w.recompute = o.recompute ? plan::Recompute::kFull : plan::Recompute::kNone;
   w.prefetch = o.prefetch;
   w.max_reductions = o.max_reductions;
-  plan::MemoryBreakdown m = plan::memory_per_rank(w, pg.mesh.plan(), pg.mesh.shape().world());
+  w.compression = o.compression;
+  plan::MemoryBreakdown m = plan::memory_per_rank(w, pg.mesh.plan(), pg.mesh.shape());
   m.activations = 4 * plan::cpu_activation_floats(config, batch, seq_len, o.recompute);
   be.reserve(m.total());
   return m.total();
@@ -621,6 +643,8 @@ int64_t ShardedEngine::model_state_bytes() const {
 int64_t ShardedEngine::temporary_bytes() const {
   int64_t bytes = 0;
   for (const auto& b : impl_->gather_slots) bytes += b.bytes();
+  for (const auto& b : impl_->gather_qsend) bytes += b.bytes();
+  for (const auto& b : impl_->gather_qrecv) bytes += b.bytes();
   for (const auto& s : impl_->slots) bytes += s.full.bytes() + s.p.bytes() + s.g.bytes() + s.os.bytes();
   return bytes;
 }

@@ -51,6 +51,7 @@ struct EngineOptions {
   DType precision = DType::kF32;  // the parameters' dtype: kF32, or kBF16 (mixed precision)
   int prefetch = 2;          // gathered units in flight ahead of the one computing
   int max_reductions = 2;    // outstanding gradient reductions
+  plan::Compression compression;  // block-quantized collectives (doc/compression.md); off
   bool overlap = true;       // false: wait for every collective as soon as it is issued
   int64_t micro_batches = 1; // per step, to size the page-locked batch buffer at start-up
   bool recompute = false;    // rebuild each layer's activations in backward (model/llama.h)

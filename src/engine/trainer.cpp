@@ -172,6 +172,7 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   in.workload.micro_batch = o.batch_size;
   in.workload.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
   in.workload.recompute = o.recompute == "full" ? plan::Recompute::kFull : plan::Recompute::kNone;
+  in.workload.compression = o.compression;
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
   in.memory_per_rank = o.memory_per_rank > 0 ? o.memory_per_rank
@@ -534,6 +535,7 @@ void Run::set_up_engine() {
   eo.overlap = o.overlap;
   eo.recompute = recompute;
   eo.comm_timeout_s = o.comm_timeout_s;
+  eo.compression = o.compression;
   eo.trace = trace.get();
   engine = std::make_unique<ShardedEngine>(o.model, *be, o.batch_size, o.seq_len, *pg, o.seed, eo);
   if (!o.init_from.empty()) collectively([&] { load_hf_weights(hf::ModelDir(o.init_from), *engine); });
@@ -624,6 +626,7 @@ void Run::write_run_record_start() {
             {"plan", plan::to_string(pg->mesh.plan())},
             {"plan_reason", reason},
             {"recompute", recompute ? "full" : "none"},
+            {"compress", plan::to_string(o.compression)},
             {"groups", pg->placement},
             {"backend", device_name(o.device)},
             {"devices", devices},

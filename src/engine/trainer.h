@@ -12,6 +12,7 @@
 #include "engine/schedule.h"
 #include "engine/straggler.h"
 #include "model/config.h"
+#include "plan/compression.h"
 
 namespace amsp::engine {
 
@@ -34,6 +35,7 @@ struct TrainOptions {
   double peak_tflops = 0;      // 0: measure the sgemm peak at start
   int threads = 0;             // 0: OpenMP default
   std::string shard = "auto";  // a plan (plan/shard_plan.h) or "auto": the planner's choice
+  plan::Compression compression;  // --compress: block-quantized collectives (doc/compression.md)
   std::string bandwidth_path;  // table for --shard auto (comm-bench output); empty: built-in
   int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
   bool overlap = true;         // false: every collective is waited for when issued

@@ -80,6 +80,10 @@ int64_t activation_bytes(const Workload& w) {
 }
 
 MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_t world) {
+  return memory_per_rank(w, plan, MeshShape{world, 1});
+}
+
+MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, const MeshShape& shape) {
   const StateBytes b = state_bytes(w.precision);
   const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size();
   MemoryBreakdown m;
@@ -98,12 +102,14 @@ MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_
   //
   // Gathered units (s_p > 1): the unit computing plus `prefetch` whose
   // all-gathers over the P group are in flight, each a full unit.
-  if (sp > 1) m.gathered = (w.prefetch + 1) * largest * b.p;
+  // A compressed all-gather adds its records, sent and received, per buffer.
+  const StepSchedule steps = step_schedule(w, plan, shape);
+  if (sp > 1)
+    m.gathered = (w.prefetch + 1) * (largest * b.p + 4 * (steps.gather_qsend + steps.gather_qrecv));
   // Reduction slots: `max_reductions` reductions can be outstanding, each
   // holding its unit's gradient on the way from backward to the OS-shard in
   // the slot buffers its stages name (plan/schedule.h: full, p, g, os).
-  // The slot sizes depend on the plan's sizes and the world's only.
-  m.buckets = w.max_reductions * step_schedule(w, plan, MeshShape{world, 1}).slot.total() * b.p;
+  m.buckets = w.max_reductions * steps.slot.total() * b.p;
   return m;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "plan/compression.h"
 #include "plan/shard_plan.h"
 
 namespace amsp::plan {
@@ -37,6 +38,8 @@ struct Workload {
   // gradient reductions outstanding. They size the temporaries.
   int prefetch = 2;
   int max_reductions = 2;
+  // Which collectives travel block-quantized (plan/compression.h; off by default).
+  Compression compression;
   int64_t tokens_per_micro_batch() const { return seq_len * micro_batch; }
 };
 
@@ -82,7 +85,10 @@ int64_t gpu_head_activation_bytes(const model::LlamaConfig& config, int64_t toke
 // Activation bytes per rank for one micro-batch in flight.
 int64_t activation_bytes(const Workload& w);
 
-// The whole per-rank breakdown for a plan on a world of `world` ranks.
+// The whole per-rank breakdown for a plan on `shape` (compression limited to
+// the groups that cross nodes depends on the nodes), or on a world of `world`
+// ranks on one node.
+MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, const MeshShape& shape);
 MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_t world);
 
 // "80GiB", "80GB" (10^9), "80G" (= GiB), "1.5TiB", "85899345920" -> bytes.

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "plan/compression.h"
 
 namespace amsp::plan {
 
@@ -34,6 +35,8 @@ const char* buf_name(Buf b) {
     case Buf::kPShardOS: return "P-shard[OS]";
     case Buf::kGathered: return "gathered";
     case Buf::kNorm: return "norm";
+    case Buf::kQSend: return "records.send";
+    case Buf::kQRecv: return "records.recv";
   }
   return "?";
 }
@@ -134,21 +137,49 @@ bool StepSchedule::reduces(int unit, bool last_micro) const {
   return false;
 }
 
+namespace {
+
+// A P all-gather of c values per rank made a compressed one: each rank
+// quantizes its P-shard into one record, the records are gathered as int32
+// words, and each of the s_p records is dequantized into its part of the
+// gathered unit.
+void compress_gather(Stage& g, const kernels::quant::Spec& spec, int64_t sp) {
+  g.compressed = true;
+  g.quant = spec;
+  g.values = g.count;
+  g.count = kernels::quant::record_words(g.values, spec);
+  g.dtype = DType::kI32;
+  g.before = {LocalStep::kQuantize, Buf::kPShard, Buf::kQSend, 1};
+  g.after = {LocalStep::kDequantize, Buf::kQRecv, Buf::kGathered, sp};
+  g.send = Buf::kQSend;
+  g.recv = Buf::kQRecv;
+}
+
+}  // namespace
+
 StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshShape& shape) {
   const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
   StepSchedule s;
   s.wire = w.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   s.prefetch = w.prefetch;
   s.direct_gradients = sp == 1 && sg == 1;
+  // A P group spans plan.p.s1 nodes (plan/shard_plan.h: Factor).
+  const auto pspec = compression_spec(w.compression, Compressed::kParams, plan.p.s1);
   for (int64_t numel : unit_numels(w.model)) s.padded.push_back(padded_numel(numel, sos));
   s.units = static_cast<int>(s.padded.size());
   int64_t largest = 0;
   for (int u = 0; u < s.units; ++u) {
     const int64_t phi = s.padded[static_cast<size_t>(u)];
     largest = std::max(largest, phi);
-    if (sp > 1)
+    if (sp > 1) {
       s.gather.push_back(make_stage(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP, phi / sp,
                                     s.wire, Buf::kPShard, Buf::kGathered, Runs::kEveryMicroBatch));
+      if (pspec) {
+        compress_gather(s.gather.back(), *pspec, sp);
+        s.gather_qsend = std::max(s.gather_qsend, s.gather.back().count);
+        s.gather_qrecv = std::max(s.gather_qrecv, sp * s.gather.back().count);
+      }
+    }
     s.reduction.push_back(reduction_chain(u, phi, sp, sg, sos, d / sos, s.wire));
     if (sos > sp)
       s.optimizer_gather.push_back(make_stage(Phase::kOptimizerGather, u, Op::kAllGather,
@@ -256,9 +287,17 @@ std::string format_issue(const Issue& i) {
 namespace {
 
 std::string local_text(const char* when, const LocalStep& l) {
-  if (l.kind == LocalStep::kNone) return "";
-  return cat("; ", when, " ", buf_name(l.dst), l.kind == LocalStep::kAdd ? " += " : " = ",
-             buf_name(l.src));
+  switch (l.kind) {
+    case LocalStep::kNone: return "";
+    case LocalStep::kAdd: return cat("; ", when, " ", buf_name(l.dst), " += ", buf_name(l.src));
+    case LocalStep::kCopy: return cat("; ", when, " ", buf_name(l.dst), " = ", buf_name(l.src));
+    case LocalStep::kQuantize:
+      return cat("; ", when, " ", buf_name(l.dst), " = quantize(", buf_name(l.src), ")");
+    case LocalStep::kDequantize:
+      return cat("; ", when, " ", buf_name(l.dst), " = dequantize(", buf_name(l.src), ", ", l.records,
+                 " records)");
+  }
+  return "";
 }
 
 std::string stage_line(const Stage& s) {

@@ -17,6 +17,7 @@
 
 #include "comm/traffic.h"
 #include "core/dtype.h"
+#include "kernels/common/quant.h"
 #include "plan/memory.h"
 #include "plan/mesh.h"
 
@@ -47,15 +48,20 @@ enum class Buf {
   kPShardOS,  // the OS range of the P-shard
   kGathered,  // a gathered unit (one of prefetch + 1 buffers)
   kNorm,      // the squared norm's partial sum (one fp64)
+  kQSend,     // a compressed stage's records to send (int32 words; doc/compression.md)
+  kQRecv,     // a compressed stage's records received
 };
 const char* buf_name(Buf b);
 
 // Elementwise work the communicator does on its own stream around a stage
 // (comm/communicator.h, Local), over the stage's count: add sums dst + src in
-// fp32 and stores in dst's dtype; copy converts src into dst's dtype.
+// fp32 and stores in dst's dtype; copy converts src into dst's dtype. The
+// quantizing kinds work on `records` chunks of the stage's `values` with its
+// `quant` spec: quantize values into records, dequantize records into values.
 struct LocalStep {
-  enum Kind { kNone, kAdd, kCopy } kind = kNone;
+  enum Kind { kNone, kAdd, kCopy, kQuantize, kDequantize } kind = kNone;
   Buf src = Buf::kNone, dst = Buf::kNone;
+  int64_t records = 1;
 };
 
 enum class Runs { kEveryMicroBatch, kLastMicroBatch, kOnce };
@@ -73,6 +79,11 @@ struct Stage {
   // ordered by the communicators, not by the engine's thread.
   bool chained = false;
   LocalStep before, after;  // local work just before it starts and once it completed
+  // A compressed stage (doc/compression.md) moves records of int32 words:
+  // `count` is then the words per rank, `values` the values they hold.
+  bool compressed = false;
+  kernels::quant::Spec quant;
+  int64_t values = 0;
 };
 
 // Elements of each buffer of a reduction slot, sized for the largest unit (0:
@@ -93,6 +104,9 @@ struct StepSchedule {
   std::vector<Stage> norm;              // the world's all-reduce (empty on one rank)
   std::vector<Stage> optimizer_gather;  // per unit (empty when s_os = s_p)
   SlotElems slot;
+  // Per gather buffer, for compressed P all-gathers: words of the records sent
+  // and received, sized for the largest unit (0: uncompressed).
+  int64_t gather_qsend = 0, gather_qrecv = 0;
   bool reduces(int unit, bool last_micro) const;  // any stage runs on this micro-batch
 };
 

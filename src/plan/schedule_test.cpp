@@ -167,3 +167,64 @@ TEST(Schedule, FormatNamesStagesAndTheIssueOrder) {
 
 }  // namespace
 }  // namespace amsp::plan
+
+namespace amsp::plan {
+namespace {
+
+// Compressed P all-gathers (doc/compression.md): records of int32 words travel,
+// quantized from the P-shard before and dequantized into the gathered unit
+// after; the memory model counts the records' buffers; inter-node compresses
+// only a P group that spans nodes.
+TEST(Schedule, CompressedGathersMoveRecords) {
+  Workload w = odd_workload(Precision::kFp32);
+  w.compression = parse_compression("p=int8,block=16");
+  const StepSchedule s = step_schedule(w, parse_shard_plan("zero3", k2x2), k2x2);
+  const kernels::quant::Spec spec{8, 16};
+  ASSERT_EQ(s.gather.size(), 4u);
+  int64_t qsend = 0;
+  for (const Stage& g : s.gather) {
+    const int64_t phi = s.padded[static_cast<size_t>(g.unit)];
+    EXPECT_TRUE(g.compressed);
+    EXPECT_EQ(g.values, phi / 4);
+    EXPECT_EQ(g.dtype, DType::kI32);
+    EXPECT_EQ(g.count, kernels::quant::record_words(phi / 4, spec));
+    EXPECT_EQ(g.send, Buf::kQSend);
+    EXPECT_EQ(g.recv, Buf::kQRecv);
+    EXPECT_EQ(g.before.kind, LocalStep::kQuantize);
+    EXPECT_EQ(g.before.src, Buf::kPShard);
+    EXPECT_EQ(g.after.kind, LocalStep::kDequantize);
+    EXPECT_EQ(g.after.dst, Buf::kGathered);
+    EXPECT_EQ(g.after.records, 4);
+    qsend = std::max(qsend, g.count);
+  }
+  EXPECT_EQ(s.gather_qsend, qsend);
+  EXPECT_EQ(s.gather_qrecv, 4 * qsend);
+  // The memory model: the gathered units plus their records, per buffer.
+  Workload plain = w;
+  plain.compression = {};
+  const MemoryBreakdown with = memory_per_rank(w, parse_shard_plan("zero3", k2x2), k2x2);
+  const MemoryBreakdown without = memory_per_rank(plain, parse_shard_plan("zero3", k2x2), k2x2);
+  EXPECT_EQ(with.gathered - without.gathered, (w.prefetch + 1) * 4 * 5 * qsend);
+  // Gradients and the optimizer gathers are untouched.
+  const StepSchedule p = step_schedule(plain, parse_shard_plan("zero3", k2x2), k2x2);
+  for (int u = 0; u < s.units; ++u)
+    for (size_t i = 0; i < s.reduction[static_cast<size_t>(u)].size(); ++i)
+      EXPECT_EQ(brief(s.reduction[static_cast<size_t>(u)][i]), brief(p.reduction[static_cast<size_t>(u)][i]));
+}
+
+TEST(Schedule, InterNodeCompressesOnlyGroupsAcrossNodes) {
+  Workload w = odd_workload(Precision::kBf16);
+  w.compression = parse_compression("inter-node");
+  // mics:2 on 2x2: P is the 2 ranks of a node; p=2x2 (zero3): the 4 ranks of 2 nodes.
+  const StepSchedule local = step_schedule(w, parse_shard_plan("mics:2", k2x2), k2x2);
+  for (const Stage& g : local.gather) EXPECT_FALSE(g.compressed);
+  EXPECT_EQ(local.gather_qsend, 0);
+  const StepSchedule across = step_schedule(w, parse_shard_plan("zero3", k2x2), k2x2);
+  for (const Stage& g : across.gather) EXPECT_TRUE(g.compressed);
+  // The issue order names the records' words.
+  const std::vector<Issue> issues = issue_sequence(across, 1);
+  EXPECT_EQ(issues.front(), (Issue{"P", Op::kAllGather, across.gather.front().count}));
+}
+
+}  // namespace
+}  // namespace amsp::plan

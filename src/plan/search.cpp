@@ -61,7 +61,7 @@ Evaluation evaluate(const PlanInput& in, const ShardPlan& plan) {
   const int64_t M = micro_batches_per_step(in.global_batch_tokens, in.workload, in.mesh.world());
   Evaluation e;
   e.plan = plan;
-  e.memory = memory_per_rank(in.workload, plan, in.mesh.world());
+  e.memory = memory_per_rank(in.workload, plan, in.mesh);
   e.fits = e.memory.total() <= in.usable_memory();
   e.collectives = step_collectives(in.workload, plan, in.mesh, M, in.schedule,
                                    in.effects.nodes_per_switch);

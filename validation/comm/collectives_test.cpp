@@ -594,8 +594,8 @@ void check_chained_all_to_all(comm::Communicator& a, comm::Communicator& b, Memo
   o.count = count;
   o.dtype = DType::kBF16;
   o.after = a.reduce_scatter(xs.get(), rows, d.get());
-  o.before = {comm::Local::kCopy, d.get(), DType::kF32, s.get(), DType::kBF16, rows};
-  o.then = {comm::Local::kAdd, rv.get(), DType::kBF16, acc.get(), DType::kF32, rows};
+  o.before = {comm::Local::kCopy, d.get(), DType::kF32, s.get(), DType::kBF16, rows, 1, {}};
+  o.then = {comm::Local::kAdd, rv.get(), DType::kBF16, acc.get(), DType::kF32, rows, 1, {}};
   b.submit(o).wait();
 
   // Rank r's reduce-scatter output, element k, as bf16: what it sends.

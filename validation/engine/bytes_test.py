@@ -21,16 +21,19 @@ RANKS = 4
 SEQ, BATCH, ACCUM = 32, 1, 2
 PLANS = ["ddp", "zero1", "zero2", "zero3", "mics:2", "p=1,g=2x1,os=4x1", "p=2x1,g=2x1,os=4x1",
          "p=1,g=1,os=2x1"]
+# (precision, plan, --compress): compressed all-gathers' records, their bytes and their
+# buffers (doc/compression.md).
+COMPRESSED = [("fp32", "zero3", "p=int8"), ("bf16", "mics:2", "p=int4,block=64")]
 
 
-def predicted(amsp, plan, precision):
+def predicted(amsp, plan, precision, compress="off"):
     out = subprocess.run(
         [amsp, "plan", "--model", "tiny", "--nodes", "1", "--gpus-per-node", str(RANKS),
          "--precision", precision, "--seq-len", str(SEQ), "--micro-batch", str(BATCH),
          "--global-batch", str(SEQ * BATCH * ACCUM * RANKS), "--gpu-memory", "16GiB",
          "--bandwidth", os.path.join(os.path.dirname(__file__), "..", "..", "inputs", "bandwidth",
                                      "localcluster-2x4.json"),
-         "--shard", plan, "--json"], check=True, stdout=subprocess.PIPE, text=True).stdout
+         "--shard", plan, "--compress", compress, "--json"], check=True, stdout=subprocess.PIPE, text=True).stdout
     p = json.loads(out)["plan"]
     sent = defaultdict(int)
     for c in p["collectives"]:
@@ -40,12 +43,12 @@ def predicted(amsp, plan, precision):
     return dict(sent), (m["params"] + m["grads"] + m["optimizer"], m["gathered"] + m["buckets"])
 
 
-def measured(amsp, mpiexec, data, work, plan, precision):
+def measured(amsp, mpiexec, data, work, plan, precision, compress="off"):
     metrics = os.path.join(work, "bytes.jsonl")
     subprocess.run([mpiexec, "-n", str(RANKS), amsp, "train", "--model", "tiny", "--data", data,
                     "--steps", "2", "--seq-len", str(SEQ), "--batch-size", str(BATCH),
                     "--grad-accum", str(ACCUM), "--shard", plan, "--precision", precision, "--eval-every", "0",
-                    "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1",
+                    "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1", "--compress", compress,
                     "--metrics", metrics], check=True, stdout=subprocess.DEVNULL, timeout=120)
     rows = [json.loads(line) for line in open(metrics)]
     last = rows[-1]  # a whole step: every collective it issued, nothing else
@@ -58,11 +61,12 @@ def main():
     amsp, mpiexec, data, work = sys.argv[1:5]
     os.makedirs(work, exist_ok=True)
     passed = failed = 0
-    for precision, plan in [(p, plan) for p in ("fp32", "bf16") for plan in PLANS]:
-        want, want_mem = predicted(amsp, plan, precision)
-        got, got_mem = measured(amsp, mpiexec, data, work, plan, precision)
+    for precision, plan, compress in [(p, plan, "off") for p in ("fp32", "bf16") for plan in PLANS] + COMPRESSED:
+        want, want_mem = predicted(amsp, plan, precision, compress)
+        got, got_mem = measured(amsp, mpiexec, data, work, plan, precision, compress)
         ok = want == got and want_mem == got_mem
-        print(f"{'ok  ' if ok else 'FAIL'} {precision} {plan:20s} bytes {sum(got.values()):>10} "
+        label = plan if compress == "off" else f"{plan} --compress {compress}"
+        print(f"{'ok  ' if ok else 'FAIL'} {precision} {label:20s} bytes {sum(got.values()):>10} "
               f"(predicted {sum(want.values()):>10}), model states {got_mem[0]} (predicted {want_mem[0]}), "
               f"temporaries {got_mem[1]} (predicted {want_mem[1]})")
         if not ok:

@@ -50,10 +50,12 @@ LOSS_TOL = 2.0 ** -8
 PARAM_L2_TOL, PARAM_MAX_TOL = 1e-2, 0.25
 # (ranks, plan): data parallel, fully sharded, and a mixed plan whose P, G and OS
 # groups all differ.
-CASES = [(2, "ddp"), (2, "zero3"), (4, "p=2x1,g=2x1,os=4x1")]
+# (ranks, plan, compression): the last runs its parameter all-gathers compressed
+# (doc/compression.md), so the NCCL communicator's quantizing steps run on its stream.
+CASES = [(2, "ddp", "off"), (2, "zero3", "off"), (4, "p=2x1,g=2x1,os=4x1", "off"), (2, "zero3", "p=int8")]
 
 
-def train(amsp, mpiexec, data, work, tag, ranks, plan, device):
+def train(amsp, mpiexec, data, work, tag, ranks, plan, device, compress="off"):
     out = os.path.join(work, tag)
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -61,7 +63,7 @@ def train(amsp, mpiexec, data, work, tag, ranks, plan, device):
     if device == "cuda":
         env["AMSP_CUDA_EMULATION"] = "1"
     cmd = [mpiexec, "-n", str(ranks), amsp, "train", "--model", "tiny", "--data", data,
-           "--device", device, "--precision", "bf16", "--shard", plan,
+           "--device", device, "--precision", "bf16", "--shard", plan, "--compress", compress,
            "--steps", str(STEPS), "--seq-len", str(SEQ), "--batch-size", str(BATCH),
            "--threads", "1", "--eval-every", "0", "--eval-windows", "4", "--peak-tflops", "1",
            "--metrics", os.path.join(out, "metrics.jsonl"), "--run-info", os.path.join(out, "run.json"),
@@ -192,14 +194,15 @@ def main():
         check(p.returncode != 0 and lines and "NCCL error on group P" in lines[0] and expect in lines[0],
               f"NCCL fault {fault}: exit {p.returncode}, {lines[0] if lines else p.stderr.strip()[-200:]}")
 
-    for ranks, plan in CASES:
+    for ranks, plan, compress in CASES:
         if only and only not in plan:
             continue
-        name = f"{ranks} ranks, {plan}"
-        tag = plan.replace(",", "_").replace("=", "").replace(":", "")
+        name = f"{ranks} ranks, {plan}" + ("" if compress == "off" else f", --compress {compress}")
+        tag = plan.replace(",", "_").replace("=", "").replace(":", "") + ("" if compress == "off" else "-q")
         runs = {}
         for device in ("cpu", "cuda"):
-            p, out, secs = train(amsp, mpiexec, data, work, f"{tag}-{ranks}-{device}", ranks, plan, device)
+            p, out, secs = train(amsp, mpiexec, data, work, f"{tag}-{ranks}-{device}", ranks, plan, device,
+                                 compress)
             if p.returncode != 0:
                 check(False, f"{name}: --device {device} exit {p.returncode}: {p.stderr.strip()[-400:]}")
                 break

@@ -57,9 +57,13 @@ def ring_bytes(op, n, elements, blocks, elem_bytes):
 
 
 STEPS = 3
+# Compressed parameter all-gathers (doc/compression.md): the records' int32 words on
+# the wire must be the planner's, in both code widths and with one scale per chunk.
+COMPRESSED_CASES = [(4, 1, "zero3", 1, 1, "p=int8"), (4, 1, "p=2x1,g=2x1,os=4x1", 2, 1, "p=int4,block=64"),
+                    (8, 1, "mics:4", 1, 1, "p=int8,block=chunk")]
 
 
-def counted(args, ranks, plan, batch, accum, tag):
+def counted(args, ranks, plan, batch, accum, tag, compress="off"):
     """Rank 0's snapshots at the gradient norm's all-reduce on "world", one per step."""
     out = os.path.join(args.work, tag)
     shutil.rmtree(out, ignore_errors=True)
@@ -70,7 +74,8 @@ def counted(args, ranks, plan, batch, accum, tag):
                         "AMSP_COMM_CHECK": "0"})
     cmd = [args.mpiexec, "-n", str(ranks), args.amsp, "train", "--model", "tiny", "--data", args.data,
            "--steps", str(STEPS), "--seq-len", str(SEQ), "--batch-size", str(batch), "--grad-accum", str(accum),
-           "--shard", plan, "--eval-every", "0", "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1"]
+           "--shard", plan, "--eval-every", "0", "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1",
+           "--compress", compress]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-800:]}")
@@ -96,9 +101,9 @@ def between(a, b):
     return out
 
 
-def one_step(args, ranks, plan, batch, accum, tag):
+def one_step(args, ranks, plan, batch, accum, tag, compress="off"):
     """{(comm, op): (size, calls, elements, bytes, blocks)} of one step on rank 0."""
-    marks = counted(args, ranks, plan, batch, accum, tag)
+    marks = counted(args, ranks, plan, batch, accum, tag, compress)
     if len(marks) != STEPS:
         raise RuntimeError(f"{len(marks)} collectives on \"world\" in {STEPS} steps: expected one per step "
                            "(the gradient norm)")
@@ -108,12 +113,12 @@ def one_step(args, ranks, plan, batch, accum, tag):
     return step3
 
 
-def planned(args, ranks, plan, batch, accum):
+def planned(args, ranks, plan, batch, accum, compress="off"):
     cmd = [args.amsp, "plan", "--model", "tiny", "--nodes", "1", "--gpus-per-node", str(ranks),
            "--precision", "fp32", "--seq-len", str(SEQ), "--micro-batch", str(batch),
            "--global-batch", str(SEQ * batch * accum * ranks), "--gpu-memory", "16GiB",
            "--bandwidth", os.path.join(REPO, "inputs", "bandwidth", "localcluster-2x4.json"),
-           "--shard", plan, "--json"]
+           "--shard", plan, "--compress", compress, "--json"]
     p = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout)["plan"]
     out = {}
     for c in p["collectives"]:
@@ -159,11 +164,12 @@ def closed_form(plan):
     return None
 
 
-def check_case(args, per_node, plan, accum, batch):
+def check_case(args, per_node, plan, accum, batch, compress="off"):
     ranks = per_node
-    tag = f"w{ranks}-{plan.replace(':', '').replace(',', '_').replace('=', '')}-m{accum}-b{batch}"
-    got = one_step(args, ranks, plan, batch, accum, tag)
-    want = planned(args, ranks, plan, batch, accum)
+    tag = (f"w{ranks}-{plan.replace(':', '').replace(',', '_').replace('=', '')}-m{accum}-b{batch}"
+           + ("" if compress == "off" else "-" + compress.replace(",", "_").replace("=", "")))
+    got = one_step(args, ranks, plan, batch, accum, tag, compress)
+    want = planned(args, ranks, plan, batch, accum, compress)
     problems = []
     total_got = total_want = 0
     groups = {k: v for k, v in got.items() if k[0] != "MPI_COMM_WORLD"}
@@ -196,16 +202,18 @@ def check_case(args, per_node, plan, accum, batch):
         if (calls, elements, ring) != w[:3]:
             problems.append(f"{key[0]} {key[1]}: counted {calls} calls, {elements} elements, {ring} bytes; "
                             f"planned {w[0]}, {w[1]}, {w[2]}")
-    if ranks == 4 and accum == 1 and batch == 1:
+    if ranks == 4 and accum == 1 and batch == 1 and compress == "off":
         cf = closed_form(plan)
         if cf is not None:
             mine = {k: v[1:3] for k, v in groups.items()}
             if mine != cf:
                 problems.append(f"closed form {cf} != counted {mine}")
     book = got.get(("MPI_COMM_WORLD", "all_reduce"))
-    text = (f"{ranks} ranks {plan:20s} M={accum} B={batch}: {total_got:>10} bytes per rank per step counted on "
+    text = (f"{ranks} ranks {plan:20s} M={accum} B={batch}"
+            + ("" if compress == "off" else f" --compress {compress}")
+            + f": {total_got:>10} bytes per rank per step counted on "
             f"the wire, {total_want:>10} planned" + (" (closed form too)" if ranks == 4 and accum == 1 and batch == 1
-                                                      and closed_form(plan) else "")
+                                                      and compress == "off" and closed_form(plan) else "")
             + (f"; bookkeeping on MPI_COMM_WORLD: {book[1]} all-reduces of {book[3]} bytes" if book else ""))
     return not problems, text, problems
 
@@ -223,12 +231,13 @@ def main():
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     passed = failed = 0
-    for per_node, nodes, plan, accum, batch in eq.MPI_CASES:
-        label = f"{per_node} {plan} M={accum} B={batch}"
+    cases = [c + ("off",) for c in eq.MPI_CASES] + COMPRESSED_CASES
+    for per_node, nodes, plan, accum, batch, compress in cases:
+        label = f"{per_node} {plan} M={accum} B={batch}" + ("" if compress == "off" else f" {compress}")
         if args.only and not any(o in label for o in args.only):
             continue
         try:
-            ok, text, problems = check_case(args, per_node, plan, accum, batch)
+            ok, text, problems = check_case(args, per_node, plan, accum, batch, compress)
         except (RuntimeError, OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             ok, text, problems = False, label, [str(e)]
         print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)

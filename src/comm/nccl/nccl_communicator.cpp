@@ -103,6 +103,30 @@ cudaEvent_t NcclCommunicator::take_event() {
   return e;
 }
 
+// The quantizing kinds of a Local, with the CUDA kernels (kernels/cuda/quant.cu).
+void NcclCommunicator::run_quant(const Local& l) {
+  namespace kc = kernels::cuda;
+  const bool s16 = l.src_dtype == DType::kBF16, d16 = l.dst_dtype == DType::kBF16;
+  const auto* words = static_cast<const int32_t*>(l.src);
+  switch (l.kind) {
+    case Local::kQuantize:
+      if (s16) kc::quantize(static_cast<const kc::bf16*>(l.src), l.count, l.records, l.spec,
+                            static_cast<int32_t*>(l.dst), stream_);
+      else kc::quantize(static_cast<const float*>(l.src), l.count, l.records, l.spec,
+                        static_cast<int32_t*>(l.dst), stream_);
+      break;
+    case Local::kDequantize:
+      if (d16) kc::dequantize(words, l.count, l.records, l.spec, static_cast<kc::bf16*>(l.dst), stream_);
+      else kc::dequantize(words, l.count, l.records, l.spec, static_cast<float*>(l.dst), stream_);
+      break;
+    case Local::kDequantizeSum:
+      if (d16) kc::dequantize_sum(words, l.count, l.records, l.spec, static_cast<kc::bf16*>(l.dst), stream_);
+      else kc::dequantize_sum(words, l.count, l.records, l.spec, static_cast<float*>(l.dst), stream_);
+      break;
+    default: break;
+  }
+}
+
 // A Local on this communicator's stream, with its accesses recorded for the
 // emulation's happens-before checker.
 void NcclCommunicator::run_local(const Local& l) {
@@ -110,8 +134,12 @@ void NcclCommunicator::run_local(const Local& l) {
   namespace kc = kernels::cuda;
   using bf = uint16_t;
   const bool s16 = l.src_dtype == DType::kBF16, d16 = l.dst_dtype == DType::kBF16;
-  AMSP_HB_ACCESS(stream_, l.src, static_cast<size_t>(l.count * dtype_bytes(l.src_dtype)), false);
-  AMSP_HB_ACCESS(stream_, l.dst, static_cast<size_t>(l.count * dtype_bytes(l.dst_dtype)), true);
+  AMSP_HB_ACCESS(stream_, l.src, static_cast<size_t>(l.src_bytes()), false);
+  AMSP_HB_ACCESS(stream_, l.dst, static_cast<size_t>(l.dst_bytes()), true);
+  if (l.quantizing()) {
+    run_quant(l);
+    return;
+  }
   const auto* sf = static_cast<const float*>(l.src);
   const auto* sb = static_cast<const bf*>(l.src);
   auto* df = static_cast<float*>(l.dst);

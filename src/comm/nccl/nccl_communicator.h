@@ -74,6 +74,7 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void fail_op(const std::string& what, ncclResult_t rc);
   cudaEvent_t take_event();
   void run_local(const Local& l);
+  void run_quant(const Local& l);
   // The watcher thread (real CUDA only): an op on the GPU longer than the
   // timeout means a peer never arrived, and the host may be blocked in a
   // device sync that never returns; the watcher aborts the communicator and
