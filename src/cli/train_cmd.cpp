@@ -266,7 +266,6 @@ engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm)
   set_precision(a);
   set_device(a);
   a.o.compression = plan::parse_compression(a.compress);
-  plan::require_implemented(a.o.compression);
   a.o.seed = static_cast<uint64_t>(a.seed);
   data::parse_mixture(a.o.data_path);  // a malformed --data fails before MPI starts; the files are read later
   load_model(a, vm);

@@ -140,6 +140,9 @@ struct OpArgs {
   // complete.
   Handle after;
   Local before, then;
+  // A second step after `then` (a compressed reduction: its sum, then the add
+  // into the accumulator); part of the op like `then`.
+  Local and_then;
   // Set by submit: the op's position in the trainer's step (watchdog::next_op_index),
   // compared across ranks by the MPI backend's mismatch check; -1 outside a step.
   int64_t position = -1;

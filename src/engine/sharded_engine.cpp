@@ -19,6 +19,7 @@ struct ShardedEngine::Impl {
   // parts, in the wire dtype (the parameters' dtype).
   struct Slot {
     Buffer full, p, g, os;
+    Buffer qsend, qrecv;  // a compressed reduction's records (int32 words)
     comm::Handle reads_full;  // the last stage of the chain using it that touches `full`
     comm::Handle busy;        // the last stage of that chain
   };
@@ -92,7 +93,7 @@ struct ShardedEngine::Impl {
 
   // Gradients: the schedule's buffers and local steps of unit u in slot s.
   View buffer(plan::Buf b, int u, int s);
-  comm::Local local(const plan::LocalStep& l, int u, int s);
+  comm::Local local(const plan::Stage& stage, const plan::LocalStep& l, int u, int s);
   int take_slot();
   void issue_reduction(int u, int s, bool last_micro);
   void drain();
@@ -199,7 +200,8 @@ void ShardedEngine::Impl::allocate() {
   const plan::SlotElems& e = schedule.slot;
   for (int i = 0; i < opt.max_reductions; ++i) {
     slots.push_back({be.alloc(wire, e.full), be.alloc(wire, e.p), be.alloc(wire, e.g),
-                     be.alloc(wire, e.os), {}, {}});
+                     be.alloc(wire, e.os), be.alloc(DType::kI32, e.qsend), be.alloc(DType::kI32, e.qrecv),
+                     {}, {}});
   }
 }
 
@@ -262,14 +264,19 @@ View ShardedEngine::Impl::buffer(plan::Buf b, int u, int s) {
     case plan::Buf::kGShardOS: return g_os(u);
     case plan::Buf::kPShard: return st(u).p.view();
     case plan::Buf::kPShardOS: return p_os(u);
+    case plan::Buf::kQSend: return slot.qsend.view();
+    case plan::Buf::kQRecv: return slot.qrecv.view();
     default: break;
   }
   fail("engine: the schedule names buffer ", plan::buf_name(b), " for a reduction");
 }
 
-comm::Local ShardedEngine::Impl::local(const plan::LocalStep& l, int u, int s) {
+comm::Local ShardedEngine::Impl::local(const plan::Stage& stage, const plan::LocalStep& l, int u, int s) {
   if (l.kind == plan::LocalStep::kNone) return {};
   const View src = buffer(l.src, u, s), dst = buffer(l.dst, u, s);
+  if (l.kind == plan::LocalStep::kQuantize || l.kind == plan::LocalStep::kDequantizeSum)
+    return {l.kind == plan::LocalStep::kQuantize ? comm::Local::kQuantize : comm::Local::kDequantizeSum,
+            src.data, src.dtype, dst.data, dst.dtype, stage.values, l.records, stage.quant};
   if (src.count != dst.count)
     fail("engine: local step ", plan::buf_name(l.src), " -> ", plan::buf_name(l.dst), " of ",
          src.count, " and ", dst.count, " elements");
@@ -292,7 +299,7 @@ namespace {
 
 bool touches(const plan::Stage& st, plan::Buf b) {
   return st.send == b || st.recv == b || st.before.src == b || st.before.dst == b || st.after.src == b ||
-         st.after.dst == b;
+         st.after.dst == b || st.and_then.src == b || st.and_then.dst == b;
 }
 
 }  // namespace
@@ -313,8 +320,9 @@ void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro) {
     a.recv = buffer(stage->recv, u, s).data;
     a.send = stage->op == comm::Op::kAllReduce ? a.recv : buffer(stage->send, u, s).data;
     a.after = last;
-    a.before = local(stage->before, u, s);
-    a.then = local(stage->after, u, s);
+    a.before = local(*stage, stage->before, u, s);
+    a.then = local(*stage, stage->after, u, s);
+    a.and_then = local(*stage, stage->and_then, u, s);
     last = issued(comm(stage->group).submit(a));
     if (touches(*stage, plan::Buf::kFull)) full = last;
   }
@@ -645,7 +653,8 @@ int64_t ShardedEngine::temporary_bytes() const {
   for (const auto& b : impl_->gather_slots) bytes += b.bytes();
   for (const auto& b : impl_->gather_qsend) bytes += b.bytes();
   for (const auto& b : impl_->gather_qrecv) bytes += b.bytes();
-  for (const auto& s : impl_->slots) bytes += s.full.bytes() + s.p.bytes() + s.g.bytes() + s.os.bytes();
+  for (const auto& s : impl_->slots)
+    bytes += s.full.bytes() + s.p.bytes() + s.g.bytes() + s.os.bytes() + s.qsend.bytes() + s.qrecv.bytes();
   return bytes;
 }
 

@@ -29,11 +29,22 @@ BandwidthTable::BandwidthTable(const comm::BandwidthTable& table, std::string so
   }
 }
 
+bool BandwidthTable::has(comm::Op op, bool inter) const {
+  for (const auto& [key, curve] : curves_)
+    if (std::get<0>(key) == static_cast<int>(op) && (std::get<2>(key) > 1) == inter) return true;
+  return false;
+}
+
 double BandwidthTable::seconds(comm::Op op, int64_t size_bytes, int64_t p0, int64_t p1) const {
   const int64_t n = p0 * p1;
   if (n <= 1 || size_bytes <= 0) return 0.0;
-  const int key_op = static_cast<int>(op);
   const bool inter = p1 > 1;
+  // A table measured before comm-bench knew all_to_all prices it as a
+  // reduce-scatter of the same size: both send (n-1)/n of the buffer, a block
+  // to each other rank (doc/compression.md, "Priced").
+  int key_op = static_cast<int>(op);
+  if (op == comm::Op::kAllToAll && !has(comm::Op::kAllToAll, inter))
+    key_op = static_cast<int>(comm::Op::kReduceScatter);
   const comm::BandwidthTable* best = nullptr;
   int64_t q0 = 0, q1 = 0;
   if (auto it = curves_.find({key_op, p0, p1}); it != curves_.end()) {
@@ -60,9 +71,10 @@ double BandwidthTable::seconds(comm::Op op, int64_t size_bytes, int64_t p0, int6
     fail_usage(source_, ": no ", inter ? "inter-node" : "intra-node", " ",
                comm::op_name(op), " measurements (needed for a group of ", p0, "x", p1,
                "); measure them with amsp comm-bench");
-  const double us = best->time_us(op, q0, q1, size_bytes).value_or(0.0);
+  const comm::Op measured = static_cast<comm::Op>(key_op);
+  const double us = best->time_us(measured, q0, q1, size_bytes).value_or(0.0);
   // The same bus bandwidth on this group: rescale by the ratio of the factors.
-  const double scale = comm::busbw_factor(op, n) / comm::busbw_factor(op, q0 * q1);
+  const double scale = comm::busbw_factor(measured, n) / comm::busbw_factor(measured, q0 * q1);
   return us * 1e-6 * scale;
 }
 

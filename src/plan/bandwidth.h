@@ -42,9 +42,12 @@ class BandwidthTable {
   // Seconds for one collective whose nccl-tests size is size_bytes, on a group
   // of p0 ranks per node x p1 nodes. A group of one takes no time. Throws
   // UsageError when the table has no shape of the needed kind for the op.
+  // An all-to-all the table has no measurement of is priced as a
+  // reduce-scatter of the same size.
   double seconds(comm::Op op, int64_t size_bytes, int64_t p0, int64_t p1) const;
 
  private:
+  bool has(comm::Op op, bool inter) const;  // measured on groups within (false) or across nodes
   using Key = std::tuple<int, int64_t, int64_t>;  // op, p0, p1
   std::string source_;
   std::map<Key, comm::BandwidthTable> curves_;    // one op and shape each

@@ -83,3 +83,23 @@ TEST(Bandwidth, ClusterPresetsLoad) {
 
 }  // namespace
 }  // namespace amsp::plan
+
+namespace amsp::plan {
+namespace {
+
+// A table without all_to_all prices one as a reduce-scatter of the same size (the
+// compressed reductions' records, doc/compression.md); one that has it uses its own.
+TEST(Bandwidth, AllToAllBorrowsTheReduceScatterUntilMeasured) {
+  comm::BandwidthTable t;
+  t.entries = {entry(Op::kReduceScatter, 2, 1, 1000, 10), entry(Op::kReduceScatter, 2, 1, 100000, 30)};
+  const BandwidthTable without(t, "t");
+  EXPECT_DOUBLE_EQ(without.seconds(Op::kAllToAll, 50000, 2, 1), without.seconds(Op::kReduceScatter, 50000, 2, 1));
+  EXPECT_THROW(without.seconds(Op::kAllToAll, 50000, 2, 2), UsageError);  // no inter-node curve at all
+  t.entries.push_back(entry(Op::kAllToAll, 2, 1, 1000, 20));
+  t.entries.push_back(entry(Op::kAllToAll, 2, 1, 100000, 60));
+  const BandwidthTable with(t, "t");
+  EXPECT_GT(with.seconds(Op::kAllToAll, 50000, 2, 1), with.seconds(Op::kReduceScatter, 50000, 2, 1));
+}
+
+}  // namespace
+}  // namespace amsp::plan

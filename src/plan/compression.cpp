@@ -78,12 +78,6 @@ std::string to_string(const Compression& c) {
   return s;
 }
 
-void require_implemented(const Compression& c) {
-  if (c.g_bits != 0)
-    fail_usage("--compress ", to_string(c), ": compressed gradient reductions (g=) are not implemented "
-               "yet; expected g=off (p=int8 or p=int4 compresses the parameters' all-gathers)");
-}
-
 std::optional<kernels::quant::Spec> compression_spec(const Compression& c, Compressed what,
                                                      int64_t group_nodes) {
   const int bits = what == Compressed::kParams ? c.p_bits : c.g_bits;

@@ -33,10 +33,6 @@ Compression parse_compression(const std::string& text);
 // The canonical text: "off", or e.g. "p=int8,g=int4,block=256,inter-node".
 std::string to_string(const Compression& c);
 
-// Throws UsageError naming --compress where it asks for what the engine does
-// not do yet: compressed gradient reductions (g=).
-void require_implemented(const Compression& c);
-
 // The spec a collective of this kind uses on a group spanning `group_nodes`
 // nodes; nullopt: uncompressed.
 enum class Compressed { kParams, kGrads };

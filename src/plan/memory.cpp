@@ -109,7 +109,8 @@ MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, const 
   // Reduction slots: `max_reductions` reductions can be outstanding, each
   // holding its unit's gradient on the way from backward to the OS-shard in
   // the slot buffers its stages name (plan/schedule.h: full, p, g, os).
-  m.buckets = w.max_reductions * steps.slot.total() * b.p;
+  // Compressed reductions add their records, sent and received, per slot.
+  m.buckets = w.max_reductions * (steps.slot.total() * b.p + 4 * (steps.slot.qsend + steps.slot.qrecv));
   return m;
 }
 

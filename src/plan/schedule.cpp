@@ -125,7 +125,9 @@ SlotElems slot_sizes(const std::vector<std::vector<Stage>>& chains, int64_t larg
   };
   for (const auto& chain : chains)
     for (const Stage& s : chain)
-      for (Buf b : {s.send, s.recv, s.before.src, s.before.dst, s.after.src, s.after.dst}) use(b);
+      for (Buf b : {s.send, s.recv, s.before.src, s.before.dst, s.after.src, s.after.dst, s.and_then.src,
+                    s.and_then.dst})
+        use(b);
   return e;
 }
 
@@ -153,6 +155,44 @@ void compress_gather(Stage& g, const kernels::quant::Spec& spec, int64_t sp) {
   g.after = {LocalStep::kDequantize, Buf::kQRecv, Buf::kGathered, sp};
   g.send = Buf::kQSend;
   g.recv = Buf::kQRecv;
+}
+
+// A reduce-scatter over a group of n ranks made a compressed one (ZeRO++'s
+// qgZ, in one hop): each rank quantizes its n chunks into n records, an
+// all-to-all hands every rank the records of its own chunk, and it sums them in
+// fp32, in rank order, into the stage's old receive buffer; the stage's old
+// local step (the add into the G-shard, the copy to it) follows. A bf16 copy
+// that fed the reduce-scatter is skipped: the fp32 G-shard is quantized itself.
+void compress_reduce(Stage& st, const kernels::quant::Spec& spec, int64_t n) {
+  st.compressed = true;
+  st.quant = spec;
+  st.values = st.count;
+  st.count = kernels::quant::record_words(st.values, spec);
+  st.dtype = DType::kI32;
+  st.op = Op::kAllToAll;
+  const Buf src = st.before.kind == LocalStep::kCopy ? st.before.src : st.send;
+  st.before = {LocalStep::kQuantize, src, Buf::kQSend, n};
+  st.and_then = st.after;
+  st.after = {LocalStep::kDequantizeSum, Buf::kQRecv, st.recv, n};
+  st.send = Buf::kQSend;
+  st.recv = Buf::kQRecv;
+}
+
+// The reduce-scatters of a chain compressed where the option says, with each
+// group's size and the nodes it spans (plan/shard_plan.h: Factor).
+void compress_chain(std::vector<Stage>& chain, const Compression& c, const ShardPlan& plan, SlotElems& slot) {
+  for (Stage& st : chain) {
+    if (st.op != Op::kReduceScatter) continue;
+    int64_t n = 0, nodes = 0;
+    if (st.group == GroupKind::kP) n = plan.p.size(), nodes = plan.p.s1;
+    if (st.group == GroupKind::kG) n = plan.g.size() / plan.p.size(), nodes = plan.g.s1 / plan.p.s1;
+    if (st.group == GroupKind::kOS) n = plan.os.size() / plan.g.size(), nodes = plan.os.s1 / plan.g.s1;
+    const auto spec = compression_spec(c, Compressed::kGrads, nodes);
+    if (!spec || n < 2) continue;
+    compress_reduce(st, *spec, n);
+    slot.qsend = std::max(slot.qsend, n * st.count);
+    slot.qrecv = std::max(slot.qrecv, n * st.count);
+  }
 }
 
 }  // namespace
@@ -192,7 +232,11 @@ StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshS
     s.norm.push_back(make_stage(Phase::kGradNorm, -1, Op::kAllReduce, GroupKind::kReplica, 1,
                                 DType::kF64, Buf::kNone, Buf::kNorm, Runs::kOnce));
   }
+  SlotElems records;
+  for (auto& chain : s.reduction) compress_chain(chain, w.compression, plan, records);
   s.slot = slot_sizes(s.reduction, largest, sp, sg, sos);
+  s.slot.qsend = records.qsend;
+  s.slot.qrecv = records.qrecv;
   return s;
 }
 
@@ -296,6 +340,9 @@ std::string local_text(const char* when, const LocalStep& l) {
     case LocalStep::kDequantize:
       return cat("; ", when, " ", buf_name(l.dst), " = dequantize(", buf_name(l.src), ", ", l.records,
                  " records)");
+    case LocalStep::kDequantizeSum:
+      return cat("; ", when, " ", buf_name(l.dst), " = sum of dequantize(", buf_name(l.src), ", ",
+                 l.records, " records)");
   }
   return "";
 }
@@ -309,7 +356,7 @@ std::string stage_line(const Stage& s) {
   return cat(s.phase == Phase::kGradNorm ? "world" : group_name(s.group), " ",
              comm::op_name(s.op), " ", s.count, " ", dtype_name(s.dtype), ", ", io, ", ", runs,
              s.chained ? ", chained after the stage above" : "", local_text("before:", s.before),
-             local_text("then:", s.after));
+             local_text("then:", s.after), local_text("then:", s.and_then));
 }
 
 }  // namespace

@@ -57,9 +57,10 @@ const char* buf_name(Buf b);
 // (comm/communicator.h, Local), over the stage's count: add sums dst + src in
 // fp32 and stores in dst's dtype; copy converts src into dst's dtype. The
 // quantizing kinds work on `records` chunks of the stage's `values` with its
-// `quant` spec: quantize values into records, dequantize records into values.
+// `quant` spec: quantize values into records, dequantize records into values,
+// dequantize-sum records into one chunk of values (summed in record order).
 struct LocalStep {
-  enum Kind { kNone, kAdd, kCopy, kQuantize, kDequantize } kind = kNone;
+  enum Kind { kNone, kAdd, kCopy, kQuantize, kDequantize, kDequantizeSum } kind = kNone;
   Buf src = Buf::kNone, dst = Buf::kNone;
   int64_t records = 1;
 };
@@ -79,6 +80,7 @@ struct Stage {
   // ordered by the communicators, not by the engine's thread.
   bool chained = false;
   LocalStep before, after;  // local work just before it starts and once it completed
+  LocalStep and_then;       // more local work after `after` (a compressed reduction's add)
   // A compressed stage (doc/compression.md) moves records of int32 words:
   // `count` is then the words per rank, `values` the values they hold.
   bool compressed = false;
@@ -91,6 +93,8 @@ struct Stage {
 struct SlotElems {
   int64_t full = 0, p = 0, g = 0, os = 0;
   int64_t total() const { return full + p + g + os; }
+  // Compressed reductions' records sent and received, in int32 words (0: none).
+  int64_t qsend = 0, qrecv = 0;
 };
 
 struct StepSchedule {

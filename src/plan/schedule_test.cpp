@@ -228,3 +228,58 @@ TEST(Schedule, InterNodeCompressesOnlyGroupsAcrossNodes) {
 
 }  // namespace
 }  // namespace amsp::plan
+
+namespace amsp::plan {
+namespace {
+
+// Compressed reduce-scatters (doc/compression.md): an all-to-all of one record per
+// rank of the group, quantized from what the reduce-scatter sent (the fp32 G-shard,
+// not its bf16 copy), summed into what it received, then its old local step. The
+// replicas' all-reduce stays as it was; the records' buffers are the slot's.
+TEST(Schedule, CompressedReductionsByHand) {
+  using V = std::vector<std::string>;
+  auto compressed_chain = [](const char* plan, Precision precision, const char* compress) {
+    Workload w = odd_workload(precision);
+    w.compression = parse_compression(compress);
+    const StepSchedule s = step_schedule(w, parse_shard_plan(plan, k2x2), k2x2);
+    std::vector<std::string> out;
+    for (const Stage& st : s.reduction[3]) {
+      std::string t = brief(st);
+      if (st.compressed) t += cat(" values ", st.values, " records ", st.before.records, "/", st.after.records);
+      if (st.and_then.kind != LocalStep::kNone)
+        t += cat(" and:", buf_name(st.and_then.dst), st.and_then.kind == LocalStep::kAdd ? "+=" : "=",
+                 buf_name(st.and_then.src));
+      out.push_back(t);
+    }
+    return std::make_pair(out, s.slot);
+  };
+  const kernels::quant::Spec s8{8, 256};
+  const int64_t w24 = kernels::quant::record_words(24, s8), w12 = kernels::quant::record_words(12, s8);
+  // P then G, both compressed: records of 24 values over P (2 ranks), of 12 over G.
+  auto [pg, pg_slot] = compressed_chain("p=2x1,g=2x2,os=2x2", Precision::kFp32, "g=int8");
+  EXPECT_EQ(pg, (V{cat("P all_to_all ", w24, " records.send>records.recv before:records.send=slot.full "
+                       "then:slot.p=records.recv values 24 records 2/2"),
+                   cat("G all_to_all ", w12, " records.send>records.recv chained before:records.send=slot.p "
+                       "then:slot.g=records.recv values 12 records 2/2 and:G-shard+=slot.g")}));
+  // The slot's records are sized for the largest unit (a layer, 246 values padded to
+  // 248): its P stage's 2 records of 124.
+  EXPECT_EQ(pg_slot.qsend, 2 * kernels::quant::record_words(124, s8));
+  EXPECT_EQ(pg_slot.qrecv, 2 * kernels::quant::record_words(124, s8));
+  // AMSP-style in bf16: the OS stage quantizes the fp32 G-shard itself; slot.g, the
+  // bf16 copy it no longer needs, is still the G stage's.
+  auto [os, os_slot] = compressed_chain("p=1x1,g=2x1,os=2x2", Precision::kBf16, "g=int8");
+  EXPECT_EQ(os, (V{cat("G all_to_all ", w24, " records.send>records.recv before:records.send=slot.full "
+                       "then:slot.g=records.recv values 24 records 2/2 and:G-shard+=slot.g"),
+                   cat("OS all_to_all ", w12, " records.send>records.recv last chained "
+                       "before:records.send=G-shard then:slot.os=records.recv values 12 records 2/2 "
+                       "and:G-shard[OS]=slot.os")}));
+  // The replicas' all-reduce is not compressed; inter-node leaves a node's groups alone.
+  auto [mics, mics_slot] = compressed_chain("mics:2", Precision::kFp32, "g=int8");
+  EXPECT_EQ(mics.back(), "replica all_reduce 24 ->G-shard[OS] last chained");
+  auto [local, local_slot] = compressed_chain("mics:2", Precision::kFp32, "inter-node");
+  EXPECT_EQ(local.front(), "P reduce_scatter 24 slot.full>slot.g then:G-shard+=slot.g");
+  EXPECT_EQ(local_slot.qsend, 0);
+}
+
+}  // namespace
+}  // namespace amsp::plan

@@ -23,7 +23,8 @@ PLANS = ["ddp", "zero1", "zero2", "zero3", "mics:2", "p=1,g=2x1,os=4x1", "p=2x1,
          "p=1,g=1,os=2x1"]
 # (precision, plan, --compress): compressed all-gathers' records, their bytes and their
 # buffers (doc/compression.md).
-COMPRESSED = [("fp32", "zero3", "p=int8"), ("bf16", "mics:2", "p=int4,block=64")]
+COMPRESSED = [("fp32", "zero3", "p=int8"), ("bf16", "mics:2", "p=int4,block=64"),
+              ("bf16", "p=2x1,g=2x1,os=4x1", "on")]
 
 
 def predicted(amsp, plan, precision, compress="off"):

@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""Compressed parameter all-gathers train what the uncompressed run trains, to the
-quantization's error, and move the bytes the records hold.
+"""Compressed collectives train what the uncompressed run trains, to the quantization's
+error, and move the bytes the records hold.
 
-On 4 ranks (zero3: every unit gathered over P before its forward and its backward),
-`amsp train` runs 20 steps of the tiny preset with --compress off, p=int8 (block 256)
-and p=int4,block=chunk (one scale per rank's chunk, deliberately coarse), in fp32 and
-in bf16. Required:
+On 4 ranks (zero3: every unit gathered over P before its forward and its backward, its
+gradient reduce-scattered over P after), `amsp train` runs 20 steps of the tiny preset
+with --compress off, p=int8 (the parameters' all-gathers, block 256), g=int8 (the
+gradients' reduce-scatters, as an all-to-all of records summed in fp32) and
+p=int4,block=chunk (one scale per rank's chunk, deliberately coarse), in fp32 and in
+bf16. Required:
 
-  - p=int8: every step's loss within 2e-3 (relative) of the uncompressed run's, the
-    final validation loss within 1% (doc/compression.md: int8 blocks of 256 keep each
-    parameter within half a step of 1/254 of its block's largest value);
+  - p=int8 and g=int8: every step's loss within 2e-3 (relative) of the uncompressed
+    run's, the final validation loss within 1% (doc/compression.md: int8 blocks of 256
+    keep each value within half a step of 1/254 of its block's largest value);
   - p=int4,block=chunk: its final validation loss further from the uncompressed one
     than int8's (the compression acts where the schedule says);
-  - the P group's all-gather bytes per step: int8 at most 0.27 of fp32's (0.52 of
-    bf16's), int4 at most 0.14 of fp32's: one byte (half a byte) per value plus an fp32
-    scale per block, against four (two);
-  - the gradients' reduce-scatters and the optimizer's bytes unchanged.
+  - the P group's all-gather bytes per step: int8 at most 0.27 of fp32's (0.54 of
+    bf16's), int4 at most 0.14 (0.28): one byte (half a byte) per value plus an fp32
+    scale per block, against four (two); with g=int8 the reduce-scatter's bytes become
+    an all-to-all's, at most 0.27 (0.54) of them, and the all-gathers' do not change.
 
 usage: compress_test.py --amsp PATH --data CORPUS.h5 --work DIR --mpiexec PATH
 Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure.
@@ -71,25 +73,33 @@ def main():
 
     for precision, value_bytes in (("fp32", 4), ("bf16", 2)):
         try:
-            off, q8, q4 = (train(args, precision, c) for c in ("off", "p=int8", "p=int4,block=chunk"))
+            off, q8, g8, q4 = (train(args, precision, c) for c in ("off", "p=int8", "g=int8", "p=int4,block=chunk"))
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             check(False, f"{precision}: {e}")
             continue
-        worst = max(abs(a - b) / abs(b) for a, b in zip(q8["loss"], off["loss"]))
+        for name, run in (("p=int8", q8), ("g=int8", g8)):
+            worst = max(abs(a - b) / abs(b) for a, b in zip(run["loss"], off["loss"]))
+            val = abs(run["val"] - off["val"]) / off["val"]
+            check(len(run["loss"]) == STEPS and worst <= 2e-3 and val <= 0.01,
+                  f"{precision} {name}: losses within {worst:.1e} of uncompressed, final val loss "
+                  f"{run['val']:.4f} against {off['val']:.4f} ({val:.2%})")
         val8, val4 = abs(q8["val"] - off["val"]) / off["val"], abs(q4["val"] - off["val"]) / off["val"]
-        check(len(q8["loss"]) == STEPS and worst <= 2e-3 and val8 <= 0.01,
-              f"{precision} p=int8: losses within {worst:.1e} of uncompressed, final val loss "
-              f"{q8['val']:.4f} against {off['val']:.4f} ({val8:.2%})")
         check(val4 > val8, f"{precision} p=int4,block=chunk: final val loss {q4['val']:.4f}, {val4:.2%} "
                            f"from uncompressed (int8: {val8:.2%})")
-        g_off, g8, g4 = (op_bytes(r, "P", "all_gather") for r in (off, q8, q4))
-        r8, r4 = g8 / g_off, g4 / g_off
+        a_off, a8, a4 = (op_bytes(r, "P", "all_gather") for r in (off, q8, q4))
+        r8, r4 = a8 / a_off, a4 / a_off
         lim8, lim4 = 1.08 / value_bytes, 0.56 / value_bytes
         check(0 < r8 <= lim8 and 0 < r4 <= lim4,
               f"{precision} P all-gather bytes per step: int8 {r8:.3f} (at most {lim8:.2f}), int4 {r4:.3f} "
               f"(at most {lim4:.2f}) of uncompressed")
-        same = all(op_bytes(r, "P", "reduce_scatter") == op_bytes(off, "P", "reduce_scatter") for r in (q8, q4))
-        check(same, f"{precision} gradients' reduce-scatter bytes unchanged: {op_bytes(off, 'P', 'reduce_scatter')}")
+        rs_off = op_bytes(off, "P", "reduce_scatter")
+        same = all(op_bytes(r, "P", "reduce_scatter") == rs_off for r in (q8, q4))
+        check(same, f"{precision} p= leaves the gradients' reduce-scatter bytes as they were: {rs_off}")
+        rg = op_bytes(g8, "P", "all_to_all") / rs_off
+        check(0 < rg <= lim8 and op_bytes(g8, "P", "reduce_scatter") == 0
+              and op_bytes(g8, "P", "all_gather") == a_off,
+              f"{precision} g=int8: the reduce-scatter's bytes move as an all-to-all of records, {rg:.3f} "
+              f"of them (at most {lim8:.2f}); the all-gathers' unchanged")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed or not passed else 0
 

@@ -57,10 +57,11 @@ def ring_bytes(op, n, elements, blocks, elem_bytes):
 
 
 STEPS = 3
-# Compressed parameter all-gathers (doc/compression.md): the records' int32 words on
-# the wire must be the planner's, in both code widths and with one scale per chunk.
-COMPRESSED_CASES = [(4, 1, "zero3", 1, 1, "p=int8"), (4, 1, "p=2x1,g=2x1,os=4x1", 2, 1, "p=int4,block=64"),
-                    (8, 1, "mics:4", 1, 1, "p=int8,block=chunk")]
+# Compressed all-gathers and reduce-scatters (doc/compression.md): the records' int32
+# words on the wire must be the planner's, in both code widths and with one scale per
+# chunk, over the P, G and OS groups.
+COMPRESSED_CASES = [(4, 1, "zero3", 1, 1, "p=int8"), (4, 1, "p=2x1,g=2x1,os=4x1", 2, 1, "p=int4,g=int8,block=64"),
+                    (8, 1, "mics:4", 1, 1, "p=int8,g=int4,block=chunk"), (4, 1, "p=1,g=2x1,os=4x1", 1, 1, "g=int8")]
 
 
 def counted(args, ranks, plan, batch, accum, tag, compress="off"):

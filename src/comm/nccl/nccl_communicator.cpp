@@ -206,6 +206,7 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   }
   if (rc != ncclSuccess && rc != ncclInProgress) fail_op(cat("issuing ", op_name(a.op), " #", f.seq), rc);
   run_local(a.then);
+  run_local(a.and_then);
   AMSP_CUDA_CHECK(cudaEventRecord(f.end, stream_));
   std::lock_guard lock(flight_mu_);
   in_flight_.push_back(f);
