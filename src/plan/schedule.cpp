@@ -141,20 +141,26 @@ bool StepSchedule::reduces(int unit, bool last_micro) const {
 
 namespace {
 
+// What every compressed stage shares: its c values per rank travel as one
+// record of int32 words per rank, from and into the records' buffers.
+void move_records(Stage& st, const kernels::quant::Spec& spec) {
+  st.compressed = true;
+  st.quant = spec;
+  st.values = st.count;
+  st.count = kernels::quant::record_words(st.values, spec);
+  st.dtype = DType::kI32;
+  st.send = Buf::kQSend;
+  st.recv = Buf::kQRecv;
+}
+
 // A P all-gather of c values per rank made a compressed one: each rank
 // quantizes its P-shard into one record, the records are gathered as int32
 // words, and each of the s_p records is dequantized into its part of the
 // gathered unit.
 void compress_gather(Stage& g, const kernels::quant::Spec& spec, int64_t sp) {
-  g.compressed = true;
-  g.quant = spec;
-  g.values = g.count;
-  g.count = kernels::quant::record_words(g.values, spec);
-  g.dtype = DType::kI32;
   g.before = {LocalStep::kQuantize, Buf::kPShard, Buf::kQSend, 1};
   g.after = {LocalStep::kDequantize, Buf::kQRecv, Buf::kGathered, sp};
-  g.send = Buf::kQSend;
-  g.recv = Buf::kQRecv;
+  move_records(g, spec);
 }
 
 // A reduce-scatter over a group of n ranks made a compressed one (ZeRO++'s
@@ -164,18 +170,12 @@ void compress_gather(Stage& g, const kernels::quant::Spec& spec, int64_t sp) {
 // local step (the add into the G-shard, the copy to it) follows. A bf16 copy
 // that fed the reduce-scatter is skipped: the fp32 G-shard is quantized itself.
 void compress_reduce(Stage& st, const kernels::quant::Spec& spec, int64_t n) {
-  st.compressed = true;
-  st.quant = spec;
-  st.values = st.count;
-  st.count = kernels::quant::record_words(st.values, spec);
-  st.dtype = DType::kI32;
   st.op = Op::kAllToAll;
   const Buf src = st.before.kind == LocalStep::kCopy ? st.before.src : st.send;
   st.before = {LocalStep::kQuantize, src, Buf::kQSend, n};
   st.and_then = st.after;
   st.after = {LocalStep::kDequantizeSum, Buf::kQRecv, st.recv, n};
-  st.send = Buf::kQSend;
-  st.recv = Buf::kQRecv;
+  move_records(st, spec);
 }
 
 // The reduce-scatters of a chain compressed where the option says, with each
