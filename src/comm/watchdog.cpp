@@ -193,6 +193,7 @@ struct Verdict {
   std::vector<int> waiters;           // ranks that reached the op
   int reporter = 0;                   // the lowest of them
   bool chained = false;               // every culprit waits in another collective itself
+  double chain_left_s = 0;            // the longest a culprit still waits before its own timeout
 };
 
 std::string elsewhere(const Answer& a) {
@@ -203,7 +204,7 @@ std::string elsewhere(const Answer& a) {
              ", its last op on the group #", a.issued);
 }
 
-Verdict judge(const Entry& e, Op op, uint64_t seq, const Poll& p) {
+Verdict judge(const Entry& e, Op op, uint64_t seq, const Poll& p, double waited_s) {
   const State& s = state();
   const std::string what = cat(op_name(op), " #", seq, " on ", e.description());
   Verdict v;
@@ -220,6 +221,8 @@ Verdict judge(const Entry& e, Op op, uint64_t seq, const Poll& p) {
     } else if (!a.known || a.issued < seq) {
       v.culprits.push_back(cat(rank_name(r), " never reached ", what, " (", elsewhere(a), ")"));
       direct += !a.waiting;
+      // Every rank has the same timeout: one that began waiting later reports later.
+      if (a.waiting) v.chain_left_s = std::max(v.chain_left_s, waited_s - a.wait_s);
     } else {
       v.waiters.push_back(r);
       v.reporter = std::min(v.reporter, r);
@@ -395,13 +398,14 @@ void hang(const Entry& e, Op op, uint64_t seq, double waited_s) {
                   " s (with AMSP_COMM_PROGRESS=none no watchdog thread runs to name the rank that holds it up)"));
   static Query group_query, world_query;  // sent without waiting: they must outlive the call
   group_query.key = e.key();
-  const Verdict v = judge(e, op, seq, ask(e.members(), group_query));
+  const Verdict v = judge(e, op, seq, ask(e.members(), group_query), waited_s);
   const std::string waited = cat("; ", ranks_phrase(v.waiters), " waited ", seconds(waited_s), " s");
   std::string line = cat("hang: ", join(v.culprits, "; "), waited);
   double defer_s = v.reporter == s.rank ? 0 : kAnswerSeconds + 2;
   // A culprit that waits in another collective is itself held up there; the
-  // ranks of that group name the rank at the end of the chain, given a moment.
-  if (v.chained) defer_s += kAnswerSeconds + 1.5;
+  // ranks of that group name the rank at the end of the chain once their own
+  // timeout runs out and their question goes unanswered, given a moment.
+  if (v.chained) defer_s += v.chain_left_s + 2 * kAnswerSeconds + 3.5;
   if (v.culprits.empty()) {
     // Every member reached the op: it waits on another group's op that it is
     // chained after, or on the network. The ranks of the world that are in no
