@@ -225,7 +225,10 @@ Verdict judge(const Entry& e, Op op, uint64_t seq, const Poll& p, double waited_
       if (a.waiting) v.chain_left_s = std::max(v.chain_left_s, waited_s - a.wait_s);
     } else {
       v.waiters.push_back(r);
-      v.reporter = std::min(v.reporter, r);
+      // Only a rank that waits in this very op will report it: one that issued
+      // it and waits in a later op reports that one, if any.
+      if (a.waiting && a.wait_seq == seq && e.description().substr(0, sizeof a.wait_group - 1) == a.wait_group)
+        v.reporter = std::min(v.reporter, r);
     }
   }
   v.chained = !v.culprits.empty() && direct == 0;
