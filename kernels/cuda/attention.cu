@@ -444,7 +444,9 @@ void attention_delta(const float* out, const float* dout, float* delta, int64_t 
 
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) { return B * H * T; }
 
-int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H) { return B * H * T; }
+int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16) {
+  return B * H * T + (bf16 && attention_tc_supports(D) ? attention_tc_partials(B, T, H, KV, D) : 0);
+}
 
 void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                        float* lse, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,

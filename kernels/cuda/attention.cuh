@@ -28,6 +28,10 @@ void require_shape(const char* what, bool d_ok, const char* d_expected, int64_t 
 // The tensor-core kernels (attention_bf16.cu) behind attention_forward and
 // attention_backward with bf16, for the head dims attention_tc_supports.
 bool attention_tc_supports(int64_t D);
+// Floats of workspace the tensor-core backward needs beyond delta: each query
+// head's share of dk and dv when a kv head serves several (H > KV), summed in
+// head order afterwards.
+int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 void attention_forward_tc(const float* q, const float* k, const float* v, int64_t ldq,
                           int64_t ldkv, float* lse, float* out, int64_t B, int64_t T, int64_t H,
                           int64_t KV, int64_t D, cudaStream_t s);

@@ -8,8 +8,9 @@
 // The algorithm is attention.cu's, FlashAttention-2's: forward walks the key
 // tiles left of the causal diagonal with an online softmax and keeps only the
 // log-sum-exp of each row; backward recomputes the probabilities from it, in
-// one kernel per query tile for dq and one per key tile for dk and dv (every
-// query head of the kv group in order), so no atomics and the same bits run
+// one kernel per query tile for dq and one per key tile and query head for
+// dk and dv (the query heads that share a kv head leave their shares in the
+// workspace, summed in head order after), so no atomics and the same bits run
 // after run. What changes is where the products run: every product is a
 // warp's mma.sync m16n8k16 (kernels/cuda/mma.h) with bf16 inputs and fp32
 // accumulators, as in FlashAttention-2:
@@ -28,11 +29,12 @@
 // in dk/dv) of the block's 64. Shared memory holds bf16 tiles with rows padded
 // by 8 values (16 bytes), which puts the 32 lanes of every fragment load in
 // 32 different banks: forward and dq hold a key and a value tile of 64 rows
-// (34 KiB at D = 128), dk/dv the block's keys and values and a 16-row query
-// and dout tile (43 KiB), all under the 48 KiB that needs no opt-in. The
-// query rows' fragments of forward and dq come from global memory straight
-// into registers (each element is read once). Nothing here has been timed on
-// a GPU (doc/gpu.md).
+// (34 KiB at D = 128), dk/dv the block's keys and values and a query and
+// dout tile of 64 rows up to D = 64 and 16 rows above (37 KiB at D = 64, 43
+// at 128), all under the 48 KiB that needs no opt-in. The query rows'
+// fragments of forward and dq come from global memory straight into
+// registers (each element is read once). doc/gpu.md has their times on a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -52,7 +54,10 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16;                // rows a warp owns
 constexpr int kTile = kWarps * kRows;    // rows a block owns
 constexpr int kKeys = 64;                // keys per streamed tile (forward, dq)
-constexpr int kQueries = 16;             // query rows per streamed tile (dk/dv)
+// Query rows per streamed tile of dk/dv: as many as fit beside the keys and
+// values in 48 KiB of shared memory, so that a sync serves more products.
+template <int kD>
+constexpr int kQueries = kD <= 64 ? 64 : 16;
 constexpr int kPad = 8;                  // bf16s after each row in shared memory
 constexpr int kMaxD = 128;
 
@@ -300,10 +305,10 @@ template <int kD>
 struct alignas(16) DkvTiles {
   uint16_t k[kTile * (kD + kPad)];
   uint16_t v[kTile * (kD + kPad)];
-  uint16_t q[kQueries * (kD + kPad)];
-  uint16_t dout[kQueries * (kD + kPad)];
-  float lse[kQueries];
-  float delta[kQueries];
+  uint16_t q[kQueries<kD> * (kD + kPad)];
+  uint16_t dout[kQueries<kD> * (kD + kPad)];
+  float lse[kQueries<kD>];
+  float delta[kQueries<kD>];
 };
 
 // Query rows [r0, r0 + kQueries) of head hd into the shared tiles with their
@@ -313,33 +318,36 @@ AMSP_DEVICE_INLINE void stage_queries(DkvTiles<kD>& tiles, const float* q, const
                                       const float* lse, const float* delta, const Head& hd,
                                       int64_t r0, int64_t T) {
   __syncthreads();
-  stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries, T);
-  stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries, T);
-  for (int i = threadIdx.x; i < kQueries; i += blockDim.x) {
+  stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries<kD>, T);
+  stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries<kD>, T);
+  for (int i = threadIdx.x; i < kQueries<kD>; i += blockDim.x) {
     tiles.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
     tiles.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
   }
   __syncthreads();
 }
 
-// One staged query tile's share of a warp's dv and dk: the transposed scores
-// S^T = k q^T and dP^T = v dout^T of the warp's 16 keys, then P^T and dS^T as
-// the left operands of P^T dout and dS^T q.
+// Sixteen staged query rows' share of a warp's dv and dk (rows r0.. of the
+// staged tile, from its row `at0` on): the transposed scores S^T = k q^T and
+// dP^T = v dout^T of the warp's 16 keys, then P^T and dS^T as the left
+// operands of P^T dout and dS^T q.
 template <int kD>
 AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD / 8][4],
-                                 const DkvTiles<kD>& tiles, int64_t key0, int64_t r0,
+                                 const DkvTiles<kD>& tiles, int at0, int64_t key0, int64_t r0,
                                  const Shape& sh) {
   constexpr int kLd = kD + kPad;
   const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kRows * kLd;
   const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kRows * kLd;
+  const uint16_t* q_t = tiles.q + at0 * kLd;
+  const uint16_t* dout_t = tiles.dout + at0 * kLd;
   float st[2][4] = {}, dpt[2][4] = {};
   for (int c = 0; c < kD / 16; ++c) {
     uint32_t ka[4], va[4], bq[2], bd[2];
     load_a(ka, k_w + 16 * c, kLd);
     load_a(va, v_w + 16 * c, kLd);
     for (int half = 0; half < 2; ++half) {
-      load_b_nk(bq, tiles.q + 8 * half * kLd + 16 * c, kLd);
-      load_b_nk(bd, tiles.dout + 8 * half * kLd + 16 * c, kLd);
+      load_b_nk(bq, q_t + 8 * half * kLd + 16 * c, kLd);
+      load_b_nk(bd, dout_t + 8 * half * kLd + 16 * c, kLd);
       mma_bf16_16x8x16(st[half], ka, bq);
       mma_bf16_16x8x16(dpt[half], va, bd);
     }
@@ -347,7 +355,7 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
   for (int half = 0; half < 2; ++half)
     for (int i = 0; i < 4; ++i) {
       const int64_t key = c_row(key0, i), row = c_col(r0 + 8 * half, i);
-      const int at = static_cast<int>(row - r0);
+      const int at = at0 + static_cast<int>(row - r0);
       const float p =
           key <= row && row < sh.T ? fast_exp(sh.scale * st[half][i] - tiles.lse[at]) : 0.0f;
       st[half][i] = p;
@@ -356,45 +364,71 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
   uint32_t pa[4], dsa[4];
   a_from_c(pa, st[0], st[1]);
   a_from_c(dsa, dpt[0], dpt[1]);
-  mma_rows<kD>(dv_acc, pa, tiles.dout);
-  mma_rows<kD>(dk_acc, dsa, tiles.q);
+  mma_rows<kD>(dv_acc, pa, dout_t);
+  mma_rows<kD>(dk_acc, dsa, q_t);
 }
 
+// Where the dk/dv kernel writes: dk and dv themselves (row stride ldkv) when
+// every kv head serves one query head, else query head h's share, in the
+// workspace slice (h mod group) of [group][B*T, KV*D] (attention_dkv_sum).
+struct DkvOut {
+  float *dk, *dv;
+  int64_t ld, per_share;
+};
+
 // dv = sum over queries of P^T dout, dk = scale * sum of dS^T q, over the
-// query rows at or below each key of every query head of the kv group, heads
-// in order. Block (b*KV + kv head, key tile), the early keys (most queries)
-// first. A warp's scores are transposed (keys x queries) so that P^T and
-// dS^T are the A fragments of the products that form dv and dk.
+// query rows at or below each key, for one query head. Block (b*H + h, key
+// tile), the early keys (most queries) first: the query heads of a kv group
+// run side by side, and their shares are summed in head order afterwards
+// (attention_dkv_sum_kernel), so the bits do not depend on timing. A warp's
+// scores are transposed (keys x queries) so that P^T and dS^T are the A
+// fragments of the products that form dv and dk.
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
     attention_dkv_bf16_kernel(const float* q, const float* k, const float* v, const float* lse,
-                              const float* dout, const float* delta, float* dk, float* dv,
-                              Shape sh) {
+                              const float* dout, const float* delta, DkvOut o, Shape sh) {
   __shared__ DkvTiles<kD> tiles;
-  const int64_t b = blockIdx.x / sh.KV, kvh = blockIdx.x % sh.KV;
+  const int64_t b = blockIdx.x / sh.H, h = blockIdx.x % sh.H, kvh = h / sh.group;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
-  const Head kv_hd = head_of(b, kvh * sh.group, kD, sh);
-  stage_rows<kD>(tiles.k, k + kv_hd.kv_off, kv_hd.ldk, k0, kTile, sh.T);
-  stage_rows<kD>(tiles.v, v + kv_hd.kv_off, kv_hd.ldk, k0, kTile, sh.T);
+  const Head hd = head_of(b, h, kD, sh);
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T);
 
   float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
-  for (int64_t h = kvh * sh.group; h < (kvh + 1) * sh.group; ++h) {
-    const Head hd = head_of(b, h, kD, sh);
-    for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries) {  // causal: rows at or below the keys
-      stage_queries<kD>(tiles, q, dout, lse, delta, hd, r0, sh.T);
-      if (r0 + kQueries - 1 < key0) continue;  // every row above this warp's keys
-      dkv_tile<kD>(dk_acc, dv_acc, tiles, key0, r0, sh);
-    }
+  for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries<kD>) {  // causal: rows at or below the keys
+    stage_queries<kD>(tiles, q, dout, lse, delta, hd, r0, sh.T);
+    for (int at0 = 0; at0 < kQueries<kD>; at0 += 16)
+      if (r0 + at0 + 15 >= key0)  // else every row is above this warp's keys
+        dkv_tile<kD>(dk_acc, dv_acc, tiles, at0, key0, r0 + at0, sh);
   }
+  const int64_t base = (h % sh.group) * o.per_share + b * sh.T * o.ld + kvh * kD;
   for (int n = 0; n < kD / 8; ++n)
     for (int i = 0; i < 4; ++i) {
-      const int64_t key = c_row(key0, i), at = kv_hd.kv_off + key * kv_hd.ldk + c_col(8 * n, i);
+      const int64_t key = c_row(key0, i), at = base + key * o.ld + c_col(8 * n, i);
       if (key < sh.T) {
-        dv[at] = dv_acc[n][i];
-        dk[at] = sh.scale * dk_acc[n][i];
+        o.dv[at] = dv_acc[n][i];
+        o.dk[at] = sh.scale * dk_acc[n][i];
       }
     }
+}
+
+// dk and dv (row stride ldkv) = the sum of the group's shares in head order.
+__global__ void attention_dkv_sum_kernel(const float* dk_shares, const float* dv_shares, float* dk,
+                                         float* dv, int64_t rows, int64_t width, int64_t ldkv,
+                                         int group) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sk = 0.0f, sv = 0.0f;
+    for (int g = 0; g < group; ++g) {
+      sk += dk_shares[g * n + i];
+      sv += dv_shares[g * n + i];
+    }
+    const int64_t at = (i / width) * ldkv + i % width;
+    dk[at] = sk;
+    dv[at] = sv;
+  }
 }
 
 // Calls launch(std::integral_constant<int, D>) for a supported head dim.
@@ -429,6 +463,10 @@ unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kT
 
 bool attention_tc_supports(int64_t D) { return D >= 16 && D <= kMaxD && D % 16 == 0; }
 
+int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  return H > KV ? 2 * H * B * T * D : 0;  // dk and dv, group (H / KV) shares of B*T*KV*D
+}
+
 void attention_forward_tc(const float* q, const float* k, const float* v, int64_t ldq,
                           int64_t ldkv, float* lse, float* out, int64_t B, int64_t T, int64_t H,
                           int64_t KV, int64_t D, cudaStream_t s) {
@@ -450,14 +488,23 @@ void attention_backward_tc(const float* q, const float* k, const float* v, int64
   const Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_backward_tc");
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, true, s);
+  // Shares of dk and dv per query head (after delta) when kv heads are shared.
+  const int64_t share = B * T * KV * D;
+  float* shares = workspace + B * H * T;
+  const DkvOut o = H == KV ? DkvOut{dk, dv, ldkv, 0}
+                           : DkvOut{shares, shares + sh.group * share, KV * D, share};
   AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    AMSP_LAUNCH(attention_dq_bf16_kernel<kD>, dim3(static_cast<unsigned>(B * H), tiles_of(T)),
-                kThreads, 0, s)(q, k, v, lse, dout, delta, dq, sh);
-    AMSP_LAUNCH(attention_dkv_bf16_kernel<kD>, dim3(static_cast<unsigned>(B * KV), tiles_of(T)),
-                kThreads, 0, s)(q, k, v, lse, dout, delta, dk, dv, sh);
+    const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
+    AMSP_LAUNCH(attention_dq_bf16_kernel<kD>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta, dq, sh);
+    AMSP_LAUNCH(attention_dkv_bf16_kernel<kD>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta, o, sh);
   });
+  if (H != KV) {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(1024, (share + 255) / 256));
+    AMSP_LAUNCH(attention_dkv_sum_kernel, blocks, 256, 0, s)(o.dk, o.dv, dk, dv, B * T, KV * D,
+                                                             ldkv, sh.group);
+  }
 }
 
 }  // namespace amsp::kernels::cuda

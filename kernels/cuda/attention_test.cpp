@@ -112,7 +112,7 @@ Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
     std::copy_n(v.begin() + r * lk, lk, qkv.begin() + r * ld + lq + lk);
   }
   Outputs d{nans(attention_saved_count(s.B, s.T, s.H)), nans(N * lq), {}, {}, {}};
-  auto work = nans(attention_backward_workspace(s.B, s.T, s.H));
+  auto work = nans(attention_backward_workspace(s.B, s.T, s.H, s.KV, s.D, bf16));
   const float* in = qkv.data();
   float* g = dqkv.data();
   attention_forward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), d.out.data(), s.B, s.T, s.H,

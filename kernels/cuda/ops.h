@@ -106,14 +106,15 @@ void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int
 // reads kv head h / (H / KV); scale 1/sqrt(D). Tiled with an online softmax: no T x T matrix in memory.
 // Forward keeps lse [B, H, T] (log-sum-exp of each row of scaled scores) for
 // backward. Backward overwrites dq, dk, dv; workspace holds
-// attention_backward_workspace(B, T, H) floats (rowsum(dout * out)).
+// attention_backward_workspace(B, T, H, KV, D, bf16) floats (rowsum(dout *
+// out), and with bf16 and H > KV each query head's share of dk and dv).
 // With bf16 (the backend's compute() == kBF16) the products take bf16 inputs:
 // q, k, v and dout are rounded to bf16 as they are read. Head dims that are
 // multiples of 16 up to 128 then run on tensor cores (attention_bf16.cu), which
 // also round the probabilities and their gradients to bf16 for the products
 // that take them; other head dims run the fp32 kernels on the rounded inputs.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
-int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H);
+int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16);
 void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                        float* lse, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
                        int64_t D, bool bf16, cudaStream_t s);

@@ -336,12 +336,13 @@ void CudaBackend::attention_backward(const View& qkv, const View& saved, const V
   const int64_t nqkv = B * T * (H + 2 * KV) * D, ld = (H + 2 * KV) * D;
   const int64_t nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
-  const int64_t nw = kc::attention_backward_workspace(B, T, H);
+  const int64_t nw = kc::attention_backward_workspace(B, T, H, KV, D, compute() == DType::kBF16);
   Scratch ws = scratch(nw * 4);
   reads(qkv.data, nqkv * 4);
   for (const View* in : {&out, &dout}) reads(in->data, nq * 4);
   reads(saved.data, ns * 4);
   writes(ws.as<float>(), nw * 4);
+  reads(ws.as<float>(), nw * 4);
   writes(dqkv.data, nqkv * 4);
   const float* q = f32p(qkv);
   float* dq = f32w(dqkv);
