@@ -43,20 +43,10 @@ AMSP_DEVICE_INLINE uint32_t pack_bf16(float lo, float hi) {
          (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
-// The word of two adjacent bf16 values at p (4-byte aligned), and its store.
-// On the GPU one 32-bit access; the host compiler of the emulation gets a
-// memcpy, which it compiles to the same access without reading uint16_t
-// storage through a uint32_t pointer (undefined behaviour in C++).
-AMSP_DEVICE_INLINE uint32_t word_at(const uint16_t* p) {
-#if defined(__CUDACC__)
-  return *reinterpret_cast<const uint32_t*>(p);
-#else
-  uint32_t w;
-  std::memcpy(&w, p, sizeof w);
-  return w;
-#endif
-}
-
+// The word of two adjacent bf16 values stored at p (4-byte aligned). On the
+// GPU one 32-bit access; the host compiler of the emulation gets a memcpy,
+// which it compiles to the same access without writing uint16_t storage
+// through a uint32_t pointer (undefined behaviour in C++).
 AMSP_DEVICE_INLINE void store_word(uint16_t* p, uint32_t w) {
 #if defined(__CUDACC__)
   *reinterpret_cast<uint32_t*>(p) = w;
@@ -65,28 +55,54 @@ AMSP_DEVICE_INLINE void store_word(uint16_t* p, uint32_t w) {
 #endif
 }
 
+// The fragment loads below take shared memory with 16-byte aligned rows (ld
+// a multiple of 8, m 16-byte aligned). On the GPU each is one ldmatrix, which
+// gathers 8 x 8 blocks of 16-bit values (the PTX ISA, "ldmatrix"): every lane
+// names the start of one row, lanes 8i to 8i + 7 the rows of block i, and
+// receives in word i the two values of block i at row g, columns 2t and 2t + 1
+// (or, with .trans, at rows 2t and 2t + 1 of column g). The emulation gathers
+// the same words from the rows the 32 lanes name (emu/simt.h), so the row
+// addresses below are checked in the suite as they run on the GPU.
+template <int kCount, bool kTrans>
+AMSP_DEVICE_INLINE void ldmatrix(uint32_t (&w)[kCount], const uint16_t* row) {
+#if defined(__CUDACC__)
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kCount == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(at));
+  else if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(w[0]), "=r"(w[1]) : "r"(at));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(w[0]), "=r"(w[1]) : "r"(at));
+#else
+  ::amsp::emu::simt::ldmatrix(w, kCount, kTrans, row);
+#endif
+}
+
 // The A fragment of the 16 x 16 block at `m` (row-major, row stride ld bf16s):
-// rows along the tile's m, columns along its k.
+// rows along the tile's m, columns along its k. Blocks: rows 0-7 and 8-15 of
+// columns 0-7, then of columns 8-15.
 AMSP_DEVICE_INLINE void load_a(uint32_t (&a)[4], const uint16_t* m, int ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int r = 0; r < 4; ++r) a[r] = word_at(m + (g + 8 * (r % 2)) * ld + 8 * (r / 2) + 2 * t);
+  const int lane = threadIdx.x % 32;
+  ldmatrix<4, false>(a, m + (lane % 16) * ld + 8 * (lane / 16));
 }
 
 // The B fragment of a 16 x 8 block stored transposed, as 8 rows of 16 (row n
-// holds column n of B: "k-major", as keys are stored for q k^T).
+// holds column n of B: "k-major", as keys are stored for q k^T). Blocks:
+// columns 0-7 and 8-15 of the 8 rows.
 AMSP_DEVICE_INLINE void load_b_nk(uint32_t (&b)[2], const uint16_t* m, int ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int r = 0; r < 2; ++r) b[r] = word_at(m + g * ld + 8 * r + 2 * t);
+  const int lane = threadIdx.x % 32;
+  ldmatrix<2, false>(b, m + (lane % 8) * ld + 8 * ((lane / 8) % 2));
 }
 
 // The B fragment of a 16 x 8 block stored as it is, 16 rows of 8 (as values
-// are stored for p v): each word gathers two rows.
+// are stored for p v): each word gathers two rows. Blocks, transposed: rows
+// 0-7, then 8-15.
 AMSP_DEVICE_INLINE void load_b_kn(uint32_t (&b)[2], const uint16_t* m, int ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int r = 0; r < 2; ++r) {
-    const uint16_t* p = m + (8 * r + 2 * t) * ld + g;
-    b[r] = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[ld]) << 16);
-  }
+  const int lane = threadIdx.x % 32;
+  ldmatrix<2, true>(b, m + (lane % 16) * ld);
 }
 
 // The A fragment of the 16 x 16 block formed by C tiles c0 (columns 0-7) and

@@ -82,6 +82,7 @@ struct Warp {
   uint64_t generation = 0;
   uint64_t slots[32] = {};
   uint32_t fragments[32][6] = {};  // mma_bf16_16x8x16: each lane's a[4] and b[2]
+  const uint16_t* rows[32] = {};   // ldmatrix: the row each lane names
 };
 
 struct Block {
@@ -316,6 +317,23 @@ uint64_t exchange(unsigned mask, uint64_t value, int src) {
   const uint64_t got = w.slots[src];
   sync_warp(mask);
   return got;
+}
+
+void ldmatrix(uint32_t* words, int count, bool trans, const uint16_t* row) {
+  Block& blk = *active;
+  const int linear = blk.running->linear, lane = linear % 32;
+  Warp& w = blk.warps[static_cast<size_t>(linear / 32)];
+  if (lane < 8 * count && reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    fail_in_thread("ldmatrix row address not 16-byte aligned");
+  w.rows[lane] = row;
+  sync_warp(0xffffffffu);  // ldmatrix.sync is for the whole warp
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < count; ++i) {
+    const uint16_t* lo = trans ? w.rows[8 * i + 2 * t] + g : w.rows[8 * i + g] + 2 * t;
+    const uint16_t* hi = trans ? w.rows[8 * i + 2 * t + 1] + g : lo + 1;
+    words[i] = static_cast<uint32_t>(*lo) | (static_cast<uint32_t>(*hi) << 16);
+  }
+  sync_warp(0xffffffffu);  // no lane names its next row before all have read
 }
 
 // PTX's fragments of mma.m16n8k16 with .bf16 inputs: lane = 4 g + t; a[r]

@@ -95,6 +95,12 @@ uint64_t exchange(unsigned mask, uint64_t value, int src);
 // The 16 products of an output are exact in double and added to it with one
 // fp32 rounding, as the hardware sums them before it rounds once.
 void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+// ldmatrix.sync.aligned.m8n8.x`count`[.trans].shared.b16 of kernels/cuda/mma.h
+// for the whole warp: lane 8 i + j names row j of 8 x 8 block i (16 bytes,
+// 16-byte aligned, else the launch fails); each lane receives in words[i] the
+// two values of block i at row g, columns 2 t and 2 t + 1, or with `trans` at
+// rows 2 t and 2 t + 1 of column g (lane = 4 g + t), the first in the low half.
+void ldmatrix(uint32_t* words, int count, bool trans, const uint16_t* row);
 
 // The order in which a block's threads are resumed, for launches from this OS
 // thread; the default is AMSP_SIMT_ORDER's ("forward", "reverse" or
