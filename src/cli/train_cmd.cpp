@@ -27,7 +27,7 @@ namespace {
 // other options or parsing.
 struct TrainArgs {
   engine::TrainOptions o;
-  std::string model_name, precision, device, compress;
+  std::string model_name, precision, device, compress, compress_guard;
   double lr = 0, min_lr = -1;
   int64_t warmup = -1, seed = 0;
   std::string memory;
@@ -97,6 +97,14 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "all-gathers), g=int8|int4|off (gradients' reductions), block=N|chunk (values per "
            "scale, default 256), inter-node (only groups that cross nodes), on (p=int8,g=int8); "
            "doc/compression.md")
+      ("compress-guard", po::value<std::string>(&a.compress_guard)->default_value("warn")->value_name("MODE"),
+           "with --compress: measure how far compression moves one micro-batch's gradient at step "
+           "1 and every --compress-guard-every steps; warn (above the threshold, one line), "
+           "fallback (also stop compressing that kind of collective for the rest of the run) or off")
+      ("compress-guard-every", po::value<int64_t>(&o.compress_guard.every)->default_value(100)->value_name("INT"),
+           "steps between the guard's measurements")
+      ("compress-guard-threshold", po::value<double>(&o.compress_guard.threshold)->default_value(0.05)->value_name("NUM"),
+           "relative error of the gradient (|compressed - exact| / |exact|) above which the guard acts")
       ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
            "default: inputs/bandwidth/localcluster-2x4.json")
@@ -256,6 +264,14 @@ void set_run_options(TrainArgs& a) {
   require(o.straggler.every >= 0, "straggler-every", o.straggler.every, "an integer >= 0");
   require(o.straggler.threshold > 0, "straggler-threshold", o.straggler.threshold, "a fraction > 0");
   require(o.straggler.windows >= 1, "straggler-windows", o.straggler.windows, "an integer >= 1");
+  require(o.compress_guard.every >= 1, "compress-guard-every", o.compress_guard.every, "an integer >= 1");
+  require(o.compress_guard.threshold > 0, "compress-guard-threshold", o.compress_guard.threshold,
+          "a fraction > 0");
+  require(a.compress_guard == "warn" || a.compress_guard == "fallback" || a.compress_guard == "off",
+          "compress-guard", a.compress_guard, "warn, fallback or off");
+  o.compress_guard.mode = a.compress_guard == "off"        ? engine::CompressionGuard::kOff
+                          : a.compress_guard == "fallback" ? engine::CompressionGuard::kFallback
+                                                           : engine::CompressionGuard::kWarn;
   if (!a.memory.empty()) o.memory_per_rank = plan::parse_memory_size(a.memory, "memory-per-rank");
 }
 

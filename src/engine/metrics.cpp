@@ -110,6 +110,8 @@ void MetricsSink::step(const StepMetrics& m) {
                           {"slowest_rank", m.busy->slowest},
                           {"excess", m.busy->excess},
                           {"straggler", m.busy->straggler >= 0 ? nlohmann::json(m.busy->straggler) : nlohmann::json()}};
+    if (m.compress_err_p) j["compress_err_p"] = *m.compress_err_p;
+    if (m.compress_err_g) j["compress_err_g"] = *m.compress_err_g;
     if (m.ckpt_stall_ms) j["ckpt_stall_ms"] = *m.ckpt_stall_ms;
     if (m.ckpt_write_ms) j["ckpt_write_ms"] = *m.ckpt_write_ms;
     file_ << j.dump() << "\n";

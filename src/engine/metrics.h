@@ -41,6 +41,9 @@ struct StepMetrics {
   // With a data mixture (several --data sources), keyed by the source's path:
   std::vector<std::pair<std::string, int64_t>> source_tokens;   // tokens drawn from it so far
   std::vector<std::pair<std::string, double>> val_loss_sources;  // its held-out loss, with val_loss
+  // The compression guard's reading before this step (compress_guard.h):
+  std::optional<double> compress_err_p;  // |compressed - exact| / |exact| with the P all-gathers compressed
+  std::optional<double> compress_err_g;  // the same with the gradient reductions compressed
   std::optional<double> ckpt_stall_ms;  // a checkpoint was saved after this step: training blocked
   std::optional<double> ckpt_write_ms;  // a background write finished since the last step's report
 };

@@ -35,6 +35,10 @@ struct ShardedEngine::Impl {
   model::Llama& model;
   const std::vector<UnitShards>& shards;
   EngineOptions opt;
+  // What the schedule is made from; set_compression makes it again.
+  plan::Workload workload;
+  plan::ShardPlan shard_plan;
+  plan::MeshShape shape;
   plan::StepSchedule schedule;  // what every step issues, in which order (plan/schedule.h)
   DType wire = DType::kF32;
   int U = 0;
@@ -135,13 +139,14 @@ ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vecto
   sos = plan.os.size();
   replicas = pg.mesh.group_size(GroupKind::kReplica);
   replica = pg.mesh.coords(pg.position).r;
-  plan::Workload w;
-  w.model = m.config();
-  w.precision = bf16() ? plan::Precision::kBf16 : plan::Precision::kFp32;
-  w.prefetch = opt.prefetch;
-  w.max_reductions = opt.max_reductions;
-  w.compression = opt.compression;
-  schedule = plan::step_schedule(w, plan, pg.mesh.shape());
+  workload.model = m.config();
+  workload.precision = bf16() ? plan::Precision::kBf16 : plan::Precision::kFp32;
+  workload.prefetch = opt.prefetch;
+  workload.max_reductions = opt.max_reductions;
+  workload.compression = opt.compression;
+  shard_plan = plan;
+  shape = pg.mesh.shape();
+  schedule = plan::step_schedule(workload, shard_plan, shape);
   for (int u = 0; u < U; ++u)
     if (schedule.padded[static_cast<size_t>(u)] != sh(u).padded)
       fail("engine: the schedule pads unit ", u, " to ", schedule.padded[static_cast<size_t>(u)],
@@ -589,6 +594,75 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
   result.grad_norm = std::sqrt(scalars[4] / static_cast<double>(im.replicas));
   return result;
 }
+
+// One micro-batch's gradient, reduced by the current schedule as a step's
+// last micro-batch is, into the G-shards; returns every unit's OS range of it
+// in unit order. No norm, no update.
+std::vector<float> ShardedEngine::reduced_gradient(float grad_scale, const int32_t* data) {
+  Impl& im = *impl_;
+  const std::vector<plan::Action> program = plan::step_program(im.schedule, 1);
+  im.start_program(program);
+  for (auto& s : im.state) im.be.fill_zero(s.g.view());
+  const int64_t N = batch_ * seq_len_;
+  for (const plan::Action& a : program) {
+    switch (a.kind) {
+      case plan::Action::kGather: im.issue_gather(a); break;
+      case plan::Action::kForward:
+        if (a.unit == 0) model_.set_batch_pinned(data, data + N, batch_, seq_len_, grad_scale);
+        im.forward(a);
+        break;
+      case plan::Action::kBackward: im.backward(a); break;
+      case plan::Action::kReduce: im.reduce(a, 1); break;
+      case plan::Action::kNorm: im.drain(); break;
+      case plan::Action::kUpdate: break;
+    }
+  }
+  std::vector<float> out;
+  for (int u = 0; u < im.U; ++u) {
+    const View g = im.g_os(u);
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(g.count));
+    im.be.to_host(g, out.data() + at);
+  }
+  return out;
+}
+
+GuardSums ShardedEngine::guard_sums(float grad_scale, const BatchFn& batch) {
+  Impl& im = *impl_;
+  const plan::Compression chosen = im.opt.compression;
+  int32_t* data = im.pinned_batch(1, batch_ * seq_len_);
+  batch(0, data, data + batch_ * seq_len_);
+  set_compression({});
+  const std::vector<float> exact = reduced_gradient(grad_scale, data);
+  GuardSums sums;
+  for (float e : exact) sums.exact += static_cast<double>(e) * e;
+  auto diff = [&](plan::Compression only) {
+    set_compression(only);
+    const std::vector<float> c = reduced_gradient(grad_scale, data);
+    double d = 0;
+    for (size_t i = 0; i < c.size(); ++i) d += (static_cast<double>(c[i]) - exact[i]) * (c[i] - exact[i]);
+    return d;
+  };
+  if (chosen.p_bits) sums.p_diff = diff({chosen.p_bits, 0, chosen.block, chosen.inter_node_only});
+  if (chosen.g_bits) sums.g_diff = diff({0, chosen.g_bits, chosen.block, chosen.inter_node_only});
+  set_compression(chosen);
+  return sums;
+}
+
+void ShardedEngine::set_compression(const plan::Compression& c) {
+  Impl& im = *impl_;
+  const plan::Compression& built = im.workload.compression;
+  if ((c.p_bits && c.p_bits != built.p_bits) || (c.g_bits && c.g_bits != built.g_bits) ||
+      (c.any() && (c.block != built.block || c.inter_node_only != built.inter_node_only)))
+    fail("engine: compression ", plan::to_string(c), " is not a part of ", plan::to_string(built),
+         ", which the engine's buffers were sized for");
+  plan::Workload w = im.workload;
+  w.compression = c;
+  im.schedule = plan::step_schedule(w, im.shard_plan, im.shape);
+  im.opt.compression = c;
+}
+
+const plan::Compression& ShardedEngine::compression() const { return impl_->opt.compression; }
 
 std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchFn& batch) {
   Impl& im = *impl_;

@@ -61,6 +61,17 @@ struct EngineOptions {
   Trace* trace = nullptr;    // records compute and communication spans when set
 };
 
+// The convergence guard's reading of one micro-batch (doc/compression.md): its
+// reduced gradient computed with no collective compressed, and with only the
+// parameters' or only the gradients' collectives compressed, as sums of
+// squares over this rank's OS-shards (the caller sums them over the world; a
+// replica counts each shard once more on both sides of the ratio).
+struct GuardSums {
+  double exact = 0;   // sum of e^2, e the exact gradient
+  double p_diff = 0;  // sum of (c - e)^2, c with the P all-gathers compressed (0 if they are not)
+  double g_diff = 0;  // the same with the gradient reductions compressed
+};
+
 struct StepResult {
   double loss_sum = 0;       // over this rank's tokens
   int64_t loss_count = 0;
@@ -86,6 +97,17 @@ class ShardedEngine {
   // 1 / (tokens of the step over all ranks).
   StepResult step(int64_t step, int64_t micro_batches, float grad_scale, double lr,
                   const BatchFn& batch);
+
+  // The guard's measurement on micro-batch 0 of `batch` (collective): one
+  // forward and backward with nothing compressed, then one per compressed kind
+  // of collective, each reduced as the step reduces it but applied to
+  // nothing. The parameters, the optimizer and the next step are untouched.
+  GuardSums guard_sums(float grad_scale, const BatchFn& batch);
+  // The collectives compressed from the next step on (the guard's fallback, a
+  // resume that keeps it). Only as much as the engine was built with: the
+  // record buffers were sized for that.
+  void set_compression(const plan::Compression& c);
+  const plan::Compression& compression() const;
 
   // Forward only over `batches` micro-batches (same count on every rank):
   // summed loss and count of valid targets on this rank.
@@ -139,6 +161,7 @@ class ShardedEngine {
   std::vector<UnitShards> shards_;
   std::unique_ptr<Impl> impl_;
   void init_parameters(uint64_t seed);
+  std::vector<float> reduced_gradient(float grad_scale, const int32_t* data);
 };
 
 }  // namespace amsp::engine

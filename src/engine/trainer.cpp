@@ -34,6 +34,7 @@
 #include "engine/evaluate.h"
 #include "engine/hf_init.h"
 #include "engine/kernel_profile.h"
+#include "engine/compress_guard.h"
 #include "engine/metrics.h"
 #include "engine/plan_groups.h"
 #include "engine/resume_changes.h"
@@ -234,7 +235,8 @@ void print_devices(const std::vector<std::string>& devices) {
 // ranks), data_fingerprint the dataset's identity (resume_changes.h). A mixture
 // adds "mixture": every source's path, normalised weight and fingerprint; one
 // dataset, with or without a weight, is stored as before mixtures existed.
-std::string options_json(const TrainOptions& o, int64_t rows_per_step, const data::Mixture& data) {
+std::string options_json(const TrainOptions& o, int64_t rows_per_step, const data::Mixture& data,
+                         const plan::Compression& active) {
   nlohmann::json j = {{"data", data.single() ? data.path(0) : o.data_path},
                       {"steps", o.steps},
                       {"rows_per_step", rows_per_step},
@@ -249,6 +251,9 @@ std::string options_json(const TrainOptions& o, int64_t rows_per_step, const dat
                       {"shard", o.shard},              {"decay_norms_and_embeddings", o.adamw.decay_norms_and_embeddings},
                       {"precision", dtype_name(o.precision)}};
   if (!o.init_from.empty()) j["init_from"] = o.init_from;
+  // What --compress asked for, and what the guard's fallback left of it (compress_guard.h).
+  j["compress"] = plan::to_string(o.compression);
+  if (!(active == o.compression)) j["compress_active"] = plan::to_string(active);
   // A mixture keeps data_fingerprint of its first dataset: the tokenizer is every
   // dataset's (data/mixture.h), and amsp export reads it there.
   if (!data.single()) {
@@ -311,6 +316,7 @@ struct ResumePoint {
   int64_t tokens_before = 0;
   std::vector<int64_t> source_tokens_before;  // per source of --data (resume_changes.h)
   std::string from;  // the checkpoint resumed from, or empty
+  std::optional<plan::Compression> compression;  // what the guard left in the checkpoint's run
 };
 
 // Rank 0 removes what an interrupted save left, and says so.
@@ -365,7 +371,8 @@ ResumePoint resume(const TrainOptions& o, ShardedEngine& engine, const std::stri
     for (const auto& n : changes.notes) std::printf("resume: changed: %s\n", n.c_str());
   }
   return {meta.step + 1, meta.tokens,
-          carried_source_tokens(meta.options_json, meta.source_tokens, meta.tokens, run_options), path};
+          carried_source_tokens(meta.options_json, meta.source_tokens, meta.tokens, run_options), path,
+          resumed_compression(meta.options_json, o.compression)};
 }
 
 // A directory whose checkpoints go past where this run starts holds another
@@ -433,6 +440,9 @@ class Run {
   void set_up_engine();
   double evaluate();
   void write_run_record_start();
+  BatchFn batch_of(int64_t step);
+  std::optional<GuardReading> guard(int64_t step);
+  void set_compression(const plan::Compression& c);
   StepMetrics train_step(int64_t step);
   double busy_seconds(int64_t step, double engine_s, double engine_cpu_s);
   void add_memory(StepMetrics& m);
@@ -546,7 +556,7 @@ void Run::set_up_engine() {
   world = topo.world_size;
   pos = pg->position;
   tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * world;
-  run_options = options_json(o, world * o.batch_size * o.grad_accum, *data);
+  run_options = options_json(o, world * o.batch_size * o.grad_accum, *data, o.compression);
   flops_per_token = model::Llama::flops_per_token(o.model, o.seq_len);
 }
 
@@ -581,6 +591,12 @@ std::vector<std::pair<std::string, T>> by_source(const data::Mixture& data, cons
 void Run::start() {
   dir_lock = lock_checkpoint_dir(o, root);
   start_point = resume(o, *engine, run_options, root);
+  if (start_point.compression) {
+    if (root)
+      std::printf("resume: --compress %s as the compression guard left it (asked: %s)\n",
+                  plan::to_string(*start_point.compression).c_str(), plan::to_string(o.compression).c_str());
+    set_compression(*start_point.compression);
+  }
   refuse_other_trajectory(o, start_point, root);
   if (!o.checkpoint_dir.empty())
     checkpointer = std::make_unique<Checkpointer>(
@@ -676,7 +692,12 @@ void Run::train_steps() {
         comm::abort_job(e.what());
       }
     }
+    const std::optional<GuardReading> reading = guard(step);
     StepMetrics m = train_step(step);
+    if (reading) {
+      m.compress_err_p = reading->p_err;
+      m.compress_err_g = reading->g_err;
+    }
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == o.steps;
     result.last_step = step;
     const bool stopping = step < o.steps && stop_agreed();
@@ -692,6 +713,33 @@ void Run::train_steps() {
   }
 }
 
+// Micro-batch `micro` of a step on this rank.
+BatchFn Run::batch_of(int64_t step) {
+  return [this, step](int64_t micro, int32_t* tokens, int32_t* targets) {
+    data->sample_train_batch(o.seed, step, (micro * world + pos) * o.batch_size, o.batch_size, o.seq_len, tokens,
+                             targets);
+  };
+}
+
+// The compression guard's measurement before the step, when it is due, and what
+// it decides (compress_guard.h).
+std::optional<GuardReading> Run::guard(int64_t step) {
+  if (!guard_due(o.compress_guard, engine->compression(), step)) return std::nullopt;
+  const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
+  const GuardReading r = measure_guard(*engine, grad_scale, batch_of(step), o.comm_timeout_s);
+  const GuardVerdict v = judge_guard(o.compress_guard, r, engine->compression(), step);
+  if (root)
+    for (const std::string& line : v.warnings) std::printf("%s\n", line.c_str());
+  if (v.next) set_compression(*v.next);
+  return r;
+}
+
+// From the next step on; checkpoints carry it.
+void Run::set_compression(const plan::Compression& c) {
+  engine->set_compression(c);
+  run_options = options_json(o, world * o.batch_size * o.grad_accum, *data, c);
+}
+
 // One optimizer step on every rank, and its figures.
 StepMetrics Run::train_step(int64_t step) {
   engine->reset_comm_stats();
@@ -702,11 +750,7 @@ StepMetrics Run::train_step(int64_t step) {
   if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
-  const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr,
-                                    [&](int64_t micro, int32_t* tokens, int32_t* targets) {
-                                      data->sample_train_batch(o.seed, step, (micro * world + pos) * o.batch_size,
-                                                               o.batch_size, o.seq_len, tokens, targets);
-                                    });
+  const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr, batch_of(step));
   const double busy_s = busy_seconds(step, seconds_since(t0), process_cpu_seconds() - cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);

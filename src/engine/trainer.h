@@ -16,6 +16,17 @@
 
 namespace amsp::engine {
 
+// The convergence guard (doc/compression.md): with compression on, at step 1 and
+// every `every` steps after, one micro-batch's gradient is computed exactly and
+// with each compressed kind of collective, and their relative error goes into the
+// metrics; above `threshold` rank 0 warns, and with kFallback that kind of
+// collective goes uncompressed for the rest of the run (a resume keeps it so).
+struct CompressionGuard {
+  enum Mode { kOff, kWarn, kFallback } mode = kWarn;
+  int64_t every = 100;
+  double threshold = 0.05;
+};
+
 struct TrainOptions {
   model::LlamaConfig model;
   DType precision = DType::kF32;  // parameters' dtype: fp32, or bf16 mixed precision (doc/engine.md)
@@ -36,6 +47,7 @@ struct TrainOptions {
   int threads = 0;             // 0: OpenMP default
   std::string shard = "auto";  // a plan (plan/shard_plan.h) or "auto": the planner's choice
   plan::Compression compression;  // --compress: block-quantized collectives (doc/compression.md)
+  CompressionGuard compress_guard;  // --compress-guard*: how far compression moves the gradient
   std::string bandwidth_path;  // table for --shard auto (comm-bench output); empty: built-in
   int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
   bool overlap = true;         // false: every collective is waited for when issued

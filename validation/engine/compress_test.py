@@ -17,7 +17,15 @@ bf16. Required:
   - the P group's all-gather bytes per step: int8 at most 0.27 of fp32's (0.54 of
     bf16's), int4 at most 0.14 (0.28): one byte (half a byte) per value plus an fp32
     scale per block, against four (two); with g=int8 the reduce-scatter's bytes become
-    an all-to-all's, at most 0.27 (0.54) of them, and the all-gathers' do not change.
+    an all-to-all's, at most 0.27 (0.54) of them, and the all-gathers' do not change;
+  - the convergence guard (every 10 steps, so at steps 1 and 11): int8's readings of
+    each compressed kind below the 5% threshold and no warning; p=int4,block=chunk's
+    reading above it and its warning line at both steps;
+  - the guard's fallback (fp32, p=int4,g=int8,block=chunk, --compress-guard fallback,
+    a checkpoint every 2 steps): at step 1 it stops compressing the all-gathers and
+    says so, every later step moves the bytes of an uncompressed all-gather; resumed
+    from step 4, the run says it keeps the switch and moves the same bytes, while
+    g=int8 stays on (its reading at step 4 and 7 is still taken).
 
 usage: compress_test.py --amsp PATH --data CORPUS.h5 --work DIR --mpiexec PATH
 Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure.
@@ -33,13 +41,17 @@ import sys
 STEPS, SEQ, RANKS = 20, 32, 4
 
 
-def train(args, precision, compress):
-    tag = f"{precision}-{compress.replace(',', '_').replace('=', '')}"
+GUARD_EVERY, THRESHOLD = 10, 0.05
+
+
+def train(args, precision, compress, steps=STEPS, extra=(), tag=None):
+    tag = tag or f"{precision}-{compress.replace(',', '_').replace('=', '')}"
     metrics = os.path.join(args.work, tag + ".jsonl")
     cmd = [args.mpiexec, "-n", str(RANKS), args.amsp, "train", "--model", "tiny", "--data", args.data,
-           "--precision", precision, "--steps", str(STEPS), "--seq-len", str(SEQ), "--batch-size", "1",
+           "--precision", precision, "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", "1",
            "--shard", "zero3", "--compress", compress, "--eval-every", "0", "--eval-windows", "8",
-           "--peak-tflops", "1", "--threads", "1", "--metrics", metrics]
+           "--peak-tflops", "1", "--threads", "1", "--metrics", metrics,
+           "--compress-guard-every", str(GUARD_EVERY), *extra]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-600:]}")
@@ -47,7 +59,45 @@ def train(args, precision, compress):
         rows = [json.loads(line) for line in f if line.strip()]
     steps = [r for r in rows if "loss" in r]
     return {"loss": [r["loss"] for r in steps], "val": [r["val_loss"] for r in rows if "val_loss" in r][-1],
-            "comm": steps[-1]["comm"]}
+            "comm": steps[-1]["comm"], "steps": steps, "out": p.stdout,
+            "guard_lines": [l for l in p.stdout.splitlines() if l.startswith("compress guard:")]}
+
+
+def readings(run, key):
+    """{step: the guard's reading} of one kind."""
+    return {r["step"]: r[key] for r in run["steps"] if key in r}
+
+
+def check_guard(check, precision, q8, g8, q4):
+    due = {1, 1 + GUARD_EVERY}
+    for name, run, key in (("p=int8", q8, "compress_err_p"), ("g=int8", g8, "compress_err_g")):
+        got = readings(run, key)
+        check(set(got) == due and all(0 < e < THRESHOLD for e in got.values()) and not run["guard_lines"],
+              f"{precision} {name}: the guard read {', '.join(f'{e:.2%} at step {s}' for s, e in got.items())} "
+              f"(due at {sorted(due)}, below {THRESHOLD:.0%}), {len(run['guard_lines'])} warnings")
+    got = readings(q4, "compress_err_p")
+    warned = [l for l in q4["guard_lines"] if "parameters' all-gathers as int4" in l and "fallback would" in l]
+    check(set(got) == due and all(e > THRESHOLD for e in got.values()) and len(warned) == 2,
+          f"{precision} p=int4,block=chunk: the guard read {', '.join(f'{e:.0%}' for e in got.values())} "
+          f"and warned {len(warned)} times")
+
+
+def check_fallback(check, args, uncompressed_gather):
+    ckpt = os.path.join(args.work, "guard-ckpt")
+    flags = ["--compress-guard", "fallback", "--compress-guard-every", "3", "--checkpoint-dir", ckpt,
+             "--checkpoint-every", "2", "--checkpoint-mode", "sync"]
+    c = "p=int4,g=int8,block=chunk"
+    first = train(args, "fp32", c, steps=4, extra=flags, tag="fallback-1")
+    again = train(args, "fp32", c, steps=8, extra=flags + ["--resume", "auto"], tag="fallback-2")
+    said = [l for l in first["guard_lines"] if "parameters' all-gathers as int4" in l and "uncompressed from step 1 on" in l]
+    gathers = [op_bytes({"comm": r["comm"]}, "P", "all_gather") for r in first["steps"] + again["steps"]]
+    kept = any(l.startswith("resume: --compress p=off,g=int8,block=chunk as the compression guard left it")
+               for l in again["out"].splitlines())
+    g_read = sorted(readings(first, "compress_err_g")) + sorted(readings(again, "compress_err_g"))
+    check(len(said) == 1 and kept and gathers and all(b == uncompressed_gather for b in gathers)
+          and g_read == [1, 4, 7] and not readings(again, "compress_err_p"),
+          f"fallback: switched at step 1 ({len(said)} line), kept on resume ({kept}), every step's P all-gather "
+          f"{sorted(set(gathers))} bytes (uncompressed: {uncompressed_gather}), g=int8 read at steps {g_read}")
 
 
 def op_bytes(run, group, op):
@@ -100,6 +150,12 @@ def main():
               and op_bytes(g8, "P", "all_gather") == a_off,
               f"{precision} g=int8: the reduce-scatter's bytes move as an all-to-all of records, {rg:.3f} "
               f"of them (at most {lim8:.2f}); the all-gathers' unchanged")
+        check_guard(check, precision, q8, g8, q4)
+        if precision == "fp32":
+            try:
+                check_fallback(check, args, a_off)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                check(False, f"fallback: {e}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed or not passed else 0
 
