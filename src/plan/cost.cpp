@@ -66,6 +66,28 @@ void account_node(Collective& c) {
   c.node.intra = c.groups_per_node * std::max<int64_t>(0, ranks_sent - nic);
 }
 
+// What a compressed stage's local steps read and write: quantizing reads its
+// values and writes a record, per record; dequantizing reads the records and
+// writes the values; a summing dequantization reads the records and reads and
+// writes the sum once; the add after it reads two and writes one. Values count
+// at `value_bytes`; the records are the stage's words per rank, 4 bytes each.
+int64_t local_bytes(const Stage& s, int64_t value_bytes) {
+  if (!s.compressed) return 0;
+  const int64_t record = 4 * s.count, values = value_bytes * s.values;
+  int64_t bytes = 0;
+  for (const LocalStep* l : {&s.before, &s.after, &s.and_then}) {
+    switch (l->kind) {
+      case LocalStep::kQuantize:
+      case LocalStep::kDequantize: bytes += l->records * (values + record); break;
+      case LocalStep::kDequantizeSum: bytes += l->records * record + 2 * values; break;
+      case LocalStep::kAdd: bytes += 3 * values; break;
+      case LocalStep::kCopy: bytes += 2 * values; break;
+      case LocalStep::kNone: break;
+    }
+  }
+  return bytes;
+}
+
 // The per-rank traffic and the node's bytes of a newly issued collective.
 void account(Collective& c, const MeshShape& shape) {
   c.traffic = comm::traffic_bytes(c.op, c.count, c.group_size, 0, 0, c.elem_bytes);
@@ -98,6 +120,8 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
     c.elem_bytes = dtype_bytes(s.dtype);
     c.chained = s.chained;
     c.per_step = s.runs == Runs::kEveryMicroBatch ? M : 1;
+    // Gathered parameters are wire values; a reduction's sums are fp32.
+    c.local_bytes = local_bytes(s, s.op == Op::kAllGather ? dtype_bytes(steps.wire) : 4);
     if (phase == Phase::kGradNorm) {
       c.group_size = shape.world();
       c.group_nodes = shape.nodes;
@@ -174,6 +198,8 @@ void time_collectives(std::vector<Collective>& list, const BandwidthTable& table
     }
     c.seconds = static_cast<double>(c.calls * c.buckets) * t *
                 straggler_factor(c.group_size, effects);
+    if (effects.memory_bytes_per_s > 0)
+      c.seconds += static_cast<double>(c.local_bytes) / effects.memory_bytes_per_s;
   }
 }
 

@@ -53,6 +53,10 @@ struct Collective {
   int64_t per_step = 1;     // occurrences per step: M for per-micro-batch phases, else 1
   int64_t groups_per_node = 1;  // groups of this kind with members on one node: R / p0
   int64_t switches = 1;     // leaf switches the group's nodes sit under
+  // A compressed stage's quantize and dequantize steps (plan/schedule.h): the
+  // bytes they read and write in memory per occurrence, timed at the memory
+  // bandwidth on the stage's own stream (time_collectives).
+  int64_t local_bytes = 0;
   comm::Traffic traffic;    // bytes per rank per occurrence, all calls
   NodeBytes node;           // bytes per node per occurrence, all calls and groups
   double seconds = 0;       // per occurrence, all calls (0 until timed)
@@ -82,7 +86,8 @@ std::vector<Collective> paper_formulation(const std::vector<Collective>& amsp);
 double straggler_factor(int64_t ranks, const Effects& effects);
 
 // Fills `seconds` from the table, then adds the spine's oversubscription to
-// groups that span leaf switches and the stragglers' delay.
+// groups that span leaf switches, the stragglers' delay, and a compressed
+// stage's local steps at effects.memory_bytes_per_s (when it is modelled).
 void time_collectives(std::vector<Collective>& list, const BandwidthTable& table,
                       const Effects& effects = {});
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -340,6 +341,49 @@ TEST(Cost, StragglersSpineAndBuckets) {
   const int64_t layer_bytes = 202'383'360 * 2;
   EXPECT_NEAR(t_buckets, 10 * table.seconds(comm::Op::kAllGather, layer_bytes / 10, 8, 32), 1e-12);
   EXPECT_GT(t_buckets, t3 + 9 * table.seconds(comm::Op::kAllGather, 1, 8, 32));
+}
+
+}  // namespace
+}  // namespace amsp::plan
+
+namespace amsp::plan {
+namespace {
+
+// A compressed stage's quantize and dequantize steps are priced at the memory
+// bandwidth (doc/compression.md, "Priced"): zero3 over 4 ranks, p=int8 and g=int8
+// in blocks of 16, fp32. The embedding's P all-gather (44 values, 11 a rank):
+// quantizing reads 11 values and writes one record of 1 scale + 11 codes padded
+// to 16 bytes (4 words); dequantizing reads the 4 records and writes 44 values.
+TEST(Cost, CompressedStagesPayForTheirKernels) {
+  Workload w = odd_workload(Precision::kFp32);
+  w.compression = parse_compression("p=int8,g=int8,block=16");
+  const ShardPlan plan = parse_shard_plan("zero3", k2x2);
+  std::vector<Collective> list = step_collectives(w, plan, k2x2, 1);
+  const Collective& gather = list.front();
+  ASSERT_EQ(gather.phase, Phase::kForwardGather);
+  ASSERT_EQ(gather.unit, 0);
+  EXPECT_EQ(gather.count, 4);
+  EXPECT_EQ(gather.local_bytes, (11 * 4 + 16) + 4 * (16 + 11 * 4));
+  // A reduction: an all-to-all of 4 records of 11 values each (the unit's 44
+  // split over the 4 ranks), quantized from 4 x 11 values; the 4 received
+  // records summed into 11 values read and written; the add into the G-shard.
+  const auto reduce = std::find_if(list.begin(), list.end(), [](const Collective& c) {
+    return c.unit == 0 && c.op == comm::Op::kAllToAll;
+  });
+  ASSERT_NE(reduce, list.end());
+  EXPECT_EQ(reduce->local_bytes, 4 * (11 * 4 + 16) + (4 * 16 + 2 * 11 * 4) + 3 * 11 * 4);
+  // Uncompressed stages move nothing locally; the time is the table's plus the bytes at
+  // the memory bandwidth.
+  Workload plain = w;
+  plain.compression = {};
+  for (const Collective& c : step_collectives(plain, plan, k2x2, 1)) EXPECT_EQ(c.local_bytes, 0);
+  const BandwidthTable table = load_cluster("a800", "cluster").bandwidth;
+  Effects effects;
+  std::vector<Collective> untimed = list;
+  time_collectives(list, table, effects);
+  effects.memory_bytes_per_s = 1e6;
+  time_collectives(untimed, table, effects);
+  EXPECT_NEAR(untimed.front().seconds - list.front().seconds, gather.local_bytes / 1e6, 1e-12);
 }
 
 }  // namespace
