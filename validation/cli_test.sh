@@ -68,6 +68,12 @@ expect_error "unknown preset" "--model huge: no such preset; expected one of .*t
   "${train[@]}" --model huge
 expect_error "seq-len beyond positions" "--seq-len 4096: expected at most max_position_embeddings" -- \
   "${train[@]}" --seq-len 4096
+expect_error "compress auto with a fixed plan" "--compress auto: the planner chooses the compression only with --shard auto" -- \
+  "${train[@]}" --compress auto --shard zero3
+expect_error "bad compress guard" "--compress-guard always: expected warn, fallback or off" -- \
+  "${train[@]}" --compress on --compress-guard always
+expect_error "bad compress guard period" "--compress-guard-every 0: expected an integer >= 1" -- \
+  "${train[@]}" --compress on --compress-guard-every 0
 expect_error "missing input" "--input nosuch.txt: no such file, folder, or files matching it" -- \
   "$amsp" data prepare --input nosuch.txt --output x.h5
 expect_error "bad input format" "--input-format csv: expected auto, text or jsonl" -- \

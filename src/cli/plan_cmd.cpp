@@ -28,6 +28,7 @@ std::string gb(int64_t bytes) { return fmt("%.2f", static_cast<double>(bytes) / 
 ordered_json eval_json(const Evaluation& e) {
   ordered_json j;
   j["plan"] = to_string(e.plan);
+  j["compress"] = plan::to_string(e.compression);
   j["p"] = to_string(e.plan.p);
   j["g"] = to_string(e.plan.g);
   j["os"] = to_string(e.plan.os);
@@ -329,7 +330,9 @@ void print_header(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   os << "batch: " << in.global_batch_tokens << " tokens per step = " << s.M
      << " micro-batch(es) of " << a.micro_batch << " x " << a.seq_len << " tokens per rank; "
      << precision_name(w.precision) << ", recompute " << recompute_name(w.recompute)
-     << (w.compression.any() ? ", compress " + plan::to_string(w.compression) : std::string()) << "\n";
+     << (w.compression.any() || w.compression.choose ? ", compress " + plan::to_string(w.compression)
+                                                       : std::string())
+     << "\n";
   os << "compute: " << fmt("%.4g", in.compute.flops_per_s / 1e12) << " TFLOP/s per rank ("
      << fmt("%.4g", in.compute.peak_flops_per_s / 1e12) << " peak x " << fmt("%.2f", s.fraction)
      << "); bytes per node per step (GB = 10^9), memory per rank in GiB\n";
@@ -382,18 +385,22 @@ void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
 // --schedule: the plan's step schedule (plan/schedule.h), the chosen one for auto.
 void report_schedule(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   ShardPlan plan;
+  Workload w = s.in.workload;
   if (a.shard != "auto") {
     plan = parse_shard_plan(a.shard, s.in.mesh);
+    if (w.compression.choose) w.compression = evaluate(s.in, plan).compression;
   } else {
     const std::vector<Evaluation> ranked = search(s.in);
     if (ranked.empty() || !ranked.front().fits)
       fail_usage("--schedule: no plan fits ", format_gib(s.in.usable_memory()),
                  " per GPU; name one with --shard");
     plan = ranked.front().plan;
+    w.compression = ranked.front().compression;
   }
   os << "plan " << to_string(plan) << " on " << s.in.mesh.nodes << " nodes x "
-     << s.in.mesh.ranks_per_node << " ranks, " << s.in.workload.model.name << "\n"
-     << format_schedule(step_schedule(s.in.workload, plan, s.in.mesh), s.M);
+     << s.in.mesh.ranks_per_node << " ranks, " << w.model.name
+     << (w.compression.any() ? ", compress " + plan::to_string(w.compression) : std::string()) << "\n"
+     << format_schedule(step_schedule(w, plan, s.in.mesh), s.M);
 }
 
 // The outcome of the search: every valid plan ranked, and the named ones.
@@ -462,7 +469,9 @@ void print_candidates(std::ostream& os, const PlanArgs& a, const PlanSetup& s, c
 
 // The chosen plan, why, how the named plans compare, and the paper's formulation.
 void print_choice(std::ostream& os, const PlanInput& in, const SearchResult& r, const Evaluation& best) {
-  os << "\nchosen: " << to_string(best.plan) << ", predicted step " << fmt("%.3f", best.cost.step_s)
+  os << "\nchosen: " << to_string(best.plan)
+     << (in.workload.compression.choose ? ", compress " + plan::to_string(best.compression) : std::string())
+     << ", predicted step " << fmt("%.3f", best.cost.step_s)
      << " s, MFU " << fmt("%.1f%%", 100 * best.cost.mfu) << ", "
      << format_gib(best.memory.total()) << " per GPU\n";
   if (r.fitting > 1)

@@ -95,8 +95,8 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("compress", po::value<std::string>(&a.compress)->default_value("off")->value_name("SPEC"),
            "block-quantized collectives: off, or a list of p=int8|int4|off (parameters' "
            "all-gathers), g=int8|int4|off (gradients' reductions), block=N|chunk (values per "
-           "scale, default 256), inter-node (only groups that cross nodes), on (p=int8,g=int8); "
-           "doc/compression.md")
+           "scale, default 256), inter-node (only groups that cross nodes), on (p=int8,g=int8), or "
+           "auto (with --shard auto, the planner may choose int8 for either or both); doc/compression.md")
       ("compress-guard", po::value<std::string>(&a.compress_guard)->default_value("warn")->value_name("MODE"),
            "with --compress: measure how far compression moves one micro-batch's gradient at step "
            "1 and every --compress-guard-every steps; warn (above the threshold, one line), "
@@ -282,6 +282,9 @@ engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm)
   set_precision(a);
   set_device(a);
   a.o.compression = plan::parse_compression(a.compress);
+  if (a.o.compression.choose && a.o.shard != "auto")
+    fail_usage("--compress auto: the planner chooses the compression only with --shard auto; with --shard ",
+               a.o.shard, " give one (e.g. p=int8,g=int8) or off");
   a.o.seed = static_cast<uint64_t>(a.seed);
   data::parse_mixture(a.o.data_path);  // a malformed --data fails before MPI starts; the files are read later
   load_model(a, vm);

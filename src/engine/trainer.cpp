@@ -119,6 +119,7 @@ struct PlanChoice {
   std::string plan;
   bool recompute = false;
   std::string reason;
+  plan::Compression compression;  // --compress, or what the planner chose for auto
 };
 
 // With --recompute auto, the planner weighs recomputation: its extra forward
@@ -165,7 +166,7 @@ void warn_if_measured_elsewhere(const plan::BandwidthTable& table, const std::st
 PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops) {
   if (o.shard != "auto")
     return {o.shard, o.recompute == "full",
-            o.recompute == "full" ? "given with --shard; recompute full" : "given with --shard"};
+            o.recompute == "full" ? "given with --shard; recompute full" : "given with --shard", o.compression};
   topo.require_equal_tasks_per_node("--shard auto");
   plan::PlanInput in;
   in.workload.model = o.model;
@@ -198,10 +199,11 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   char why[640];
   std::snprintf(why, sizeof why,
                 "auto: least exposed communication of the plans that fit %.1f MiB per rank: "
-                "step %.1f ms, exposed communication %.1f ms, bandwidth from %s; %s",
+                "step %.1f ms, exposed communication %.1f ms, bandwidth from %s; %s%s",
                 in.usable_memory() / double(1 << 20), best.cost.step_s * 1e3,
-                best.cost.exposed_s * 1e3, table.c_str(), recompute_why.c_str());
-  return {plan::to_string(best.plan), recompute_why.rfind("recompute full", 0) == 0, why};
+                best.cost.exposed_s * 1e3, table.c_str(), recompute_why.c_str(),
+                o.compression.choose ? cat("; compress ", plan::to_string(best.compression)).c_str() : "");
+  return {plan::to_string(best.plan), recompute_why.rfind("recompute full", 0) == 0, why, best.compression};
 }
 
 // Every rank's backend description, gathered on rank 0 (empty elsewhere).
@@ -521,6 +523,7 @@ void Run::set_up_plan() {
     plan_text = choice.plan;
     recompute = choice.recompute;
     reason = choice.reason;
+    o.compression = choice.compression;
     pg = std::make_unique<PlanGroups>(make_plan_groups(MPI_COMM_WORLD, topo, plan_text));
   });
   if (!root) return;

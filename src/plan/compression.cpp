@@ -10,7 +10,7 @@ namespace amsp::plan {
 namespace {
 
 const char* kExpected =
-    "expected off, or a comma list of p=int8|int4|off, g=int8|int4|off, block=N|chunk, "
+    "expected off, auto, or a comma list of p=int8|int4|off, g=int8|int4|off, block=N|chunk, "
     "inter-node, on";
 
 int parse_bits(const std::string& item, const std::string& value) {
@@ -39,6 +39,10 @@ int64_t parse_block(const std::string& item, const std::string& value) {
 Compression parse_compression(const std::string& text) {
   Compression c;
   if (text == "off") return c;
+  if (text == "auto") {
+    c.choose = true;
+    return c;
+  }
   if (text.empty()) fail_usage("--compress is empty: ", kExpected);
   bool widths = false, on = false;
   std::stringstream in(text);
@@ -69,7 +73,21 @@ Compression parse_compression(const std::string& text) {
   return c;
 }
 
+std::vector<Compression> compression_candidates() {
+  std::vector<Compression> out;
+  for (bool inter_node : {false, true})
+    for (auto [p, g] : {std::pair{8, 0}, {0, 8}, {8, 8}}) {
+      Compression c;
+      c.p_bits = p;
+      c.g_bits = g;
+      c.inter_node_only = inter_node;
+      out.push_back(c);
+    }
+  return out;
+}
+
 std::string to_string(const Compression& c) {
+  if (c.choose) return "auto";
   if (!c.any()) return "off";
   auto width = [](int bits) { return bits == 8 ? "int8" : bits == 4 ? "int4" : "off"; };
   std::string s = cat("p=", width(c.p_bits), ",g=", width(c.g_bits), ",block=",

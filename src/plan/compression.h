@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/common/quant.h"
 
@@ -18,13 +19,16 @@ struct Compression {
   int g_bits = 0;        // gradients' reduce-scatters: 8, 4, or 0 (off)
   int64_t block = 256;   // values per scale; kChunk: one scale per rank's chunk
   bool inter_node_only = false;  // only groups whose ranks span several nodes
+  // "auto": --shard auto chooses among compression_candidates (and off); never
+  // what an engine or a schedule is given.
+  bool choose = false;
 
   static constexpr int64_t kChunk = INT64_C(1) << 62;
   bool any() const { return p_bits != 0 || g_bits != 0; }
   bool operator==(const Compression&) const = default;
 };
 
-// --compress: "off" (the default), or a comma list of
+// --compress: "off" (the default), "auto", or a comma list of
 //   p=int8|int4|off   g=int8|int4|off   block=N|chunk   inter-node   on
 // where "on" means p=int8,g=int8 and "inter-node" alone means p=int8,g=int8
 // on the groups that cross nodes. Throws UsageError naming --compress and what
@@ -32,6 +36,12 @@ struct Compression {
 Compression parse_compression(const std::string& text);
 // The canonical text: "off", or e.g. "p=int8,g=int4,block=256,inter-node".
 std::string to_string(const Compression& c);
+
+// What --compress auto lets the planner choose from, besides off: int8 in
+// blocks of 256 for the parameters, the gradients or both, on every group or
+// only on those that cross nodes. int4 is never chosen for the user: it moves
+// the gradient by tens of percent (doc/compression.md, the guard).
+std::vector<Compression> compression_candidates();
 
 // The spec a collective of this kind uses on a group spanning `group_nodes`
 // nodes; nullopt: uncompressed.

@@ -64,5 +64,24 @@ TEST(Compression, RefusesWhatItDoesNotKnowInOneLine) {
   }
 }
 
+
+// --compress auto lets --shard auto choose among int8 for the parameters, the
+// gradients or both, everywhere or across nodes only (and off); int4 never.
+TEST(Compression, AutoLeavesTheChoiceToThePlanner) {
+  const Compression c = parse_compression("auto");
+  EXPECT_TRUE(c.choose);
+  EXPECT_FALSE(c.any());
+  EXPECT_EQ(to_string(c), "auto");
+  EXPECT_FALSE(compression_spec(c, Compressed::kParams, 4));
+  const std::vector<Compression> all = compression_candidates();
+  EXPECT_EQ(all.size(), 6u);
+  for (const Compression& k : all) {
+    EXPECT_TRUE(k.any());
+    EXPECT_FALSE(k.choose);
+    EXPECT_TRUE((k.p_bits == 0 || k.p_bits == 8) && (k.g_bits == 0 || k.g_bits == 8)) << to_string(k);
+    EXPECT_EQ(k.block, 256);
+  }
+}
+
 }  // namespace
 }  // namespace amsp::plan

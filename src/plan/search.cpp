@@ -58,9 +58,22 @@ void cost(const PlanInput& in, Evaluation& e) {
 }  // namespace
 
 Evaluation evaluate(const PlanInput& in, const ShardPlan& plan) {
+  if (in.workload.compression.choose) {
+    // Off first: a tie keeps the exact collectives.
+    PlanInput each = in;
+    each.workload.compression = {};
+    Evaluation best = evaluate(each, plan);
+    for (const Compression& c : compression_candidates()) {
+      each.workload.compression = c;
+      Evaluation e = evaluate(each, plan);
+      if (e.fits == best.fits ? better(e, best) : e.fits) best = std::move(e);
+    }
+    return best;
+  }
   const int64_t M = micro_batches_per_step(in.global_batch_tokens, in.workload, in.mesh.world());
   Evaluation e;
   e.plan = plan;
+  e.compression = in.workload.compression;
   e.memory = memory_per_rank(in.workload, plan, in.mesh);
   e.fits = e.memory.total() <= in.usable_memory();
   e.collectives = step_collectives(in.workload, plan, in.mesh, M, in.schedule,

@@ -29,6 +29,8 @@ struct PlanInput {
   Compute compute;
   Schedule schedule;
   Effects effects;
+  // With workload.compression "auto": each plan is evaluated uncompressed and
+  // with each of compression_candidates(), and ranked as any other choice.
   int64_t usable_memory() const;
 };
 
@@ -37,6 +39,7 @@ void use_cluster(PlanInput& in, const Cluster& cluster);
 
 struct Evaluation {
   ShardPlan plan;
+  Compression compression;  // what it was evaluated with (the choice, under auto)
   MemoryBreakdown memory;
   std::vector<Collective> collectives;  // timed
   StepCost cost;

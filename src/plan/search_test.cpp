@@ -174,3 +174,31 @@ TEST(Search, TokenCounts) {
 
 }  // namespace
 }  // namespace amsp::plan
+
+namespace amsp::plan {
+namespace {
+
+// The planner compresses only when --compress auto allows it, and then picks,
+// per plan, the best of off and the candidates by the ranking's own keys.
+TEST(Search, CompressesOnlyWhenAllowed) {
+  PlanInput in = small_input(2, 4, int64_t{1} << 40);
+  for (const Evaluation& e : search(in)) EXPECT_FALSE(e.compression.any()) << to_string(e.plan);
+  in.workload.compression = parse_compression("auto");
+  const ShardPlan zero3 = parse_shard_plan("zero3", in.mesh);
+  const Evaluation chosen = evaluate(in, zero3);
+  PlanInput each = in;
+  each.workload.compression = {};
+  EXPECT_FALSE(better(evaluate(each, zero3), chosen));
+  for (const Compression& c : compression_candidates()) {
+    each.workload.compression = c;
+    EXPECT_FALSE(better(evaluate(each, zero3), chosen)) << to_string(c);
+  }
+  // zero3 over 4 nodes gathers and reduces across them: compressing pays.
+  EXPECT_TRUE(chosen.compression.any());
+  bool any = false;
+  for (const Evaluation& e : search(in)) any = any || e.compression.any();
+  EXPECT_TRUE(any);
+}
+
+}  // namespace
+}  // namespace amsp::plan
