@@ -119,6 +119,16 @@ add_test(NAME engine_straggler_named
 set_tests_properties(engine_straggler_named PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 400 PROCESSORS 8)
 
+# benchmarks/compress_bench.py, sampled: one seed of 10 steps on 4 mpiexec ranks instead of
+# 5 seeds of 1000 on the local Slurm cluster; its table and every goal must come out met
+# (about 8 s). The benchmark's own figures are doc/compression.md's "Measured over many steps".
+add_test(NAME compress_bench_sample
+  COMMAND python3 ${PROJECT_SOURCE_DIR}/benchmarks/compress_bench.py --amsp $<TARGET_FILE:amsp>
+          --data ${AMSP_CORPUS} --work ${AMSP_TEST_WORK}/compress_bench --launcher mpiexec
+          --mpiexec ${MPIEXEC_EXECUTABLE} --steps 10 --seeds 1 --eval-windows 8 --guard-every 5)
+set_tests_properties(compress_bench_sample PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 120
+  PROCESSORS 4)
+
 # Compressed parameter all-gathers (doc/compression.md): zero3 on 4 ranks, 20 steps
 # with --compress off, p=int8 and p=int4,block=chunk in fp32 and bf16: int8's losses
 # follow the uncompressed run's, the coarse int4 drifts further, and the P group's
