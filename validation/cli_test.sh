@@ -68,6 +68,10 @@ expect_error "unknown preset" "--model huge: no such preset; expected one of .*t
   "${train[@]}" --model huge
 expect_error "seq-len beyond positions" "--seq-len 4096: expected at most max_position_embeddings" -- \
   "${train[@]}" --seq-len 4096
+expect_error "uneven global batch" "--global-batch 100: not a whole number of sequences of 32 tokens on each of 1 ranks; the nearest that are: 96 or 128 tokens" -- \
+  "${train[@]}" --global-batch 100
+expect_error "global batch with grad-accum" "--global-batch and --grad-accum: give one" -- \
+  "${train[@]}" --global-batch 64 --grad-accum 2
 expect_error "compress auto with a fixed plan" "--compress auto: the planner chooses the compression only with --shard auto" -- \
   "${train[@]}" --compress auto --shard zero3
 expect_error "bad compress guard" "--compress-guard always: expected warn, fallback or off" -- \

@@ -17,6 +17,7 @@
 #include "hf/model_dir.h"
 #include "model/config.h"
 #include "plan/memory.h"
+#include "plan/search.h"
 
 namespace amsp::cli {
 
@@ -27,7 +28,7 @@ namespace {
 // other options or parsing.
 struct TrainArgs {
   engine::TrainOptions o;
-  std::string model_name, precision, device, compress, compress_guard;
+  std::string model_name, precision, device, compress, compress_guard, global_batch;
   double lr = 0, min_lr = -1;
   int64_t warmup = -1, seed = 0;
   std::string memory;
@@ -55,6 +56,11 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "sequences per micro-batch (per rank)")
       ("seq-len", po::value<int64_t>(&o.seq_len)->default_value(128)->value_name("INT"),
            "tokens per sequence")
+      ("global-batch", po::value<std::string>(&a.global_batch)->value_name("TOKENS"),
+           "tokens per optimizer step over all ranks (e.g. 196608, 64K, 1M = 2^20): each attempt "
+           "splits them for the ranks it has into micro-batches of at most --batch-size sequences "
+           "and micro-batches per step, so a run requeued on other nodes trains the same batch; "
+           "instead of --grad-accum")
       ("grad-accum", po::value<int64_t>(&o.grad_accum)->default_value(1)->value_name("INT"),
            "micro-batches per optimizer step")
       ("lr", po::value<double>(&a.lr)->default_value(1e-3)->value_name("NUM"),
@@ -286,6 +292,13 @@ engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm)
     fail_usage("--compress auto: the planner chooses the compression only with --shard auto; with --shard ",
                a.o.shard, " give one (e.g. p=int8,g=int8) or off");
   a.o.seed = static_cast<uint64_t>(a.seed);
+  if (vm.count("global-batch")) {
+    if (!vm["grad-accum"].defaulted())
+      fail_usage("--global-batch and --grad-accum: give one; with --global-batch the micro-batches per step "
+                 "follow from the rank count");
+    a.o.global_batch_tokens = plan::parse_token_count(a.global_batch, "global-batch");
+    require(a.o.global_batch_tokens >= 1, "global-batch", a.global_batch, "a token count >= 1");
+  }
   data::parse_mixture(a.o.data_path);  // a malformed --data fails before MPI starts; the files are read later
   load_model(a, vm);
   set_schedule(a);

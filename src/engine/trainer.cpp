@@ -34,6 +34,7 @@
 #include "engine/evaluate.h"
 #include "engine/hf_init.h"
 #include "engine/kernel_profile.h"
+#include "engine/batch_split.h"
 #include "engine/compress_guard.h"
 #include "engine/metrics.h"
 #include "engine/plan_groups.h"
@@ -413,6 +414,7 @@ class Run {
   std::vector<std::string> devices;  // every rank's describe(), on rank 0
   double peak_flops = 0;
   std::string plan_text, reason;
+  std::string batch_note;  // how --global-batch was split on this allocation
   bool recompute = false;
   std::unique_ptr<PlanGroups> pg;
   std::unique_ptr<Trace> trace;
@@ -487,6 +489,12 @@ void Run::set_up_ranks() {
   collectively([&] {
     fault::check_environment();
     topo = topology::discover(MPI_COMM_WORLD);
+    if (o.global_batch_tokens > 0) {
+      const BatchSplit s = split_global_batch(o.global_batch_tokens, o.seq_len, topo.world_size, o.batch_size);
+      o.batch_size = s.micro_batch;
+      o.grad_accum = s.micro_batches;
+      batch_note = describe(s, o.global_batch_tokens, o.seq_len, topo.world_size);
+    }
   });
   collectively([&] {
     data = std::make_unique<data::Mixture>(o.data_path);
@@ -530,6 +538,7 @@ void Run::set_up_plan() {
   std::printf("plan: %s on %d rank(s) (%s)\n", plan::to_string(pg->mesh.plan()).c_str(),
               topo.world_size, reason.c_str());
   std::printf("groups: %s\n", pg->placement.c_str());
+  if (!batch_note.empty()) std::printf("batch: --global-batch %s\n", batch_note.c_str());
   std::fflush(stdout);
   // After the plan, which tests expect on the first line; the CPU's output as it was.
   if (o.device != Device::kCpu) print_devices(devices);

@@ -37,6 +37,10 @@ struct TrainOptions {
   int64_t batch_size = 8;      // sequences per micro-batch per rank
   int64_t seq_len = 128;
   int64_t grad_accum = 1;      // micro-batches per optimizer step
+  // --global-batch: tokens per optimizer step over all ranks; each attempt sets
+  // batch_size (at most the given one) and grad_accum from its rank count
+  // (engine/batch_split.h). 0: batch_size x grad_accum x ranks.
+  int64_t global_batch_tokens = 0;
   LrSchedule schedule;         // total_steps is filled from steps
   AdamWOptions adamw;
   double grad_clip = 1.0;      // max global gradient norm; 0 disables clipping

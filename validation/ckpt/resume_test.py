@@ -19,7 +19,8 @@ mpi mode (mpiexec on this machine):
   2  another world size and plan, same global batch in micro-batches of the same shape
      (so that only the order of the gradient sums differs, as in the equivalence test):
      8 ranks zero3 (batch 1) -> 4 ranks p=1,g=2x1,os=4x1 (batch 1, M=2), and 4 ranks
-     zero3 M=2 (batch 1) -> 1 rank (batch 1, M=8):
+     zero3 M=2 (batch 1) -> 1 rank given only --global-batch (it splits it as batch 1,
+     M=8, says so, and prints no "resume: changed" line):
      losses and validation loss of the resumed part within 1e-5 relative of the
      uninterrupted run; final parameters per tensor relative L2 <= 1e-5 and max <= 1e-3
      of the tensor's scale (the tolerances of validation/engine/equivalence_test.py).
@@ -338,7 +339,7 @@ class Tests:
         env = dict(env, AMSP_FAULT=fault) if fault else env
         cmd = pre + [self.args.amsp, "train", "--model", "tiny", "--data", self.args.data,
                      "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch),
-                     "--grad-accum", str(accum), "--shard", plan, "--eval-every", "0",
+                     *(["--grad-accum", str(accum)] if accum else []), "--shard", plan, "--eval-every", "0",
                      "--eval-windows", "8", "--peak-tflops", "1", "--threads", "1",
                      "--comm-timeout", "120", "--metrics", metrics]
         if params:
@@ -467,8 +468,8 @@ class Tests:
                               f"--resume auto, {STEPS - k} steps", job2, rc2, "i1", ref, ref_params, k, ckdir)
 
     # ---------------------------------------------------------------- check 2 and 3
-    def resharded(self, label, job, rc, tag, ref, ref_params, resume_step):
-        problems = []
+    def resharded(self, label, job, rc, tag, ref, ref_params, resume_step, problems=()):
+        problems = list(problems)
         out = job.stdout()
         resumed = re.search(r"^resume: (\S+) \(step (\d+), written by (\S+) on (\d+) ranks", out, re.M)
         if rc != 0:
@@ -528,9 +529,17 @@ class Tests:
             self.report(False, "2  4 ranks -> 1 rank: no step-10 checkpoint from check 1")
             return
         ref, ref_params = self.s4
-        job, rc = self.run("r4to1", 1, "ddp", 1, 8, resume=self.s4_ckpt)
-        self.resharded("2  4 ranks zero3 B=1 M=2 -> 1 rank B=1 M=8 (--resume FILE)",
-                       job, rc, "r4to1", ref, ref_params, 10)
+        # The same global batch by --global-batch, as a requeued job on another allocation
+        # gives it: 4 ranks x 2 x 1 sequences of SEQ are 8 x SEQ tokens, here 1 rank x 8 x 1.
+        job, rc = self.run("r4to1", 1, "ddp", 1, None, resume=self.s4_ckpt,
+                           extra=["--global-batch", str(8 * SEQ)])
+        out = job.stdout()
+        problems = [f"printed {line!r}" for line in out.splitlines() if line.startswith("resume: changed")]
+        split = f"batch: --global-batch {8 * SEQ} tokens = 1 ranks x 8 micro-batches x 1 sequences x {SEQ} tokens"
+        if split not in out.splitlines():
+            problems.append(f"no line {split!r}")
+        self.resharded("2  4 ranks zero3 B=1 M=2 -> 1 rank --global-batch (B=1 M=8), no 'changed' line "
+                       "(--resume FILE)", job, rc, "r4to1", ref, ref_params, 10, problems)
 
     def slurm_resume(self):
         ref, ref_params = self.straight("u8", 8, "p=1,g=2x1,os=2x2", 1, 1, nodes=4)
