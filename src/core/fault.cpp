@@ -20,6 +20,7 @@ namespace {
 constexpr const char* kPoints[] = {
     "train.step",        // at the start of optimizer step STEP
     "collective",        // a collective issued in step STEP (SKIP=N, SHORT=N)
+    "save.snapshot",     // a background save's writer thread, about to copy the snapshot of STEP
     "save.begin",        // a checkpoint of STEP is about to be written
     "save.data",         // every dataset written, the .tmp file not yet closed
     "save.closed",       // the .tmp file complete and closed, not yet renamed

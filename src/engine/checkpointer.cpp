@@ -1,9 +1,16 @@
 #include "engine/checkpointer.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/mpi_check.h"
 
 namespace amsp::engine {
@@ -27,6 +34,15 @@ bool threads_allowed(bool root) {
   return false;
 }
 
+// Lowers the calling thread's priority by kWriterNice (Linux: nice is a
+// thread's own). Best effort: an error leaves it as it was.
+void nice_this_thread() {
+  const id_t tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(19, now + kWriterNice));
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(ShardedEngine& engine, backend::Backend& backend, CheckpointPlace place,
@@ -36,15 +52,21 @@ Checkpointer::Checkpointer(ShardedEngine& engine, backend::Backend& backend, Che
       place_(std::move(place)),
       root_(root),
       writer_(engine.replica_index() == 0) {
+  AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   background_ = background && threads_allowed(root);
   if (!background_) return;
   allocate_snapshot();
   AMSP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  if (overlapped()) engine_.set_update_gate([this](int u) { before_update(u); });
   thread_ = std::thread([this] { run_writer(); });
 }
 
 Checkpointer::~Checkpointer() {
   if (!background_) return;
+  if (overlapped()) {
+    copy_all_units(/*writer=*/false);
+    engine_.set_update_gate({});
+  }
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });
@@ -59,7 +81,11 @@ double Checkpointer::save(const ckpt::Metadata& meta) {
   if (!background_) return save_sync(meta);
   const auto t0 = Clock::now();
   wait();
-  take_snapshot(meta);
+  snap_.meta = meta;
+  if (overlapped())
+    begin_overlapped_snapshot();
+  else if (writer_)
+    engine_.copy_os_states(snap_.views);
   {
     std::lock_guard lock(mu_);
     pending_ = busy_ = true;
@@ -67,12 +93,81 @@ double Checkpointer::save(const ckpt::Metadata& meta) {
   cv_.notify_all();
   const double stall_ms = ms_since(t0);
   if (root_) {
-    std::printf("checkpoint: step %lld snapshot taken (training blocked %.1f ms), writing %s/%s in the "
-                "background\n", static_cast<long long>(meta.step), stall_ms, place_.dir.c_str(),
-                ckpt::file_name(meta.step).c_str());
+    std::printf("checkpoint: step %lld %s (training blocked %.1f ms), writing %s/%s in the background\n",
+                static_cast<long long>(meta.step),
+                overlapped() ? "snapshot overlapping the next step" : "snapshot taken", stall_ms,
+                place_.dir.c_str(), ckpt::file_name(meta.step).c_str());
     std::fflush(stdout);
   }
   return stall_ms;
+}
+
+// --- the snapshot that overlaps the next step (host states) ------------------------
+
+void Checkpointer::begin_overlapped_snapshot() {
+  engine_.settle_states();
+  const int units = static_cast<int>(snap_.views.size());
+  for (int u = 0; u < units; ++u) unit_copy_[static_cast<size_t>(u)].store(kFree, std::memory_order_relaxed);
+  copied_ = 0;
+  first_claim_ = true;
+  copying_.store(units > 0, std::memory_order_release);
+  update_wait_ms_ = 0.0;
+}
+
+// Copies unit u if no thread has claimed it yet; false if another has. On the
+// writer thread (`writer`) the fault point save.snapshot is reached once the
+// first unit is claimed, before it is copied: a slow writer holding a unit.
+bool Checkpointer::copy_unit(int u, bool writer) {
+  int expected = kFree;
+  if (!unit_copy_[static_cast<size_t>(u)].compare_exchange_strong(expected, kCopying, std::memory_order_acq_rel))
+    return false;
+  if (writer && first_claim_) {
+    first_claim_ = false;
+    try {
+      fault::point("save.snapshot", snap_.meta.step, rank_);
+    } catch (...) {
+      publish_copy(u);  // a claimed unit is always copied: the gate waits for it
+      throw;
+    }
+  }
+  publish_copy(u);
+  return true;
+}
+
+void Checkpointer::publish_copy(int u) {
+  engine_.copy_os_state(u, snap_.views[static_cast<size_t>(u)]);
+  unit_copy_[static_cast<size_t>(u)].store(kCopied, std::memory_order_release);
+  {
+    std::lock_guard lock(mu_);
+    if (++copied_ == static_cast<int>(snap_.views.size())) copying_.store(false, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+// Claims every unit not yet claimed, then waits for the others' copies.
+void Checkpointer::copy_all_units(bool writer) {
+  if (!copying_.load(std::memory_order_acquire)) return;
+  for (int u = 0; u < static_cast<int>(snap_.views.size()); ++u) copy_unit(u, writer);
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !copying_.load(std::memory_order_acquire); });
+}
+
+// The engine's update gate, on the training thread: unit u may change once
+// its copy is taken.
+void Checkpointer::before_update(int u) {
+  if (!copying_.load(std::memory_order_acquire)) return;
+  const auto t0 = Clock::now();
+  if (!copy_unit(u, /*writer=*/false)) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return unit_copy_[static_cast<size_t>(u)].load(std::memory_order_acquire) == kCopied; });
+  }
+  if (update_wait_ms_) *update_wait_ms_ += ms_since(t0);
+}
+
+std::optional<double> Checkpointer::take_update_wait_ms() {
+  std::optional<double> out;
+  out.swap(update_wait_ms_);
+  return out;
 }
 
 double Checkpointer::save_sync(const ckpt::Metadata& meta) {
@@ -96,6 +191,7 @@ void Checkpointer::allocate_snapshot() {
   const auto& shards = engine_.shards();
   snap_.shards = shards;
   snap_.views.assign(shards.size(), ckpt::StateView{nullptr, nullptr, nullptr});
+  unit_copy_ = std::make_unique<std::atomic<int>[]>(shards.size());
   if (!writer_) return;
   snap_.params.resize(shards.size());
   snap_.exp_avg.resize(shards.size());
@@ -112,12 +208,8 @@ void Checkpointer::allocate_snapshot() {
   }
 }
 
-void Checkpointer::take_snapshot(const ckpt::Metadata& meta) {
-  snap_.meta = meta;
-  if (writer_) engine_.copy_os_states(snap_.views);
-}
-
 void Checkpointer::run_writer() {
+  nice_this_thread();
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return pending_ || quit_; });
@@ -136,6 +228,7 @@ void Checkpointer::write_snapshot() {
   const auto t0 = Clock::now();
   std::string path, error;
   try {
+    copy_all_units(/*writer=*/true);
     path = ckpt::save(place_.dir, snap_.meta, engine_.units(), snap_.shards, snap_.views, writer_,
                       place_.keep_last, comm_, place_.transfer);
   } catch (const std::exception& e) {
@@ -161,6 +254,7 @@ void Checkpointer::fail_if_write_failed() {
 
 void Checkpointer::wait() {
   if (!background_) return;
+  copy_all_units(/*writer=*/false);
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return !busy_; });

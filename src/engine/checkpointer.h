@@ -2,24 +2,35 @@
 // "Background saves"): synchronously, or from a host snapshot that a thread of
 // this rank writes while the next steps train.
 //
-// Background: save() waits for the write in flight (at most one), copies what
-// the checkpoint holds (the OS range of every state, and the metadata) into
-// host memory this object owns, hands it to the writer thread and returns.
-// That memory is the backend's host staging (Backend::alloc_host: page-locked
-// on CUDA, so the copy from the device is a DMA), allocated once when the
-// Checkpointer is made, so that a run without the memory for it fails at the
-// start rather than at its first checkpoint.
+// Background: save() waits for the write in flight (at most one), takes the
+// metadata, hands the rest to the writer thread and returns: the snapshot of
+// the states overlaps the next step, as in CheckFreq, because the states only
+// change at its optimizer updates.
+//   - States in host memory (the CPU backend): the writer thread copies them
+//     unit by unit into the snapshot while the next step computes. The
+//     engine's update gate holds the update of unit u until u is copied; if
+//     the writer has not reached u yet, the training thread copies u itself
+//     (whoever claims a unit first copies it), so an update waits at most for
+//     one unit's copy under way.
+//   - States on a device: the backend's host copy at the step boundary (one
+//     DMA per state straight into the page-locked snapshot).
+// The snapshot is the backend's host staging (Backend::alloc_host), allocated
+// once when the Checkpointer is made, so that a run without the memory for it
+// fails at the start rather than at its first checkpoint.
 // The writer runs ckpt::save as it is, on its own duplicate of MPI_COMM_WORLD
 // (made once), so its collectives never meet the training's: the same
 // temporary name, checksums, manifest, rename, `latest` and pruning after the
-// new file is complete. A failed write ends the job (comm::abort_job) naming
-// the file, on the next call that looks at it.
+// new file is complete. It is one thread per rank, niced (kWriterNice) so that
+// the training keeps its cores. A failed write ends the job
+// (comm::abort_job) naming the file, on the next call that looks at it.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -37,6 +48,11 @@ struct CheckpointPlace {
   int keep_last = 0;
   ckpt::Transfer transfer = ckpt::Transfer::kIndependent;
 };
+
+// How much nicer than the training the writer thread runs (setpriority on the
+// thread): at 10 the Linux scheduler gives it about a tenth of a core that
+// the training also wants, and every idle moment.
+inline constexpr int kWriterNice = 10;
 
 // A background write that has finished.
 struct WrittenCheckpoint {
@@ -58,12 +74,18 @@ class Checkpointer {
   bool background() const { return background_; }
   // Collective. Saves the engine's state as `meta` (meta.step names the file)
   // and returns the milliseconds training was blocked: the whole save when
-  // sync; the wait for the previous write plus the snapshot when background.
+  // sync; when background, the wait for the previous write plus, on a
+  // device, the snapshot.
   double save(const ckpt::Metadata& meta);
+  // Training thread, after each step: the milliseconds that step's updates
+  // waited for the snapshot of a background save before it (0 if none
+  // waited), or nullopt if no snapshot was under way at the step's start.
+  std::optional<double> take_update_wait_ms();
   // The background write finished since the last call, if any (rank-local, no
   // waiting). Ends the job if it failed.
   std::optional<WrittenCheckpoint> take_written();
-  // Waits for the write in flight, if any; take_written() then returns it.
+  // Waits for the write in flight, if any (copying what is left of its
+  // snapshot on this thread); take_written() then returns it.
   void wait();
   // Host memory of this rank's snapshot (0 when sync, or for a rank that
   // writes nothing): the bytes of its alloc_host buffers.
@@ -82,6 +104,7 @@ class Checkpointer {
   backend::Backend& backend_;
   CheckpointPlace place_;
   bool background_ = false, root_ = false, writer_ = false;
+  int rank_ = 0;  // in MPI_COMM_WORLD
   MPI_Comm comm_ = MPI_COMM_NULL;
   Snapshot snap_;
   std::thread thread_;
@@ -90,10 +113,24 @@ class Checkpointer {
   bool pending_ = false, busy_ = false, quit_ = false;
   std::optional<WrittenCheckpoint> written_;
   std::string error_;
+  // The snapshot that overlaps the next step (host states): per unit
+  // kFree -> kCopying (claimed by one thread) -> kCopied; copied_ counts the
+  // copied units under mu_; copying_ is true from save() until all are.
+  enum UnitCopy : int { kFree, kCopying, kCopied };
+  std::unique_ptr<std::atomic<int>[]> unit_copy_;
+  int copied_ = 0;
+  std::atomic<bool> copying_{false};
+  bool first_claim_ = false;  // the writer thread's, for the fault point
+  std::optional<double> update_wait_ms_;  // training thread only
 
   double save_sync(const ckpt::Metadata& meta);
-  void take_snapshot(const ckpt::Metadata& meta);
   void allocate_snapshot();
+  bool overlapped() const { return writer_ && engine_.states_on_host(); }
+  void begin_overlapped_snapshot();
+  bool copy_unit(int u, bool writer);
+  void publish_copy(int u);
+  void copy_all_units(bool writer);
+  void before_update(int u);
   void run_writer();
   void write_snapshot();
   void fail_if_write_failed();

@@ -46,6 +46,8 @@ void MetricsSink::step(const StepMetrics& m) {
   if (!m.comm.empty()) std::printf(" | comm %.2f MB, exposed %.1f ms", sent / 1e6, exposed_ms);
   if (m.ckpt_stall_ms) std::printf(" | ckpt stall %.1f ms", *m.ckpt_stall_ms);
   if (m.ckpt_write_ms) std::printf(" | ckpt write %.1f ms", *m.ckpt_write_ms);
+  if (m.ckpt_update_wait_ms && *m.ckpt_update_wait_ms >= 0.1)
+    std::printf(" | ckpt wait %.1f ms", *m.ckpt_update_wait_ms);
   std::printf("\n");
   elapsed_ms_ += m.step_ms;
   if (tty_ && m.step < m.total_steps) {
@@ -114,6 +116,7 @@ void MetricsSink::step(const StepMetrics& m) {
     if (m.compress_err_g) j["compress_err_g"] = *m.compress_err_g;
     if (m.ckpt_stall_ms) j["ckpt_stall_ms"] = *m.ckpt_stall_ms;
     if (m.ckpt_write_ms) j["ckpt_write_ms"] = *m.ckpt_write_ms;
+    if (m.ckpt_update_wait_ms) j["ckpt_update_wait_ms"] = *m.ckpt_update_wait_ms;
     file_ << j.dump() << "\n";
     file_.flush();
   }

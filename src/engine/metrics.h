@@ -46,6 +46,7 @@ struct StepMetrics {
   std::optional<double> compress_err_g;  // the same with the gradient reductions compressed
   std::optional<double> ckpt_stall_ms;  // a checkpoint was saved after this step: training blocked
   std::optional<double> ckpt_write_ms;  // a background write finished since the last step's report
+  std::optional<double> ckpt_update_wait_ms;  // the step after a background save: its updates' wait for the snapshot
 };
 
 class MetricsSink {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "comm/traffic.h"
 #include "core/error.h"
@@ -126,6 +127,7 @@ struct ShardedEngine::Impl {
   std::vector<ckpt::StateView> state_views();
   void take_staged_state();
   void copy_os_states(const std::vector<ckpt::StateView>& dst);
+  std::function<void(int)> update_gate;  // set_update_gate
 };
 
 ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s,
@@ -478,6 +480,19 @@ void ShardedEngine::Impl::copy_os_states(const std::vector<ckpt::StateView>& dst
   }
 }
 
+namespace {
+
+// Plain copies of host memory, not backend calls: this may run on another
+// thread than the engine's, whose backend is not shared.
+void copy_os_state_host(const View& master, const View& exp_avg, const View& exp_avg_sq,
+                        const ckpt::StateView& d) {
+  std::memcpy(d.params, master.data, static_cast<size_t>(master.bytes()));
+  std::memcpy(d.exp_avg, exp_avg.data, static_cast<size_t>(exp_avg.bytes()));
+  std::memcpy(d.exp_avg_sq, exp_avg_sq.data, static_cast<size_t>(exp_avg_sq.bytes()));
+}
+
+}  // namespace
+
 // --- the public face ------------------------------------------------------------------
 
 namespace {
@@ -579,7 +594,9 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
         im.norm_and_clip_scale();
         t_update = comm::now_seconds();
         break;
-      case plan::Action::kUpdate: im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step); break;
+      case plan::Action::kUpdate:
+        if (im.update_gate) im.update_gate(a.unit);
+        im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step); break;
     }
   }
   model_.accumulate_loss_into(View{});
@@ -712,6 +729,19 @@ std::vector<std::vector<float>> ShardedEngine::full_parameters() {
 
 std::vector<ckpt::StateView> ShardedEngine::state_views() { return impl_->state_views(); }
 void ShardedEngine::copy_os_states(const std::vector<ckpt::StateView>& dst) { impl_->copy_os_states(dst); }
+bool ShardedEngine::states_on_host() const { return impl_->on_host(); }
+void ShardedEngine::settle_states() { impl_->take_staged_state(); }
+void ShardedEngine::set_update_gate(std::function<void(int)> gate) { impl_->update_gate = std::move(gate); }
+
+void ShardedEngine::copy_os_state(int u, const ckpt::StateView& dst) const {
+  Impl& im = *impl_;
+  if (!im.on_host() || !im.staging.empty())
+    fail("engine: copy_os_state needs settled host states (", im.on_host() ? "a resume's views not taken back"
+                                                                          : "the states are on a device", ")");
+  // In fp32 the master is the P-shard's OS part; bf16 keeps a separate fp32 master.
+  auto& x = im.st(u);
+  copy_os_state_host(im.master(u), x.exp_avg.view(), x.exp_avg_sq.view(), dst);
+}
 
 int64_t ShardedEngine::replica_index() const { return impl_->replica; }
 

@@ -132,6 +132,19 @@ class ShardedEngine {
   // floats each. Waits for parameter all-gathers in flight first. Unlike
   // state_views() nothing is staged: the next step has nothing to take back.
   void copy_os_states(const std::vector<ckpt::StateView>& dst);
+  // Snapshots that overlap the next step (doc/checkpoints.md, "Background
+  // saves"). Between steps the states are final once the views a resume wrote
+  // are taken back, which settle_states() does. After that, and only where the
+  // states are host memory (states_on_host()), copy_os_state may copy unit u
+  // as copy_os_states would, from any thread, while the engine computes: the
+  // optimizer alone writes what it reads (the OS range of the parameters, or
+  // the fp32 master, and the moments), and the gate set here is called on the
+  // training thread with u before each update(u), so a caller holds it until
+  // unit u's copy is taken. An empty gate removes it.
+  bool states_on_host() const;
+  void settle_states();
+  void copy_os_state(int u, const ckpt::StateView& dst) const;
+  void set_update_gate(std::function<void(int)> gate);
   // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
   // holds every OS-shard once and is the one that writes checkpoints.
   int64_t replica_index() const;

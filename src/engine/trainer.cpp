@@ -706,6 +706,7 @@ void Run::train_steps() {
     }
     const std::optional<GuardReading> reading = guard(step);
     StepMetrics m = train_step(step);
+    if (checkpointer) m.ckpt_update_wait_ms = checkpointer->take_update_wait_ms();
     if (reading) {
       m.compress_err_p = reading->p_err;
       m.compress_err_g = reading->g_err;

@@ -50,8 +50,11 @@ mpi mode (mpiexec on this machine):
      --checkpoint-mode sync: their kill points imply which files exist only if a save
      ends before the next step starts): the
      same 2-rank run saving sync and background writes files identical by h5diff -r that
-     verify, and bit-identical step records; each saving step reports ckpt_stall_ms and
-     the writes' ckpt_write_ms come in later records; SIGUSR1 raised inside the background
+     verify, and bit-identical step records, though the writer of step 4's snapshot
+     sleeps 1 s before copying (save.snapshot@4,SLEEP=1), so that step 5's optimizer
+     updates must copy the units themselves before changing them; each saving step
+     reports ckpt_stall_ms, the step after it ckpt_update_wait_ms (above 0 after step 4),
+     and the writes' ckpt_write_ms come in later records; SIGUSR1 raised inside the background
      write of step 4 (save.data@4,USR1) stops the run (exit 75) after the write in flight
      and the stop step's save are complete, and --resume auto continues bit for bit.
      A background write that fails (save.data@8,FAIL: every rank's write throws an I/O
@@ -802,8 +805,11 @@ class Tests:
         for mode in ("sync", "background"):
             dirs[mode] = self.path(f"ck-{mode}")
             shutil.rmtree(dirs[mode], ignore_errors=True)
+            # The writer of step 4's snapshot sleeps before copying: step 5's updates must
+            # take the copy over (or wait for it), or step 4's file holds step 5's states.
             job, rc = self.run(f"bg-{mode}", 2, "zero3", 1, 1, steps=steps, ckdir=dirs[mode], every=every,
-                               extra=["--checkpoint-mode", mode])
+                               extra=["--checkpoint-mode", mode],
+                               fault=f"save.snapshot@{every},SLEEP=1" if mode == "background" else None)
             if rc != 0:
                 raise Failure(f"background test: the {mode} run exited {rc}: {job.stderr()[-1500:]}")
         ref = by_step(read_metrics(self.path("bg-sync.jsonl")))
@@ -836,11 +842,16 @@ class Tests:
         stalls = [r.get("ckpt_stall_ms") for r in saving]
         writes = [r["ckpt_write_ms"] for r in recs if "ckpt_write_ms" in r]
         sync_stalls = [ref[r["step"]].get("ckpt_stall_ms") for r in saving]
+        after = [r.get("ckpt_update_wait_ms") for r in recs if "loss" in r and r["step"] % every == 1
+                 and r["step"] > 1]
         ok = (None not in stalls and None not in sync_stalls and len(writes) >= len(saving) - 1
-              and not any("ckpt_stall_ms" in r for r in recs if "loss" in r and r["step"] % every))
+              and not any("ckpt_stall_ms" in r for r in recs if "loss" in r and r["step"] % every)
+              and None not in after and after and after[0] > 0)
         fmt = lambda xs: " ".join(f"{x:.1f}" if x is not None else "-" for x in xs)
         self.report(ok, f"10 stall reported on each saving step: background {fmt(stalls)} ms, sync "
-                        f"{fmt(sync_stalls)} ms; background writes {fmt(writes)} ms in later steps")
+                        f"{fmt(sync_stalls)} ms; the next steps' updates waited {fmt(after)} ms for the "
+                        f"snapshot (the first while its writer slept); background writes {fmt(writes)} ms "
+                        f"in later steps")
 
     def background_stop(self, ref, steps, every):
         ckdir = self.path("ck-bg-stop")
