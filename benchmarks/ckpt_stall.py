@@ -2,7 +2,7 @@
 """Training stall per checkpoint, --checkpoint-mode sync against background, side by side.
 
     python3 benchmarks/ckpt_stall.py --amsp build/amsp --data corpus.h5 [--model base]
-        [--ranks 2] [--steps 9] [--every 3] [--seq-len 64] [--work DIR]
+        [--ranks 2] [--steps 24] [--every 8] [--keep-last 2] [--seq-len 64] [--work DIR]
 
 Runs the same `amsp train` twice, once per mode (same model, plan, data, seed; a
 checkpoint every --every steps and at the end), and prints for each checkpoint the time
@@ -35,6 +35,7 @@ def run(args, mode):
         "--seq-len", str(args.seq_len), "--batch-size", "1", "--shard", args.shard,
         "--eval-every", "0", "--eval-windows", "1", "--peak-tflops", "1", "--threads", "1",
         "--checkpoint-dir", ckdir, "--checkpoint-every", str(args.every), "--checkpoint-mode", mode,
+        "--keep-last", str(args.keep_last),
         "--metrics", metrics]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -63,8 +64,11 @@ def main():
     ap.add_argument("--model", default="base")
     ap.add_argument("--shard", default="zero3")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=9)
-    ap.add_argument("--every", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--every", type=int, default=8,
+                    help="steps between saves: a background write should fit in them (a save that "
+                         "comes sooner waits for the previous write, and that wait is stall)")
+    ap.add_argument("--keep-last", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--work", default="/tmp/amsp-ckpt-stall")
     args = ap.parse_args()

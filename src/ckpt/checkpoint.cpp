@@ -1,9 +1,10 @@
 // Parallel save and load of sharded checkpoints (checkpoint.h).
 //
-// Writing is parallel HDF5: MPI-IO, collective metadata, and per dataset one
-// H5Dwrite by each writer of its OS range (independent transfer by default;
-// with Transfer::kCollective every rank takes part, the others with an empty
-// selection). Reading is independent: the file
+// Writing is parallel HDF5: MPI-IO and collective metadata; per dataset each
+// writer's OS range goes into the file by a pwrite of its own at the
+// dataset's offset (independent transfer, the default: RawData below), or by
+// one collective H5Dwrite in which every rank takes part, the others with an
+// empty selection (Transfer::kCollective). Reading is independent: the file
 // is immutable once renamed into place, so each rank opens it on its own and
 // reads just its hyperslabs; no rank can then hang in a collective another
 // rank left because the file was damaged. Ranks agree on every outcome
@@ -16,6 +17,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -48,6 +52,11 @@ using Status = comm::Outcome;
 
 // Every rank ends a phase alike: the lowest failing rank's error, or success.
 void agree_or_throw(const Status& mine, MPI_Comm c) { comm::rethrow(comm::agree(mine, c)); }
+
+// Before each collective phase of a save (save's `rendezvous`).
+void meet(const Rendezvous& r) {
+  if (r) r();
+}
 
 // ------------------------------------------------------------ files
 
@@ -202,19 +211,21 @@ Metadata agreed_metadata(const Metadata& meta_in, MPI_Comm comm) {
 }
 
 // Rank 0 prepares the directory and clears temporaries of crashed saves.
-void prepare_directory(const std::string& dir, int rank, MPI_Comm comm) {
-  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
+void prepare_directory(const std::string& dir, int rank, MPI_Comm comm, const Rendezvous& r) {
+  const Status mine = rank != 0 ? Status{} : attempt([&] {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (!fs::is_directory(dir, ec))
       fail_usage("--checkpoint-dir ", dir, ": cannot create the directory");
     (void)clean_temporaries(dir);
-  }), comm);
+  });
+  meet(r);
+  agree_or_throw(mine, comm);
 }
 
 // Checksums first: every writer sums its pieces, one reduction for all. In
 // dataset order: state, unit, tensor.
-std::vector<uint64_t> dataset_checksums(const SaveJob& job, MPI_Comm comm) {
+std::vector<uint64_t> dataset_checksums(const SaveJob& job, MPI_Comm comm, const Rendezvous& r) {
   std::vector<uint64_t> sums;
   for (State state : detail::kAllStates)
     for (size_t u = 0; u < job.units.size(); ++u)
@@ -222,6 +233,7 @@ std::vector<uint64_t> dataset_checksums(const SaveJob& job, MPI_Comm comm) {
         const Source s = job.source(state, u, t);
         sums.push_back(s.piece ? checksum(s.data, s.piece->size(), s.piece->begin) : 0);
       }
+  meet(r);
   AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()),
                                MPI_UINT64_T, MPI_SUM, comm));
   return sums;
@@ -238,6 +250,166 @@ std::string manifest_json_for(const Metadata& meta, const std::vector<model::Uni
   return manifest_to_json(manifest);
 }
 
+// The raw data of an independent transfer, written by this process itself:
+// each dataset is contiguous and allocated when rank 0 creates it
+// (H5D_ALLOC_TIME_EARLY), so its elements lie from its offset in the file on,
+// and a rank's piece of a tensor is one run of them: one pwrite on a
+// descriptor of its own, fsynced by the rank before the ranks agree that the
+// file is written. Not MPI-IO: ROMIO runs its opens, writes, syncs and closes
+// inside MPICH's critical section, collective ones waiting there for the
+// other ranks, so a background writer whose file went through it held MPI's
+// lock while the disk worked and the training's communication waited for it
+// (doc/checkpoints.md, "Background saves").
+class RawData {
+ public:
+  RawData(const Writer& w, const std::string& path, bool any) : w_(w), path_(path) {
+    if (!any) return;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    w.check(fd_ >= 0, cat("open ", path, " for its raw data: ", std::strerror(errno)));
+  }
+  ~RawData() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawData(const RawData&) = delete;
+  RawData& operator=(const RawData&) = delete;
+
+  // count floats at byte `offset` of the file.
+  void write(const float* data, int64_t count, int64_t offset, const std::string& dpath) {
+    const char* p = reinterpret_cast<const char*>(data);
+    for (int64_t left = count * int64_t{sizeof(float)}; left > 0;) {
+      const ssize_t n = ::pwrite(fd_, p, static_cast<size_t>(left), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      w_.check(n > 0, cat("write dataset ", dpath, ": ", n < 0 ? std::strerror(errno) : "no progress"));
+      p += n;
+      offset += n;
+      left -= n;
+    }
+  }
+  void sync() {
+    if (fd_ >= 0) w_.check(::fsync(fd_) == 0, cat("sync the raw data of ", path_, ": ", std::strerror(errno)));
+  }
+
+ private:
+  const Writer& w_;
+  std::string path_;
+  int fd_ = -1;
+};
+
+// The file holds float32 little-endian: the raw bytes are the host's.
+static_assert(std::endian::native == std::endian::little, "raw checkpoint writes need a little-endian host");
+
+Handle dataset_layout(const Writer& w) {
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  w.check(dcpl.valid() && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+              H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
+              H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0,
+          "make a dataset property list");
+  return dcpl;
+}
+
+// The groups /model and /optimizer/{exp_avg,exp_avg_sq}, then fn(parent,
+// state, unit, tensor, index) for every dataset in file order: state, unit,
+// tensor; index counts them.
+template <typename F>
+void for_each_dataset(const Writer& w, hid_t file, const SaveJob& job, F&& fn) {
+  Handle gm = make_group(w, file, "model");
+  Handle go = make_group(w, file, "optimizer");
+  Handle ga = make_group(w, go, "exp_avg");
+  Handle gs = make_group(w, go, "exp_avg_sq");
+  size_t index = 0;
+  for (State state : detail::kAllStates) {
+    const hid_t parent = state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get();
+    for (size_t u = 0; u < job.units.size(); ++u)
+      for (const auto& t : job.units[u].tensors) fn(parent, state, u, t, index++);
+  }
+}
+
+// One tensor's dataset with its checksum attribute; its data not written.
+struct Dataset {
+  Handle dset, fspace;
+};
+Dataset create_dataset(const Writer& w, hid_t parent, State state, const model::TensorSpec& t, uint64_t sum,
+                       hid_t dcpl) {
+  const std::string dpath = dataset_path(state, t.name);
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  Dataset d;
+  d.fspace = Handle(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  w.check(d.fspace.valid(), cat("make the dataspace of ", dpath));
+  d.dset = Handle(H5Dcreate2(parent, dataset_name(t.name).c_str(), H5T_IEEE_F32LE, d.fspace, H5P_DEFAULT, dcpl,
+                             H5P_DEFAULT),
+                  H5Dclose);
+  w.check(d.dset.valid(), cat("create dataset ", dpath));
+  w.check(detail::write_u64_attr(d.dset, "checksum", sum), cat("write the checksum of ", dpath));
+  return d;
+}
+
+// --- independent transfer: rank 0 lays the file out, every writer writes its data
+
+// Rank 0 alone, by serial HDF5: the whole file but the data (root attributes,
+// groups, datasets with their checksums), each dataset's space allocated and
+// left unwritten. Returns each dataset's byte offset in the file, in file order.
+std::vector<int64_t> lay_out_file(const Writer& w, const std::string& tmp_path, const Metadata& meta,
+                                  const std::string& manifest_json, const SaveJob& job,
+                                  const std::vector<uint64_t>& sums) {
+  h5::QuietErrors quiet;
+  Handle fapl = h5::file_access();
+  Handle file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+  w.check(file.valid(), cat("create ", tmp_path));
+  w.check(detail::write_metadata(file, meta, manifest_json), "write the root attributes");
+  const Handle dcpl = dataset_layout(w);
+  std::vector<int64_t> offsets;
+  for_each_dataset(w, file, job, [&](hid_t parent, State state, size_t, const model::TensorSpec& t, size_t i) {
+    Dataset d = create_dataset(w, parent, state, t, sums[i], dcpl);
+    const haddr_t at = H5Dget_offset(d.dset);
+    w.check(at != HADDR_UNDEF, cat("allocate the data of ", dataset_path(state, t.name)));
+    offsets.push_back(static_cast<int64_t>(at));
+  });
+  w.check(file.close(), cat("close ", tmp_path));
+  return offsets;
+}
+
+// Every writer: its piece of every dataset at the dataset's offset, then fsync.
+void write_raw_data(const Writer& w, const std::string& tmp_path, const SaveJob& job,
+                    const std::vector<int64_t>& offsets) {
+  RawData raw(w, tmp_path, job.writer);
+  size_t i = 0;
+  for (State state : detail::kAllStates)
+    for (size_t u = 0; u < job.units.size(); ++u)
+      for (const auto& t : job.units[u].tensors) {
+        const Source s = job.source(state, u, t);
+        const int64_t at = offsets[i++];
+        if (s.piece && s.piece->size() > 0)
+          raw.write(s.data, s.piece->size(), at + s.piece->begin * int64_t{sizeof(float)},
+                    dataset_path(state, t.name));
+      }
+  raw.sync();
+}
+
+// The file's structure by rank 0, the offsets to all, the data by every
+// writer. MPI-IO is not involved: nothing of the save holds MPI's lock for
+// longer than a reduction (RawData says why that matters). Every rank has
+// written and synced its data on return.
+void write_file_independent(const std::string& tmp_path, const std::string& final_path, const Metadata& meta,
+                            const std::string& manifest_json, const SaveJob& job,
+                            const std::vector<uint64_t>& sums, int rank, MPI_Comm comm, const Rendezvous& r) {
+  const Writer w{final_path};
+  std::vector<int64_t> offsets;
+  const Status laid =
+      rank != 0 ? Status{} : attempt([&] { offsets = lay_out_file(w, tmp_path, meta, manifest_json, job, sums); });
+  meet(r);
+  agree_or_throw(laid, comm);
+  offsets.resize(sums.size());
+  AMSP_MPI_CHECK(MPI_Bcast(offsets.data(), static_cast<int>(offsets.size()), MPI_INT64_T, 0, comm));
+  const Status wrote = attempt([&] {
+    write_raw_data(w, tmp_path, job, offsets);
+    fault::point("save.data", meta.step, rank);
+  });
+  meet(r);
+  agree_or_throw(wrote, comm);
+}
+
+// --- collective transfer: MPI-IO, every rank in every dataset's write
+
 // The file, created over MPI-IO with collective metadata.
 Handle create_file(const Writer& w, const std::string& tmp_path, MPI_Comm comm) {
   Handle fapl = h5::file_access();
@@ -250,82 +422,52 @@ Handle create_file(const Writer& w, const std::string& tmp_path, MPI_Comm comm) 
   return file;
 }
 
-// How datasets are laid out and written.
-struct WriteProps {
-  Handle dxpl, dcpl;
-  bool collective = false;
-};
-
-WriteProps write_props(const Writer& w, Transfer transfer) {
-  WriteProps p;
-  p.dxpl = Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  p.collective = transfer == Transfer::kCollective;
-  w.check(p.dxpl.valid() && H5Pset_dxpl_mpio(p.dxpl, p.collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT) >= 0,
-          "set up the transfer property list");
-  p.dcpl = Handle(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  w.check(p.dcpl.valid() && H5Pset_layout(p.dcpl, H5D_CONTIGUOUS) >= 0 &&
-              H5Pset_alloc_time(p.dcpl, H5D_ALLOC_TIME_EARLY) >= 0 &&
-              H5Pset_fill_time(p.dcpl, H5D_FILL_TIME_NEVER) >= 0,
-          "make a dataset property list");
-  return p;
-}
-
-// One tensor's dataset: created by all, its checksum attached, this rank's
-// piece written (an empty selection under a collective transfer).
-void write_tensor(const Writer& w, hid_t parent, State state, const model::TensorSpec& t,
-                  const Source& s, uint64_t sum, const WriteProps& props) {
-  const std::string dpath = dataset_path(state, t.name);
-  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-  Handle fspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-  w.check(fspace.valid(), cat("make the dataspace of ", dpath));
-  Handle dset(H5Dcreate2(parent, dataset_name(t.name).c_str(), H5T_IEEE_F32LE, fspace,
-                         H5P_DEFAULT, props.dcpl, H5P_DEFAULT),
-              H5Dclose);
-  w.check(dset.valid(), cat("create dataset ", dpath));
-  w.check(detail::write_u64_attr(dset, "checksum", sum), cat("write the checksum of ", dpath));
-  const int64_t n = s.piece ? s.piece->size() : 0;
-  Handle mspace = detail::memory_space(n);
-  w.check(mspace.valid() && detail::select_run(fspace, t.shape, s.piece ? s.piece->begin : 0,
-                                               s.piece ? s.piece->end : 0),
-          cat("select this rank's part of ", dpath));
-  const float dummy = 0;
-  if (props.collective || n > 0)
-    w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, props.dxpl, n ? s.data : &dummy) >= 0,
+// Every rank creates each dataset and takes part in its collective H5Dwrite,
+// a rank without a piece with an empty selection: ROMIO's two-phase I/O
+// aligns the writes to a parallel file system's stripes.
+void write_file_collective(const std::string& tmp_path, const std::string& final_path, const Metadata& meta,
+                           const std::string& manifest_json, const SaveJob& job,
+                           const std::vector<uint64_t>& sums, int rank, MPI_Comm comm, const Rendezvous& r) {
+  const Writer w{final_path};
+  h5::QuietErrors quiet;
+  meet(r);
+  Handle file = create_file(w, tmp_path, comm);
+  w.check(detail::write_metadata(file, meta, manifest_json), "write the root attributes");
+  Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  w.check(dxpl.valid() && H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) >= 0, "set up the transfer property list");
+  const Handle dcpl = dataset_layout(w);
+  for_each_dataset(w, file, job, [&](hid_t parent, State state, size_t u, const model::TensorSpec& t, size_t i) {
+    meet(r);  // creating the dataset is collective
+    Dataset d = create_dataset(w, parent, state, t, sums[i], dcpl);
+    const Source s = job.source(state, u, t);
+    const int64_t n = s.piece ? s.piece->size() : 0;
+    Handle mspace = detail::memory_space(n);
+    const std::string dpath = dataset_path(state, t.name);
+    w.check(mspace.valid() && detail::select_run(d.fspace, t.shape, s.piece ? s.piece->begin : 0,
+                                                 s.piece ? s.piece->end : 0),
+            cat("select this rank's part of ", dpath));
+    const float dummy = 0;
+    w.check(H5Dwrite(d.dset, H5T_NATIVE_FLOAT, mspace, d.fspace, dxpl, n ? s.data : &dummy) >= 0,
             cat("write dataset ", dpath));
-  w.check(dset.close(), cat("close dataset ", dpath));
-}
-
-// /model and /optimizer/{exp_avg,exp_avg_sq}, every tensor of every unit.
-void write_datasets(const Writer& w, hid_t file, const SaveJob& job,
-                    const std::vector<uint64_t>& sums, const WriteProps& props) {
-  Handle gm = make_group(w, file, "model");
-  Handle go = make_group(w, file, "optimizer");
-  Handle ga = make_group(w, go, "exp_avg");
-  Handle gs = make_group(w, go, "exp_avg_sq");
-  size_t index = 0;
-  for (State state : detail::kAllStates) {
-    const hid_t parent = state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get();
-    for (size_t u = 0; u < job.units.size(); ++u)
-      for (const auto& t : job.units[u].tensors)
-        write_tensor(w, parent, state, t, job.source(state, u, t), sums[index++], props);
-  }
+    w.check(d.dset.close(), cat("close dataset ", dpath));
+  });
+  const Status wrote = attempt([&] { fault::point("save.data", meta.step, rank); });
+  meet(r);
+  agree_or_throw(wrote, comm);
+  w.check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flush the file");
+  w.check(file.close(), "close the file");
 }
 
 // Writes the temporary file; every rank has closed it on return.
 void write_file(const std::string& tmp_path, const std::string& final_path, const Metadata& meta,
                 const std::string& manifest_json, const SaveJob& job,
-                const std::vector<uint64_t>& sums, Transfer transfer, int rank, MPI_Comm comm) {
-  {
-    const Writer w{final_path};
-    h5::QuietErrors quiet;
-    Handle file = create_file(w, tmp_path, comm);
-    w.check(detail::write_metadata(file, meta, manifest_json), "write the root attributes");
-    const WriteProps props = write_props(w, transfer);
-    write_datasets(w, file, job, sums, props);
-    fault::point("save.data", meta.step, rank);
-    w.check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flush the file");
-    w.check(file.close(), "close the file");
-  }
+                const std::vector<uint64_t>& sums, Transfer transfer, int rank, MPI_Comm comm,
+                const Rendezvous& r) {
+  if (transfer == Transfer::kIndependent)
+    write_file_independent(tmp_path, final_path, meta, manifest_json, job, sums, rank, comm, r);
+  else
+    write_file_collective(tmp_path, final_path, meta, manifest_json, job, sums, rank, comm, r);
+  meet(r);
   AMSP_MPI_CHECK(MPI_Barrier(comm));
   fault::point("save.closed", meta.step, rank);
 }
@@ -333,8 +475,9 @@ void write_file(const std::string& tmp_path, const std::string& final_path, cons
 // Every rank has closed the file: rank 0 makes it durable and visible, points
 // `latest` at it and prunes older checkpoints.
 void publish(const std::string& dir, const std::string& name, const std::string& tmp_path,
-             const std::string& final_path, int64_t step, int keep_last, int rank, MPI_Comm comm) {
-  agree_or_throw(rank != 0 ? Status{} : attempt([&] {
+             const std::string& final_path, int64_t step, int keep_last, int rank, MPI_Comm comm,
+             const Rendezvous& r) {
+  const Status mine = rank != 0 ? Status{} : attempt([&] {
     fsync_path(tmp_path, false);
     std::error_code ec;
     fs::rename(tmp_path, final_path, ec);
@@ -345,7 +488,9 @@ void publish(const std::string& dir, const std::string& name, const std::string&
     fsync_path(dir, true);
     fault::point("save.latest", step, 0);
     prune(dir, name, keep_last);
-  }), comm);
+  });
+  meet(r);
+  agree_or_throw(mine, comm);
 }
 
 }  // namespace
@@ -354,20 +499,21 @@ std::string save(const std::string& dir, const Metadata& meta_in,
                  const std::vector<model::UnitSpec>& units,
                  const std::vector<plan::UnitShards>& shards,
                  const std::vector<StateView>& views, bool writer,
-                 int keep_last, MPI_Comm comm, Transfer transfer) {
+                 int keep_last, MPI_Comm comm, Transfer transfer, const Rendezvous& rendezvous) {
   int rank = 0;
   AMSP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   check_shapes(units);
+  meet(rendezvous);
   const Metadata meta = agreed_metadata(meta_in, comm);
   const std::string name = file_name(meta.step);
   const std::string final_path = dir + "/" + name, tmp_path = dir + "/." + name + ".tmp";
   fault::point("save.begin", meta.step, rank);
-  prepare_directory(dir, rank, comm);
+  prepare_directory(dir, rank, comm, rendezvous);
   const SaveJob job{units, shards, views, writer};
-  const std::vector<uint64_t> sums = dataset_checksums(job, comm);
+  const std::vector<uint64_t> sums = dataset_checksums(job, comm, rendezvous);
   const std::string manifest_json = manifest_json_for(meta, units, sums);
-  write_file(tmp_path, final_path, meta, manifest_json, job, sums, transfer, rank, comm);
-  publish(dir, name, tmp_path, final_path, meta.step, keep_last, rank, comm);
+  write_file(tmp_path, final_path, meta, manifest_json, job, sums, transfer, rank, comm, rendezvous);
+  publish(dir, name, tmp_path, final_path, meta.step, keep_last, rank, comm, rendezvous);
   return final_path;
 }
 

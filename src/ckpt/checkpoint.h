@@ -83,11 +83,20 @@ Transfer parse_transfer(const std::string& text, const std::string& option);
 // from rank 0. A failure inside the collective write ends the job
 // (comm::abort_job); a directory that cannot be created throws UsageError on
 // every rank. Returns the final path.
+//
+// `rendezvous`, when set, is called on every rank before each collective
+// phase (the metadata, the checksums' reduction, the file's creation, each
+// dataset's, the flush and close, the agreements): a background writer makes
+// it a barrier that sleeps while it waits (comm::quiet_barrier), so that the
+// collectives after it find every rank there and MPI spins for no time on
+// cores the training needs.
+using Rendezvous = std::function<void()>;
 std::string save(const std::string& dir, const Metadata& meta,
                  const std::vector<model::UnitSpec>& units,
                  const std::vector<plan::UnitShards>& shards,
                  const std::vector<StateView>& views, bool writer,
-                 int keep_last, MPI_Comm comm, Transfer transfer = Transfer::kIndependent);
+                 int keep_last, MPI_Comm comm, Transfer transfer = Transfer::kIndependent,
+                 const Rendezvous& rendezvous = {});
 
 // Collective over comm. Reads the metadata, refuses a checkpoint of another
 // model (UsageError naming the first field that differs) or another layout

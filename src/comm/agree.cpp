@@ -1,10 +1,22 @@
 #include "comm/agree.h"
 
+#include <chrono>
 #include <climits>
+#include <thread>
 
 #include "core/mpi_check.h"
 
 namespace amsp::comm {
+
+void quiet_barrier(MPI_Comm comm, int poll_us) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  AMSP_MPI_CHECK(MPI_Ibarrier(comm, &request));
+  for (int done = 0;;) {
+    AMSP_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
+  }
+}
 
 void bcast_string(std::string* s, int root, MPI_Comm comm) {
   int64_t n = static_cast<int64_t>(s->size());

@@ -46,6 +46,11 @@ void rethrow(const Outcome& outcome);
 // the lowest failing rank's error (prefixed "rank N: " when N is not 0).
 void collectively(MPI_Comm comm, const std::function<void()>& fn);
 
+// Collective: a barrier that polls (MPI_Ibarrier, MPI_Test) and sleeps
+// poll_us between polls instead of spinning in MPI, for a background thread
+// whose waits must leave the cores, and MPI's lock, to the training.
+void quiet_barrier(MPI_Comm comm, int poll_us = 200);
+
 // Broadcasts a string of any length from root.
 void bcast_string(std::string* s, int root, MPI_Comm comm);
 

@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
+#include "comm/agree.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/mpi_check.h"
@@ -205,6 +207,11 @@ void Checkpointer::allocate_snapshot() {
     snap_.views[u] = {snap_.params[u].view().data ? snap_.params[u].f32() : nullptr,
                       snap_.exp_avg[u].view().data ? snap_.exp_avg[u].f32() : nullptr,
                       snap_.exp_avg_sq[u].view().data ? snap_.exp_avg_sq[u].f32() : nullptr};
+    // Touched now, so that the pages are the process's before the first save
+    // (whose copy would otherwise pay for faulting them in) and a node short
+    // of memory fails here.
+    for (const backend::Buffer* b : {&snap_.params[u], &snap_.exp_avg[u], &snap_.exp_avg_sq[u]})
+      if (b->view().data) std::memset(b->view().data, 0, static_cast<size_t>(b->bytes()));
   }
 }
 
@@ -230,7 +237,7 @@ void Checkpointer::write_snapshot() {
   try {
     copy_all_units(/*writer=*/true);
     path = ckpt::save(place_.dir, snap_.meta, engine_.units(), snap_.shards, snap_.views, writer_,
-                      place_.keep_last, comm_, place_.transfer);
+                      place_.keep_last, comm_, place_.transfer, [this] { comm::quiet_barrier(comm_); });
   } catch (const std::exception& e) {
     error = e.what();
   }

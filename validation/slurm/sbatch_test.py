@@ -47,6 +47,13 @@ preempt   a stop request at every moment of a job's life: one uninterrupted run 
           before its first step), no rank may die of the signal, and the metrics must hold
           every step exactly once, with the losses, gradient norms, learning rates, token
           counts and validation losses of the uninterrupted run bit for bit.
+elastic   a node range (sbatch -N 2-4, 1 rank per node, AMSP_SHARD=auto, AMSP_GLOBAL_BATCH=256
+          tokens, 30 steps): an uninterrupted run on 4 nodes; then "shrink", whose first
+          attempt has 4 nodes and is stopped (USR1) after 10 steps while two nodes are
+          drained, so that the requeued attempt gets 2; then "grow", 2 nodes (two drained)
+          and then 4. Each must end completed in two attempts with job.log naming both
+          allocations, every step once in metrics.jsonl with the uninterrupted run's token
+          counts, and losses within 1e-5 (relative) of it.
 scaling   scaling-study.sh over 1, 2 and 4 nodes x 2 ranks for zero3 and auto, one job at a
           time: scaling.csv and scaling.md with six ok rows (2, 4 and 8 GPUs, positive
           throughput and MFU, exposed share in [0, 1], the resolved plans), a PNG plot of the
@@ -485,6 +492,112 @@ def mode_preempt(c):
                  + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog])
 
 
+# ----------------------------------------------------------------------- elastic
+# A node range: sbatch -N 2-4. The test decides what each attempt gets by draining nodes
+# (a running job keeps them; the next allocation cannot have them) and stops the first
+# attempt itself once it has trained ELASTIC_AT steps; the script requeues it.
+ELASTIC_STEPS, ELASTIC_AT, ELASTIC_SEQ = 30, 10, 32
+ELASTIC_TOKENS = 4 * 2 * ELASTIC_SEQ      # 4 ranks x batch 2 on the widest allocation
+ELASTIC_LOSS_RTOL = 1e-5                  # fp32, reductions over 4 ranks against 2
+SPARE = "n[3-4]"
+
+
+def set_nodes(c, state):
+    args = ["scontrol", "update", f"NodeName={SPARE}", f"State={state}"] + (["Reason=elastic-test"]
+                                                                         if state == "DRAIN" else [])
+    rc, out, err = c.cmd(args)
+    if rc != 0:
+        raise Failure(f"{' '.join(args)}: exit {rc} {err.strip()}")
+
+
+def elastic_submit(c, name, nodes):
+    env = {"AMSP_SHARD": "auto", "AMSP_GLOBAL_BATCH": str(ELASTIC_TOKENS)}
+    train = ["--steps", str(ELASTIC_STEPS), "--eval-every", "0", "--checkpoint-every", "5",
+             "--seq-len", str(ELASTIC_SEQ), "--batch-size", "2", "--peak-tflops", "1"]
+    return c.sbatch([f"--job-name={name}", "-N", nodes, "--ntasks-per-node=1"], env=env, train_args=train)
+
+
+def wait_running(c, jid, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        info = c.job(jid)
+        if info.get("JobState") == "RUNNING":
+            return info
+        time.sleep(0.3)
+    raise Failure(f"job {jid} not running after {timeout} s: {c.job(jid).get('JobState')}")
+
+
+def stop_after(c, jid, run_dir, steps, timeout=240):
+    """USR1 to the batch script once the first attempt has trained `steps` steps."""
+    deadline = time.time() + timeout
+    while len(step_records(os.path.join(run_dir, "metrics.jsonl"))) < steps:
+        if time.time() > deadline or c.job(jid).get("JobState") not in ("RUNNING", "CONFIGURING", "PENDING"):
+            raise Failure(f"job {jid} did not reach step {steps}: {c.job(jid).get('JobState')}")
+        time.sleep(0.3)
+    rc, out, err = c.cmd(["scancel", "--batch", "--signal=USR1", jid])
+    if rc != 0:
+        raise Failure(f"scancel --batch --signal=USR1 {jid}: exit {rc} {err.strip()}")
+
+
+def elastic_run(c, name, first_nodes, second_nodes):
+    """One interrupted run: the first attempt on first_nodes nodes, the second on second_nodes."""
+    if first_nodes < 4:
+        set_nodes(c, "DRAIN")
+    jid = elastic_submit(c, name, "2-4")
+    run_dir = os.path.join(c.submit_dir, "runs", f"{name}-{jid}")
+    wait_running(c, jid)
+    set_nodes(c, "DRAIN" if second_nodes < 4 else "RESUME")
+    stop_after(c, jid, run_dir, ELASTIC_AT)
+    c.wait_done([jid], timeout=300)
+    set_nodes(c, "RESUME")
+    return jid, run_dir
+
+
+def elastic_check(c, name, jid, run_dir, nodes, ref):
+    recs = attempts(run_dir)
+    problems, stop_step = attempt_problems(recs, ELASTIC_STEPS)
+    joblog = open(os.path.join(run_dir, "job.log")).read() if os.path.exists(os.path.join(run_dir, "job.log")) else ""
+    got_nodes = [int(n) for n in re.findall(r"^nodes: +(\d+):", joblog, re.M)]
+    if got_nodes != list(nodes):
+        problems.append(f"job.log names allocations of {got_nodes} nodes, expected {list(nodes)}")
+    plans = [r.get("plan") for r in recs]
+    metrics = step_records(os.path.join(run_dir, "metrics.jsonl"))
+    steps = [r["step"] for r in metrics]
+    if steps != list(range(1, ELASTIC_STEPS + 1)):
+        problems.append(f"metrics hold steps {steps[:3]}...{steps[-3:]} ({len(steps)})")
+    tokens = [r["tokens"] - ref[r["step"]]["tokens"] for r in metrics if r["step"] in ref]
+    if any(tokens):
+        problems.append(f"tokens differ from the uninterrupted run's (first difference {next(t for t in tokens if t)})")
+    rel = [abs(r["loss"] - ref[r["step"]]["loss"]) / abs(ref[r["step"]]["loss"]) for r in metrics if r["step"] in ref]
+    worst = max(rel) if rel else float("inf")
+    if worst > ELASTIC_LOSS_RTOL:
+        problems.append(f"losses differ from the uninterrupted run's by up to {worst:.2e} (tolerance "
+                        f"{ELASTIC_LOSS_RTOL:.0e})")
+    log = c.log(jid, name)
+    if "changed" in log and "--global-batch" not in log:
+        problems.append("the resume warned that the batch changed")
+    per_step = ELASTIC_TOKENS
+    c.report(not problems, f"{name}: sbatch -N 2-4, attempts on {got_nodes} nodes (plans {plans}), stopped after "
+                           f"step {stop_step}, resumed; {per_step} tokens every step of both attempts, losses "
+                           f"within {worst:.1e} of the uninterrupted 4-node run"
+                           + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog[-2000:]])
+
+
+def mode_elastic(c):
+    ref_id = elastic_submit(c, "eref", "4")
+    c.wait_done([ref_id], timeout=300)
+    ref_dir = os.path.join(c.submit_dir, "runs", f"eref-{ref_id}")
+    ref = {r["step"]: r for r in step_records(os.path.join(ref_dir, "metrics.jsonl"))}
+    ok = sorted(ref) == list(range(1, ELASTIC_STEPS + 1)) and c.job(ref_id).get("ExitCode") == "0:0"
+    c.report(ok, f"uninterrupted run {ref_id} on 4 nodes: {len(ref)} steps, ExitCode {c.job(ref_id).get('ExitCode')}",
+             [c.log(ref_id, "eref")[-2000:]])
+    if not ok:
+        return
+    for name, nodes in (("shrink", (4, 2)), ("grow", (2, 4))):
+        jid, run_dir = elastic_run(c, name, *nodes)
+        elastic_check(c, name, jid, run_dir, nodes, ref)
+
+
 # ----------------------------------------------------------------------- scaling
 def png_size(path):
     with open(path, "rb") as f:
@@ -555,7 +668,8 @@ def mode_scaling(c):
 
 # A mode is one or more phases, each on a cluster of its own started anew (so job ids
 # start again at 1); phases share the Cluster object and its state.
-MODES = {"job": (mode_job, mode_job_ids_repeat), "preempt": (mode_preempt,), "scaling": (mode_scaling,)}
+MODES = {"job": (mode_job, mode_job_ids_repeat), "preempt": (mode_preempt,), "elastic": (mode_elastic,),
+         "scaling": (mode_scaling,)}
 
 
 def main():

@@ -55,9 +55,9 @@ set_tests_properties(mpi_topology_shared_memory PROPERTIES LABELS mpi TIMEOUT 60
 # slurm/train.sbatch and slurm/scaling-study.sh through sbatch on a local Slurm cluster
 # of 4 virtual nodes that each test starts on ports found free and always stops
 # (validation/slurm/sbatch_test.py). Needs root, munge and slurm-wlm, skipped (77)
-# otherwise. About 55 s, 100 s and 30 s on 2 idle cores.
+# otherwise. About 55 s, 100 s, (elastic) and 30 s on 2 idle cores.
 set(AMSP_SBATCH_TEST ${CMAKE_CURRENT_SOURCE_DIR}/slurm/sbatch_test.py)
-foreach(mode job preempt scaling)
+foreach(mode job preempt elastic scaling)
   add_test(NAME sbatch_${mode}
     COMMAND python3 ${AMSP_SBATCH_TEST} ${mode} --amsp $<TARGET_FILE:amsp> --data ${AMSP_CORPUS}
             --work ${CMAKE_BINARY_DIR}/test-work/sbatch
