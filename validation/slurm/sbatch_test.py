@@ -47,13 +47,15 @@ preempt   a stop request at every moment of a job's life: one uninterrupted run 
           before its first step), no rank may die of the signal, and the metrics must hold
           every step exactly once, with the losses, gradient norms, learning rates, token
           counts and validation losses of the uninterrupted run bit for bit.
-elastic   a node range (sbatch -N 2-4, 1 rank per node, AMSP_SHARD=auto, AMSP_GLOBAL_BATCH=256
+elastic   a node range (sbatch -N 2-4 --ntasks-per-node=1, AMSP_SHARD=auto, AMSP_GLOBAL_BATCH=256
           tokens, 30 steps): an uninterrupted run on 4 nodes; then "shrink", whose first
-          attempt has 4 nodes and is stopped (USR1) after 10 steps while two nodes are
-          drained, so that the requeued attempt gets 2; then "grow", 2 nodes (two drained)
-          and then 4. Each must end completed in two attempts with job.log naming both
-          allocations, every step once in metrics.jsonl with the uninterrupted run's token
-          counts, and losses within 1e-5 (relative) of it.
+          attempt has 4 nodes and is stopped by `scontrol requeuehold` after 10 steps, and
+          whose requeued attempt has 2; then "grow", 2 and then 4. Slurm gives such a job its
+          minimum whenever that many nodes are free, so the test sets each attempt's count
+          on the held job (scontrol update NumNodes, NumTasks) before releasing it. Each run
+          must end completed in two attempts with job.log naming both allocations, every
+          step once in metrics.jsonl with the uninterrupted run's token counts, no "changed"
+          line, and losses within 1e-5 (relative) of it.
 scaling   scaling-study.sh over 1, 2 and 4 nodes x 2 ranks for zero3 and auto, one job at a
           time: scaling.csv and scaling.md with six ok rows (2, 4 and 8 GPUs, positive
           throughput and MFU, exposed share in [0, 1], the resolved plans), a PNG plot of the
@@ -493,63 +495,66 @@ def mode_preempt(c):
 
 
 # ----------------------------------------------------------------------- elastic
-# A node range: sbatch -N 2-4. The test decides what each attempt gets by draining nodes
-# (a running job keeps them; the next allocation cannot have them) and stops the first
-# attempt itself once it has trained ELASTIC_AT steps; the script requeues it.
+# A node range: sbatch -N 2-4 --ntasks-per-node=1. Slurm derives the task count of such a
+# job from its minimum, so it starts it on 2 nodes whenever 2 are free; which count an
+# attempt gets is the scheduler's, so the test sets it: each attempt is released from a
+# hold with the job's NumNodes updated to the count wanted (as a site's scheduler or an
+# administrator would change it), the first attempt is stopped after ELASTIC_AT steps by
+# `scontrol requeuehold` (SIGTERM: amsp checkpoints and exits 75, Slurm requeues and holds).
 ELASTIC_STEPS, ELASTIC_AT, ELASTIC_SEQ = 30, 10, 32
 ELASTIC_TOKENS = 4 * 2 * ELASTIC_SEQ      # 4 ranks x batch 2 on the widest allocation
 ELASTIC_LOSS_RTOL = 1e-5                  # fp32, reductions over 4 ranks against 2
-SPARE = "n[3-4]"
 
 
-def set_nodes(c, state):
-    args = ["scontrol", "update", f"NodeName={SPARE}", f"State={state}"] + (["Reason=elastic-test"]
-                                                                         if state == "DRAIN" else [])
-    rc, out, err = c.cmd(args)
+def scontrol(c, *args):
+    rc, out, err = c.cmd(["scontrol", *args])
     if rc != 0:
-        raise Failure(f"{' '.join(args)}: exit {rc} {err.strip()}")
+        raise Failure(f"scontrol {' '.join(args)}: exit {rc} {err.strip()}")
 
 
-def elastic_submit(c, name, nodes):
+def elastic_submit(c, name, nodes, hold=False):
     env = {"AMSP_SHARD": "auto", "AMSP_GLOBAL_BATCH": str(ELASTIC_TOKENS)}
     train = ["--steps", str(ELASTIC_STEPS), "--eval-every", "0", "--checkpoint-every", "5",
              "--seq-len", str(ELASTIC_SEQ), "--batch-size", "2", "--peak-tflops", "1"]
-    return c.sbatch([f"--job-name={name}", "-N", nodes, "--ntasks-per-node=1"], env=env, train_args=train)
+    return c.sbatch([f"--job-name={name}", "-N", nodes, "--ntasks-per-node=1"] + (["--hold"] if hold else []),
+                    env=env, train_args=train)
 
 
-def wait_running(c, jid, timeout=120):
+def release_on(c, jid, nodes):
+    """A held job, given `nodes` nodes for its next attempt and released."""
+    # One rank per node: the task count goes with the node count (Slurm keeps the last
+    # attempt's otherwise, and a job of 4 tasks on 2 nodes is refused: BadConstraints).
+    scontrol(c, "update", f"JobId={jid}", f"NumNodes={nodes}-{nodes}", f"NumTasks={nodes}")
+    scontrol(c, "release", jid)
+
+
+def wait_job(c, jid, what, ok, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
         info = c.job(jid)
-        if info.get("JobState") == "RUNNING":
+        if ok(info):
             return info
         time.sleep(0.3)
-    raise Failure(f"job {jid} not running after {timeout} s: {c.job(jid).get('JobState')}")
-
-
-def stop_after(c, jid, run_dir, steps, timeout=240):
-    """USR1 to the batch script once the first attempt has trained `steps` steps."""
-    deadline = time.time() + timeout
-    while len(step_records(os.path.join(run_dir, "metrics.jsonl"))) < steps:
-        if time.time() > deadline or c.job(jid).get("JobState") not in ("RUNNING", "CONFIGURING", "PENDING"):
-            raise Failure(f"job {jid} did not reach step {steps}: {c.job(jid).get('JobState')}")
-        time.sleep(0.3)
-    rc, out, err = c.cmd(["scancel", "--batch", "--signal=USR1", jid])
-    if rc != 0:
-        raise Failure(f"scancel --batch --signal=USR1 {jid}: exit {rc} {err.strip()}")
+    raise Failure(f"job {jid} not {what} after {timeout} s: {c.job(jid).get('JobState')} "
+                  f"{c.job(jid).get('Reason')}")
 
 
 def elastic_run(c, name, first_nodes, second_nodes):
     """One interrupted run: the first attempt on first_nodes nodes, the second on second_nodes."""
-    if first_nodes < 4:
-        set_nodes(c, "DRAIN")
-    jid = elastic_submit(c, name, "2-4")
+    jid = elastic_submit(c, name, "2-4", hold=True)
     run_dir = os.path.join(c.submit_dir, "runs", f"{name}-{jid}")
-    wait_running(c, jid)
-    set_nodes(c, "DRAIN" if second_nodes < 4 else "RESUME")
-    stop_after(c, jid, run_dir, ELASTIC_AT)
+    release_on(c, jid, first_nodes)
+    wait_job(c, jid, "running", lambda j: j.get("JobState") == "RUNNING")
+    deadline = time.time() + 240
+    while len(step_records(os.path.join(run_dir, "metrics.jsonl"))) < ELASTIC_AT:
+        if time.time() > deadline or c.job(jid).get("JobState") != "RUNNING":
+            raise Failure(f"job {jid} did not reach step {ELASTIC_AT}: {c.job(jid).get('JobState')}")
+        time.sleep(0.3)
+    scontrol(c, "requeuehold", jid)
+    wait_job(c, jid, "requeued and held", lambda j: j.get("JobState") == "PENDING" and
+             j.get("Restarts", "0") != "0" and "held" in j.get("Reason", "").lower())
+    release_on(c, jid, second_nodes)
     c.wait_done([jid], timeout=300)
-    set_nodes(c, "RESUME")
     return jid, run_dir
 
 
