@@ -67,16 +67,19 @@ std::string file_name(int64_t step);
 // tensor is one contiguous run, so there is nothing for MPI-IO's two-phase
 // collective buffering to merge, and a collective H5Dwrite costs every rank a
 // synchronisation per dataset: with more ranks than cores (or a slow rank) that
-// dominates (doc/checkpoints.md, "Throughput"). Independent is the default;
-// collective lets ROMIO align writes to a parallel file system's stripes.
+// dominates (doc/checkpoints.md, "Throughput"). Independent, the default: rank
+// 0 lays the file out with serial HDF5 and each writer pwrites its pieces at
+// the datasets' offsets, no MPI-IO at all. Collective: parallel HDF5 over
+// MPI-IO, which lets ROMIO align writes to a parallel file system's stripes.
 enum class Transfer { kIndependent, kCollective };
 // "independent" / "collective"; UsageError naming `option` otherwise.
 Transfer parse_transfer(const std::string& text, const std::string& option);
 
 // Collective over comm. Writes DIR/step-<8 digits>.h5 through a temporary
 // DIR/.step-<8 digits>.h5.tmp: every writer (replica 0: writer = true) writes
-// its OS range of every tensor's parameters and moments, the others take part
-// with empty selections; once all ranks closed the file, rank 0 fsyncs it,
+// its OS range of every tensor's parameters and moments (the others take part
+// with empty selections in a collective transfer); once all ranks are done
+// with the file (each writer's data fsynced), rank 0 fsyncs it,
 // renames it into place, fsyncs DIR, points DIR/latest at it (latest.tmp +
 // rename) and prunes to the newest keep_last checkpoints (0 keeps all).
 // Leftover temporaries of a crashed save are removed first. `meta` is taken

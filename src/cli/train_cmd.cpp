@@ -145,11 +145,13 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "resume even when the dataset's tokens or a model field other than the shapes "
            "(rope_theta, rms_norm_eps, max_position_embeddings) differ from the checkpoint's run")
       ("checkpoint-io", po::value<std::string>(&a.checkpoint_io)->default_value("independent")->value_name("MODE"),
-           "how ranks write their shards: independent (default) or collective (MPI-IO two-phase "
+           "how ranks write their shards: independent (default: each rank pwrites its pieces "
+           "into the file rank 0 laid out) or collective (parallel HDF5 over MPI-IO, two-phase "
            "buffering, for parallel file systems; doc/checkpoints.md)")
       ("checkpoint-mode", po::value<std::string>(&a.checkpoint_mode)->default_value("background")->value_name("MODE"),
-           "background (default): copy the shards to host memory at the step boundary and write "
-           "the file while the next steps train; sync: training waits for the write")
+           "background (default): a writer thread copies the shards to host memory while the "
+           "next step computes (each update waits for its unit's copy) and writes the file while "
+           "the next steps train; sync: training waits for the write")
       ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
            "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
       ("run-info", po::value<std::string>(&o.run_info_path)->value_name("FILE"),
