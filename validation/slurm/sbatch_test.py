@@ -581,10 +581,11 @@ def elastic_check(c, name, jid, run_dir, nodes, ref):
     log = c.log(jid, name)
     if "changed" in log and "--global-batch" not in log:
         problems.append("the resume warned that the batch changed")
-    per_step = ELASTIC_TOKENS
+    cumulative = [r["tokens"] for r in metrics]
+    per_step = sorted({b - a for a, b in zip([0] + cumulative, cumulative)})
     c.report(not problems, f"{name}: sbatch -N 2-4, attempts on {got_nodes} nodes (plans {plans}), stopped after "
-                           f"step {stop_step}, resumed; {per_step} tokens every step of both attempts, losses "
-                           f"within {worst:.1e} of the uninterrupted 4-node run"
+                           f"step {stop_step}, resumed; tokens per step {per_step} (the uninterrupted run: "
+                           f"{ELASTIC_TOKENS}), losses within {worst:.1e} of the uninterrupted 4-node run"
                            + (f"; {'; '.join(problems)}" if problems else ""), [log[-3000:], joblog[-2000:]])
 
 
