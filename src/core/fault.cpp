@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/parse.h"
+#include "core/stop.h"
 
 namespace amsp::fault {
 namespace {
@@ -117,6 +119,16 @@ const std::optional<Spec>& spec() {
 
 bool mine(const Spec& s, int rank) { return s.rank < 0 || s.rank == rank; }
 
+// SLEEP: a slow step, which a stop request ends as it would end a long step's
+// wait for its next decision point; the test that waits for a signal then waits
+// only until the signal, not the whole S seconds.
+void sleep_unless_stopped(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  while (Clock::now() < end && stop::requested() == 0)
+    std::this_thread::sleep_for(std::min<Clock::duration>(end - Clock::now(), std::chrono::milliseconds(50)));
+}
+
 }  // namespace
 
 void check_environment() { spec(); }
@@ -126,7 +138,7 @@ void point(const char* name, int64_t step, int rank) {
   if (!s || s->step != step || !mine(*s, rank) || s->point != name) return;
   switch (s->action) {
     case Action::kFail: fail("injected I/O error at ", name, " (step ", step, ", AMSP_FAULT)");
-    case Action::kSleep: std::this_thread::sleep_for(std::chrono::duration<double>(s->value)); return;
+    case Action::kSleep: sleep_unless_stopped(s->value); return;
     case Action::kSpin:
       for (std::atomic<uint64_t> i{0};; i.fetch_add(1, std::memory_order_relaxed)) {
       }

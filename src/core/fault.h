@@ -11,8 +11,9 @@
 //   AMSP_FAULT=POINT@STEP,USR1   a signal other than KILL (USR1 or TERM)
 //   AMSP_FAULT=POINT@STEP,FAIL   no signal: the call throws an I/O error there
 //   AMSP_FAULT=POINT@STEP,SLEEP=S no signal: the process waits S seconds there, a
-//                                 slow step at a known moment (a stop request that
-//                                 arrives meanwhile is taken at the next step)
+//                                 slow step at a known moment; a stop request that
+//                                 arrives meanwhile ends the wait and is taken at
+//                                 the next decision point
 //   AMSP_FAULT=POINT@STEP,STOP    SIGSTOP: the process stops there, as a wedged node
 //   AMSP_FAULT=POINT@STEP,SPIN    the calling thread loops forever there: a rank
 //                                 spinning in compute, whose other threads still run
