@@ -34,7 +34,10 @@ one-line reason; and an NCCL failure (the emulation's AMSP_EMU_NCCL_FAIL, at iss
 reported asynchronously) ends the job with a line naming the group and the op; and a
 run resumed on cuda from a checkpoint it wrote continues bit for bit.
 
-usage: cuda_emulation_test.py AMSP MPIEXEC DATA WORKDIR [--only TEXT]
+usage: cuda_emulation_test.py AMSP MPIEXEC DATA WORKDIR [--only=TEXT]
+
+--only=TEXT runs only the cases whose plan contains TEXT, or with "faults" the refusal
+and the NCCL failures, with "resume" the resume.
 Prints one line per check and ends with "N passed, M failed".
 """
 import json
@@ -162,18 +165,8 @@ def check_resume(amsp, mpiexec, data, work, check):
           f"{[a.get(k) for k in (3, 4)]}, bit for bit")
 
 
-def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--only")]
-    only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
-    amsp, mpiexec, data, work = args[:4]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    results = []
-
-    def check(ok, text):
-        results.append(bool(ok))
-        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
-
+def check_refusal_and_faults(amsp, mpiexec, data, check):
+    """--device cuda without the emulation is refused; an NCCL failure ends every rank."""
     # Refused without the environment variable.
     env = {k: v for k, v in os.environ.items() if k != "AMSP_CUDA_EMULATION"}
     p = subprocess.run([amsp, "train", "--data", data, "--device", "cuda", "--steps", "1"],
@@ -194,6 +187,22 @@ def main():
         lines = [l for l in p.stderr.splitlines() if l.startswith("amsp: error:")]
         check(p.returncode != 0 and lines and "NCCL error on group P" in lines[0] and expect in lines[0],
               f"NCCL fault {fault}: exit {p.returncode}, {lines[0] if lines else p.stderr.strip()[-200:]}")
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--only")]
+    only = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")), "")
+    amsp, mpiexec, data, work = args[:4]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    results = []
+
+    def check(ok, text):
+        results.append(bool(ok))
+        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+
+    if not only or only in "faults":
+        check_refusal_and_faults(amsp, mpiexec, data, check)
 
     for ranks, plan, compress in CASES:
         if only and only not in plan:
