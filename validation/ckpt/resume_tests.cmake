@@ -23,7 +23,7 @@ set(AMSP_RESUME_ARGS
 add_test(NAME resume_mpi
   COMMAND python3 ${AMSP_RESUME_TEST} mpi ${AMSP_RESUME_ARGS})
 set_tests_properties(resume_mpi PROPERTIES
-  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 900 PROCESSORS 8)
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 900 PROCESSORS ${AMSP_SHARE_8})
 
 # About 50 s; 8 ranks on 4 virtual nodes of 2 CPUs, on ports found free at start;
 # one local Slurm cluster at a time (the lock).
@@ -31,7 +31,7 @@ add_test(NAME resume_slurm
   COMMAND python3 ${AMSP_RESUME_TEST} slurm ${AMSP_RESUME_ARGS})
 set_tests_properties(resume_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 900 SKIP_RETURN_CODE 77
-  PROCESSORS 8 RESOURCE_LOCK local_slurm)
+  PROCESSORS ${AMSP_SHARE_8} RESOURCE_LOCK local_slurm)
 
 # Data mixtures (validation/ckpt/mixture_test.py, doc/data.md "Mixtures"): rows' sources
 # and windows by doc/data.md's formula, resume on 2, 3 and 1 ranks, a changed mixture
@@ -39,4 +39,4 @@ set_tests_properties(resume_slurm PROPERTIES
 add_test(NAME resume_mixture_mpi
   COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/mixture_test.py --amsp $<TARGET_FILE:amsp>
           --work ${AMSP_TEST_WORK}/mixture --mpiexec ${MPIEXEC_EXECUTABLE})
-set_tests_properties(resume_mixture_mpi PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 3)
+set_tests_properties(resume_mixture_mpi PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_3})

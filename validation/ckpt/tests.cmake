@@ -16,7 +16,7 @@ foreach(n 4 3 1)
             ${CMAKE_BINARY_DIR}/test-work/ckpt)
   # A checkpoint is first read by `amsp ckpt verify --in-process` in a child
   # process (ckpt::check_in_child): this program is not amsp, so name it.
-  set_tests_properties(ckpt_mpi_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n}
+  set_tests_properties(ckpt_mpi_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_${n}}
     ENVIRONMENT "AMSP_EXECUTABLE=$<TARGET_FILE:amsp>")
 endforeach()
 
@@ -25,7 +25,7 @@ endforeach()
 add_test(NAME ckpt_cli
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt/cli_test.sh $<TARGET_FILE:amsp_ckpt_test>
           $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/test-work/ckpt-cli)
-set_tests_properties(ckpt_cli PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 2 ENVIRONMENT "AMSP_EXECUTABLE=$<TARGET_FILE:amsp>")
+set_tests_properties(ckpt_cli PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_2} ENVIRONMENT "AMSP_EXECUTABLE=$<TARGET_FILE:amsp>")
 
 # Damaged checkpoints: a sample of byte flips across the first 16 KiB (HDF5's
 # superblock and object headers, the manifest) and the data, each followed by

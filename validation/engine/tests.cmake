@@ -22,14 +22,14 @@ set(AMSP_EQUIVALENCE_ARGS
 add_test(NAME engine_equivalence_mpi
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_mpi PROPERTIES
-  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS 8)
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS ${AMSP_SHARE_8})
 
 # bf16 mixed precision on 4 ranks against one rank in bf16, with tolerances argued
 # from bf16's 8-bit mantissa, and the issue order as above (about 30 s).
 add_test(NAME engine_equivalence_mpi_bf16
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS} --precision bf16)
 set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
-  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS 4)
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS ${AMSP_SHARE_4})
 
 # Its cluster runs on ports found free at start (validation/slurm/local_cluster.py);
 # 8 ranks on 4 virtual nodes of 2 CPUs take every core, so it runs alone.
@@ -37,7 +37,7 @@ add_test(NAME engine_equivalence_slurm
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} slurm ${AMSP_EQUIVALENCE_ARGS})
 set_tests_properties(engine_equivalence_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 600 SKIP_RETURN_CODE 77
-  PROCESSORS 8 RESOURCE_LOCK local_slurm)
+  PROCESSORS ${AMSP_SHARE_8} RESOURCE_LOCK local_slurm)
 
 # benchmarks/hidden_bench.py, sampled: one plan, the same binary on both sides, a few
 # steps of the tiny preset on 4 ranks; the table must come out (about 15 s). The
@@ -73,7 +73,7 @@ add_test(NAME engine_bytes_on_the_wire
           --preload $<TARGET_FILE:amsp_mpi_count> --mpiexec ${MPIEXEC_EXECUTABLE} --data ${AMSP_CORPUS}
           --work ${AMSP_TEST_WORK}/wire)
 set_tests_properties(engine_bytes_on_the_wire PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600
-  PROCESSORS 8)
+  PROCESSORS ${AMSP_SHARE_8})
 
 # amsp train --kernel-profile on --device cpu and on --device cuda (the emulation), one
 # rank: every op the model runs, with exactly the calls per step it implies, timed; the
@@ -137,4 +137,4 @@ add_test(NAME engine_compressed_gathers
   COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/compress_test.py --amsp $<TARGET_FILE:amsp>
           --data ${AMSP_CORPUS} --work ${AMSP_TEST_WORK}/compress --mpiexec ${MPIEXEC_EXECUTABLE})
 set_tests_properties(engine_compressed_gathers PROPERTIES FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300
-  PROCESSORS 4)
+  PROCESSORS ${AMSP_SHARE_4})

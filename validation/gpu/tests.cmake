@@ -40,7 +40,7 @@ endif()
 add_test(NAME gpu_bundle_runs
   COMMAND bash -c "[ ${AMSP_BUNDLE_BUILT} = 1 ] || { echo 'SKIP: the build made no GPU bundle: configure with -DAMSP_GPU_BUNDLE=ON (needs nvcc; bash .ci/run does)'; exit 77; }; exec \"$0\" \"$@\""
           ${CMAKE_CURRENT_LIST_DIR}/bundle_test.sh ${AMSP_BUNDLE} ${AMSP_TEST_WORK}/bundle ${AMSP_CORPUS})
-set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300 SKIP_RETURN_CODE 77 PROCESSORS 2
+set_tests_properties(gpu_bundle_runs PROPERTIES LABELS cuda TIMEOUT 300 SKIP_RETURN_CODE 77 PROCESSORS ${AMSP_SHARE_2}
   FIXTURES_REQUIRED corpus)
 
 # check.sh end to end on the CPU emulation of CUDA, tiny sizes: preflight, kernels,
@@ -50,7 +50,7 @@ add_test(NAME gpu_check_emulated
   COMMAND bash -c "PY=$(\"$0\") && AMSP_PYTHON=\"$PY\" exec \"$PY\" \"$1\" \"$2\" \"$3\""
           ${PROJECT_SOURCE_DIR}/validation/setup-python.sh ${CMAKE_CURRENT_LIST_DIR}/check_emulated_test.py
           ${CMAKE_BINARY_DIR} ${AMSP_TEST_WORK}/gpu-check)
-set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600 PROCESSORS 2
+set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600 PROCESSORS ${AMSP_SHARE_2}
   FIXTURES_REQUIRED corpus ENVIRONMENT "MPIEXEC=${MPIEXEC_EXECUTABLE}")
 
 # benchmarks/roofline_bench.cpp, sampled: the tiny preset's step counted twice, as a

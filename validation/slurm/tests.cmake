@@ -5,8 +5,9 @@
 #                    (slurm/local-cluster/start.sh; needs root, munge and slurm-wlm;
 #                    skipped otherwise); each starts its own cluster under the build
 #                    directory and stops it again, on ports found free at start. A
-#                    cluster has 8 CPUs (PROCESSORS 8) and every cluster test holds
-#                    the lock local_slurm, so that one runs at a time
+#                    cluster has 8 CPUs (PROCESSORS 8; the sbatch tests, which mostly
+#                    wait for the scheduler, AMSP_SHARE_8) and every cluster test
+#                    holds the lock local_slurm, so that one runs at a time
 #   ctest -L mpi     mpiexec without Slurm
 
 add_executable(amsp_topology_probe ${CMAKE_CURRENT_SOURCE_DIR}/slurm/topology_probe.cpp)
@@ -63,7 +64,7 @@ foreach(mode job preempt elastic scaling)
             --work ${CMAKE_BINARY_DIR}/test-work/sbatch
             --cluster-scripts ${PROJECT_SOURCE_DIR}/slurm/local-cluster)
   set_tests_properties(sbatch_${mode} PROPERTIES FIXTURES_REQUIRED corpus LABELS slurm
-    TIMEOUT 600 SKIP_RETURN_CODE 77 PROCESSORS 8 RESOURCE_LOCK local_slurm)
+    TIMEOUT 600 SKIP_RETURN_CODE 77 PROCESSORS ${AMSP_SHARE_8} RESOURCE_LOCK local_slurm)
 endforeach()
 
 # The scaling study's table and plot from synthetic runs (no Slurm needed). It needs a
