@@ -307,21 +307,27 @@ Handle dataset_layout(const Writer& w) {
   return dcpl;
 }
 
+// fn(state, unit, tensor, index) for every dataset in file order: state,
+// unit, tensor; index counts them.
+template <typename F>
+void for_each_tensor(const SaveJob& job, F&& fn) {
+  size_t index = 0;
+  for (State state : detail::kAllStates)
+    for (size_t u = 0; u < job.units.size(); ++u)
+      for (const auto& t : job.units[u].tensors) fn(state, u, t, index++);
+}
+
 // The groups /model and /optimizer/{exp_avg,exp_avg_sq}, then fn(parent,
-// state, unit, tensor, index) for every dataset in file order: state, unit,
-// tensor; index counts them.
+// state, unit, tensor, index) for every dataset, as for_each_tensor.
 template <typename F>
 void for_each_dataset(const Writer& w, hid_t file, const SaveJob& job, F&& fn) {
   Handle gm = make_group(w, file, "model");
   Handle go = make_group(w, file, "optimizer");
   Handle ga = make_group(w, go, "exp_avg");
   Handle gs = make_group(w, go, "exp_avg_sq");
-  size_t index = 0;
-  for (State state : detail::kAllStates) {
-    const hid_t parent = state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get();
-    for (size_t u = 0; u < job.units.size(); ++u)
-      for (const auto& t : job.units[u].tensors) fn(parent, state, u, t, index++);
-  }
+  for_each_tensor(job, [&](State state, size_t u, const model::TensorSpec& t, size_t i) {
+    fn(state == State::kParams ? gm.get() : state == State::kExpAvg ? ga.get() : gs.get(), state, u, t, i);
+  });
 }
 
 // One tensor's dataset with its checksum attribute; its data not written.
@@ -372,16 +378,12 @@ std::vector<int64_t> lay_out_file(const Writer& w, const std::string& tmp_path, 
 void write_raw_data(const Writer& w, const std::string& tmp_path, const SaveJob& job,
                     const std::vector<int64_t>& offsets) {
   RawData raw(w, tmp_path, job.writer);
-  size_t i = 0;
-  for (State state : detail::kAllStates)
-    for (size_t u = 0; u < job.units.size(); ++u)
-      for (const auto& t : job.units[u].tensors) {
-        const Source s = job.source(state, u, t);
-        const int64_t at = offsets[i++];
-        if (s.piece && s.piece->size() > 0)
-          raw.write(s.data, s.piece->size(), at + s.piece->begin * int64_t{sizeof(float)},
-                    dataset_path(state, t.name));
-      }
+  for_each_tensor(job, [&](State state, size_t u, const model::TensorSpec& t, size_t i) {
+    const Source s = job.source(state, u, t);
+    if (s.piece && s.piece->size() > 0)
+      raw.write(s.data, s.piece->size(), offsets[i] + s.piece->begin * int64_t{sizeof(float)},
+                dataset_path(state, t.name));
+  });
   raw.sync();
 }
 
