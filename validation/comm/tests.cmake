@@ -17,13 +17,13 @@ foreach(n 4 3)
   add_test(NAME comm_collectives_${n}
     COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:amsp_comm_collectives_test>)
-  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n})
+  set_tests_properties(comm_collectives_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_${n}})
 endforeach()
 foreach(mode mpi-async none)
   add_test(NAME comm_collectives_4_${mode}
     COMMAND ${AMSP_EXPECT_OUTPUT} " 0 failed" --
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_comm_collectives_test>)
-  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS 4
+  set_tests_properties(comm_collectives_4_${mode} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_4}
     ENVIRONMENT AMSP_COMM_PROGRESS=${mode})
 endforeach()
 
@@ -105,5 +105,5 @@ foreach(n 4 3)
             python3 ${CMAKE_CURRENT_SOURCE_DIR}/comm/wire_dtype_test.py
             --test $<TARGET_FILE:amsp_comm_collectives_test> --preload $<TARGET_FILE:amsp_mpi_count>
             --mpiexec ${MPIEXEC_EXECUTABLE} -n ${n} --work ${CMAKE_BINARY_DIR}/test-work/comm/wire-${n})
-  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${n})
+  set_tests_properties(comm_wire_dtypes_${n} PROPERTIES LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_${n}})
 endforeach()
