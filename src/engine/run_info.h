@@ -23,8 +23,13 @@ nlohmann::ordered_json topology_json(const topology::Topology& topo);
 // This process's peak resident set size in bytes (getrusage).
 int64_t peak_rss_bytes();
 
-// CPU seconds this process has used so far, every thread (CLOCK_PROCESS_CPUTIME_ID).
-double process_cpu_seconds();
+// CPU seconds the threads that compute have used so far: the calling thread
+// and the OpenMP team it runs kernels on (each one's CLOCK_THREAD_CPUTIME_ID).
+// Not the communication thread, whose polling grows with the time this rank
+// waits for the others, nor the checkpoint writer or the watchdog.
+double compute_cpu_seconds();
+// CPU seconds the calling thread has used so far.
+double caller_cpu_seconds();
 
 // Writes j to path through path.tmp and a rename, so that a reader never sees
 // half a file. UsageError naming `option` (the option that gave the path) if

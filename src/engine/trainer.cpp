@@ -758,13 +758,13 @@ StepMetrics Run::train_step(int64_t step) {
   engine->reset_comm_stats();
   if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
   const auto t0 = Clock::now();
-  const double cpu0 = process_cpu_seconds();
+  const double cpu0 = compute_cpu_seconds();
   const int64_t syncs0 = be->host_syncs() + engine->comm_host_waits();
   if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr, batch_of(step));
-  const double busy_s = busy_seconds(step, seconds_since(t0), process_cpu_seconds() - cpu0);
+  const double busy_s = busy_seconds(step, seconds_since(t0), compute_cpu_seconds() - cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
   if (trace) trace->set_recording(false);
@@ -800,10 +800,13 @@ StepMetrics Run::train_step(int64_t step) {
 
 // How long this rank was busy in the engine's step: the time it kept the
 // others waiting, if it was the slowest (engine/straggler.h). On a device, the
-// step less its waits in collectives. On the CPU, the CPU time the process
-// spent: ranks that share cores (a test machine, an oversubscribed node) get
-// the cores in turns, so their wall-clock busy times measure the scheduler
-// more than the rank (doc/cluster.md, "When a job is slow"). AMSP_FAULT's
+// step less its waits in collectives. On the CPU, the CPU time its computing
+// threads spent: ranks that share cores (a test machine, an oversubscribed
+// node) get the cores in turns, so their wall-clock busy times measure the
+// scheduler more than the rank; and the communication thread polls for as
+// long as the rank waits, so counting it (the process's CPU time) made the
+// fastest ranks look busy on a loaded machine (doc/cluster.md, "When a job
+// is slow"). AMSP_FAULT's
 // SLOW=F makes it F times longer, spinning, for the straggler tests.
 double Run::busy_seconds(int64_t step, double engine_s, double engine_cpu_s) {
   double busy_s = engine_cpu_s;
@@ -815,8 +818,8 @@ double Run::busy_seconds(int64_t step, double engine_s, double engine_cpu_s) {
   }
   const double slow = fault::slow_factor(step, topo.rank);
   if (slow > 0) {
-    const double until = process_cpu_seconds() + slow * busy_s;
-    while (process_cpu_seconds() < until) {
+    const double until = caller_cpu_seconds() + slow * busy_s;
+    while (caller_cpu_seconds() < until) {
     }
   }
   return busy_s * (1 + slow);
