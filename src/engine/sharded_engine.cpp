@@ -543,17 +543,20 @@ ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend&
   init_parameters(seed);
 }
 
-// Every rank draws the whole unit from (seed, unit) and keeps its P-shard, so
-// parameters are the single-process ones whatever the plan and precision.
+// Every rank draws its P-shard (and its OS-shard's fp32 master) of each unit
+// from (seed, unit, element index), so parameters are the single-process ones
+// whatever the plan and precision, and a rank draws only what it keeps.
 void ShardedEngine::init_parameters(uint64_t seed) {
   Impl& im = *impl_;
-  std::vector<float> full;
+  std::vector<float> part;
   for (size_t u = 0; u < shards_.size(); ++u) {
-    const UnitShards& sh = shards_[u];
-    full.assign(static_cast<size_t>(sh.padded), 0.0f);
-    model::init_unit_params(model_.units()[u], static_cast<int>(u), seed, full.data());
-    im.be.from_host(full.data() + sh.p.begin, im.state[u].p.view());
-    if (im.bf16()) im.be.from_host(full.data() + sh.os.begin, im.state[u].master.view());
+    const auto draw = [&](plan::Range r) {
+      part.assign(static_cast<size_t>(r.size), 0.0f);  // padding past the unit's end stays 0
+      model::init_unit_params(model_.units()[u], static_cast<int>(u), seed, r.begin, r.end(), part.data());
+      return part.data();
+    };
+    im.be.from_host(draw(shards_[u].p), im.state[u].p.view());
+    if (im.bf16()) im.be.from_host(draw(shards_[u].os), im.state[u].master.view());
   }
 }
 

@@ -479,7 +479,7 @@ Run::Run(const TrainOptions& options) : o(options) {
 void Run::announce_stop_ready() {
   int rank = 0;
   AMSP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  AMSP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  comm::quiet_barrier(MPI_COMM_WORLD, 50);  // the ranks start at different times: wait without spinning
   stop::announce_ready(rank == 0);
 }
 

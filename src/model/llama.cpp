@@ -3,6 +3,8 @@
 // transformers' LlamaForCausalLM does; the math lives in the backend.
 #include "model/llama.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -347,17 +349,24 @@ double Llama::flops_per_token(const LlamaConfig& c, int64_t seq_len) {
 }
 
 void init_unit_params(const UnitSpec& unit, int unit_index, uint64_t seed, float* params) {
+  init_unit_params(unit, unit_index, seed, 0, unit.numel, params);
+}
+
+void init_unit_params(const UnitSpec& unit, int unit_index, uint64_t seed, int64_t begin, int64_t end,
+                      float* out) {
   for (const TensorSpec& t : unit.tensors) {
-    float* dst = params + t.offset;
+    // The part of [begin, end) that falls in this tensor, as element indices of the unit.
+    const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo >= hi) continue;
+    float* dst = out + (lo - begin);
     if (t.is_norm) {
-      for (int64_t i = 0; i < t.numel; ++i) dst[i] = 1.0f;
+      std::fill(dst, dst + (hi - lo), 1.0f);
       continue;
     }
-    const uint64_t base = static_cast<uint64_t>(t.offset);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < t.numel; ++i)
-      dst[i] = static_cast<float>(0.02 * random_normal(seed, static_cast<uint64_t>(unit_index),
-                                                      base + static_cast<uint64_t>(i)));
+    for (int64_t i = lo; i < hi; ++i)
+      dst[i - lo] = static_cast<float>(0.02 * random_normal(seed, static_cast<uint64_t>(unit_index),
+                                                            static_cast<uint64_t>(i)));
   }
 }
 

@@ -87,5 +87,10 @@ class Llama {
 // index): normal(0, 0.02) for matrices, 1 for norms (as transformers'
 // LlamaPreTrainedModel._init_weights does, with initializer_range 0.02).
 void init_unit_params(const UnitSpec& unit, int unit_index, uint64_t seed, float* params);
+// Elements [begin, end) of the same buffer into out[0, end - begin), drawn
+// alone (the generator is counter-based): a rank draws only the shard it
+// keeps. Elements past the unit's numel (padding) are left as they are.
+void init_unit_params(const UnitSpec& unit, int unit_index, uint64_t seed, int64_t begin, int64_t end,
+                      float* out);
 
 }  // namespace amsp::model

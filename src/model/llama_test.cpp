@@ -368,6 +368,28 @@ TEST(Llama, InitUnitParams) {
   EXPECT_NEAR(std::sqrt(s2 / n), 0.02, 0.002);
 }
 
+// A rank draws only its shard: any range drawn alone is the same slice of the
+// whole unit, across tensor boundaries, and padding past the unit's end is
+// left alone.
+TEST(Llama, InitUnitParamsRangeIsTheWholeUnitsSlice) {
+  const LlamaConfig c = micro_config();
+  const auto units = build_layout(c);
+  const UnitSpec& unit = units[1];
+  std::vector<float> whole(unit.numel);
+  init_unit_params(unit, 1, 42, whole.data());
+  const int64_t n = unit.numel;
+  for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, n}, {0, 7}, {5, 300}, {unit.tensors[1].offset - 3, unit.tensors[2].offset + 3}, {n - 9, n}}) {
+    std::vector<float> part(end - begin, -7.0f);
+    init_unit_params(unit, 1, 42, begin, end, part.data());
+    EXPECT_EQ(part, std::vector<float>(whole.begin() + begin, whole.begin() + end)) << "[" << begin << ", " << end << ")";
+  }
+  std::vector<float> padded(12, -7.0f);
+  init_unit_params(unit, 1, 42, n - 4, n + 8, padded.data());
+  EXPECT_EQ(std::vector<float>(padded.begin(), padded.begin() + 4), std::vector<float>(whole.end() - 4, whole.end()));
+  EXPECT_EQ(std::vector<float>(padded.begin() + 4, padded.end()), std::vector<float>(8, -7.0f));
+}
+
 TEST(Llama, FlopsPerToken) {
   LlamaConfig c = micro_config();
   const double h = 16, kv = 8, i = 24, L = 2, V = 11, T = 5;
