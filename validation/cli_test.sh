@@ -56,7 +56,7 @@ expect_error "malformed dataset" "--data notdata.h5: not an HDF5 file" -- "$amsp
 expect_error "foreign HDF5" "format attribute" -- "$amsp" train --data other.h5
 expect_error "dataset shorter than a sequence" "fewer than one sequence of --seq-len" -- \
   "$amsp" train --data short.h5 --seq-len 64 --steps 1
-expect_error "token ids beyond vocab" "token id [0-9]+ .* beyond the model's vocab_size 100" -- \
+expect_error "dataset vocabulary beyond the model's" "its tokenizer has 256 ids but the model's vocab_size is 100" -- \
   "${train[@]}" --model.vocab_size 100
 expect_error "heads not dividing hidden" "num_attention_heads = 3 does not divide hidden_size = 128" -- \
   "${train[@]}" --model.num_attention_heads 3

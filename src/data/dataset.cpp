@@ -74,37 +74,15 @@ OpenDataset open_dataset(const std::string& path) {
   return d;
 }
 
-// Reads a 1-D integer dataset into int32 and checks ids are in [0, vocab).
-// A missing dataset is an error if required, else an empty split.
-std::vector<int32_t> read_tokens(const OpenDataset& d, const char* name, bool required) {
+// A split's tokens, left in the file. A missing dataset is an error if
+// required, else an empty split.
+std::unique_ptr<TokenColumn> open_tokens(const OpenDataset& d, const char* name, bool required) {
   if (!link_exists(d.file, name)) {
-    if (!required) return {};
+    if (!required) return std::make_unique<TokenColumn>();
     fail_usage("--data ", d.path, ": missing dataset ", name,
                "; expected a dataset written by `amsp data prepare`");
   }
-  Handle dset(H5Dopen2(d.file, name, H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) fail_usage("--data ", d.path, ": ", name, " is not a dataset");
-  Handle type(H5Dget_type(dset), H5Tclose);
-  Handle space(H5Dget_space(dset), H5Sclose);
-  if (!type.valid() || !space.valid()) fail("--data ", d.path, ": HDF5 cannot inspect ", name);
-  const int rank = H5Sget_simple_extent_ndims(space);
-  if (H5Tget_class(type) != H5T_INTEGER || rank != 1)
-    fail_usage("--data ", d.path, ": ", name, " is ",
-               H5Tget_class(type) == H5T_INTEGER ? "an integer" : "a non-integer", " array of rank ", rank,
-               "; expected a 1-D uint32 array of token ids");
-  hsize_t n = 0;
-  if (H5Sget_simple_extent_dims(space, &n, nullptr) != 1) fail("--data ", d.path, ": HDF5 cannot size ", name);
-  std::vector<int32_t> tokens(n);
-  // Out-of-range values (uint32 above 2^31, 64-bit ids) clip during the
-  // conversion and are caught by the range check below.
-  if (n > 0 && H5Dread(dset, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()) < 0)
-    fail("--data ", d.path, ": HDF5 cannot read ", name, " (damaged file?)");
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= d.vocab_size)
-      fail_usage("--data ", d.path, ": ", name, "[", i, "] = ", tokens[i], " is outside the vocabulary [0, ",
-                 d.vocab_size, ")");
-  }
-  return tokens;
+  return TokenColumn::open(d.file, d.path, name, d.vocab_size);
 }
 
 }  // namespace
@@ -116,14 +94,25 @@ TokenDataset::TokenDataset(const std::string& path) : path_(path) {
   OpenDataset d = open_dataset(path);
   tokenizer_ = d.tokenizer;
   vocab_size_ = d.vocab_size;
-  train_ = read_tokens(d, "/train/tokens", true);
-  valid_ = read_tokens(d, "/valid/tokens", false);
+  train_ = open_tokens(d, "/train/tokens", true);
+  valid_ = open_tokens(d, "/valid/tokens", false);
 }
 
-int32_t TokenDataset::max_token(Split split) const {
-  const auto& t = tokens(split);
-  return t.empty() ? -1 : *std::max_element(t.begin(), t.end());
+TokenDataset::~TokenDataset() = default;
+
+int64_t TokenDataset::size(Split split) const { return column(split).size(); }
+
+void TokenDataset::read(Split split, int64_t start, int64_t count, int32_t* out) const {
+  column(split).read(start, count, out);
 }
+
+std::vector<int32_t> TokenDataset::tokens(Split split) const {
+  std::vector<int32_t> t(static_cast<size_t>(size(split)));
+  read(split, 0, size(split), t.data());
+  return t;
+}
+
+std::string TokenDataset::layout(Split split) const { return column(split).layout(); }
 
 std::unique_ptr<Tokenizer> dataset_tokenizer(const std::string& path) {
   h5::QuietErrors quiet;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "data/documents.h"
+#include "data/token_column.h"
 #include "data/tokenizer.h"
 
 namespace amsp::data {
@@ -58,28 +59,34 @@ PrepareReport prepare_dataset(const PrepareOptions& options);
 // model or tokenizer.json), e.g. to decode samples. Throws UsageError like TokenDataset.
 std::unique_ptr<Tokenizer> dataset_tokenizer(const std::string& path);
 
-// A dataset opened for training; the splits are read into memory.
+// A dataset opened for training. The splits stay in the file: windows are
+// read as they are needed (data/token_column.h), from any thread.
 class TokenDataset {
  public:
   // Throws UsageError with a one-line reason: missing file, not HDF5, wrong
   // format attribute ("is this a tokenized dataset?"), unsupported version,
-  // missing /train/tokens, wrong dtype or rank, ids outside [0, vocab_size).
+  // missing /train/tokens, wrong dtype or rank. An id outside [0, vocab_size)
+  // is a UsageError when a read meets it.
   explicit TokenDataset(const std::string& path);
+  ~TokenDataset();
 
   const std::string& path() const { return path_; }
   const std::string& tokenizer() const { return tokenizer_; }
   int64_t vocab_size() const { return vocab_size_; }
-  const std::vector<int32_t>& tokens(Split split) const {
-    return split == Split::kTrain ? train_ : valid_;
-  }
-  // Largest token id in the split (checked against the model's vocab_size).
-  int32_t max_token(Split split) const;
+  int64_t size(Split split) const;
+  // Tokens [start, start + count) of a split.
+  void read(Split split, int64_t start, int64_t count, int32_t* out) const;
+  // A whole split (tests and small tools).
+  std::vector<int32_t> tokens(Split split) const;
+  // How a split is read ("chunked, deflate, 65536 tokens a chunk", ...).
+  std::string layout(Split split) const;
 
  private:
   std::string path_;
   std::string tokenizer_;
   int64_t vocab_size_ = 0;
-  std::vector<int32_t> train_, valid_;
+  std::unique_ptr<TokenColumn> train_, valid_;
+  const TokenColumn& column(Split split) const { return split == Split::kTrain ? *train_ : *valid_; }
 };
 
 // The counter that the random draws of row `row` of step `step` use: distinct

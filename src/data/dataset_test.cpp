@@ -72,15 +72,25 @@ struct FakeDataset {
   bool float_train = false;  // wrong dtype
   bool rank2_train = false;  // wrong rank
   std::vector<uint32_t> train, valid;
+  // How /train/tokens is stored: the layouts data/token_column.h reads from
+  // the file, and two it reads into memory.
+  enum Layout { kContiguous, kChunked, kDeflate, kShuffleDeflate, kInt64 } layout = kContiguous;
 };
 
-void write_vector(hid_t group, const char* name, const std::vector<uint32_t>& v) {
-  const hsize_t dims[1] = {v.size()};
+void write_vector(hid_t group, const char* name, const std::vector<uint32_t>& v,
+                  FakeDataset::Layout layout = FakeDataset::kContiguous) {
+  const hsize_t dims[1] = {v.size()}, chunk[1] = {7};
   hid_t space = H5Screate_simple(1, dims, nullptr);
-  hid_t dset = H5Dcreate2(group, name, H5T_STD_U32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  if (layout != FakeDataset::kContiguous) H5Pset_chunk(dcpl, 1, chunk);
+  if (layout == FakeDataset::kShuffleDeflate) H5Pset_shuffle(dcpl);
+  if (layout == FakeDataset::kDeflate || layout == FakeDataset::kShuffleDeflate) H5Pset_deflate(dcpl, 1);
+  const hid_t type = layout == FakeDataset::kInt64 ? H5T_STD_I64LE : H5T_STD_U32LE;
+  hid_t dset = H5Dcreate2(group, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
   ASSERT_GE(dset, 0);
   if (!v.empty()) ASSERT_GE(H5Dwrite(dset, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
   H5Dclose(dset);
+  H5Pclose(dcpl);
   H5Sclose(space);
 }
 
@@ -129,7 +139,7 @@ void write_fake(const std::string& path, const FakeDataset& f) {
       H5Dclose(d);
       H5Sclose(space);
     } else {
-      write_vector(g, "tokens", f.train);
+      write_vector(g, "tokens", f.train, f.layout);
     }
     H5Gclose(g);
   }
@@ -183,8 +193,7 @@ TEST(DatasetTest, PrepareAndOpenRoundTripBytes) {
   const auto& valid = ds.tokens(Split::kValid);
   ASSERT_EQ(static_cast<int64_t>(train.size()), r.train_tokens);
   ASSERT_EQ(static_cast<int64_t>(valid.size()), r.valid_tokens);
-  EXPECT_LE(ds.max_token(Split::kTrain), 255);
-  EXPECT_EQ(ds.max_token(Split::kTrain), *std::max_element(expected.begin(), expected.end()));
+  EXPECT_LE(*std::max_element(train.begin(), train.end()), 255);
 
   // Put the blocks back together: each block of the stream is either the next
   // block of train or the next block of valid.
@@ -284,7 +293,6 @@ TEST(DatasetTest, ValidFractionZeroKeepsEverythingInTrainAndEmptyValidWorks) {
   EXPECT_EQ(r.valid_tokens, 0);
   TokenDataset ds(opt.output);
   EXPECT_TRUE(ds.tokens(Split::kValid).empty());
-  EXPECT_EQ(ds.max_token(Split::kValid), -1);
   EXPECT_EQ(num_eval_windows(ds, 16), 0);
   const auto& train = ds.tokens(Split::kTrain);
   std::string back(train.begin(), train.end());
@@ -430,7 +438,8 @@ TEST(DatasetTest, OpenErrors) {
   f.vocab_size = 50;
   f.train = iota_tokens(100);
   write_fake(path, f);
-  expect_usage_error([&] { TokenDataset d(path); }, {"/train/tokens", "outside the vocabulary"});
+  expect_usage_error([&] { TokenDataset(path).tokens(Split::kTrain); },
+                     {"/train/tokens[50] = 50", "outside the vocabulary [0, 50)"});
 
   // Missing valid split: read as empty; fixed-length string attributes read.
   f = FakeDataset{};
@@ -441,7 +450,89 @@ TEST(DatasetTest, OpenErrors) {
   EXPECT_EQ(ok.tokenizer(), "byte");
   EXPECT_EQ(ok.tokens(Split::kTrain).size(), 100u);
   EXPECT_TRUE(ok.tokens(Split::kValid).empty());
-  EXPECT_EQ(ok.max_token(Split::kTrain), 99);
+}
+
+// ---------------------------------------------------------- reading by range
+
+// Every layout reads the same tokens, whole and by any range (across chunk
+// boundaries: the fakes' chunks hold 7 tokens), and says how it reads them.
+TEST(TokenColumnTest, EveryLayoutReadsTheSameTokens) {
+  TempDir dir;
+  const std::vector<std::pair<FakeDataset::Layout, std::string>> layouts = {
+      {FakeDataset::kContiguous, "contiguous"},
+      {FakeDataset::kChunked, "chunked, 7 tokens a chunk"},
+      {FakeDataset::kDeflate, "chunked, deflate, 7 tokens a chunk"},
+      {FakeDataset::kShuffleDeflate, "in memory"},
+      {FakeDataset::kInt64, "in memory"}};
+  for (const auto& [layout, name] : layouts) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.file("layout.h5");
+    FakeDataset f;
+    f.train = iota_tokens(100);
+    f.layout = layout;
+    write_fake(path, f);
+    const TokenDataset ds(path);
+    EXPECT_EQ(ds.layout(Split::kTrain).rfind(name, 0), 0u) << ds.layout(Split::kTrain);
+    const std::vector<int32_t> all = ds.tokens(Split::kTrain);
+    ASSERT_EQ(all.size(), 100u);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(all[i], i);
+    for (const auto& [start, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {6, 2}, {5, 20}, {93, 7}, {99, 1}}) {
+      std::vector<int32_t> part(count, -1);
+      ds.read(Split::kTrain, start, count, part.data());
+      EXPECT_EQ(part, std::vector<int32_t>(all.begin() + start, all.begin() + start + count)) << start << "+" << count;
+    }
+    int32_t t[2];
+    EXPECT_THROW(ds.read(Split::kTrain, 99, 2, t), Error);
+  }
+}
+
+// An id outside the vocabulary is named when a read meets it, in every layout.
+TEST(TokenColumnTest, IdsOutsideTheVocabularyAreNamedWhereTheyAre) {
+  TempDir dir;
+  for (auto layout : {FakeDataset::kContiguous, FakeDataset::kChunked, FakeDataset::kDeflate, FakeDataset::kInt64}) {
+    const std::string path = dir.file("bad.h5");
+    FakeDataset f;
+    f.vocab_size = 1000;
+    f.train = iota_tokens(100);
+    f.train[60] = 1000;
+    f.train[61] = 0x80000001u;  // negative as int32
+    f.layout = layout;
+    write_fake(path, f);
+    if (layout == FakeDataset::kInt64) {  // read into memory: checked at the open
+      expect_usage_error([&] { TokenDataset d(path); }, {"/train/tokens[60] = 1000", "outside the vocabulary [0, 1000)"});
+      continue;
+    }
+    const TokenDataset ds(path);
+    std::vector<int32_t> part(10);
+    ds.read(Split::kTrain, 50, 10, part.data());  // up to the bad id: fine
+    expect_usage_error([&] { ds.read(Split::kTrain, 55, 10, part.data()); },
+                       {"/train/tokens[60] = 1000", "outside the vocabulary [0, 1000)"});
+    expect_usage_error([&] { ds.read(Split::kTrain, 61, 1, part.data()); }, {"/train/tokens[61] = ", "outside the vocabulary"});
+  }
+}
+
+// A file cut short after it was opened: the read that needs the lost bytes
+// fails in one line naming the dataset, not with garbage tokens.
+TEST(TokenColumnTest, ATruncatedFileFailsTheReadThatNeedsIt) {
+  TempDir dir;
+  for (auto layout : {FakeDataset::kContiguous, FakeDataset::kDeflate}) {
+    const std::string path = dir.file("cut.h5");
+    FakeDataset f;
+    f.train = iota_tokens(5000);
+    f.with_valid = false;
+    f.layout = layout;
+    write_fake(path, f);
+    const TokenDataset ds(path);
+    std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+    std::vector<int32_t> part(10);
+    try {
+      ds.read(Split::kTrain, 4990, 10, part.data());
+      ADD_FAILURE() << "a read past the end of a truncated file succeeded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot read /train/tokens"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("damaged or truncated"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // ---------------------------------------------------------------- sampling
@@ -606,7 +697,6 @@ TEST(DatasetTest, SentencePieceDataset) {
   EXPECT_EQ(ds.tokenizer(), "sentencepiece");
   EXPECT_EQ(ds.vocab_size(), 300);
   EXPECT_EQ(ds.tokens(Split::kTrain), expected);
-  EXPECT_LT(ds.max_token(Split::kTrain), 300);
 
   hid_t file = H5Fopen(opt.output.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(file, 0);

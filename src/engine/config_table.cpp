@@ -39,8 +39,20 @@ namespace {
 std::string split_sizes(const data::Mixture& data) {
   std::string out;
   for (size_t i = 0; i < data.size(); ++i)
-    out += cat(i ? " + " : "", data.dataset(i).tokens(data::Split::kTrain).size(), " / ",
-               data.dataset(i).tokens(data::Split::kValid).size());
+    out += cat(i ? " + " : "", data.dataset(i).size(data::Split::kTrain), " / ",
+               data.dataset(i).size(data::Split::kValid));
+  return out;
+}
+
+// How the train splits are read (data/token_column.h), once per distinct way.
+std::string read_layouts(const data::Mixture& data) {
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < data.size(); ++i) {
+    const std::string l = data.dataset(i).layout(data::Split::kTrain);
+    if (std::find(seen.begin(), seen.end(), l) == seen.end()) seen.push_back(l);
+  }
+  std::string out;
+  for (const std::string& l : seen) out += (out.empty() ? "" : "; ") + l;
   return out;
 }
 
@@ -68,6 +80,7 @@ void print_config(const TrainOptions& o, const data::Mixture& data, double peak_
        cat(engine.model_state_bytes() / 1e6, " MB (+ ", engine.temporary_bytes() / 1e6, " MB in flight)")},
       {"data", data.describe()},
       {"train / validation tokens", split_sizes(data)},
+      {"data read", read_layouts(data)},
       {"steps", std::to_string(o.steps)},
       {"batch x seq x accum x ranks", cat(o.batch_size, " x ", o.seq_len, " x ", o.grad_accum, " x ",
                                           topo.world_size, " = ", tokens, " tokens/step")},

@@ -49,12 +49,12 @@ double run_eval(const EvalOptions& o) {
   config.name = o.checkpoint;
   config.validate();
   const data::Mixture mixture(o.data_path);
-  for (size_t i = 0; i < mixture.size(); ++i) {
-    const int32_t max_id = mixture.dataset(i).max_token(o.split);
-    if (max_id >= config.vocab_size)
-      fail_usage("--data ", mixture.path(i), ": token id ", max_id, " is beyond the checkpoint's vocab_size ",
-                 config.vocab_size);
-  }
+  // Ids are checked against the dataset's vocab_size as they are read.
+  for (size_t i = 0; i < mixture.size(); ++i)
+    if (mixture.dataset(i).vocab_size() > config.vocab_size)
+      fail_usage("--data ", mixture.path(i), ": its tokenizer has ", mixture.dataset(i).vocab_size(),
+                 " ids but the checkpoint's vocab_size is ", config.vocab_size,
+                 "; expected a dataset prepared with the checkpoint's tokenizer");
   if (o.seq_len > config.max_position_embeddings)
     fail_usage("--seq-len ", o.seq_len, ": expected at most max_position_embeddings = ",
                config.max_position_embeddings);

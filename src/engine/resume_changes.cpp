@@ -184,12 +184,13 @@ std::vector<int64_t> carried_source_tokens(const std::string& saved_options,
 std::string data_fingerprint(const data::TokenDataset& data) {
   json j = {{"tokenizer", data.tokenizer()}, {"vocab_size", data.vocab_size()}};
   for (const auto split : {data::Split::kTrain, data::Split::kValid}) {
-    const auto& t = data.tokens(split);
-    const size_t n = t.size(), samples = std::min<size_t>(n, 4096);
+    const size_t n = static_cast<size_t>(data.size(split)), samples = std::min<size_t>(n, 4096);
     uint64_t h = 0;
     for (size_t k = 0; k < samples; ++k) {
       const size_t i = samples < n ? k * (n / samples) : k;
-      h += mix64(mix64(i) ^ static_cast<uint32_t>(t[i]));
+      int32_t t = 0;
+      data.read(split, static_cast<int64_t>(i), 1, &t);
+      h += mix64(mix64(i) ^ static_cast<uint32_t>(t));
     }
     char hex[32];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));

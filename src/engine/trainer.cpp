@@ -78,20 +78,16 @@ double seconds_since(Clock::time_point t0) {
 // Setup phases: the first failure on any rank ends every rank alike (comm/agree.h).
 void collectively(const std::function<void()>& fn) { comm::collectively(MPI_COMM_WORLD, fn); }
 
+// The ids of a split are checked against the dataset's vocab_size as they are
+// read (data/token_column.h): a dataset whose vocabulary fits the model's holds
+// no id beyond it.
 void check_dataset(const TrainOptions& o, const data::TokenDataset& data) {
-  for (auto split : {data::Split::kTrain, data::Split::kValid}) {
-    const int32_t max_id = data.max_token(split);
-    if (max_id >= o.model.vocab_size)
-      fail_usage("--data ", data.path(), ": token id ", max_id, " in the ",
-                 split == data::Split::kTrain ? "train" : "validation",
-                 " split is beyond the model's vocab_size ", o.model.vocab_size);
-  }
   if (data.vocab_size() > o.model.vocab_size)
     fail_usage("--data ", data.path(), ": its tokenizer has ", data.vocab_size(),
                " ids but the model's vocab_size is ", o.model.vocab_size,
                "; expected a model with vocab_size >= ", data.vocab_size(),
                " (set --model.vocab_size)");
-  const int64_t train_tokens = static_cast<int64_t>(data.tokens(data::Split::kTrain).size());
+  const int64_t train_tokens = data.size(data::Split::kTrain);
   if (train_tokens < o.seq_len + 1)
     fail_usage("--data ", data.path(), ": train split has ", train_tokens,
                " tokens, fewer than one sequence of --seq-len ", o.seq_len, " + 1");
