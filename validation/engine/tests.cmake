@@ -111,7 +111,7 @@ add_test(NAME engine_fault_named_cuda_emulation
 set_tests_properties(engine_fault_named_cuda_emulation PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS 8)
 
-# A rank made 20% busier is named within 28 steps on 4 and 8 ranks; an undisturbed run
+# A rank made 50% busier is named within 28 steps on 4 and 8 ranks (threshold 25%); an undisturbed run
 # of 1000 steps on 4 ranks names at most one (engine/straggler.h).
 add_test(NAME engine_straggler_named
   COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/straggler_test.py $<TARGET_FILE:amsp>
