@@ -240,6 +240,20 @@ def apply(name, m, text):
     return text
 
 
+def not_applying(repo, mutations):
+    """Every mutation's edits checked against the tree, selected or not (a text check,
+    milliseconds): so that the suite's sample also finds a mutation whose text the code
+    has left behind."""
+    stale = []
+    for name, m in mutations.items():
+        try:
+            with open(os.path.join(repo, m["file"]), encoding="utf-8") as f:
+                apply(name, m, f.read())
+        except (OSError, HarnessError) as e:
+            stale.append(str(e))
+    return stale
+
+
 def status(rc):
     if rc < 0:
         try:
@@ -358,6 +372,10 @@ def main():
                     and (not args.only or any(re.search(o, n) for o in args.only))]
         if not selected:
             raise HarnessError("no mutation selected")
+        stale = not_applying(repo, mutations)
+        if stale:
+            raise HarnessError(f"{len(stale)} of {len(mutations)} mutations no longer apply to {repo}: "
+                               + "; ".join(stale))
         if args.list:
             for n in selected:
                 m = mutations[n]

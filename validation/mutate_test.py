@@ -4,8 +4,8 @@
   - a mutation its check fails on with the expected message is caught;
   - a check that crashes with another message, passes or times out has missed its
     mutation, and any miss makes the harness exit 1;
-  - a mutation whose text no longer applies (absent, or present twice) fails the harness
-    before anything is built or run;
+  - a mutation whose text no longer applies (absent, or present twice), selected or
+    not, fails the harness before anything is built or run;
   - a check that fails on the unmutated copy (the control) fails the harness, naming it;
   - an expected message that the passing control already prints fails the harness;
   - a mutated copy that does not build is a harness error, not a catch.
@@ -109,12 +109,17 @@ def main():
         rc, out = harness(root, mutation("caught", "value.txt", "42", "41")
                           + mutation("stale", "value.txt", "43", "41"))
         expect("a mutation that no longer applies fails the harness before any control runs",
-               rc == 1 and "harness error: mutation 'stale'" in out and "occurs 0 times" in out
-               and "no longer applies" in out and "control" not in out, out)
+               rc == 1 and "harness error: 1 of 2 mutations no longer apply" in out and "mutation 'stale'" in out
+               and "occurs 0 times" in out and "control" not in out, out)
+
+        rc, out = harness(root, mutation("caught", "value.txt", "42", "41")
+                          + mutation("stale", "value.txt", "43", "41"), "--only", "caught")
+        expect("so does one that was not selected (the suite's sample finds every stale one)",
+               rc == 1 and "mutation 'stale'" in out and "no longer apply" in out and "control" not in out, out)
 
         rc, out = harness(root, mutation("twice", "check.sh", "42", "41"))
         expect("a text that occurs twice fails the harness",
-               rc == 1 and "harness error: mutation 'twice'" in out and "occurs 2 times" in out, out)
+               rc == 1 and "mutation 'twice'" in out and "occurs 2 times" in out, out)
 
         rc, out = harness(root, mutation("caught", "value.txt", "42", "41")
                           + mutation("bad-control", "value.txt", "42", "41", check="always_fails",

@@ -29,6 +29,7 @@
 #include "core/stop.h"
 #include "data/dataset.h"
 #include "data/mixture.h"
+#include "engine/batch_prefetch.h"
 #include "engine/checkpointer.h"
 #include "engine/config_table.h"
 #include "engine/evaluate.h"
@@ -416,6 +417,7 @@ class Run {
   std::unique_ptr<Trace> trace;
   int64_t trace_first = 0, trace_last = 0;
   std::unique_ptr<ShardedEngine> engine;
+  std::unique_ptr<BatchPrefetch> prefetch;  // the next step's windows, read while a step computes
   int64_t world = 1, pos = 0, tokens_per_step = 0;
   std::string run_options;
   double flops_per_token = 0;
@@ -440,6 +442,7 @@ class Run {
   void set_up_engine();
   double evaluate();
   void write_run_record_start();
+  void fill_batch(int64_t step, int64_t micro, int32_t* tokens, int32_t* targets) const;
   BatchFn batch_of(int64_t step);
   std::optional<GuardReading> guard(int64_t step);
   void set_compression(const plan::Compression& c);
@@ -566,6 +569,11 @@ void Run::set_up_engine() {
   tokens_per_step = o.batch_size * o.seq_len * o.grad_accum * world;
   run_options = options_json(o, world * o.batch_size * o.grad_accum, *data, o.compression);
   flops_per_token = model::Llama::flops_per_token(o.model, o.seq_len);
+  prefetch = std::make_unique<BatchPrefetch>(
+      [this](int64_t step, int64_t micro, int32_t* tokens, int32_t* targets) {
+        fill_batch(step, micro, tokens, targets);
+      },
+      o.grad_accum, o.batch_size * o.seq_len);
 }
 
 // The held-out loss. A mixture evaluates every source (val_losses) and returns
@@ -723,11 +731,13 @@ void Run::train_steps() {
 }
 
 // Micro-batch `micro` of a step on this rank.
+void Run::fill_batch(int64_t step, int64_t micro, int32_t* tokens, int32_t* targets) const {
+  data->sample_train_batch(o.seed, step, (micro * world + pos) * o.batch_size, o.batch_size, o.seq_len, tokens,
+                           targets);
+}
+
 BatchFn Run::batch_of(int64_t step) {
-  return [this, step](int64_t micro, int32_t* tokens, int32_t* targets) {
-    data->sample_train_batch(o.seed, step, (micro * world + pos) * o.batch_size, o.batch_size, o.seq_len, tokens,
-                             targets);
-  };
+  return [this, step](int64_t micro, int32_t* tokens, int32_t* targets) { fill_batch(step, micro, tokens, targets); };
 }
 
 // The compression guard's measurement before the step, when it is due, and what
@@ -759,7 +769,9 @@ StepMetrics Run::train_step(int64_t step) {
   if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
-  const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr, batch_of(step));
+  const BatchFn batch = prefetch->take(step);
+  if (step < o.steps) prefetch->start(step + 1);
+  const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr, batch);
   const double busy_s = busy_seconds(step, seconds_since(t0), compute_cpu_seconds() - cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
