@@ -43,22 +43,18 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-namespace {
-double thread_cpu_seconds() {
+double caller_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
-}  // namespace
 
 double compute_cpu_seconds() {
   double total = 0;
 #pragma omp parallel reduction(+ : total)
-  total += thread_cpu_seconds();
+  total += caller_cpu_seconds();  // each member of the team, on itself
   return total;
 }
-
-double caller_cpu_seconds() { return thread_cpu_seconds(); }
 
 void write_json_file(const std::string& path, const nlohmann::ordered_json& j, const char* option) {
   const std::string tmp = path + ".tmp";
