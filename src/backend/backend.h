@@ -138,6 +138,26 @@ class Backend {
   virtual void reserve(int64_t predicted_peak) { (void)predicted_peak; }
   // The device's counts on the calling thread so far (DeviceCounts).
   virtual DeviceCounts device_counts() const { return {}; }
+
+  // ---- snapshots: device -> host beside compute ---------------------------------
+  // A background checkpoint's copy of the states (doc/checkpoints.md,
+  // "Background saves"). begin_snapshot copies each source (fp32) into its
+  // destination (memory from alloc_host), as the compute stream leaves the
+  // source at this call, and returns without waiting for the copies: a device
+  // runs them on a copy stream of its own, beside the compute issued after.
+  // Compute that writes a source must be issued after fence_snapshot(), which
+  // makes the compute stream wait for the copies on the device (the host does
+  // not wait). The host reads a destination after wait_snapshot(), which any
+  // one thread may call while the training thread goes on. One snapshot at a
+  // time: the next begins after wait_snapshot has returned. On the CPU the
+  // copies are made at once and the other two do nothing.
+  struct HostCopy {
+    View src;
+    float* dst = nullptr;
+  };
+  virtual void begin_snapshot(const std::vector<HostCopy>& copies) = 0;
+  virtual void fence_snapshot() = 0;
+  virtual void wait_snapshot() = 0;
   // A timer of this backend's calls' work, for the kernel profile
   // (profiled_backend.h); the backend costs nothing more until one is made.
   virtual std::unique_ptr<StreamTimer> make_stream_timer() = 0;

@@ -35,6 +35,9 @@ class Forwarding : public Backend {
   Event record() override { return in_->record(); }
   void wait(const Event& e) override { in_->wait(e); }
   void synchronize() override { in_->synchronize(); }
+  void begin_snapshot(const std::vector<HostCopy>& c) override { in_->begin_snapshot(c); }
+  void fence_snapshot() override { in_->fence_snapshot(); }
+  void wait_snapshot() override { in_->wait_snapshot(); }
   std::unique_ptr<comm::Communicator> make_communicator(comm::Group g) override {
     return in_->make_communicator(std::move(g));
   }

@@ -378,6 +378,13 @@ void CpuBackend::to_host_f64(const View& src, double* dst) {
   if (src.count > 0) std::memcpy(dst, src.data, static_cast<size_t>(src.bytes()));
 }
 
+void CpuBackend::begin_snapshot(const std::vector<HostCopy>& copies) {
+  for (const HostCopy& c : copies) {
+    check.expect("begin_snapshot", "src", c.src, DType::kF32);
+    if (c.src.count > 0) std::memcpy(c.dst, c.src.data, static_cast<size_t>(c.src.bytes()));
+  }
+}
+
 void CpuBackend::sum_squares_into(const View& x, const View& acc) {
   check.expect("sum_squares_into", "acc", acc, DType::kF64);
   static_cast<double*>(acc.data)[0] += sum_squares(x);

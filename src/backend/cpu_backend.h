@@ -153,6 +153,10 @@ class CpuBackend final : public Backend {
                                 int64_t rows, int64_t V) override;
   void from_host_async(const int32_t* src, const View& dst) override;
   void to_host_f64(const View& src, double* dst) override;
+  // The snapshot's copies are plain copies, made at once; nothing to fence or wait for.
+  void begin_snapshot(const std::vector<HostCopy>& copies) override;
+  void fence_snapshot() override {}
+  void wait_snapshot() override {}
   void cross_entropy_forward_into(const View& logits, const View& targets, const View& lse, int64_t rows,
                                   int64_t V, const View& acc) override;
   void sum_squares_into(const View& x, const View& acc) override;

@@ -38,10 +38,17 @@ CudaBackend::CudaBackend(DType compute, int device)
   AMSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   AMSP_CUBLAS_CHECK(cublasCreate(&cublas_));
   AMSP_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  AMSP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  AMSP_CUDA_CHECK(cudaEventCreateWithFlags(&snap_from_, cudaEventDisableTiming));
+  AMSP_CUDA_CHECK(cudaEventCreateWithFlags(&snap_done_, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
   AMSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  AMSP_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  AMSP_CUDA_CHECK(cudaEventDestroy(snap_from_));
+  AMSP_CUDA_CHECK(cudaEventDestroy(snap_done_));
+  AMSP_CUDA_CHECK(cudaStreamDestroy(copy_stream_));
   for (auto& [id, e] : events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
   for (cudaEvent_t e : free_events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
   if (staging_) AMSP_CUDA_CHECK(cudaFreeHost(staging_));
@@ -258,6 +265,35 @@ void CudaBackend::to_host_f64(const View& src, double* dst) {
   if (src.count == 0) return;
   std::memcpy(dst, download(src.data, src.bytes()), static_cast<size_t>(src.bytes()));
 }
+
+// ---- snapshots ------------------------------------------------------------------------
+
+// DMA into page-locked memory on the copy stream, ordered after everything the
+// compute stream was given: the copies overlap what the compute stream does next.
+void CudaBackend::begin_snapshot(const std::vector<HostCopy>& copies) {
+  for (const HostCopy& c : copies) {
+    check.expect("begin_snapshot", "src", c.src, DType::kF32);
+    if (c.src.count > 0 && !in_host_block(c.dst, c.src.bytes()))
+      fail("begin_snapshot: a destination is not memory from alloc_host");
+  }
+  AMSP_CUDA_CHECK(cudaEventRecord(snap_from_, stream_));
+  AMSP_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, snap_from_, 0));
+  for (const HostCopy& c : copies)
+    if (c.src.count > 0)
+      AMSP_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src.data, static_cast<size_t>(c.src.bytes()),
+                                      cudaMemcpyDeviceToHost, copy_stream_));
+  AMSP_CUDA_CHECK(cudaEventRecord(snap_done_, copy_stream_));
+  snap_fence_due_ = true;
+}
+
+void CudaBackend::fence_snapshot() {
+  if (!snap_fence_due_) return;
+  AMSP_CUDA_CHECK(cudaStreamWaitEvent(stream_, snap_done_, 0));
+  snap_fence_due_ = false;
+}
+
+// Not counted in host_syncs(): the caller is the checkpoint's writer, not the step.
+void CudaBackend::wait_snapshot() { AMSP_CUDA_CHECK(cudaEventSynchronize(snap_done_)); }
 
 // ---- ordering ------------------------------------------------------------------------
 

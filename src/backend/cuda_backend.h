@@ -157,6 +157,12 @@ class CudaBackend final : public Backend {
                                 int64_t rows, int64_t V) override;
   void from_host_async(const int32_t* src, const View& dst) override;
   void to_host_f64(const View& src, double* dst) override;
+  // The snapshot's copies run on copy_stream_, behind an event of the compute
+  // stream; fence_snapshot makes the compute stream wait for snap_done_ once;
+  // wait_snapshot synchronises the calling thread with snap_done_.
+  void begin_snapshot(const std::vector<HostCopy>& copies) override;
+  void fence_snapshot() override;
+  void wait_snapshot() override;
   void cross_entropy_forward_into(const View& logits, const View& targets, const View& lse, int64_t rows,
                                   int64_t V, const View& acc) override;
   void sum_squares_into(const View& x, const View& acc) override;
@@ -249,6 +255,11 @@ class CudaBackend final : public Backend {
   };
   std::shared_ptr<HostBlocks> host_blocks_ = std::make_shared<HostBlocks>();
   bool in_host_block(const void* p, int64_t bytes) const;
+  // The snapshot's stream and events, made once; snap_fence_due_: the
+  // compute stream has not yet been made to wait for the last snapshot.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t snap_from_ = nullptr, snap_done_ = nullptr;
+  bool snap_fence_due_ = false;
   std::map<uint64_t, cudaEvent_t> events_;  // recorded and not yet known complete
   std::vector<cudaEvent_t> free_events_;
   uint64_t last_event_ = 0;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <iostream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "backend/compare.h"
@@ -233,6 +234,61 @@ TEST(CudaBackend, AdamWPartsInOneLaunchMatchTheCpuBackendPerPart) {
     }
   }
   for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[i]) << "part " << i;
+}
+
+// A checkpoint's snapshot (Backend::begin_snapshot), on both backends: the
+// destinations receive the sources as the compute stream left them at the call
+// (after a kernel that wrote one, with no host wait between), and keep them
+// when the next update overwrites a source. On CUDA the copies are issued on a
+// stream of their own without the host waiting (no host synchronisation on the
+// calling thread), the writer waits for them from another thread, and the
+// happens-before checker accepts both orders: copy after the kernel, update
+// after the copy (fence_snapshot).
+TEST(Snapshot, CopiesTheSourcesAsTheyWereWithoutTheHostWaiting) {
+  const std::vector<float> va{1, 2, 3, 4, 5}, vb{-1, -2, -3};
+  for (int k = 0; k < 2; ++k) {
+    auto be = k == 0 ? make_cpu_backend(DType::kF32) : make_cuda_backend(DType::kF32, 0);
+    Buffer a = be->alloc(DType::kF32, 5), b = be->alloc(DType::kF32, 3);
+    Buffer ha = be->alloc_host(5), hb = be->alloc_host(3);
+    be->from_host(va.data(), a.view());
+    be->from_host(vb.data(), b.view());
+    be->add(a.view(), a.view());  // a kernel writes a source just before the snapshot
+    const int64_t syncs = be->host_syncs();
+    const DeviceCounts before = be->device_counts();
+    be->begin_snapshot({{a.view(), ha.f32()}, {b.view(), hb.f32()}});
+    EXPECT_EQ(be->host_syncs(), syncs) << k;
+    EXPECT_EQ(be->device_counts().host_syncs, before.host_syncs) << k;
+    be->fence_snapshot();
+    be->fill_zero(a.view());  // the next optimizer update
+    be->fill_zero(b.view());
+    std::thread writer([&] { be->wait_snapshot(); });
+    writer.join();
+    EXPECT_EQ(std::vector<float>(ha.f32(), ha.f32() + 5), (std::vector<float>{2, 4, 6, 8, 10})) << k;
+    EXPECT_EQ(std::vector<float>(hb.f32(), hb.f32() + 3), vb) << k;
+    be->synchronize();
+  }
+}
+
+// Without the fence the update's write meets the copy stream's read, and the
+// checker names them; a destination that is not page-locked staging is refused.
+TEST(Snapshot, AnUpdateNotFencedIsAHappensBeforeViolation) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto be = make_cuda_backend(DType::kF32, 0);
+  Buffer a = be->alloc(DType::kF32, 4);
+  Buffer h = be->alloc_host(4);
+  std::vector<float> plain(4);
+  try {
+    be->begin_snapshot({{a.view(), plain.data()}});
+    ADD_FAILURE() << "pageable memory accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("begin_snapshot: a destination is not memory from alloc_host"),
+              std::string::npos) << e.what();
+  }
+  be->begin_snapshot({{a.view(), h.f32()}});
+  EXPECT_DEATH(be->fill_zero(a.view()), "write by .* not ordered after the read by");
+  be->fence_snapshot();
+  be->fill_zero(a.view());
+  be->wait_snapshot();
 }
 
 TEST(CachingAllocator, SplitsASegmentAndMergesFreedNeighbours) {

@@ -143,6 +143,10 @@ class ProfiledBackend final : public Backend {
                                 int64_t rows, int64_t V) override;
   void from_host_async(const int32_t* src, const View& dst) override;
   void to_host_f64(const View& src, double* dst) override;
+  // Not timed: the copies run beside compute (a device) or are a checkpoint's (the CPU).
+  void begin_snapshot(const std::vector<HostCopy>& copies) override { inner_->begin_snapshot(copies); }
+  void fence_snapshot() override { inner_->fence_snapshot(); }
+  void wait_snapshot() override { inner_->wait_snapshot(); }
   void cross_entropy_forward_into(const View& logits, const View& targets, const View& lse, int64_t rows,
                                   int64_t V, const View& acc) override;
   void sum_squares_into(const View& x, const View& acc) override;

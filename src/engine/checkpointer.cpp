@@ -87,7 +87,7 @@ double Checkpointer::save(const ckpt::Metadata& meta) {
   if (overlapped())
     begin_overlapped_snapshot();
   else if (writer_)
-    engine_.copy_os_states(snap_.views);
+    engine_.begin_os_snapshot(snap_.views);
   {
     std::lock_guard lock(mu_);
     pending_ = busy_ = true;
@@ -97,7 +97,7 @@ double Checkpointer::save(const ckpt::Metadata& meta) {
   if (root_) {
     std::printf("checkpoint: step %lld %s (training blocked %.1f ms), writing %s/%s in the background\n",
                 static_cast<long long>(meta.step),
-                overlapped() ? "snapshot overlapping the next step" : "snapshot taken", stall_ms,
+                "snapshot overlapping the next step", stall_ms,
                 place_.dir.c_str(), ckpt::file_name(meta.step).c_str());
     std::fflush(stdout);
   }
@@ -236,6 +236,11 @@ void Checkpointer::write_snapshot() {
   std::string path, error;
   try {
     copy_all_units(/*writer=*/true);
+    if (!overlapped() && writer_) {
+      // A slow writer here lets the next step's updates run before it waits.
+      fault::point("save.snapshot", snap_.meta.step, rank_);
+      backend_.wait_snapshot();
+    }
     path = ckpt::save(place_.dir, snap_.meta, engine_.units(), snap_.shards, snap_.views, writer_,
                       place_.keep_last, comm_, place_.transfer, [this] { comm::quiet_barrier(comm_); });
   } catch (const std::exception& e) {

@@ -12,8 +12,12 @@
 //     the writer has not reached u yet, the training thread copies u itself
 //     (whoever claims a unit first copies it), so an update waits at most for
 //     one unit's copy under way.
-//   - States on a device: the backend's host copy at the step boundary (one
-//     DMA per state straight into the page-locked snapshot).
+//   - States on a device: one DMA per state into the page-locked snapshot,
+//     issued at the step boundary on the backend's copy stream
+//     (Backend::begin_snapshot), so that it runs beside the next step's
+//     forward and backward; the compute stream waits for it on the device
+//     before the first optimizer update, and the writer thread waits for it
+//     before it writes.
 // The snapshot is the backend's host staging (Backend::alloc_host), allocated
 // once when the Checkpointer is made, so that a run without the memory for it
 // fails at the start rather than at its first checkpoint.
@@ -74,8 +78,8 @@ class Checkpointer {
   bool background() const { return background_; }
   // Collective. Saves the engine's state as `meta` (meta.step names the file)
   // and returns the milliseconds training was blocked: the whole save when
-  // sync; when background, the wait for the previous write plus, on a
-  // device, the snapshot.
+  // sync; when background, the wait for the previous write (and issuing the
+  // snapshot's copies).
   double save(const ckpt::Metadata& meta);
   // Training thread, after each step: the milliseconds that step's updates
   // waited for the snapshot of a background save before it (0 if none

@@ -126,7 +126,7 @@ struct ShardedEngine::Impl {
   // Checkpoint views.
   std::vector<ckpt::StateView> state_views();
   void take_staged_state();
-  void copy_os_states(const std::vector<ckpt::StateView>& dst);
+  void begin_os_snapshot(const std::vector<ckpt::StateView>& dst);
   std::function<void(int)> update_gate;  // set_update_gate
 };
 
@@ -469,15 +469,17 @@ void ShardedEngine::Impl::take_staged_state() {
   staging.shrink_to_fit();
 }
 
-void ShardedEngine::Impl::copy_os_states(const std::vector<ckpt::StateView>& dst) {
+void ShardedEngine::Impl::begin_os_snapshot(const std::vector<ckpt::StateView>& dst) {
   take_staged_state();
   for (auto& h : param_update) h.wait();
+  std::vector<backend::Backend::HostCopy> copies;
   for (int u = 0; u < U; ++u) {
     const ckpt::StateView& d = dst[static_cast<size_t>(u)];
-    be.to_host(master(u), d.params);
-    be.to_host(st(u).exp_avg.view(), d.exp_avg);
-    be.to_host(st(u).exp_avg_sq.view(), d.exp_avg_sq);
+    copies.push_back({master(u), d.params});
+    copies.push_back({st(u).exp_avg.view(), d.exp_avg});
+    copies.push_back({st(u).exp_avg_sq.view(), d.exp_avg_sq});
   }
+  be.begin_snapshot(copies);
 }
 
 namespace {
@@ -598,6 +600,7 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
         t_update = comm::now_seconds();
         break;
       case plan::Action::kUpdate:
+        im.be.fence_snapshot();
         if (im.update_gate) im.update_gate(a.unit);
         im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step); break;
     }
@@ -731,7 +734,7 @@ std::vector<std::vector<float>> ShardedEngine::full_parameters() {
 }
 
 std::vector<ckpt::StateView> ShardedEngine::state_views() { return impl_->state_views(); }
-void ShardedEngine::copy_os_states(const std::vector<ckpt::StateView>& dst) { impl_->copy_os_states(dst); }
+void ShardedEngine::begin_os_snapshot(const std::vector<ckpt::StateView>& dst) { impl_->begin_os_snapshot(dst); }
 bool ShardedEngine::states_on_host() const { return impl_->on_host(); }
 void ShardedEngine::settle_states() { impl_->take_staged_state(); }
 void ShardedEngine::set_update_gate(std::function<void(int)> gate) { impl_->update_gate = std::move(gate); }

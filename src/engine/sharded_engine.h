@@ -125,18 +125,21 @@ class ShardedEngine {
   // master from the OS part and the bf16 parameters rounded from the P range).
   // On a device backend every view is such a host copy, taken back alike.
   std::vector<ckpt::StateView> state_views();
-  // What a checkpoint writes of this rank, copied into host memory the caller
-  // owns through the backend's host copy (a plain copy on the CPU): per unit,
-  // dst[u].params receives the OS range of the parameters (in bf16 the fp32
-  // master) and dst[u].exp_avg, exp_avg_sq the moments, shards()[u].os.size
-  // floats each. Waits for parameter all-gathers in flight first. Unlike
-  // state_views() nothing is staged: the next step has nothing to take back.
-  void copy_os_states(const std::vector<ckpt::StateView>& dst);
+  // What a checkpoint writes of this rank, copied into host memory from the
+  // backend's alloc_host (Backend::begin_snapshot): per unit, dst[u].params
+  // receives the OS range of the parameters (in bf16 the fp32 master) and
+  // dst[u].exp_avg, exp_avg_sq the moments, shards()[u].os.size floats each,
+  // as the step that ended left them. Returns without waiting for the copies,
+  // which on a device run beside the next step's compute; the next step's
+  // optimizer updates are ordered after them (fence_snapshot), and the caller
+  // reads dst after Backend::wait_snapshot. Unlike state_views() nothing is
+  // staged: the next step has nothing to take back.
+  void begin_os_snapshot(const std::vector<ckpt::StateView>& dst);
   // Snapshots that overlap the next step (doc/checkpoints.md, "Background
   // saves"). Between steps the states are final once the views a resume wrote
   // are taken back, which settle_states() does. After that, and only where the
   // states are host memory (states_on_host()), copy_os_state may copy unit u
-  // as copy_os_states would, from any thread, while the engine computes: the
+  // as begin_os_snapshot would, from any thread, while the engine computes: the
   // optimizer alone writes what it reads (the OS range of the parameters, or
   // the fp32 master, and the moments), and the gate set here is called on the
   // training thread with u before each update(u), so a caller holds it until

@@ -128,7 +128,10 @@ def check_resume(amsp, mpiexec, data, work, check):
     give steps 3 and 4 bit for bit. The first run saves in the background, from a
     snapshot in the backend's page-locked host memory (cudaHostAlloc): its run record
     says so (ckpt_snapshot_pinned, ckpt_snapshot_bytes = 3 fp32 states of this rank's
-    OS-shard), and the resume checks what that snapshot held."""
+    OS-shard), and the resume checks what that snapshot held. Its writer waits 1 s
+    before it waits for the snapshot's copies (save.snapshot@2,SLEEP=1), so that step 3's
+    optimizer updates are issued first: the happens-before checker then requires them to
+    be ordered after the copies on the device (Backend::fence_snapshot)."""
     base = os.path.join(work, "resume")
     env = dict(os.environ, AMSP_CUDA_EMULATION="1", OMP_NUM_THREADS="1")
     cmd = [mpiexec, "-n", "2", amsp, "train", "--model", "tiny", "--data", data, "--device", "cuda",
@@ -139,7 +142,8 @@ def check_resume(amsp, mpiexec, data, work, check):
     straight = subprocess.run(cmd + ["--checkpoint-dir", os.path.join(base, "a"), "--checkpoint-every", "2",
                                      "--checkpoint-mode", "background", "--run-info", os.path.join(base, "a.json"),
                                      "--metrics", os.path.join(base, "a.jsonl")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300, env=env)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
+                              env=dict(env, AMSP_FAULT="save.snapshot@2,SLEEP=1"))
     if straight.returncode != 0:
         check(False, f"resume on cuda: the straight run failed: {straight.stderr.strip()[-300:]}")
         return
