@@ -46,6 +46,14 @@ AMSP_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint3
 // The fp32 value nearest to f that bf16 can hold.
 AMSP_HD float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+// A stored element in fp32 (bf16 widened, exactly), and an fp32 value stored in
+// a destination's dtype (bf16 rounded to nearest even): the one conversion at
+// the edges of every kernel that takes either dtype, on both backends.
+AMSP_HD float load(float x) { return x; }
+AMSP_HD float load(uint16_t x) { return bf16_to_float(x); }
+AMSP_HD void store(float* p, float v) { *p = v; }
+AMSP_HD void store(uint16_t* p, float v) { *p = float_to_bf16(v); }
+
 // exp(x) in fp32, within 2 ulp of the correctly rounded value on the normal
 // range (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial, then
 // scaling by 2^n through the exponent bits). Returns 0 below -87.3 (where expf

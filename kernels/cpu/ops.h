@@ -36,13 +36,21 @@ void add_inplace(float* y, const float* x, int64_t n);
 
 // ---- norm.cpp -----------------------------------------------------------------
 // y = w * x / sqrt(mean(x^2) + eps) per row; inv_rms[rows] kept for backward.
+// x, w, dx, dw fp32; y and dy fp32 or bf16 bit patterns (each y computed in
+// fp32 and rounded once; dy widened).
 void rmsnorm_forward(const float* x, const float* w, float* y, float* inv_rms, int64_t rows,
+                     int64_t dim, float eps);
+void rmsnorm_forward(const float* x, const float* w, uint16_t* y, float* inv_rms, int64_t rows,
                      int64_t dim, float eps);
 // y from x and a saved inv_rms (recomputation in backward, same bits as forward).
 void rmsnorm_apply(const float* x, const float* w, const float* inv_rms, float* y, int64_t rows,
                    int64_t dim);
+void rmsnorm_apply(const float* x, const float* w, const float* inv_rms, uint16_t* y, int64_t rows,
+                   int64_t dim);
 // dx += d(norm)/dx^T dy; dw += sum_rows dy * x * inv_rms.
 void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* inv_rms,
+                      float* dx, float* dw, int64_t rows, int64_t dim);
+void rmsnorm_backward(const uint16_t* dy, const float* x, const float* w, const float* inv_rms,
                       float* dx, float* dw, int64_t rows, int64_t dim);
 
 // ---- rope.cpp -----------------------------------------------------------------
@@ -51,10 +59,15 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 void rope_table(float* cos, float* sin, int64_t max_T, int64_t head_dim, double theta);
 // In-place rotation of x [B*T, row_stride] holding `heads` heads of head_dim
 // each from column 0; position = row % T. backward rotates by -angle (the
-// transpose), turning d(out) into d(in) in place.
+// transpose), turning d(out) into d(in) in place. x: fp32, or bf16 bit patterns
+// (each pair widened, rotated in fp32, stored rounded to nearest even).
 void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                   int64_t heads, int64_t head_dim, int64_t row_stride);
 void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t heads, int64_t head_dim, int64_t row_stride);
+void rope_forward(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                  int64_t heads, int64_t head_dim, int64_t row_stride);
+void rope_backward(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T,
                    int64_t heads, int64_t head_dim, int64_t row_stride);
 
 // ---- attention.cpp ------------------------------------------------------------
@@ -76,12 +89,17 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
 // out = silu(gate) * up over rows x cols values. gate and up (and dgate, dup)
 // are rows of stride ld (the model's fused projection [rows, 2 cols] holds gate
 // and up side by side: ld = 2 cols, up = gate + cols); out and dout are
-// [rows, cols].
+// [rows, cols]. Activations fp32, or bf16 bit patterns: widened, computed in
+// fp32 (the same per-element math), stored rounded to nearest even.
 void swiglu_forward(const float* gate, const float* up, int64_t ld, float* out, int64_t rows,
+                    int64_t cols);
+void swiglu_forward(const uint16_t* gate, const uint16_t* up, int64_t ld, uint16_t* out, int64_t rows,
                     int64_t cols);
 // dgate, dup from dout (overwritten). With ld == cols, dup may alias dout.
 void swiglu_backward(const float* gate, const float* up, int64_t ld, const float* dout,
                      float* dgate, float* dup, int64_t rows, int64_t cols);
+void swiglu_backward(const uint16_t* gate, const uint16_t* up, int64_t ld, const uint16_t* dout,
+                     uint16_t* dgate, uint16_t* dup, int64_t rows, int64_t cols);
 
 // ---- loss.cpp -----------------------------------------------------------------
 // Cross-entropy of logits [rows, V] against targets (target < 0: ignored;

@@ -25,11 +25,6 @@ using quant::Spec;
 // the threads (even: 4-bit codes start on a byte).
 constexpr int64_t kTile = 4096;
 
-inline float load(float x) { return x; }
-inline float load(uint16_t x) { return bf16_to_float(x); }
-inline void store(float* p, float v) { *p = v; }
-inline void store(uint16_t* p, float v) { *p = float_to_bf16(v); }
-
 inline uint8_t* codes_of(int32_t* record, int64_t n, const Spec& s) {
   return reinterpret_cast<uint8_t*>(record) + quant::codes_offset(n, s);
 }

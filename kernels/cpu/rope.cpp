@@ -25,7 +25,9 @@ void rope_table(float* cos, float* sin, int64_t max_T, int64_t head_dim, double 
 
 namespace {
 
-void rope_apply(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
+// x: fp32, or bf16 (each pair widened, rotated in fp32, stored rounded).
+template <typename A>
+void rope_apply(A* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
                 int64_t head_dim, int64_t row_stride, float sign) {
   const int64_t half = head_dim / 2;
   const int64_t rows = B * T;
@@ -35,10 +37,15 @@ void rope_apply(float* x, const float* cos, const float* sin, int64_t B, int64_t
     const float* c = cos + pos * half;
     const float* s = sin + pos * half;
     for (int64_t h = 0; h < heads; ++h) {
-      float* a = x + r * row_stride + h * head_dim;
-      float* b = a + half;
+      A* a = x + r * row_stride + h * head_dim;
+      A* b = a + half;
 #pragma omp simd
-      for (int64_t i = 0; i < half; ++i) rope_rotate(a[i], b[i], c[i], sign * s[i]);
+      for (int64_t i = 0; i < half; ++i) {
+        float ai = load(a[i]), bi = load(b[i]);
+        rope_rotate(ai, bi, c[i], sign * s[i]);
+        store(a + i, ai);
+        store(b + i, bi);
+      }
     }
   }
 }
@@ -51,6 +58,16 @@ void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64
 }
 
 void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t heads, int64_t head_dim, int64_t row_stride) {
+  rope_apply(dx, cos, sin, B, T, heads, head_dim, row_stride, -1.0f);
+}
+
+void rope_forward(uint16_t* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                  int64_t heads, int64_t head_dim, int64_t row_stride) {
+  rope_apply(x, cos, sin, B, T, heads, head_dim, row_stride, 1.0f);
+}
+
+void rope_backward(uint16_t* dx, const float* cos, const float* sin, int64_t B, int64_t T,
                    int64_t heads, int64_t head_dim, int64_t row_stride) {
   rope_apply(dx, cos, sin, B, T, heads, head_dim, row_stride, -1.0f);
 }

@@ -8,25 +8,11 @@
 namespace amsp::kernels::cuda {
 namespace {
 
-// Elementwise values in fp32: fp32 as is, bf16 widened (exact).
-AMSP_DEVICE_INLINE float load(float x) { return x; }
-AMSP_DEVICE_INLINE float load(bf16 x) { return bf16_to_float(x); }
-// Stores an fp32 value in the destination's dtype, rounding bf16 to nearest even.
-AMSP_DEVICE_INLINE void store(float* p, float x) { *p = x; }
-AMSP_DEVICE_INLINE void store(bf16* p, float x) { *p = float_to_bf16(x); }
-
 AMSP_DEVICE_INLINE int64_t first_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 AMSP_DEVICE_INLINE int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-// AMSP_LAUNCH is a macro: a kernel's template arguments must hold no comma, so
-// the two dtypes of a kernel travel as one type.
-template <typename A, typename B>
-struct Dtypes {
-  using First = A;
-  using Second = B;
-};
 using F32F32 = Dtypes<float, float>;
 using F32Bf16 = Dtypes<float, bf16>;
 using Bf16F32 = Dtypes<bf16, float>;

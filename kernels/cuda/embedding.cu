@@ -14,9 +14,6 @@
 namespace amsp::kernels::cuda {
 namespace {
 
-AMSP_DEVICE_INLINE float widen(float x) { return x; }
-AMSP_DEVICE_INLINE float widen(bf16 x) { return bf16_to_float(x); }
-
 // One block per row (grid-stride over rows), threads across the row.
 template <typename T>
 __global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, float* out,
@@ -24,7 +21,7 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* src = table + static_cast<int64_t>(tokens[r]) * dim;
     float* dst = out + r * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = widen(src[j]);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = load(src[j]);
   }
 }
 

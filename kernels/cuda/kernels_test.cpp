@@ -366,6 +366,11 @@ void check_rmsnorm_forward(const char* dtype) {
     std::vector<float> y2(x.size(), -1.0f);
     cuda::rmsnorm_apply(x.data(), w.data(), want_inv.data(), y2.data(), s.rows, s.dim, nullptr);
     expect_same(sh + " apply", y2, want_y);
+    // A bf16 y: the CPU backend's bits (the fp32 y rounded once).
+    std::vector<bf16> y16(x.size()), want_y16(x.size());
+    cuda::rmsnorm_apply(x.data(), w.data(), want_inv.data(), y16.data(), s.rows, s.dim, nullptr);
+    ref.rmsnorm_apply(f32_view(x), view_of(w), f32_view(want_inv), bf16_view(want_y16), s.rows, s.dim);
+    expect_same(sh + " apply, y bf16", y16, want_y16);
   }
 }
 
@@ -399,6 +404,16 @@ void check_rmsnorm_backward(const char* dtypes) {
     }
     expect_row_ulps(sh + " dx", dx, want_dx, std::max<int64_t>(s.dim, 1), scale, 8.0);
     expect_same(sh + " dw", dw, want_dw);
+    // A bf16 dy, widened on both sides: the same order and bits for dw.
+    std::vector<bf16> dy16 = to_bf16_host(dy);
+    std::vector<float> dx16 = random_floats(n, 17), want_dx16 = dx16;
+    std::vector<DW> dw16 = weights<DW>(random_floats(s.dim, 18)), want_dw16 = dw16;
+    cuda::rmsnorm_backward(dy16.data(), x.data(), w.data(), inv.data(), dx16.data(), dw16.data(), s.rows,
+                           s.dim, work.data(), nullptr);
+    ref.rmsnorm_backward(bf16_view(dy16), f32_view(x), view_of(w), f32_view(inv), f32_view(want_dx16),
+                         view_of(want_dw16), s.rows, s.dim);
+    expect_row_ulps(sh + " dx, dy bf16", dx16, want_dx16, std::max<int64_t>(s.dim, 1), scale, 8.0);
+    expect_same(sh + " dw, dy bf16", dw16, want_dw16);
   }
 }
 
@@ -434,6 +449,16 @@ TEST_P(CudaKernels, Rope) {
     cpu::rope_backward(want.data(), cos.data(), sin.data(), s.B, s.T, s.heads, s.head_dim,
                        s.row_stride);
     expect_same(sh + " backward", x, want);
+    // bf16 values: the same bits as the CPU kernel's bf16 overload.
+    std::vector<bf16> x16 = to_bf16_host(x0), want16 = x16;
+    cuda::rope_forward(x16.data(), cos.data(), sin.data(), s.B, s.T, s.heads, s.head_dim, s.row_stride,
+                       nullptr);
+    cpu::rope_forward(want16.data(), cos.data(), sin.data(), s.B, s.T, s.heads, s.head_dim, s.row_stride);
+    expect_same(sh + " forward bf16", x16, want16);
+    cuda::rope_backward(x16.data(), cos.data(), sin.data(), s.B, s.T, s.heads, s.head_dim, s.row_stride,
+                        nullptr);
+    cpu::rope_backward(want16.data(), cos.data(), sin.data(), s.B, s.T, s.heads, s.head_dim, s.row_stride);
+    expect_same(sh + " backward bf16", x16, want16);
   }
 }
 
@@ -477,6 +502,18 @@ TEST_P(CudaKernels, Swiglu) {
     cpu::swiglu_backward(g, g + cols, 2 * cols, dout.data(), want_d.data(), want_d.data() + cols,
                          rows, cols);
     expect_same(shape("swiglu_backward dgate|dup", {rows, cols}), d, want_d);
+    // bf16 activations: the same bits as the CPU kernel's bf16 overload.
+    const std::vector<bf16> gu16 = to_bf16_host(gate_up), dout16 = to_bf16_host(dout);
+    std::vector<bf16> out16(n), want16(n), d16(2 * n), want_d16(2 * n);
+    const bf16* g16 = gu16.data();
+    cuda::swiglu_forward(g16, g16 + cols, 2 * cols, out16.data(), rows, cols, nullptr);
+    cpu::swiglu_forward(g16, g16 + cols, 2 * cols, want16.data(), rows, cols);
+    expect_same(shape("swiglu_forward bf16 gate|up", {rows, cols}), out16, want16);
+    cuda::swiglu_backward(g16, g16 + cols, 2 * cols, dout16.data(), d16.data(), d16.data() + cols, rows,
+                          cols, nullptr);
+    cpu::swiglu_backward(g16, g16 + cols, 2 * cols, dout16.data(), want_d16.data(), want_d16.data() + cols,
+                         rows, cols);
+    expect_same(shape("swiglu_backward bf16 dgate|dup", {rows, cols}), d16, want_d16);
   }
 }
 

@@ -10,14 +10,11 @@
 namespace amsp::kernels::cuda {
 namespace {
 
-AMSP_DEVICE_INLINE float widen(float x) { return x; }
-AMSP_DEVICE_INLINE float widen(bf16 x) { return bf16_to_float(x); }
-
 // One block per row (grid-stride over rows); every thread of a block takes
-// part in the reduction, however short the row.
-template <typename W>
-__global__ void rmsnorm_forward_kernel(const float* x, const W* w, float* y, float* inv_rms,
-                                       int64_t rows, int64_t dim, float eps) {
+// part in the reduction, however short the row. T: Dtypes<w's, y's>.
+template <typename T>
+__global__ void rmsnorm_forward_kernel(const float* x, const typename T::First* w, typename T::Second* y,
+                                       float* inv_rms, int64_t rows, int64_t dim, float eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
     double ss = 0.0;
@@ -26,35 +23,36 @@ __global__ void rmsnorm_forward_kernel(const float* x, const W* w, float* y, flo
     const float inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
     if (threadIdx.x == 0) inv_rms[r] = inv;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      y[r * dim + j] = rmsnorm_element(xr[j], widen(w[j]), inv);
+      store(y + r * dim + j, rmsnorm_element(xr[j], load(w[j]), inv));
   }
 }
 
-template <typename W>
-__global__ void rmsnorm_apply_kernel(const float* x, const W* w, const float* inv_rms, float* y,
-                                     int64_t rows, int64_t dim) {
+template <typename T>
+__global__ void rmsnorm_apply_kernel(const float* x, const typename T::First* w, const float* inv_rms,
+                                     typename T::Second* y, int64_t rows, int64_t dim) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float inv = inv_rms[r];
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      y[r * dim + j] = rmsnorm_element(x[r * dim + j], widen(w[j]), inv);
+      store(y + r * dim + j, rmsnorm_element(x[r * dim + j], load(w[j]), inv));
   }
 }
 
 // dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row.
-template <typename W>
-__global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const W* w,
+// T: Dtypes<w's, dy's>.
+template <typename T>
+__global__ void rmsnorm_dx_kernel(const typename T::Second* dy, const float* x, const typename T::First* w,
                                   const float* inv_rms, float* dx, int64_t rows, int64_t dim) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
-    const float* dyr = dy + r * dim;
+    const typename T::Second* dyr = dy + r * dim;
     const float inv = inv_rms[r];
     double c = 0.0;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      c += static_cast<double>(widen(w[j]) * dyr[j]) * xr[j];
+      c += static_cast<double>(load(w[j]) * load(dyr[j])) * xr[j];
     c = block_sum(c);
     const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      dx[r * dim + j] += rmsnorm_dx_element(xr[j], widen(w[j]), dyr[j], inv, coef);
+      dx[r * dim + j] += rmsnorm_dx_element(xr[j], load(w[j]), load(dyr[j]), inv, coef);
   }
 }
 
@@ -67,7 +65,8 @@ AMSP_DEVICE_INLINE void add_to(bf16* dst, float c) {
 // device: the sums of each chunk of kRmsnormDwRows rows (math.h) per column, a
 // block per (256 columns, chunk), in double; then per column the chunks in
 // order, added to dw once. The CPU sums in the same order.
-__global__ void rmsnorm_dw_chunks_kernel(const float* dy, const float* x, const float* inv_rms,
+template <typename DY>
+__global__ void rmsnorm_dw_chunks_kernel(const DY* dy, const float* x, const float* inv_rms,
                                          double* partials, int64_t rows, int64_t dim) {
   const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
@@ -76,7 +75,7 @@ __global__ void rmsnorm_dw_chunks_kernel(const float* dy, const float* x, const 
       const int64_t r1 = (c + 1) * kRmsnormDwRows < rows ? (c + 1) * kRmsnormDwRows : rows;
       double acc = 0.0;
       for (int64_t r = c * kRmsnormDwRows; r < r1; ++r)
-        acc += static_cast<double>(dy[r * dim + j] * (x[r * dim + j] * inv_rms[r]));
+        acc += static_cast<double>(load(dy[r * dim + j]) * (x[r * dim + j] * inv_rms[r]));
       partials[c * dim + j] = acc;
     }
 }
@@ -93,19 +92,21 @@ __global__ void rmsnorm_dw_sum_kernel(const double* partials, DW* dw, int64_t ch
 
 }  // namespace
 
-template <typename W>
-void rmsnorm_forward(const float* x, const W* w, float* y, float* inv_rms, int64_t rows,
-                     int64_t dim, float eps, cudaStream_t s) {
+template <typename W, typename Y>
+void rmsnorm_forward(const float* x, const W* w, Y* y, float* inv_rms, int64_t rows, int64_t dim, float eps,
+                     cudaStream_t s) {
+  using T = Dtypes<W, Y>;
   if (rows > 0)
-    AMSP_LAUNCH(rmsnorm_forward_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
+    AMSP_LAUNCH(rmsnorm_forward_kernel<T>, grid_for(rows, 1), kBlockThreads, 0, s)(
         x, w, y, inv_rms, rows, dim, eps);
 }
 
-template <typename W>
-void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, float* y, int64_t rows,
-                   int64_t dim, cudaStream_t s) {
+template <typename W, typename Y>
+void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, Y* y, int64_t rows, int64_t dim,
+                   cudaStream_t s) {
+  using T = Dtypes<W, Y>;
   if (rows > 0 && dim > 0)
-    AMSP_LAUNCH(rmsnorm_apply_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
+    AMSP_LAUNCH(rmsnorm_apply_kernel<T>, grid_for(rows, 1), kBlockThreads, 0, s)(
         x, w, inv_rms, y, rows, dim);
 }
 
@@ -113,33 +114,32 @@ int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim) {
   return (rows + kRmsnormDwRows - 1) / kRmsnormDwRows * dim;
 }
 
-template <typename W, typename DW>
-void rmsnorm_backward(const float* dy, const float* x, const W* w, const float* inv_rms,
-                      float* dx, DW* dw, int64_t rows, int64_t dim, double* workspace, cudaStream_t s) {
+template <typename DY, typename W, typename DW>
+void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx, DW* dw,
+                      int64_t rows, int64_t dim, double* workspace, cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
-  AMSP_LAUNCH(rmsnorm_dx_kernel<W>, grid_for(rows, 1), kBlockThreads, 0, s)(
+  using T = Dtypes<W, DY>;
+  AMSP_LAUNCH(rmsnorm_dx_kernel<T>, grid_for(rows, 1), kBlockThreads, 0, s)(
       dy, x, w, inv_rms, dx, rows, dim);
   const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
   const dim3 grid(grid_for(dim), grid_for(chunks, 1, 65535));
-  AMSP_LAUNCH(rmsnorm_dw_chunks_kernel, grid, kBlockThreads, 0, s)(dy, x, inv_rms, workspace, rows, dim);
+  AMSP_LAUNCH(rmsnorm_dw_chunks_kernel<DY>, grid, kBlockThreads, 0, s)(dy, x, inv_rms, workspace, rows, dim);
   AMSP_LAUNCH(rmsnorm_dw_sum_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(workspace, dw, chunks, dim);
 }
 
-template void rmsnorm_forward(const float*, const float*, float*, float*, int64_t, int64_t, float,
-                              cudaStream_t);
-template void rmsnorm_forward(const float*, const bf16*, float*, float*, int64_t, int64_t, float,
-                              cudaStream_t);
-template void rmsnorm_apply(const float*, const float*, const float*, float*, int64_t, int64_t,
-                            cudaStream_t);
-template void rmsnorm_apply(const float*, const bf16*, const float*, float*, int64_t, int64_t,
-                            cudaStream_t);
-template void rmsnorm_backward(const float*, const float*, const float*, const float*, float*,
-                               float*, int64_t, int64_t, double*, cudaStream_t);
-template void rmsnorm_backward(const float*, const float*, const float*, const float*, float*,
-                               bf16*, int64_t, int64_t, double*, cudaStream_t);
-template void rmsnorm_backward(const float*, const float*, const bf16*, const float*, float*,
-                               float*, int64_t, int64_t, double*, cudaStream_t);
-template void rmsnorm_backward(const float*, const float*, const bf16*, const float*, float*,
-                               bf16*, int64_t, int64_t, double*, cudaStream_t);
+// Every combination of fp32 and bf16: w (and dw) a parameter's dtype, y and dy
+// the activations'.
+#define AMSP_RMSNORM(W, A)                                                                           \
+  template void rmsnorm_forward(const float*, const W*, A*, float*, int64_t, int64_t, float, cudaStream_t); \
+  template void rmsnorm_apply(const float*, const W*, const float*, A*, int64_t, int64_t, cudaStream_t);    \
+  template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, float*, int64_t,    \
+                                 int64_t, double*, cudaStream_t);                                           \
+  template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, bf16*, int64_t,     \
+                                 int64_t, double*, cudaStream_t);
+AMSP_RMSNORM(float, float)
+AMSP_RMSNORM(float, bf16)
+AMSP_RMSNORM(bf16, float)
+AMSP_RMSNORM(bf16, bf16)
+#undef AMSP_RMSNORM
 
 }  // namespace amsp::kernels::cuda

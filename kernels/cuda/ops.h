@@ -76,28 +76,31 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dtable,
 void embedding_backward(const int32_t* tokens, const float* dout, bf16* dtable, int64_t rows,
                         int64_t dim, int64_t vocab, int32_t* workspace, cudaStream_t s);
 
-// ---- RMSNorm (w: fp32 or bf16) ----------------------------------------------------------
+// ---- RMSNorm (w, dw: fp32 or bf16; y, dy: fp32 or bf16 activations) -----------------------
 // y = w * (x * inv_rms), inv_rms[rows] kept; apply recomputes y from inv_rms.
-template <typename W>
-void rmsnorm_forward(const float* x, const W* w, float* y, float* inv_rms, int64_t rows,
-                     int64_t dim, float eps, cudaStream_t s);
-template <typename W>
-void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, float* y, int64_t rows,
-                   int64_t dim, cudaStream_t s);
+template <typename W, typename Y>
+void rmsnorm_forward(const float* x, const W* w, Y* y, float* inv_rms, int64_t rows, int64_t dim,
+                     float eps, cudaStream_t s);
+template <typename W, typename Y>
+void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, Y* y, int64_t rows, int64_t dim,
+                   cudaStream_t s);
 // dx += d(norm)/dx^T dy;  dw += sum over rows of dy * x * inv_rms, each column
 // summed in double in chunks of kRmsnormDwRows rows and the chunks in order
 // (kernels/common/math.h, as the CPU does), then added to dw and rounded once.
 // workspace: rmsnorm_backward_workspace(rows, dim) doubles.
 int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim);
-template <typename W, typename DW>
-void rmsnorm_backward(const float* dy, const float* x, const W* w, const float* inv_rms,
-                      float* dx, DW* dw, int64_t rows, int64_t dim, double* workspace, cudaStream_t s);
+template <typename DY, typename W, typename DW>
+void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx, DW* dw,
+                      int64_t rows, int64_t dim, double* workspace, cudaStream_t s);
 
 // ---- RoPE (tables from kernels/cpu rope_table, copied to the device) -----------------
-void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
-                  int64_t heads, int64_t head_dim, int64_t row_stride, cudaStream_t s);
-void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
-                   int64_t heads, int64_t head_dim, int64_t row_stride, cudaStream_t s);
+// A: float or bf16 values, rotated in place.
+template <typename A>
+void rope_forward(A* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
+                  int64_t head_dim, int64_t row_stride, cudaStream_t s);
+template <typename A>
+void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
+                   int64_t head_dim, int64_t row_stride, cudaStream_t s);
 
 // ---- attention: fused, causal, grouped-query, FlashAttention-2 style ------------------
 // q: B*T rows of H*D values, row stride ldq; k, v: B*T rows of KV*D values, row
@@ -125,11 +128,14 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
 
 // ---- SwiGLU -----------------------------------------------------------------------------
 // The layout of kernels/cpu/ops.h: gate, up, dgate and dup rows of stride ld,
-// out and dout [rows, cols]; with ld == cols, dup may alias dout.
-void swiglu_forward(const float* gate, const float* up, int64_t ld, float* out, int64_t rows,
-                    int64_t cols, cudaStream_t s);
-void swiglu_backward(const float* gate, const float* up, int64_t ld, const float* dout,
-                     float* dgate, float* dup, int64_t rows, int64_t cols, cudaStream_t s);
+// out and dout [rows, cols]; with ld == cols, dup may alias dout. A: float or
+// bf16 activations, all of one dtype.
+template <typename A>
+void swiglu_forward(const A* gate, const A* up, int64_t ld, A* out, int64_t rows, int64_t cols,
+                    cudaStream_t s);
+template <typename A>
+void swiglu_backward(const A* gate, const A* up, int64_t ld, const A* dout, A* dgate, A* dup,
+                     int64_t rows, int64_t cols, cudaStream_t s);
 
 // ---- cross-entropy ------------------------------------------------------------------------
 // Per row: lse[r] and losses[r] = lse - logit[target] (0 for target < 0). A

@@ -23,11 +23,6 @@ namespace {
 using quant::Quantizer;
 using quant::Spec;
 
-AMSP_DEVICE_INLINE float load(float x) { return x; }
-AMSP_DEVICE_INLINE float load(bf16 x) { return bf16_to_float(x); }
-AMSP_DEVICE_INLINE void store(float* p, float x) { *p = x; }
-AMSP_DEVICE_INLINE void store(bf16* p, float x) { *p = float_to_bf16(x); }
-
 AMSP_DEVICE_INLINE int64_t first_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

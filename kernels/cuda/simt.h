@@ -24,3 +24,13 @@
 #include "kernels/cuda/emu/simt.h"
 #define AMSP_DEVICE_INLINE inline
 #endif
+
+// AMSP_LAUNCH is a macro: a kernel's template arguments must hold no comma, so
+// a kernel of two dtypes takes them as one type, Dtypes<A, B>.
+namespace amsp::kernels::cuda {
+template <typename A, typename B>
+struct Dtypes {
+  using First = A;
+  using Second = B;
+};
+}  // namespace amsp::kernels::cuda

@@ -20,7 +20,8 @@
 // tensor-core GEMM with fp32 accumulation does), before beta * y is added in
 // fp32. Weight gradients are the exception: the product accumulates into the
 // gradient in fp32, rounded once when the gradient is bf16 (a GEMM with
-// beta = 1 into the gradient, as Megatron and llm.c accumulate them). Activations are fp32 on the CPU backend; parameters and gradients may
+// beta = 1 into the gradient, as Megatron and llm.c accumulate them). Activations are fp32, except
+// where a kernel below says it also takes bf16 ones; parameters and gradients may
 // be fp32 or bf16 (the kernels below say which dtypes they take). Everything
 // else (norms, softmax, losses, optimizer) computes in fp32.
 //
@@ -217,7 +218,9 @@ class Backend {
                                       int64_t in, int64_t out) = 0;
 
   // RMSNorm (kernels/cpu/ops.h): forward keeps inv_rms [rows]; apply recomputes
-  // y from it; backward: dx += ..., dw += ... . w, dw: fp32 or bf16.
+  // y from it; backward: dx += ..., dw += ... . w, dw: fp32 or bf16; x, dx,
+  // inv_rms fp32 (the residual stream); y and dy fp32 or bf16 (y computed in
+  // fp32 and rounded once, dy widened).
   virtual void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
                                int64_t rows, int64_t dim, float eps) = 0;
   virtual void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y,
@@ -226,7 +229,8 @@ class Backend {
                                 const View& inv_rms, const View& dx, const View& dw,
                                 int64_t rows, int64_t dim) = 0;
 
-  // RoPE tables [max_T, head_dim/2] and the in-place rotation (backward: by -angle).
+  // RoPE tables [max_T, head_dim/2] and the in-place rotation (backward: by
+  // -angle) of fp32 or bf16 x (widened, rotated in fp32, stored rounded).
   virtual void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
                           double theta) = 0;
   virtual void rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
@@ -251,7 +255,8 @@ class Backend {
   // SwiGLU over the fused gate/up projection gate_up [rows, 2 I]: each row
   // holds gate, then up, as one matrix product over the adjacent gate and up
   // weights writes them. out [rows, I] = silu(gate) * up; backward writes
-  // dgate_up in gate_up's layout from dout [rows, I].
+  // dgate_up in gate_up's layout from dout [rows, I]. All four fp32, or all
+  // bf16 (widened, computed in fp32, each output rounded once).
   virtual void swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) = 0;
   virtual void swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
                                int64_t rows, int64_t I) = 0;

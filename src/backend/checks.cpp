@@ -1,6 +1,8 @@
 // The backends' argument checks: checks.h.
 #include "backend/checks.h"
 
+#include <string_view>
+
 #include "backend/backend.h"
 #include "core/error.h"
 
@@ -46,6 +48,17 @@ void Checks::expect_float(const char* kernel, const char* name, const View& v) c
   device(kernel, name, v);
   if (v.dtype != DType::kF32 && v.dtype != DType::kBF16)
     fail(kernel, ": ", name, " is ", dtype_name(v.dtype), ", expected fp32 or bf16");
+}
+
+void Checks::expect_activations(const char* kernel, std::initializer_list<Arg> args) const {
+  const Arg& first = *args.begin();
+  expect_float(kernel, first.name, first.view);
+  for (const Arg& a : args) {
+    device(kernel, a.name, a.view);
+    if (a.view.dtype != first.view.dtype)
+      fail(kernel, ": ", a.name, " is ", dtype_name(a.view.dtype), ", expected ", dtype_name(first.view.dtype),
+           " as ", first.name, " is");
+  }
 }
 
 // ---- the backend ----------------------------------------------------------------------
@@ -122,7 +135,11 @@ void Checks::rmsnorm(const char* kn, const View& x, const View& w, const View& y
   sizes(kn, {{"rows", rows}, {"dim", dim}});
   expect(kn, "x", x, DType::kF32);
   expect_float(kn, "w", w);
-  expect(kn, y_name, y, DType::kF32);
+  // y (forward and apply) may be bf16; dx (backward) accumulates in fp32.
+  if (std::string_view(y_name) == "y")
+    expect_float(kn, y_name, y);
+  else
+    expect(kn, y_name, y, DType::kF32);
   expect(kn, "inv_rms", inv_rms, DType::kF32);
   const int64_t n = product(kn, {rows, dim});
   need(kn, "x", x, n);
@@ -135,7 +152,7 @@ void Checks::rmsnorm_backward(const View& dy, const View& x, const View& w, cons
                               const View& dx, const View& dw, int64_t rows, int64_t dim) const {
   const char* kn = "rmsnorm_backward";
   rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
-  expect(kn, "dy", dy, DType::kF32);
+  expect_float(kn, "dy", dy);
   expect_float(kn, "dw", dw);
   need(kn, "dy", dy, rows * dim);
   need(kn, "dw", dw, dim);
@@ -165,7 +182,7 @@ void Checks::rope(const char* kn, const View& x, const View& cos, const View& si
                   int64_t heads, int64_t head_dim, int64_t row_stride) const {
   sizes(kn, {{"B", B}, {"T", T}, {"heads", heads}, {"head_dim", head_dim}, {"row_stride", row_stride}});
   check_head_dim(kn, head_dim);
-  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "x", x);
   expect(kn, "cos", cos, DType::kF32);
   expect(kn, "sin", sin, DType::kF32);
   const int64_t width = product(kn, {heads, head_dim}), rows = product(kn, {B, T});
@@ -218,7 +235,7 @@ void Checks::attention_backward(const Backend& backend, const View& qkv, const V
 void Checks::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) const {
   const char* kn = "swiglu_forward";
   sizes(kn, {{"rows", rows}, {"I", I}});
-  expect_all(kn, DType::kF32, {{"gate_up", gate_up}, {"out", out}});
+  expect_activations(kn, {{"gate_up", gate_up}, {"out", out}});
   need(kn, "gate_up", gate_up, product(kn, {rows, 2, I}));
   need(kn, "out", out, product(kn, {rows, I}));
 }
@@ -227,7 +244,7 @@ void Checks::swiglu_backward(const View& gate_up, const View& dout, const View& 
                              int64_t rows, int64_t I) const {
   const char* kn = "swiglu_backward";
   sizes(kn, {{"rows", rows}, {"I", I}});
-  expect_all(kn, DType::kF32, {{"gate_up", gate_up}, {"dout", dout}, {"dgate_up", dgate_up}});
+  expect_activations(kn, {{"gate_up", gate_up}, {"dout", dout}, {"dgate_up", dgate_up}});
   need(kn, "gate_up", gate_up, product(kn, {rows, 2, I}));
   need(kn, "dout", dout, product(kn, {rows, I}));
   need(kn, "dgate_up", dgate_up, product(kn, {rows, 2, I}));

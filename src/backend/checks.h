@@ -48,6 +48,8 @@ class Checks {
   void expect_all(const char* kernel, DType t, std::initializer_list<Arg> args) const;
   // v must be fp32 or bf16 (a parameter, a gradient, or an operand of copy/add).
   void expect_float(const char* kernel, const char* name, const View& v) const;
+  // Activations of one kernel: the first fp32 or bf16, the others of its dtype.
+  void expect_activations(const char* kernel, std::initializer_list<Arg> args) const;
 
   // ---- the backend: construction, memory, ordering ----------------------------------
 

@@ -28,12 +28,15 @@ void small_cases(Checker& c) {
       for (float beta : {0.0f, 1.0f})  // dw always accumulates: once is enough
         linear_cases(c, {M, in, out, w, beta}, beta == 0.0f);
   for (auto [rows, dim] : {std::array<int64_t, 2>{1, 1}, {3, 257}, {70, 64}})
-    for (DType w : {DType::kF32, DType::kBF16}) rmsnorm_cases(c, {rows, dim, w});
-  for (auto s : {RopeShape{1, 1, 1, 2, 2}, {2, 37, 3, 8, 40}, {1, 70, 5, 16, 96}}) rope_case(c, s);
+    for (DType w : {DType::kF32, DType::kBF16})
+      for (DType act : {DType::kF32, DType::kBF16}) rmsnorm_cases(c, {rows, dim, w, act});
+  for (auto s : {RopeShape{1, 1, 1, 2, 2}, {2, 37, 3, 8, 40}, {1, 70, 5, 16, 96}})
+    for (DType act : {DType::kF32, DType::kBF16}) rope_case(c, s, act);
   for (auto s : {AttentionShape{1, 1, 1, 1, 8}, {2, 37, 4, 4, 16}, {1, 70, 8, 2, 24},
                  {1, 130, 2, 1, 64}})
     attention_case(c, s);
-  for (auto [rows, I] : {std::array<int64_t, 2>{1, 1}, {17, 241}}) swiglu_case(c, rows, I);
+  for (auto [rows, I] : {std::array<int64_t, 2>{1, 1}, {17, 241}})
+    for (DType act : {DType::kF32, DType::kBF16}) swiglu_case(c, rows, I, act);
   for (auto [rows, V] : {std::array<int64_t, 2>{1, 1}, {13, 50}, {33, 1031}})
     cross_entropy_case(c, rows, V);
   for (int64_t n : {int64_t{1}, int64_t{70001}})

@@ -167,26 +167,31 @@ void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient) {
 // inv_rms comes from a sum of dim squares (positive terms); y is a few roundings
 // more. Backward: c = sum_k w dy x over the row (a sum of dim terms of both
 // signs) and inv_rms^3 (three times inv_rms's error) make dx; dw sums over rows.
+// bf16 activations (y written, dy read as bf16): y is rounded once after the
+// fp32 computation; dy is the same rounded input on both backends.
 void rmsnorm_cases(Checker& c, const RmsnormShape& s) {
-  const auto [rows, dim, wt] = s;
-  const std::string shape =
-      fmt("rows=%lld dim=%lld w=dw=%s", (long long)rows, (long long)dim, name(wt));
+  const auto [rows, dim, wt, act] = s;
+  const std::string shape = fmt("rows=%lld dim=%lld w=dw=%s act=%s", (long long)rows, (long long)dim,
+                                name(wt), name(act));
   const double t_forward = sum_of(dim) + kElementwise;
+  auto t_y = [&](const Floats& y) {
+    const double mx = max_abs(y);
+    return act == DType::kBF16 ? bf16_rounded(t_forward, mx, mx) : t_forward;
+  };
   c.compare("rmsnorm_forward+apply", shape, kReduction, [&](Backend& be) {
     Buffer x = put(be, randn(rows * dim, 1, 3.0f)), w = put(be, randn(dim, 2), wt);
-    Buffer y = be.alloc(DType::kF32, rows * dim), y2 = be.alloc(DType::kF32, rows * dim);
+    Buffer y = be.alloc(act, rows * dim), y2 = be.alloc(act, rows * dim);
     Buffer inv = be.alloc(DType::kF32, rows);
     be.rmsnorm_forward(x.view(), w.view(), y.view(), inv.view(), rows, dim, 1e-5f);
     be.rmsnorm_apply(x.view(), w.view(), inv.view(), y2.view(), rows, dim);
-    return Outputs{{"y", get(be, y), t_forward},
-                   {"inv_rms", get(be, inv), t_forward},
-                   {"y (apply)", get(be, y2), t_forward}};
+    const Floats yv = get(be, y), y2v = get(be, y2);
+    return Outputs{{"y", yv, t_y(yv)}, {"inv_rms", get(be, inv), t_forward}, {"y (apply)", y2v, t_y(y2v)}};
   });
   c.compare("rmsnorm_backward", shape, wt == DType::kBF16 ? kBf16 : kReduction, [&](Backend& be) {
     Buffer x = put(be, randn(rows * dim, 1, 3.0f)), w = put(be, randn(dim, 2), wt);
     Buffer y = be.alloc(DType::kF32, rows * dim), inv = be.alloc(DType::kF32, rows);
     be.rmsnorm_forward(x.view(), w.view(), y.view(), inv.view(), rows, dim, 1e-5f);
-    Buffer dy = put(be, randn(rows * dim, 3)), dx = put(be, randn(rows * dim, 4));
+    Buffer dy = put(be, randn(rows * dim, 3), act), dx = put(be, randn(rows * dim, 4));
     Buffer dw = put(be, randn(dim, 5), wt);
     be.rmsnorm_backward(dy.view(), x.view(), w.view(), inv.view(), dx.view(), dw.view(), rows,
                         dim);
@@ -199,19 +204,23 @@ void rmsnorm_cases(Checker& c, const RmsnormShape& s) {
   });
 }
 
-void rope_case(Checker& c, const RopeShape& s) {
+// bf16 x: rotated in fp32 from the widened values, rounded once (as swiglu_case).
+void rope_case(Checker& c, const RopeShape& s, DType act) {
   const auto [B, T, heads, hd, stride] = s;
-  const std::string shape = fmt("B=%lld T=%lld heads=%lld head_dim=%lld stride=%lld", (long long)B,
-                                (long long)T, (long long)heads, (long long)hd, (long long)stride);
+  const std::string shape = fmt("B=%lld T=%lld heads=%lld head_dim=%lld stride=%lld act=%s", (long long)B,
+                                (long long)T, (long long)heads, (long long)hd, (long long)stride, name(act));
   c.compare("rope_forward+backward", shape, kElementwise, [&](Backend& be) {
     Buffer cs = be.alloc(DType::kF32, T * hd / 2), sn = be.alloc(DType::kF32, T * hd / 2);
     be.rope_table(cs.view(), sn.view(), T, hd, 10000.0);
-    Buffer x = put(be, randn(B * T * stride, 1)), dx = put(be, randn(B * T * stride, 2));
+    Buffer x = put(be, randn(B * T * stride, 1), act), dx = put(be, randn(B * T * stride, 2), act);
     be.rope_forward(x.view(), cs.view(), sn.view(), B, T, heads, hd, stride);
     be.rope_backward(dx.view(), cs.view(), sn.view(), B, T, heads, hd, stride);
-    return Outputs{{"cos", get(be, cs), kElementwise},
-                   {"x", get(be, x), kElementwise},
-                   {"dx", get(be, dx), kElementwise}};
+    const Floats xv = get(be, x), dxv = get(be, dx);
+    auto t = [&](const Floats& v) {
+      const double mx = max_abs(v);
+      return act == DType::kBF16 ? bf16_rounded(kElementwise, mx, mx) : kElementwise;
+    };
+    return Outputs{{"cos", get(be, cs), kElementwise}, {"x", xv, t(xv)}, {"dx", dxv, t(dxv)}};
   });
 }
 
@@ -287,17 +296,25 @@ void attention_case(Checker& c, const AttentionShape& s) {
   });
 }
 
-void swiglu_case(Checker& c, int64_t rows, int64_t I) {
-  c.compare("swiglu_forward+backward", fmt("rows=%lld I=%lld", (long long)rows, (long long)I),
-            kElementwise, [&](Backend& be) {
-              Buffer gu = put(be, randn(2 * rows * I, 1, 3.0f)), dout = put(be, randn(rows * I, 3));
-              Buffer o = be.alloc(DType::kF32, rows * I), d = be.alloc(DType::kF32, 2 * rows * I);
+// bf16 activations: the same fp32 arithmetic on the widened inputs, each
+// output rounded once, so a backend may land on the neighbouring bf16 value
+// where the fp32 results differ in their last bits.
+void swiglu_case(Checker& c, int64_t rows, int64_t I, DType act) {
+  c.compare("swiglu_forward+backward",
+            fmt("rows=%lld I=%lld act=%s", (long long)rows, (long long)I, name(act)), kElementwise,
+            [&](Backend& be) {
+              Buffer gu = put(be, randn(2 * rows * I, 1, 3.0f), act), dout = put(be, randn(rows * I, 3), act);
+              Buffer o = be.alloc(act, rows * I), d = be.alloc(act, 2 * rows * I);
               be.swiglu_forward(gu.view(), o.view(), rows, I);
               be.swiglu_backward(gu.view(), dout.view(), d.view(), rows, I);
-              const Floats dv = get(be, d);
-              return Outputs{{"out", get(be, o), kElementwise},
-                             {"dgate", columns(dv, rows, 2 * I, 0, I), kElementwise},
-                             {"dup", columns(dv, rows, 2 * I, I, I), kElementwise}};
+              const Floats ov = get(be, o), dv = get(be, d);
+              auto t = [&](const Floats& x) {
+                const double mx = max_abs(x);
+                return act == DType::kBF16 ? bf16_rounded(kElementwise, mx, mx) : kElementwise;
+              };
+              return Outputs{{"out", ov, t(ov)},
+                             {"dgate", columns(dv, rows, 2 * I, 0, I), t(dv)},
+                             {"dup", columns(dv, rows, 2 * I, I, I), t(dv)}};
             });
 }
 

@@ -54,14 +54,15 @@ void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient);
 
 struct RmsnormShape {
   int64_t rows, dim;
-  DType w;  // the weight's and its gradient's dtype
+  DType w;                     // the weight's and its gradient's dtype
+  DType act = DType::kF32;     // y's and dy's (x and dx are fp32, the residual stream)
 };
 void rmsnorm_cases(Checker& c, const RmsnormShape& s);
 
 struct RopeShape {
   int64_t B, T, heads, head_dim, stride;
 };
-void rope_case(Checker& c, const RopeShape& s);
+void rope_case(Checker& c, const RopeShape& s, DType act = DType::kF32);
 
 struct AttentionShape {
   int64_t B, T, H, KV, D;
@@ -69,7 +70,7 @@ struct AttentionShape {
 void attention_case(Checker& c, const AttentionShape& s);
 
 // gate and up side by side in rows of 2 I, as the model keeps them.
-void swiglu_case(Checker& c, int64_t rows, int64_t I);
+void swiglu_case(Checker& c, int64_t rows, int64_t I, DType act = DType::kF32);
 void cross_entropy_case(Checker& c, int64_t rows, int64_t V);
 void embedding_case(Checker& c, int64_t rows, int64_t dim, int64_t vocab, DType table);
 void elementwise_case(Checker& c, int64_t n, DType dst, DType src);

@@ -292,13 +292,19 @@ void CpuBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int
 void CpuBackend::rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
                               int64_t heads, int64_t head_dim, int64_t row_stride) {
   check.rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
-  kernels::rope_forward(x.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
+  if (x.dtype == DType::kF32)
+    kernels::rope_forward(x.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
+  else
+    kernels::rope_forward(x.bf16(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
 }
 
 void CpuBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B,
                                int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride) {
   check.rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
-  kernels::rope_backward(dx.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
+  if (dx.dtype == DType::kF32)
+    kernels::rope_backward(dx.f32(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
+  else
+    kernels::rope_backward(dx.bf16(), cos.f32(), sin.f32(), B, T, heads, head_dim, row_stride);
 }
 
 // ---- attention ------------------------------------------------------------------------
@@ -337,16 +343,27 @@ void CpuBackend::attention_backward(const View& qkv, const View& saved,
 
 void CpuBackend::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) {
   check.swiglu_forward(gate_up, out, rows, I);
-  const float* g = gate_up.f32();
-  kernels::swiglu_forward(g, g + I, 2 * I, out.f32(), rows, I);
+  if (gate_up.dtype == DType::kF32) {
+    const float* g = gate_up.f32();
+    kernels::swiglu_forward(g, g + I, 2 * I, out.f32(), rows, I);
+  } else {
+    const uint16_t* g = gate_up.bf16();
+    kernels::swiglu_forward(g, g + I, 2 * I, out.bf16(), rows, I);
+  }
 }
 
 void CpuBackend::swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
                                  int64_t rows, int64_t I) {
   check.swiglu_backward(gate_up, dout, dgate_up, rows, I);
-  const float* g = gate_up.f32();
-  float* d = dgate_up.f32();
-  kernels::swiglu_backward(g, g + I, 2 * I, dout.f32(), d, d + I, rows, I);
+  if (gate_up.dtype == DType::kF32) {
+    const float* g = gate_up.f32();
+    float* d = dgate_up.f32();
+    kernels::swiglu_backward(g, g + I, 2 * I, dout.f32(), d, d + I, rows, I);
+  } else {
+    const uint16_t* g = gate_up.bf16();
+    uint16_t* d = dgate_up.bf16();
+    kernels::swiglu_backward(g, g + I, 2 * I, dout.bf16(), d, d + I, rows, I);
+  }
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------

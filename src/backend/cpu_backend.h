@@ -40,6 +40,8 @@
 //   - adamw: master, m and v fp32; grad fp32 or bf16; param_copy empty, fp32 or
 //     bf16, written from the updated master.
 //   - to_host widens, from_host rounds.
+//   - Activations may be bf16 where backend.h says so (swiglu, rope, rmsnorm's
+//     y and dy): widened, the fp32 kernel's arithmetic, each output rounded once.
 //   - quantize reads fp32 or bf16 values; dequantize and dequantize_sum store
 //     fp32 or bf16 (kernels/cpu quant.cpp, doc/compression.md).
 //

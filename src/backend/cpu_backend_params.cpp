@@ -239,38 +239,40 @@ void CpuBackend::linear_backward_weight(const View& dy, const View& x, const Vie
 void CpuBackend::rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
                                  int64_t rows, int64_t dim, float eps) {
   check.rmsnorm("rmsnorm_forward", x, w, y, "y", inv_rms, rows, dim);
-  k::rmsnorm_forward(x.f32(), f32_values(w.at(0, dim), kSlotW), y.f32(), inv_rms.f32(), rows, dim,
-                     eps);
+  const float* wf = f32_values(w.at(0, dim), kSlotW);
+  if (y.dtype == DType::kF32)
+    k::rmsnorm_forward(x.f32(), wf, y.f32(), inv_rms.f32(), rows, dim, eps);
+  else
+    k::rmsnorm_forward(x.f32(), wf, y.bf16(), inv_rms.f32(), rows, dim, eps);
 }
 
 void CpuBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y,
                                int64_t rows, int64_t dim) {
   check.rmsnorm("rmsnorm_apply", x, w, y, "y", inv_rms, rows, dim);
-  k::rmsnorm_apply(x.f32(), f32_values(w.at(0, dim), kSlotW), inv_rms.f32(), y.f32(), rows, dim);
+  const float* wf = f32_values(w.at(0, dim), kSlotW);
+  if (y.dtype == DType::kF32)
+    k::rmsnorm_apply(x.f32(), wf, inv_rms.f32(), y.f32(), rows, dim);
+  else
+    k::rmsnorm_apply(x.f32(), wf, inv_rms.f32(), y.bf16(), rows, dim);
 }
 
 void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                                   const View& dx, const View& dw, int64_t rows, int64_t dim) {
   check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim);
   const float* wf = f32_values(w.at(0, dim), kSlotW);
-  if (dw.dtype == DType::kF32) {
-    k::rmsnorm_backward(dy.f32(), x.f32(), wf, inv_rms.f32(), dx.f32(), dw.f32(), rows, dim);
-    return;
-  }
-  float* c = scratch_f32(kSlotOut, dim);
-  std::memset(c, 0, static_cast<size_t>(dim) * sizeof(float));
-  k::rmsnorm_backward(dy.f32(), x.f32(), wf, inv_rms.f32(), dx.f32(), c, rows, dim);
-  accumulate_gradient(dw.at(0, dim), c, dim);
+  // An fp32 dw takes the sums directly; a bf16 one from a scratch, rounded once.
+  float* c = dw.dtype == DType::kF32 ? dw.f32() : scratch_f32(kSlotOut, dim);
+  if (dw.dtype != DType::kF32) std::memset(c, 0, static_cast<size_t>(dim) * sizeof(float));
+  if (dy.dtype == DType::kF32)
+    k::rmsnorm_backward(dy.f32(), x.f32(), wf, inv_rms.f32(), dx.f32(), c, rows, dim);
+  else
+    k::rmsnorm_backward(dy.bf16(), x.f32(), wf, inv_rms.f32(), dx.f32(), c, rows, dim);
+  if (dw.dtype != DType::kF32) accumulate_gradient(dw.at(0, dim), c, dim);
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------
 
 namespace {
-
-inline float load(float g) { return g; }
-inline float load(uint16_t g) { return k::bf16_to_float(g); }
-inline void store(float& dst, float p) { dst = p; }
-inline void store(uint16_t& dst, float p) { dst = k::float_to_bf16(p); }
 
 // Copy = void: no parameter copy.
 // The step's fields are copied into locals, as engine/optimizer.cpp has them:
@@ -287,10 +289,10 @@ void adamw_loop(float* p, float* m, float* v, const Grad* g, Copy* copy, int64_t
   const bool scaled = scale != 1.0f;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float gi = load(g[i]);
+    float gi = k::load(g[i]);
     if (scaled) gi = gi * scale;
     k::adamw_update_element(p[i], m[i], v[i], gi, lr, b1, b2, eps, wd, bc1, bc2);
-    if constexpr (!std::is_void_v<Copy>) store(copy[i], p[i]);
+    if constexpr (!std::is_void_v<Copy>) k::store(copy + i, p[i]);
   }
 }
 

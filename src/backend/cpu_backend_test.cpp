@@ -552,6 +552,70 @@ TEST(CpuBackendF32, SwiGlu) {
                "gate_up holds 3");
 }
 
+// bf16 activations: each output is the fp32 kernel's result on the widened
+// inputs, rounded once to nearest even (computed here from the fp32 kernel).
+// Views of mixed dtypes are refused, naming the view and the dtype expected.
+TEST(CpuBackendBf16, SwiGluOnBf16ActivationsRoundsTheFp32ResultOnce) {
+  CpuBackend be(DType::kBF16);
+  const int64_t rows = 30, I = 70, n = rows * I;
+  Halves gu = to_bf16(randn(2 * n, 1, 3.0f)), dout = to_bf16(randn(n, 3)), o(n), d(2 * n);
+  be.swiglu_forward(hv(gu), hv(o), rows, I);
+  be.swiglu_backward(hv(gu), hv(dout), hv(d), rows, I);
+  Floats wide = widened(gu), wdout = widened(dout), want_o(n), want_d(2 * n);
+  k::swiglu_forward(wide.data(), wide.data() + I, 2 * I, want_o.data(), rows, I);
+  k::swiglu_backward(wide.data(), wide.data() + I, 2 * I, wdout.data(), want_d.data(), want_d.data() + I, rows, I);
+  EXPECT_EQ(o, to_bf16(want_o));
+  EXPECT_EQ(d, to_bf16(want_d));
+  Floats f(n);
+  EXPECT_ERROR(be.swiglu_forward(hv(gu), fv(f), rows, I), "swiglu_forward",
+               "out is fp32, expected bf16 as gate_up is");
+  EXPECT_ERROR(be.swiglu_backward(hv(gu), fv(f), hv(d), rows, I), "swiglu_backward",
+               "dout is fp32, expected bf16 as gate_up is");
+}
+
+// RoPE on bf16 values in place: each pair widened, rotated as the fp32 kernel
+// rotates it, and rounded once, forward and backward.
+TEST(CpuBackendBf16, RopeOnBf16ValuesRoundsTheFp32RotationOnce) {
+  CpuBackend be(DType::kBF16);
+  const int64_t B = 2, T = 9, heads = 3, hd = 8, stride = 30, n = B * T * stride;
+  Floats cs(T * hd / 2), sn(T * hd / 2);
+  k::rope_table(cs.data(), sn.data(), T, hd, 10000.0);
+  Halves x = to_bf16(randn(n, 4));
+  Floats want = widened(x);
+  be.rope_forward(hv(x), fv(cs), fv(sn), B, T, heads, hd, stride);
+  k::rope_forward(want.data(), cs.data(), sn.data(), B, T, heads, hd, stride);
+  EXPECT_EQ(x, to_bf16(want));
+  want = widened(x);
+  be.rope_backward(hv(x), fv(cs), fv(sn), B, T, heads, hd, stride);
+  k::rope_backward(want.data(), cs.data(), sn.data(), B, T, heads, hd, stride);
+  EXPECT_EQ(x, to_bf16(want));
+}
+
+// RMSNorm with bf16 activations: y (forward and apply) is the fp32 kernel's y
+// rounded once; a bf16 dy gives what the fp32 kernel gives on the widened dy.
+// x, dx and inv_rms stay fp32 (the residual stream).
+TEST(CpuBackendBf16, RmsnormOnBf16ActivationsRoundsYAndWidensDy) {
+  CpuBackend be(DType::kBF16);
+  const int64_t rows = 20, dim = 70, n = rows * dim;
+  Floats x = randn(n, 1, 3.0f), w = randn(dim, 2), inv(rows), inv_want(rows), y_want(n);
+  Halves y(n), y2(n);
+  be.rmsnorm_forward(fv(x), fv(w), hv(y), fv(inv), rows, dim, 1e-5f);
+  k::rmsnorm_forward(x.data(), w.data(), y_want.data(), inv_want.data(), rows, dim, 1e-5f);
+  EXPECT_EQ(y, to_bf16(y_want));
+  EXPECT_TRUE(same_bits(inv, inv_want));
+  be.rmsnorm_apply(fv(x), fv(w), fv(inv), hv(y2), rows, dim);
+  EXPECT_EQ(y2, y);
+  Halves dy = to_bf16(randn(n, 3));
+  Floats dx = randn(n, 4), dw = randn(dim, 5), dx_want = dx, dw_want = dw, wide = widened(dy);
+  be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim);
+  k::rmsnorm_backward(wide.data(), x.data(), w.data(), inv.data(), dx_want.data(), dw_want.data(), rows, dim);
+  EXPECT_TRUE(same_bits(dx, dx_want));
+  EXPECT_TRUE(same_bits(dw, dw_want));
+  Halves dx16(n);
+  EXPECT_ERROR(be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), hv(dx16), fv(dw), rows, dim),
+               "rmsnorm_backward", "dx is bf16, expected fp32");
+}
+
 TEST(CpuBackendF32, CrossEntropy) {
   CpuBackend be(DType::kF32);
   const int64_t rows = 12, V = 50;

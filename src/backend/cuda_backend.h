@@ -237,6 +237,9 @@ class CudaBackend final : public Backend {
   void linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
                       bool w_transposed, float beta);
   void accumulate(const View& dst, const float* contribution, int64_t n);
+  // rope_forward (backward false) and rope_backward, on fp32 or bf16 x.
+  void rope(const char* kn, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+            int64_t heads, int64_t head_dim, int64_t row_stride, bool backward);
 
   int device_ = 0;
   std::string name_;

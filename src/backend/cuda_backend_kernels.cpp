@@ -2,6 +2,7 @@
 // attention, SwiGLU, cross-entropy and AdamW. cuda_backend.h states the
 // semantics; the argument checks are shared with the CPU backend (checks.h).
 #include <algorithm>
+#include <type_traits>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -32,6 +33,15 @@ const float* f32p(const View& v) { return static_cast<const float*>(v.data); }
 float* f32w(const View& v) { return static_cast<float*>(v.data); }
 const bf16_t* bf16p(const View& v) { return static_cast<const bf16_t*>(v.data); }
 bf16_t* bf16w(const View& v) { return static_cast<bf16_t*>(v.data); }
+// Calls f with v's memory as its dtype's pointer (float* or bf16_t*), for
+// kernels templated on fp32 and bf16 operands.
+template <typename F>
+void typed(const View& v, F&& f) {
+  if (v.dtype == DType::kF32)
+    f(f32w(v));
+  else
+    f(bf16w(v));
+}
 const int32_t* i32p(const View& v) { return static_cast<const int32_t*>(v.data); }
 
 }  // namespace
@@ -208,12 +218,11 @@ void CudaBackend::rmsnorm_forward(const View& x, const View& w, const View& y, c
   if (rows == 0 || dim == 0) return;
   reads(x.data, rows * dim * 4);
   reads(w.data, dim * dtype_bytes(w.dtype));
-  writes(y.data, rows * dim * 4);
+  writes(y.data, rows * dim * dtype_bytes(y.dtype));
   writes(inv_rms.data, rows * 4);
-  if (w.dtype == DType::kF32)
-    kc::rmsnorm_forward(f32p(x), f32p(w), f32w(y), f32w(inv_rms), rows, dim, eps, stream_);
-  else
-    kc::rmsnorm_forward(f32p(x), bf16p(w), f32w(y), f32w(inv_rms), rows, dim, eps, stream_);
+  typed(w, [&](auto* wp) {
+    typed(y, [&](auto* yp) { kc::rmsnorm_forward(f32p(x), wp, yp, f32w(inv_rms), rows, dim, eps, stream_); });
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
@@ -225,11 +234,10 @@ void CudaBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rm
   reads(x.data, rows * dim * 4);
   reads(w.data, dim * dtype_bytes(w.dtype));
   reads(inv_rms.data, rows * 4);
-  writes(y.data, rows * dim * 4);
-  if (w.dtype == DType::kF32)
-    kc::rmsnorm_apply(f32p(x), f32p(w), f32p(inv_rms), f32w(y), rows, dim, stream_);
-  else
-    kc::rmsnorm_apply(f32p(x), bf16p(w), f32p(inv_rms), f32w(y), rows, dim, stream_);
+  writes(y.data, rows * dim * dtype_bytes(y.dtype));
+  typed(w, [&](auto* wp) {
+    typed(y, [&](auto* yp) { kc::rmsnorm_apply(f32p(x), wp, f32p(inv_rms), yp, rows, dim, stream_); });
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
@@ -239,7 +247,7 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim);
   if (rows == 0 || dim == 0) return;
   const int64_t n = rows * dim * 4, wb = dim * dtype_bytes(w.dtype), dwb = dim * dtype_bytes(dw.dtype);
-  reads(dy.data, n);
+  reads(dy.data, rows * dim * dtype_bytes(dy.dtype));
   reads(x.data, n);
   reads(w.data, wb);
   reads(inv_rms.data, rows * 4);
@@ -251,16 +259,13 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   Scratch ws = scratch(wsb);
   writes(ws.as<double>(), wsb);
   reads(ws.as<double>(), wsb);
-  double* p = ws.as<double>();
-  const bool w16 = w.dtype == DType::kBF16, dw16 = dw.dtype == DType::kBF16;
-  if (!w16 && !dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, p, stream_);
-  if (!w16 && dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), f32p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, p, stream_);
-  if (w16 && !dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), f32w(dw), rows, dim, p, stream_);
-  if (w16 && dw16)
-    kc::rmsnorm_backward(f32p(dy), f32p(x), bf16p(w), f32p(inv_rms), f32w(dx), bf16w(dw), rows, dim, p, stream_);
+  typed(dy, [&](auto* dyp) {
+    typed(w, [&](auto* wp) {
+      typed(dw, [&](auto* dwp) {
+        kc::rmsnorm_backward(dyp, f32p(x), wp, f32p(inv_rms), f32w(dx), dwp, rows, dim, ws.as<double>(), stream_);
+      });
+    });
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
@@ -277,32 +282,33 @@ void CudaBackend::rope_table(const View& cos, const View& sin, int64_t max_T, in
 
 void CudaBackend::rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
                                int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check.rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride);
+  rope("rope_forward", x, cos, sin, B, T, heads, head_dim, row_stride, false);
+}
+
+void CudaBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B, int64_t T,
+                                int64_t heads, int64_t head_dim, int64_t row_stride) {
+  rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride, true);
+}
+
+void CudaBackend::rope(const char* kn, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
+                       int64_t heads, int64_t head_dim, int64_t row_stride, bool backward) {
+  check.rope(kn, x, cos, sin, B, T, heads, head_dim, row_stride);
   if (B * T == 0 || heads * head_dim == 0) return;
-  const int64_t tb = T * head_dim / 2 * 4;
+  const int64_t tb = T * head_dim / 2 * 4, heads_bytes = B * T * heads * head_dim * dtype_bytes(x.dtype);
   reads(cos.data, tb);
   reads(sin.data, tb);
   // The heads of each row, rows row_stride apart (q or k in the fused projection):
   // the whole span is ordered, the heads' bytes counted.
   const View span = x.at(0, (B * T - 1) * row_stride + heads * head_dim);
-  reads_rows(span, B * T * heads * head_dim * 4);
-  writes_rows(span, B * T * heads * head_dim * 4);
-  kc::rope_forward(f32w(x), f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
-  AMSP_CUDA_CHECK_LAUNCH("rope_forward");
-}
-
-void CudaBackend::rope_backward(const View& dx, const View& cos, const View& sin, int64_t B, int64_t T,
-                                int64_t heads, int64_t head_dim, int64_t row_stride) {
-  check.rope("rope_backward", dx, cos, sin, B, T, heads, head_dim, row_stride);
-  if (B * T == 0 || heads * head_dim == 0) return;
-  const int64_t tb = T * head_dim / 2 * 4;
-  reads(cos.data, tb);
-  reads(sin.data, tb);
-  const View span = dx.at(0, (B * T - 1) * row_stride + heads * head_dim);
-  reads_rows(span, B * T * heads * head_dim * 4);
-  writes_rows(span, B * T * heads * head_dim * 4);
-  kc::rope_backward(f32w(dx), f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
-  AMSP_CUDA_CHECK_LAUNCH("rope_backward");
+  reads_rows(span, heads_bytes);
+  writes_rows(span, heads_bytes);
+  typed(x, [&](auto* values) {
+    if (backward)
+      kc::rope_backward(values, f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
+    else
+      kc::rope_forward(values, f32p(cos), f32p(sin), B, T, heads, head_dim, row_stride, stream_);
+  });
+  AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
 // ---- attention ----------------------------------------------------------------------------------
@@ -359,10 +365,13 @@ void CudaBackend::swiglu_forward(const View& gate_up, const View& out, int64_t r
   const char* kn = "swiglu_forward";
   check.swiglu_forward(gate_up, out, rows, I);
   if (rows * I == 0) return;
-  reads(gate_up.data, rows * 2 * I * 4);
-  writes(out.data, rows * I * 4);
-  const float* g = f32p(gate_up);
-  kc::swiglu_forward(g, g + I, 2 * I, f32w(out), rows, I, stream_);
+  const int64_t e = dtype_bytes(gate_up.dtype);
+  reads(gate_up.data, rows * 2 * I * e);
+  writes(out.data, rows * I * e);
+  typed(gate_up, [&](auto* g) {
+    using A = std::remove_pointer_t<decltype(g)>;
+    kc::swiglu_forward<A>(g, g + I, 2 * I, static_cast<A*>(out.data), rows, I, stream_);
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
@@ -371,12 +380,15 @@ void CudaBackend::swiglu_backward(const View& gate_up, const View& dout, const V
   const char* kn = "swiglu_backward";
   check.swiglu_backward(gate_up, dout, dgate_up, rows, I);
   if (rows * I == 0) return;
-  reads(gate_up.data, rows * 2 * I * 4);
-  reads(dout.data, rows * I * 4);
-  writes(dgate_up.data, rows * 2 * I * 4);
-  const float* g = f32p(gate_up);
-  float* d = f32w(dgate_up);
-  kc::swiglu_backward(g, g + I, 2 * I, f32p(dout), d, d + I, rows, I, stream_);
+  const int64_t e = dtype_bytes(gate_up.dtype);
+  reads(gate_up.data, rows * 2 * I * e);
+  reads(dout.data, rows * I * e);
+  writes(dgate_up.data, rows * 2 * I * e);
+  typed(gate_up, [&](auto* g) {
+    using A = std::remove_pointer_t<decltype(g)>;
+    A* d = static_cast<A*>(dgate_up.data);
+    kc::swiglu_backward<A>(g, g + I, 2 * I, static_cast<const A*>(dout.data), d, d + I, rows, I, stream_);
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
