@@ -209,7 +209,10 @@ class Backend {
                                   int64_t rows, int64_t dim) = 0;
 
   // y[M, out] = x[M, in] W^T + beta * y;  dx[M, in] = dy W + beta * dx;
-  // dw[out, in] += dy^T x.  w, dw: fp32 or bf16; x, y, dy, dx: activations.
+  // dw[out, in] += dy^T x.  w, dw: fp32 or bf16; x, y, dy, dx: activations,
+  // fp32, or under bf16 compute bf16 too: a bf16 y (dx) is the fp32 value
+  // round(product) + beta * y rounded once more (with beta 0, the product
+  // rounded once, which a device's GEMM writes directly).
   virtual void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                               int64_t out, float beta) = 0;
   virtual void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,

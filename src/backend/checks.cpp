@@ -61,6 +61,13 @@ void Checks::expect_activations(const char* kernel, std::initializer_list<Arg> a
   }
 }
 
+void Checks::product_activations(const char* kernel, DType compute, std::initializer_list<Arg> args) const {
+  if (compute != DType::kF32) return;
+  for (const Arg& a : args)
+    if (a.view.dtype != DType::kF32)
+      fail(kernel, ": ", a.name, " is ", dtype_name(a.view.dtype), ", expected fp32 (bf16 activations need bf16 compute)");
+}
+
 // ---- the backend ----------------------------------------------------------------------
 
 void Checks::compute(DType dtype) const {
@@ -107,9 +114,9 @@ int64_t Checks::embedding(const char* kn, const View& tokens, const View& table,
 void Checks::linear(const char* kn, int64_t M, int64_t in, int64_t out, const View& a, const char* a_name,
                     int64_t a_cols, const View& w, const View& y, const char* y_name, int64_t y_cols) const {
   sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  expect(kn, y_name, y, DType::kF32);
+  expect_float(kn, y_name, y);
   const int64_t na = product(kn, {M, a_cols}), nw = product(kn, {out, in}), ny = product(kn, {M, y_cols});
-  expect(kn, a_name, a, DType::kF32);
+  expect_float(kn, a_name, a);
   expect_float(kn, "w", w);
   need(kn, a_name, a, na);
   need(kn, "w", w, nw);
@@ -120,8 +127,8 @@ void Checks::linear_backward_weight(const View& dy, const View& x, const View& d
                                     int64_t out) const {
   const char* kn = "linear_backward_weight";
   sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
-  expect(kn, "dy", dy, DType::kF32);
-  expect(kn, "x", x, DType::kF32);
+  expect_float(kn, "dy", dy);
+  expect_float(kn, "x", x);
   expect_float(kn, "dw", dw);
   need(kn, "dy", dy, product(kn, {M, out}));
   need(kn, "x", x, product(kn, {M, in}));

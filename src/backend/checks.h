@@ -50,6 +50,9 @@ class Checks {
   void expect_float(const char* kernel, const char* name, const View& v) const;
   // Activations of one kernel: the first fp32 or bf16, the others of its dtype.
   void expect_activations(const char* kernel, std::initializer_list<Arg> args) const;
+  // The matrix products take bf16 activations under bf16 compute only: with
+  // compute fp32 every view named must be fp32.
+  void product_activations(const char* kernel, DType compute, std::initializer_list<Arg> args) const;
 
   // ---- the backend: construction, memory, ordering ----------------------------------
 

@@ -27,6 +27,10 @@ void small_cases(Checker& c) {
     for (DType w : {DType::kF32, DType::kBF16})
       for (float beta : {0.0f, 1.0f})  // dw always accumulates: once is enough
         linear_cases(c, {M, in, out, w, beta}, beta == 0.0f);
+  // bf16 activations in and out, under bf16 compute.
+  if (c.compute() == DType::kBF16)
+    for (auto [M, in, out] : {std::array<int64_t, 3>{1, 1, 1}, {37, 19, 23}, {65, 130, 257}})
+      for (float beta : {0.0f, 1.0f}) linear_cases(c, {M, in, out, DType::kBF16, beta, DType::kBF16}, beta == 0.0f);
   for (auto [rows, dim] : {std::array<int64_t, 2>{1, 1}, {3, 257}, {70, 64}})
     for (DType w : {DType::kF32, DType::kBF16})
       for (DType act : {DType::kF32, DType::kBF16}) rmsnorm_cases(c, {rows, dim, w, act});

@@ -134,30 +134,42 @@ void Checker::compare(const std::string& kernel, const std::string& shape, doubl
   }
 }
 
+// bf16 activations: the inputs are the same bf16 values on both backends; a bf16
+// output with beta 0 is the product rounded once (as an fp32 one is), with beta
+// != 0 the sum with beta * y rounded once more.
 void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient) {
-  const auto [M, in, out, wt, beta] = s;
+  const auto [M, in, out, wt, beta, act] = s;
   const bool bf16 = c.compute() == DType::kBF16;
   const double floor = bf16 ? kBf16 : kReduction;
-  const std::string shape = fmt("M=%lld in=%lld out=%lld w=%s beta=%g", (long long)M,
-                                (long long)in, (long long)out, name(wt), beta);
+  std::string shape = fmt("M=%lld in=%lld out=%lld w=%s beta=%g", (long long)M,
+                          (long long)in, (long long)out, name(wt), beta);
+  if (act != DType::kF32) shape += fmt(" act=%s", name(act));
+  // The output as the backend stores it: a bf16 one rounded once more unless beta is 0.
+  auto stored = [&](Output o) {
+    if (act == DType::kBF16 && beta != 0.0f) {
+      const double mx = max_abs(o.values);
+      o.tolerance = bf16_rounded(o.tolerance, mx, mx);
+    }
+    return o;
+  };
   c.compare("linear_forward", shape, floor, [&](Backend& be) {
-    const Floats y0 = randn(M * out, 3);
-    Buffer x = put(be, randn(M * in, 1)), w = put(be, randn(out * in, 2, 0.2f), wt);
-    Buffer y = put(be, y0);
+    Buffer y = put(be, randn(M * out, 3), act);
+    const Floats y0 = get(be, y);
+    Buffer x = put(be, randn(M * in, 1), act), w = put(be, randn(out * in, 2, 0.2f), wt);
     be.linear_forward(x.view(), w.view(), y.view(), M, in, out, beta);
-    return Outputs{product("y", get(be, y), in, beta, y0, bf16)};
+    return Outputs{stored(product("y", get(be, y), in, beta, y0, bf16))};
   });
   c.compare("linear_backward_input", shape, floor, [&](Backend& be) {
-    const Floats dx0 = randn(M * in, 5);
-    Buffer dy = put(be, randn(M * out, 4)), w = put(be, randn(out * in, 2, 0.2f), wt);
-    Buffer dx = put(be, dx0);
+    Buffer dx = put(be, randn(M * in, 5), act);
+    const Floats dx0 = get(be, dx);
+    Buffer dy = put(be, randn(M * out, 4), act), w = put(be, randn(out * in, 2, 0.2f), wt);
     be.linear_backward_input(dy.view(), w.view(), dx.view(), M, in, out, beta);
-    return Outputs{product("dx", get(be, dx), out, beta, dx0, bf16)};
+    return Outputs{stored(product("dx", get(be, dx), out, beta, dx0, bf16))};
   });
   if (!weight_gradient) return;
   c.compare("linear_backward_weight", shape, wt == DType::kBF16 ? kBf16 : floor, [&](Backend& be) {
     const Floats dw0 = randn(out * in, 6);
-    Buffer dy = put(be, randn(M * out, 4)), x = put(be, randn(M * in, 1));
+    Buffer dy = put(be, randn(M * out, 4), act), x = put(be, randn(M * in, 1), act);
     Buffer dw = put(be, dw0, wt);
     be.linear_backward_weight(dy.view(), x.view(), dw.view(), M, in, out);
     return Outputs{weight_gradient_output(get(be, dw), M, dw0, wt, bf16)};

@@ -48,6 +48,7 @@ struct LinearShape {
   int64_t M, in, out;
   DType w;     // the weight's (and its gradient's) dtype
   float beta;  // forward and backward input; backward weight always accumulates
+  DType act = DType::kF32;  // x, y, dy and dx (bf16 only under bf16 compute)
 };
 // linear_forward and linear_backward_input, and linear_backward_weight if asked.
 void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient);

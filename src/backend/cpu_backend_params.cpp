@@ -156,15 +156,25 @@ void CpuBackend::embedding_backward_bf16(const int32_t* tokens, const float* dou
 
 namespace {
 
-// y = round_bf16(p) + beta * y, in fp32; p may be y (then beta is 0).
-void finish_bf16_product(const float* p, float* y, int64_t n, float beta) {
+// y = round_bf16(p) + beta * y, in fp32, stored in y's dtype (a bf16 y: that
+// sum rounded, which is round_bf16(p) itself when beta is 0); p may be an fp32 y
+// (then beta is 0).
+template <typename Y>
+void finish_product(const float* p, Y* y, int64_t n, float beta) {
   if (beta == 0.0f) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) y[i] = k::round_bf16(p[i]);
+    for (int64_t i = 0; i < n; ++i) k::store(y + i, k::round_bf16(p[i]));
   } else {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) y[i] = k::round_bf16(p[i]) + beta * y[i];
+    for (int64_t i = 0; i < n; ++i) k::store(y + i, k::round_bf16(p[i]) + beta * k::load(y[i]));
   }
+}
+
+void finish_bf16_product(const float* p, const View& y, int64_t n, float beta) {
+  if (y.dtype == DType::kF32)
+    finish_product(p, y.f32(), n, beta);
+  else
+    finish_product(p, y.bf16(), n, beta);
 }
 
 }  // namespace
@@ -173,13 +183,14 @@ void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int
                                 int64_t out, float beta) {
   const char* kn = "linear_forward";
   check.linear(kn, M, in, out, x, "x", in, w, y, "y", out);
+  check.product_activations(kn, compute(), {{"x", x}, {"y", y}});
   if (compute() == DType::kF32) {
     k::linear_forward(x.f32(), f32_values(w.at(0, out * in), kSlotW), y.f32(), M, in, out, beta);
     return;
   }
   if (M == 0 || out == 0) return;
   const int64_t n = M * out;
-  float* p = beta == 0.0f ? y.f32() : scratch_f32(kSlotOut, n);
+  float* p = beta == 0.0f && y.dtype == DType::kF32 ? y.f32() : scratch_f32(kSlotOut, n);
   if (in == 0) {
     std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
   } else {
@@ -187,13 +198,14 @@ void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int
     const float* wr = bf16_values(w.at(0, out * in), kSlotW);
     k::linear_forward(xr, wr, p, M, in, out, 0.0f);
   }
-  finish_bf16_product(p, y.f32(), n, beta);
+  finish_bf16_product(p, y.at(0, n), n, beta);
 }
 
 void CpuBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
                                        int64_t in, int64_t out, float beta) {
   const char* kn = "linear_backward_input";
   check.linear(kn, M, in, out, dy, "dy", out, w, dx, "dx", in);
+  check.product_activations(kn, compute(), {{"dy", dy}, {"dx", dx}});
   if (compute() == DType::kF32) {
     k::linear_backward_input(dy.f32(), f32_values(w.at(0, out * in), kSlotW), dx.f32(), M, in, out,
                              beta);
@@ -201,7 +213,7 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
   }
   if (M == 0 || in == 0) return;
   const int64_t n = M * in;
-  float* p = beta == 0.0f ? dx.f32() : scratch_f32(kSlotOut, n);
+  float* p = beta == 0.0f && dx.dtype == DType::kF32 ? dx.f32() : scratch_f32(kSlotOut, n);
   if (out == 0) {
     std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
   } else {
@@ -209,12 +221,13 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
     const float* wr = bf16_values(w.at(0, out * in), kSlotW);
     k::linear_backward_input(dyr, wr, p, M, in, out, 0.0f);
   }
-  finish_bf16_product(p, dx.f32(), n, beta);
+  finish_bf16_product(p, dx.at(0, n), n, beta);
 }
 
 void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
                                         int64_t in, int64_t out) {
   check.linear_backward_weight(dy, x, dw, M, in, out);
+  check.product_activations("linear_backward_weight", compute(), {{"dy", dy}, {"x", x}});
   if (M == 0 || in == 0 || out == 0) return;
   // Under bf16 compute from bf16-rounded inputs; accumulated into dw in fp32
   // as a GEMM with beta = 1 does, rounded once into a bf16 dw.

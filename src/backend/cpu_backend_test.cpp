@@ -616,6 +616,38 @@ TEST(CpuBackendBf16, RmsnormOnBf16ActivationsRoundsYAndWidensDy) {
                "rmsnorm_backward", "dx is bf16, expected fp32");
 }
 
+// The products on bf16 activations (bf16 compute): each output is what the same
+// call gives on the widened values into fp32, stored rounded: with beta 0 the
+// product rounded once (already a bf16 value), with beta 1 the fp32 sum rounded.
+// The weight gradient from bf16 dy and x is the one from their widened values.
+// Under fp32 compute bf16 activations are refused.
+TEST(CpuBackendBf16, LinearOnBf16ActivationsEqualsTheWidenedCallRounded) {
+  CpuBackend be(DType::kBF16);
+  const int64_t M = 9, in = 40, out = 33;
+  const Floats w = randn(out * in, 2, 0.2f);
+  Floats wcopy = w;
+  for (float beta : {0.0f, 1.0f}) {
+    Halves x = to_bf16(randn(M * in, 1)), y = to_bf16(randn(M * out, 3));
+    Floats xw = widened(x), yw = widened(y);
+    be.linear_forward(hv(x), fv(wcopy), hv(y), M, in, out, beta);
+    be.linear_forward(fv(xw), fv(wcopy), fv(yw), M, in, out, beta);
+    EXPECT_EQ(y, to_bf16(yw)) << "forward, beta " << beta;
+    Halves dy = to_bf16(randn(M * out, 4)), dx = to_bf16(randn(M * in, 5));
+    Floats dyw = widened(dy), dxw = widened(dx);
+    be.linear_backward_input(hv(dy), fv(wcopy), hv(dx), M, in, out, beta);
+    be.linear_backward_input(fv(dyw), fv(wcopy), fv(dxw), M, in, out, beta);
+    EXPECT_EQ(dx, to_bf16(dxw)) << "backward input, beta " << beta;
+    Floats dw(out * in, 0.5f), dw2 = dw;
+    be.linear_backward_weight(hv(dy), hv(x), fv(dw), M, in, out);
+    be.linear_backward_weight(fv(dyw), fv(xw), fv(dw2), M, in, out);
+    EXPECT_TRUE(same_bits(dw, dw2)) << "backward weight";
+  }
+  CpuBackend f32(DType::kF32);
+  Halves x(M * in), y(M * out);
+  EXPECT_ERROR(f32.linear_forward(hv(x), fv(wcopy), hv(y), M, in, out, 0.0f), "linear_forward",
+               "x is bf16, expected fp32 (bf16 activations need bf16 compute)");
+}
+
 TEST(CpuBackendF32, CrossEntropy) {
   CpuBackend be(DType::kF32);
   const int64_t rows = 12, V = 50;

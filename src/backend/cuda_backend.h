@@ -8,8 +8,10 @@
 //   - compute() == kF32: cublasSgemm on fp32 operands (bf16 weights widened
 //     first into scratch), beta applied by cuBLAS. TF32 is not enabled.
 //   - compute() == kBF16: both operands rounded to bf16 into scratch (to_bf16;
-//     bf16 weights are used as they are), cublasGemmEx bf16 x bf16 with fp32
-//     accumulation into an fp32 product, then finish_bf16_product:
+//     bf16 weights and activations are used as they are), cublasGemmEx bf16 x
+//     bf16 with fp32 accumulation into an fp32 product, then finish_bf16_product
+//     (into an fp32 or bf16 y; a bf16 y with beta 0 is cuBLAS's own bf16
+//     output instead, the same single rounding):
 //         y  = round(round(x) round(W)^T) + beta * y
 //         dx = round(round(dy) round(W)) + beta * dx
 //         dw = dw + round(round(dy)^T round(x))   (one rounding into dw's dtype)

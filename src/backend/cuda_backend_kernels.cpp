@@ -123,12 +123,14 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
                                  c_bf16 ? CUDA_R_16BF : CUDA_R_32F, ic, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// y = round_bf16(product) + beta * y; product may be y itself when beta == 0.
+// y = round_bf16(product) + beta * y in y's dtype; product may be an fp32 y
+// itself when beta == 0.
 void CudaBackend::finish_linear(const View& y, int64_t n, float beta, const float* p) {
+  const int64_t yb = n * dtype_bytes(y.dtype);
   reads(p, n * 4);
-  if (beta != 0.0f) reads(y.data, n * 4);
-  writes(y.data, n * 4);
-  kc::finish_bf16_product(p, f32w(y), n, beta, stream_);
+  if (beta != 0.0f) reads(y.data, yb);
+  writes(y.data, yb);
+  typed(y, [&](auto* yp) { kc::finish_bf16_product(p, yp, n, beta, stream_); });
   AMSP_CUDA_CHECK_LAUNCH("finish_bf16_product");
 }
 
@@ -153,11 +155,14 @@ void CudaBackend::linear_product(const View& a, const View& w, const View& y, in
   const View av = a.at(0, M * k), wv = w.at(0, n * k), yv = y.at(0, M * n);
   const int64_t ny = M * n;
   const bool bf = compute() == DType::kBF16;
-  Scratch sa = scratch(bf && k > 0 ? M * k * 2 : 0);
+  // A bf16 y with beta 0 is cuBLAS's own output: the fp32 sum rounded once.
+  const bool direct = bf && yv.dtype == DType::kBF16 && beta == 0.0f && k > 0;
+  Scratch sa = scratch(bf && k > 0 && av.dtype == DType::kF32 ? M * k * 2 : 0);
   Scratch sw = scratch(k > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
                            ? n * k * (bf ? 2 : 4) : 0);
-  Scratch sp = scratch(bf && beta != 0.0f ? ny * 4 : 0);
-  float* p = bf ? (beta == 0.0f ? f32w(yv) : sp.as<float>()) : f32w(yv);
+  const bool into_y = !bf || (yv.dtype == DType::kF32 && beta == 0.0f);
+  Scratch sp = scratch(!into_y && !direct ? ny * 4 : 0);
+  float* p = into_y ? f32w(yv) : sp.as<float>();
   if (k == 0 && bf) {
     // An empty sum: the product is zero.
     AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(ny) * 4, stream_));
@@ -165,20 +170,22 @@ void CudaBackend::linear_product(const View& a, const View& w, const View& y, in
     const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
     const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
     gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
-         std::max<int64_t>(k, 1), bf ? 0.0f : beta, p, false, n);
+         std::max<int64_t>(k, 1), bf ? 0.0f : beta, direct ? yv.data : p, direct, n);
   }
-  if (bf) finish_linear(yv, ny, beta, p);
+  if (bf && !direct) finish_linear(yv, ny, beta, p);
 }
 
 void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,
                                  float beta) {
   check.linear("linear_forward", M, in, out, x, "x", in, w, y, "y", out);
+  check.product_activations("linear_forward", compute(), {{"x", x}, {"y", y}});
   linear_product(x, w, y, M, in, out, true, beta);
 }
 
 void CudaBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                                         int64_t out, float beta) {
   check.linear("linear_backward_input", M, in, out, dy, "dy", out, w, dx, "dx", in);
+  check.product_activations("linear_backward_input", compute(), {{"dy", dy}, {"dx", dx}});
   linear_product(dy, w, dx, M, out, in, false, beta);
 }
 
@@ -186,6 +193,7 @@ void CudaBackend::linear_backward_input(const View& dy, const View& w, const Vie
 void CudaBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
                                          int64_t out) {
   check.linear_backward_weight(dy, x, dw, M, in, out);
+  check.product_activations("linear_backward_weight", compute(), {{"dy", dy}, {"x", x}});
   if (M == 0 || in == 0 || out == 0) return;
   const View dyv = dy.at(0, M * out), xv = x.at(0, M * in), dwv = dw.at(0, out * in);
   const int64_t n = out * in;
@@ -193,7 +201,8 @@ void CudaBackend::linear_backward_weight(const View& dy, const View& x, const Vi
   if (bf) {
     // From bf16-rounded inputs, accumulated into dw by the product itself
     // (beta = 1) in fp32 and rounded once into dw's dtype.
-    Scratch sx = scratch(M * in * 2), sdy = scratch(M * out * 2);
+    Scratch sx = scratch(xv.dtype == DType::kF32 ? M * in * 2 : 0);
+    Scratch sdy = scratch(dyv.dtype == DType::kF32 ? M * out * 2 : 0);
     gemm(false, true, in, out, M, as_bf16(xv, sx), true, in, as_bf16(dyv, sdy), true, out, 1.0f, dwv.data,
          dwv.dtype == DType::kBF16, in);
     return;
