@@ -930,9 +930,10 @@ TEST(CpuBackendBf16, LinearChecksViews) {
                "linear_backward_weight", "x holds 5");
   EXPECT_ERROR(be.linear_forward(fv(x), fv(w), fv(y), -1, in, out, 0.0f), "linear_forward",
                "M = -1");
-  Halves hx(M * in);
-  EXPECT_ERROR(be.linear_forward(hv(hx), fv(w), fv(y), M, in, out, 0.0f), "linear_forward",
-               "x is bf16");
+  // Activations fp32 or bf16 (under bf16 compute), nothing else.
+  Ints ty(M * out);
+  EXPECT_ERROR(be.linear_forward(fv(x), fv(w), iv(ty), M, in, out, 0.0f), "linear_forward",
+               "y is int32, expected fp32 or bf16");
 }
 
 // ---- bf16 gradients round once per call ---------------------------------------------------------
