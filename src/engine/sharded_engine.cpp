@@ -514,7 +514,7 @@ int64_t reserve_working_set(backend::Backend& be, const model::LlamaConfig& conf
   w.max_reductions = o.max_reductions;
   w.compression = o.compression;
   plan::MemoryBreakdown m = plan::memory_per_rank(w, pg.mesh.plan(), pg.mesh.shape());
-  m.activations = 4 * plan::cpu_activation_floats(config, batch, seq_len, o.recompute);
+  m.activations = plan::cpu_activation_bytes(config, batch, seq_len, o.recompute, be.compute());
   be.reserve(m.total());
   return m.total();
 }

@@ -21,7 +21,7 @@ struct LayerActs {
   Buffer saved;        // what attention keeps for backward (the backend says how much)
   Buffer attn;         // attention output before o_proj [N, hidden]
   Buffer h;            // x + o_proj(attn) [N, hidden]
-  Buffer gate_up;      // gate and up side by side: [N, 2 intermediate]
+  Buffer gate_up;      // gate and up side by side: [N, 2 intermediate] (product dtype)
   Buffer inv1, inv2;   // RMSNorm 1/rms per row [N]
 };
 
@@ -49,8 +49,12 @@ struct Llama::Impl {
   std::vector<Buffer> resid;   // L+1 residual streams [N, hidden]
   std::vector<LayerActs> acts;
   Buffer head_inv, logits, lse;  // head: [N], [N, vocab], [N]
-  // Scratch, shared by all layers.
+  // Scratch, shared by all layers. n, dn, act, dgate_up (and each layer's
+  // gate_up) are in the products' dtype (`product_dtype`): only matrix products
+  // and the norms and SwiGLU around them read them, and under bf16 compute the
+  // products round what they read, and write, to bf16 anyway.
   Buffer n, dn, dres, dattn, dqkv, act, dgate_up;
+  DType product_dtype = DType::kF32;
 
   double loss_sum = 0.0;
   int64_t loss_count = 0;
@@ -59,6 +63,7 @@ struct Llama::Impl {
   explicit Impl(backend::Backend& b) : be(b) {}
 
   Buffer f32(int64_t count) { return be.alloc(DType::kF32, count); }
+  Buffer product_side(int64_t count) { return be.alloc(product_dtype, count); }
   // The first N rows of an activation buffer [rows, width].
   View rows(const Buffer& b, int64_t width) const { return b.at(0, N * width); }
   View tensor(const View& flat, int unit, int index) const {
@@ -98,17 +103,18 @@ void Llama::Impl::allocate() {
     a.saved = f32(be.attention_saved_count(max_batch, max_seq_len, heads));
     a.attn = f32(Nmax * hidden);
     a.h = f32(Nmax * hidden);
-    a.gate_up = f32(Nmax * 2 * inter);
+    a.gate_up = product_side(Nmax * 2 * inter);
     a.inv1 = f32(Nmax);
     a.inv2 = f32(Nmax);
   }
   head_inv = f32(Nmax);
   logits = f32(Nmax * vocab);
   lse = f32(Nmax);
-  for (Buffer* b : {&n, &dn, &dres, &dattn}) *b = f32(Nmax * hidden);
+  for (Buffer* b : {&n, &dn}) *b = product_side(Nmax * hidden);
+  for (Buffer* b : {&dres, &dattn}) *b = f32(Nmax * hidden);
   dqkv = f32(Nmax * (hidden + 2 * kv_dim));
-  act = f32(Nmax * inter);
-  dgate_up = f32(Nmax * 2 * inter);
+  act = product_side(Nmax * inter);
+  dgate_up = product_side(Nmax * 2 * inter);
   allocated = be.memory().in_use - before;
 }
 
@@ -134,6 +140,7 @@ Llama::Llama(const LlamaConfig& config, backend::Backend& backend, int64_t max_b
   m.head_dim = config.head_dim();
   m.layers = config.num_hidden_layers;
   m.eps = static_cast<float>(config.rms_norm_eps);
+  m.product_dtype = backend.compute();
   m.allocate();
 }
 

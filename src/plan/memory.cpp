@@ -29,21 +29,24 @@ std::vector<int64_t> unit_numels(const model::LlamaConfig& config) {
 
 int64_t padded_numel(int64_t numel, int64_t s_os) { return comm::padded_count(numel, s_os); }
 
-int64_t cpu_activation_floats(const model::LlamaConfig& c, int64_t B, int64_t T, bool recompute) {
-  // Mirrors Llama::Llama's allocations, buffer by buffer.
+int64_t cpu_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, bool recompute,
+                             DType compute) {
+  // Mirrors Llama::Llama's allocations, buffer by buffer: 4 bytes an element,
+  // and the buffers in the products' dtype (the compute dtype) `p` bytes.
+  const int64_t p = dtype_bytes(compute);
   const int64_t N = B * T, h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size,
                 V = c.vocab_size, L = c.num_hidden_layers, heads = c.num_attention_heads;
-  const int64_t rope = 2 * T * (c.head_dim() / 2);        // cos, sin
-  const int64_t per_layer = N * h + 2 * N * kv           // q, k, v side by side (after RoPE)
-                            + B * heads * T * T          // softmax probabilities
-                            + N * h + N * h              // attention output, h
-                            + 2 * N * I                  // gate and up side by side
-                            + 2 * N;                     // 1/rms of both norms
-  const int64_t resid = (L + 1) * N * h;                 // layer inputs + final output
-  const int64_t head = N + N * V + N;                    // 1/rms, logits, log-sum-exp
-  // n, dn, dres, dattn; dqkv; act (d(act) in backward); dgate_up
-  const int64_t scratch = 4 * N * h + N * (h + 2 * kv) + N * I + 2 * N * I;
-  const int64_t ids = 2 * N;                             // token ids and targets (int32, 4 bytes)
+  const int64_t rope = 4 * 2 * T * (c.head_dim() / 2);       // cos, sin
+  const int64_t per_layer = 4 * (N * h + 2 * N * kv)         // q, k, v side by side (after RoPE)
+                            + 4 * B * heads * T * T          // softmax probabilities
+                            + 4 * (N * h + N * h)            // attention output, h
+                            + p * 2 * N * I                  // gate and up side by side
+                            + 4 * 2 * N;                     // 1/rms of both norms
+  const int64_t resid = 4 * (L + 1) * N * h;                 // layer inputs + final output
+  const int64_t head = 4 * (N + N * V + N);                  // 1/rms, logits, log-sum-exp
+  // n, dn; dres, dattn; dqkv; act (d(act) in backward); dgate_up
+  const int64_t scratch = p * 2 * N * h + 4 * 2 * N * h + 4 * N * (h + 2 * kv) + p * N * I + p * 2 * N * I;
+  const int64_t ids = 4 * 2 * N;                             // token ids and targets (int32)
   // Recomputation keeps every layer's input (resid) and one layer's working set.
   return ids + rope + resid + (recompute ? 1 : L) * per_layer + head + scratch;
 }
@@ -69,7 +72,7 @@ int64_t gpu_head_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
 int64_t activation_bytes(const Workload& w) {
   const model::LlamaConfig& c = w.model;
   if (w.precision == Precision::kFp32)
-    return 4 * cpu_activation_floats(c, w.micro_batch, w.seq_len, w.recompute == Recompute::kFull);
+    return cpu_activation_bytes(c, w.micro_batch, w.seq_len, w.recompute == Recompute::kFull, DType::kF32);
   const int64_t N = w.tokens_per_micro_batch(), L = c.num_hidden_layers;
   const int64_t layer = gpu_layer_activation_bytes(c, N), head = gpu_head_activation_bytes(c, N);
   if (w.recompute == Recompute::kNone) return L * layer + head;

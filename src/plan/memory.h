@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/config.h"
 #include "plan/compression.h"
 #include "plan/shard_plan.h"
@@ -68,13 +69,15 @@ struct MemoryBreakdown {
   int64_t total() const { return model_states() + activations + temporaries(); }
 };
 
-// Floats the CPU model (model::Llama, fp32) allocates for micro-batches of B
-// sequences of T tokens: activations kept for backward, scratch and RoPE
-// tables; with recompute, one layer's working set instead of every layer's.
-// Kept in step with src/model/llama.cpp; a test compares it with the
-// allocation Llama actually makes.
-int64_t cpu_activation_floats(const model::LlamaConfig& config, int64_t B, int64_t T,
-                              bool recompute = false);
+// Bytes the model (model::Llama) allocates for micro-batches of B sequences of
+// T tokens on a backend computing in `compute`: activations kept for backward,
+// scratch and RoPE tables, fp32 but for the buffers only matrix products and
+// the kernels around them read (the normed input, gate|up, SwiGLU's output and
+// their gradients), which are in the compute dtype; with recompute, one
+// layer's working set instead of every layer's. Kept in step with
+// src/model/llama.cpp; a test compares it with the allocation Llama makes.
+int64_t cpu_activation_bytes(const model::LlamaConfig& config, int64_t B, int64_t T,
+                             bool recompute = false, DType compute = DType::kF32);
 
 // Activation bytes of one decoder layer in bf16 on GPU (Korthikanti et al.
 // 2022 adapted to LLaMA, FlashAttention-2): tokens·(12h + 4·kv + 6·I + 8) +

@@ -145,18 +145,24 @@ TEST(Memory, CpuActivationsByHand) {
   // layer q, k, v 24 + 24 + 24, probs 3*16 = 48, attn 24, h 24, gate and up
   // 2*20, 1/rms 8 = 216; head 4 + 28 + 4 = 36; scratch n, dn, dres, dattn
   // 4*24, dqkv 72, act 20, dgate_up 40 = 228; token ids and targets 2*4 = 8.
-  EXPECT_EQ(cpu_activation_floats(odd_config(), 1, 4), 8 + 72 + 2 * 216 + 36 + 228 + 8);
+  EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4), 4 * (8 + 72 + 2 * 216 + 36 + 228 + 8));
+  // Under bf16 compute n, dn (2 * 24), act (20), dgate_up (40) and each layer's
+  // gate and up (40) take 2 bytes, not 4.
+  EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4, false, DType::kBF16),
+            4 * (8 + 72 + 2 * 216 + 36 + 228 + 8) - 2 * (48 + 20 + 40 + 2 * 40));
 }
 
 TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {
   for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 4}, {3, 16}, {2, 64}}) {
     model::LlamaConfig c = model::load_config("tiny");
-    const auto be = backend::make_cpu_backend(DType::kF32);
-    for (bool recompute : {false, true}) {
-      const int64_t before = be->memory().in_use;
-      model::Llama llama(c, *be, B, T, recompute);
-      EXPECT_EQ(be->memory().in_use - before, 4 * cpu_activation_floats(c, B, T, recompute))
-          << B << "x" << T << (recompute ? " recompute" : "");
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      const auto be = backend::make_cpu_backend(compute);
+      for (bool recompute : {false, true}) {
+        const int64_t before = be->memory().in_use;
+        model::Llama llama(c, *be, B, T, recompute);
+        EXPECT_EQ(be->memory().in_use - before, cpu_activation_bytes(c, B, T, recompute, compute))
+            << B << "x" << T << (recompute ? " recompute " : " ") << dtype_name(compute);
+      }
     }
   }
 }
