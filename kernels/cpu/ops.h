@@ -107,9 +107,15 @@ void swiglu_backward(const uint16_t* gate, const uint16_t* up, int64_t ld, const
 // loss summed over valid rows, in double, in row order; *count = valid rows.
 double cross_entropy_forward(const float* logits, const int32_t* targets, float* lse,
                              int64_t rows, int64_t V, int64_t* count);
+// The same on bf16 logits (bit patterns), each widened.
+double cross_entropy_forward(const uint16_t* logits, const int32_t* targets, float* lse,
+                             int64_t rows, int64_t V, int64_t* count);
 // In place: logits := scale * (softmax(logits) - onehot(target)); rows with an
 // ignored target become 0.
 void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse,
+                            int64_t rows, int64_t V, float scale);
+// bf16 logits: each entry of the gradient computed in fp32 and rounded once.
+void cross_entropy_backward(uint16_t* logits, const int32_t* targets, const float* lse,
                             int64_t rows, int64_t V, float scale);
 
 // ---- embedding.cpp ------------------------------------------------------------

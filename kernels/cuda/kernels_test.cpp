@@ -582,6 +582,17 @@ TEST_P(CudaKernels, CrossEntropyBackward) {
                                  nullptr);
     cpu::cross_entropy_backward(want.data(), targets.data(), lse.data(), s.rows, s.dim, 0.25f);
     expect_same(shape("cross_entropy_backward", {s.rows, s.dim}), g, want);
+    // bf16 logits: the forward's lse as the CPU's, the gradient the same bits.
+    std::vector<bf16> g16 = to_bf16_host(logits), want16 = g16;
+    std::vector<float> lse16(s.rows), want_lse16(s.rows), losses16(s.rows);
+    int32_t bad = INT32_MAX;
+    cuda::cross_entropy_forward(g16.data(), targets.data(), lse16.data(), losses16.data(), &bad, s.rows, s.dim,
+                                nullptr);
+    cpu::cross_entropy_forward(want16.data(), targets.data(), want_lse16.data(), s.rows, s.dim, &count);
+    expect_ulps(shape("cross_entropy_forward bf16", {s.rows, s.dim}) + " lse", lse16, want_lse16, 2);
+    cuda::cross_entropy_backward(g16.data(), targets.data(), want_lse16.data(), s.rows, s.dim, 0.25f, nullptr);
+    cpu::cross_entropy_backward(want16.data(), targets.data(), want_lse16.data(), s.rows, s.dim, 0.25f);
+    expect_same(shape("cross_entropy_backward bf16", {s.rows, s.dim}), g16, want16);
   }
 }
 

@@ -11,16 +11,17 @@
 namespace amsp::kernels::cuda {
 namespace {
 
-__global__ void cross_entropy_forward_kernel(const float* logits, const int32_t* targets,
+template <typename Z>
+__global__ void cross_entropy_forward_kernel(const Z* logits, const int32_t* targets,
                                              float* lse, float* losses, int32_t* bad_row,
                                              int64_t rows, int64_t V) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* z = logits + r * V;
+    const Z* z = logits + r * V;
     float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = MaxOp{}(mx, z[j]);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = MaxOp{}(mx, load(z[j]));
     mx = block_max(mx);
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += fast_exp(z[j] - mx);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += fast_exp(load(z[j]) - mx);
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
       const double l = static_cast<double>(mx) + log(sum);
@@ -31,7 +32,7 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const int32_t*
         atomicMin(bad_row, static_cast<int>(r));
         losses[r] = 0.0f;
       } else {
-        losses[r] = t < 0 ? 0.0f : static_cast<float>(l - static_cast<double>(z[t]));
+        losses[r] = t < 0 ? 0.0f : static_cast<float>(l - static_cast<double>(load(z[t])));
       }
     }
   }
@@ -57,33 +58,34 @@ __global__ void accumulate_loss_kernel(const float* losses, const int32_t* targe
 }
 
 // z := scale * exp(z - lse), then the target's entry minus scale, as the CPU
-// writes then subtracts; ignored rows become 0.
-__global__ void cross_entropy_backward_kernel(float* logits, const int32_t* targets,
+// writes then subtracts; ignored rows become 0. A bf16 entry is rounded once.
+template <typename Z>
+__global__ void cross_entropy_backward_kernel(Z* logits, const int32_t* targets,
                                               const float* lse, int64_t rows, int64_t V,
                                               float scale) {
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    float* z = logits + r * V;
+    Z* z = logits + r * V;
     const int32_t t = targets[r];
     const float l = lse[r];
     for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < V;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       if (t < 0) {
-        z[j] = 0.0f;
+        store(z + j, 0.0f);
         continue;
       }
-      const float p = scale * fast_exp(z[j] - l);
-      z[j] = j == t ? p - scale : p;
+      const float p = scale * fast_exp(load(z[j]) - l);
+      store(z + j, j == t ? p - scale : p);
     }
   }
 }
 
 }  // namespace
 
-void cross_entropy_forward(const float* logits, const int32_t* targets, float* lse,
-                           float* losses, int32_t* bad_row, int64_t rows, int64_t V,
-                           cudaStream_t s) {
+template <typename Z>
+void cross_entropy_forward(const Z* logits, const int32_t* targets, float* lse, float* losses,
+                           int32_t* bad_row, int64_t rows, int64_t V, cudaStream_t s) {
   if (rows > 0 && V > 0)
-    AMSP_LAUNCH(cross_entropy_forward_kernel, grid_for(rows, 1), kBlockThreads, 0, s)(
+    AMSP_LAUNCH(cross_entropy_forward_kernel<Z>, grid_for(rows, 1), kBlockThreads, 0, s)(
         logits, targets, lse, losses, bad_row, rows, V);
 }
 
@@ -92,14 +94,24 @@ void accumulate_loss(const float* losses, const int32_t* targets, const int32_t*
   AMSP_LAUNCH(accumulate_loss_kernel, 1, 1, 0, s)(losses, targets, bad_row, rows, acc);
 }
 
-void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse, int64_t rows,
-                            int64_t V, float scale, cudaStream_t s) {
+template <typename Z>
+void cross_entropy_backward(Z* logits, const int32_t* targets, const float* lse, int64_t rows, int64_t V,
+                            float scale, cudaStream_t s) {
   if (rows > 0 && V > 0) {
     // Rows along y (at most 65535 per pass), the vocabulary along x.
     const dim3 grid(grid_for(V, kBlockThreads, 64), grid_for(rows, 1, 65535));
-    AMSP_LAUNCH(cross_entropy_backward_kernel, grid, kBlockThreads, 0, s)(
+    AMSP_LAUNCH(cross_entropy_backward_kernel<Z>, grid, kBlockThreads, 0, s)(
         logits, targets, lse, rows, V, scale);
   }
 }
+
+#define AMSP_CROSS_ENTROPY(Z)                                                                       \
+  template void cross_entropy_forward(const Z*, const int32_t*, float*, float*, int32_t*, int64_t,  \
+                                      int64_t, cudaStream_t);                                       \
+  template void cross_entropy_backward(Z*, const int32_t*, const float*, int64_t, int64_t, float,   \
+                                       cudaStream_t);
+AMSP_CROSS_ENTROPY(float)
+AMSP_CROSS_ENTROPY(bf16)
+#undef AMSP_CROSS_ENTROPY
 
 }  // namespace amsp::kernels::cuda

@@ -142,19 +142,22 @@ void swiglu_backward(const A* gate, const A* up, int64_t ld, const A* dout, A* d
 // ---- cross-entropy ------------------------------------------------------------------------
 // Per row: lse[r] and losses[r] = lse - logit[target] (0 for target < 0). A
 // target >= V is never read past: its row's loss is 0 and *bad_row (device,
-// set by the caller to INT32_MAX) receives the smallest such row.
-void cross_entropy_forward(const float* logits, const int32_t* targets, float* lse,
-                           float* losses, int32_t* bad_row, int64_t rows, int64_t V,
-                           cudaStream_t s);
+// set by the caller to INT32_MAX) receives the smallest such row. Z: float or
+// bf16 logits.
+template <typename Z>
+void cross_entropy_forward(const Z* logits, const int32_t* targets, float* lse, float* losses,
+                           int32_t* bad_row, int64_t rows, int64_t V, cudaStream_t s);
 // After cross_entropy_forward: acc[0] += the losses of rows with a target >= 0, summed
 // in double in row order, acc[1] += their count (as a double); if *bad_row names a row
 // (< INT32_MAX) and acc[2] is 0: acc[2] = that row + 1, acc[3] = its target. One thread.
 void accumulate_loss(const float* losses, const int32_t* targets, const int32_t* bad_row,
                      int64_t rows, double* acc, cudaStream_t s);
 // In place: logits := scale * (softmax - onehot); rows with target < 0 become 0.
-// Targets must be < V (the forward reported any that are not).
-void cross_entropy_backward(float* logits, const int32_t* targets, const float* lse, int64_t rows,
-                            int64_t V, float scale, cudaStream_t s);
+// Targets must be < V (the forward reported any that are not). bf16 logits: each
+// entry of the gradient rounded once.
+template <typename Z>
+void cross_entropy_backward(Z* logits, const int32_t* targets, const float* lse, int64_t rows, int64_t V,
+                            float scale, cudaStream_t s);
 
 // ---- AdamW, multi-tensor -------------------------------------------------------------------
 // kernels/common/math.h adamw_update_element on every element of every tensor,

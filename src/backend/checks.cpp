@@ -261,7 +261,7 @@ void Checks::cross_entropy(const char* kn, const View& logits, const View& targe
                            int64_t rows, int64_t V) const {
   sizes(kn, {{"rows", rows}});
   if (V <= 0) fail(kn, ": vocabulary size ", V, " must be positive");
-  expect(kn, "logits", logits, DType::kF32);
+  expect_float(kn, "logits", logits);
   expect(kn, "targets", targets, DType::kI32);
   expect(kn, "lse", lse, DType::kF32);
   need(kn, "logits", logits, product(kn, {rows, V}));

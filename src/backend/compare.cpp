@@ -42,7 +42,7 @@ void small_cases(Checker& c) {
   for (auto [rows, I] : {std::array<int64_t, 2>{1, 1}, {17, 241}})
     for (DType act : {DType::kF32, DType::kBF16}) swiglu_case(c, rows, I, act);
   for (auto [rows, V] : {std::array<int64_t, 2>{1, 1}, {13, 50}, {33, 1031}})
-    cross_entropy_case(c, rows, V);
+    for (DType act : {DType::kF32, DType::kBF16}) cross_entropy_case(c, rows, V, act);
   for (int64_t n : {int64_t{1}, int64_t{70001}})
     for (DType g : {DType::kF32, DType::kBF16}) adamw_case(c, n, g);
   // Units of one block, of two odd 4-bit blocks, blocks of one value, one block per chunk.

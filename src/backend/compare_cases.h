@@ -72,7 +72,7 @@ void attention_case(Checker& c, const AttentionShape& s);
 
 // gate and up side by side in rows of 2 I, as the model keeps them.
 void swiglu_case(Checker& c, int64_t rows, int64_t I, DType act = DType::kF32);
-void cross_entropy_case(Checker& c, int64_t rows, int64_t V);
+void cross_entropy_case(Checker& c, int64_t rows, int64_t V, DType act = DType::kF32);
 void embedding_case(Checker& c, int64_t rows, int64_t dim, int64_t vocab, DType table);
 void elementwise_case(Checker& c, int64_t n, DType dst, DType src);
 void adamw_case(Checker& c, int64_t n, DType grad);

@@ -372,8 +372,9 @@ LossSum CpuBackend::cross_entropy_forward(const View& logits, const View& target
                                           int64_t rows, int64_t V) {
   check.cross_entropy("cross_entropy_forward", logits, targets, lse, rows, V);
   LossSum loss;
-  loss.sum =
-      kernels::cross_entropy_forward(logits.f32(), targets.i32(), lse.f32(), rows, V, &loss.count);
+  loss.sum = logits.dtype == DType::kF32
+                 ? kernels::cross_entropy_forward(logits.f32(), targets.i32(), lse.f32(), rows, V, &loss.count)
+                 : kernels::cross_entropy_forward(logits.bf16(), targets.i32(), lse.f32(), rows, V, &loss.count);
   return loss;
 }
 
@@ -423,7 +424,10 @@ void CpuBackend::cross_entropy_backward(const View& logits, const View& targets,
     if (t[r] >= V)
       fail("cross_entropy_backward: target ", t[r], " at row ", r, " is outside the vocabulary of ",
            V);
-  kernels::cross_entropy_backward(logits.f32(), t, lse.f32(), rows, V, scale);
+  if (logits.dtype == DType::kF32)
+    kernels::cross_entropy_backward(logits.f32(), t, lse.f32(), rows, V, scale);
+  else
+    kernels::cross_entropy_backward(logits.bf16(), t, lse.f32(), rows, V, scale);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(DType compute) {

@@ -648,6 +648,34 @@ TEST(CpuBackendBf16, LinearOnBf16ActivationsEqualsTheWidenedCallRounded) {
                "x is bf16, expected fp32 (bf16 activations need bf16 compute)");
 }
 
+// Cross-entropy on bf16 logits: the loss and lse of the widened logits, and each
+// entry of the gradient the fp32 kernel's rounded once (the target's entry
+// whole, not its two steps rounded apart).
+TEST(CpuBackendBf16, CrossEntropyOnBf16LogitsRoundsTheGradientOnce) {
+  CpuBackend be(DType::kBF16);
+  const int64_t rows = 12, V = 50;
+  Halves z = to_bf16(randn(rows * V, 1, 2.0f));
+  Ints t = random_tokens(rows, V, 2);
+  t[3] = -100;
+  Floats lse(rows), want_lse(rows), wide = widened(z);
+  const LossSum loss = be.cross_entropy_forward(hv(z), iv(t), fv(lse), rows, V);
+  int64_t count = 0;
+  const double want = k::cross_entropy_forward(wide.data(), t.data(), want_lse.data(), rows, V, &count);
+  EXPECT_EQ(loss.sum, want);
+  EXPECT_EQ(loss.count, count);
+  EXPECT_TRUE(same_bits(lse, want_lse));
+  be.cross_entropy_backward(hv(z), iv(t), fv(lse), rows, V, 0.25f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < V; ++j) {
+      float g = 0.0f;
+      if (t[r] >= 0) {
+        g = 0.25f * k::fast_exp(wide[r * V + j] - lse[r]);
+        if (j == t[r]) g = g - 0.25f;
+      }
+      ASSERT_EQ(z[r * V + j], k::float_to_bf16(g)) << r << " " << j;
+    }
+}
+
 TEST(CpuBackendF32, CrossEntropy) {
   CpuBackend be(DType::kF32);
   const int64_t rows = 12, V = 50;

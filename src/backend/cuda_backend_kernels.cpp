@@ -421,11 +421,11 @@ LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targe
   const int32_t none = std::numeric_limits<int32_t>::max();
   std::memcpy(host_flag, &none, 4);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(bad, host_flag, 4, cudaMemcpyHostToDevice, stream_));
-  reads(logits.data, rows * V * 4);
+  reads(logits.data, rows * V * dtype_bytes(logits.dtype));
   reads(targets.data, rows * 4);
   writes(lse.data, rows * 4);
   writes(losses, rows * 4);
-  kc::cross_entropy_forward(f32p(logits), i32p(targets), f32w(lse), losses, bad, rows, V, stream_);
+  typed(logits, [&](auto* z) { kc::cross_entropy_forward(z, i32p(targets), f32w(lse), losses, bad, rows, V, stream_); });
   AMSP_CUDA_CHECK_LAUNCH(kn);
   AMSP_CUDA_CHECK(cudaMemcpyAsync(tgt, targets.data, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToDevice,
                                   stream_));
@@ -458,11 +458,11 @@ void CudaBackend::cross_entropy_forward_into(const View& logits, const View& tar
   int32_t* bad = reinterpret_cast<int32_t*>(back.as<char>() + rows * 4);
   writes(bad, 4);
   kc::fill_i32(bad, std::numeric_limits<int32_t>::max(), 1, stream_);
-  reads(logits.data, rows * V * 4);
+  reads(logits.data, rows * V * dtype_bytes(logits.dtype));
   reads(targets.data, rows * 4);
   writes(lse.data, rows * 4);
   writes(losses, rows * 4);
-  kc::cross_entropy_forward(f32p(logits), i32p(targets), f32w(lse), losses, bad, rows, V, stream_);
+  typed(logits, [&](auto* z) { kc::cross_entropy_forward(z, i32p(targets), f32w(lse), losses, bad, rows, V, stream_); });
   reads(losses, rows * 4);
   reads(bad, 4);
   reads(targets.data, rows * 4);
@@ -479,9 +479,9 @@ void CudaBackend::cross_entropy_backward(const View& logits, const View& targets
   if (rows == 0) return;
   reads(targets.data, rows * 4);
   reads(lse.data, rows * 4);
-  reads(logits.data, rows * V * 4);
-  writes(logits.data, rows * V * 4);
-  kc::cross_entropy_backward(f32w(logits), i32p(targets), f32p(lse), rows, V, scale, stream_);
+  reads(logits.data, rows * V * dtype_bytes(logits.dtype));
+  writes(logits.data, rows * V * dtype_bytes(logits.dtype));
+  typed(logits, [&](auto* z) { kc::cross_entropy_backward(z, i32p(targets), f32p(lse), rows, V, scale, stream_); });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 

@@ -50,9 +50,10 @@ struct Llama::Impl {
   std::vector<LayerActs> acts;
   Buffer head_inv, logits, lse;  // head: [N], [N, vocab], [N]
   // Scratch, shared by all layers. n, dn, act, dgate_up (and each layer's
-  // gate_up) are in the products' dtype (`product_dtype`): only matrix products
-  // and the norms and SwiGLU around them read them, and under bf16 compute the
-  // products round what they read, and write, to bf16 anyway.
+  // gate_up, and the logits) are in the products' dtype (`product_dtype`): only
+  // matrix products and the norms, SwiGLU and loss around them read them, and
+  // under bf16 compute the products round what they read, and write, to bf16
+  // anyway.
   Buffer n, dn, dres, dattn, dqkv, act, dgate_up;
   DType product_dtype = DType::kF32;
 
@@ -108,7 +109,7 @@ void Llama::Impl::allocate() {
     a.inv2 = f32(Nmax);
   }
   head_inv = f32(Nmax);
-  logits = f32(Nmax * vocab);
+  logits = product_side(Nmax * vocab);
   lse = f32(Nmax);
   for (Buffer* b : {&n, &dn}) *b = product_side(Nmax * hidden);
   for (Buffer* b : {&dres, &dattn}) *b = f32(Nmax * hidden);

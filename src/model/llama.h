@@ -66,7 +66,8 @@ class Llama {
   // targets, and how many targets were valid.
   double loss_sum() const;
   int64_t loss_count() const;
-  // After the head's forward: logits [B*T, vocab_size] on the device (fp32).
+  // After the head's forward: logits [B*T, vocab_size] on the device, in the
+  // backend's compute dtype (fp32, or bf16: what the bf16 product wrote).
   // Backward overwrites them with d(loss)/d(logits), so read them before.
   backend::View logits() const;
 

@@ -43,7 +43,7 @@ int64_t cpu_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, 
                             + p * 2 * N * I                  // gate and up side by side
                             + 4 * 2 * N;                     // 1/rms of both norms
   const int64_t resid = 4 * (L + 1) * N * h;                 // layer inputs + final output
-  const int64_t head = 4 * (N + N * V + N);                  // 1/rms, logits, log-sum-exp
+  const int64_t head = 4 * (N + N) + p * N * V;              // 1/rms, log-sum-exp; logits
   // n, dn; dres, dattn; dqkv; act (d(act) in backward); dgate_up
   const int64_t scratch = p * 2 * N * h + 4 * 2 * N * h + 4 * N * (h + 2 * kv) + p * N * I + p * 2 * N * I;
   const int64_t ids = 4 * 2 * N;                             // token ids and targets (int32)
