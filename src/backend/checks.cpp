@@ -1,8 +1,6 @@
 // The backends' argument checks: checks.h.
 #include "backend/checks.h"
 
-#include <string_view>
-
 #include "backend/backend.h"
 #include "core/error.h"
 
@@ -142,11 +140,7 @@ void Checks::rmsnorm(const char* kn, const View& x, const View& w, const View& y
   sizes(kn, {{"rows", rows}, {"dim", dim}});
   expect(kn, "x", x, DType::kF32);
   expect_float(kn, "w", w);
-  // y (forward and apply) may be bf16; dx (backward) accumulates in fp32.
-  if (std::string_view(y_name) == "y")
-    expect_float(kn, y_name, y);
-  else
-    expect(kn, y_name, y, DType::kF32);
+  expect_float(kn, y_name, y);
   expect(kn, "inv_rms", inv_rms, DType::kF32);
   const int64_t n = product(kn, {rows, dim});
   need(kn, "x", x, n);
@@ -158,6 +152,7 @@ void Checks::rmsnorm(const char* kn, const View& x, const View& w, const View& y
 void Checks::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                               const View& dx, const View& dw, int64_t rows, int64_t dim) const {
   const char* kn = "rmsnorm_backward";
+  expect(kn, "dx", dx, DType::kF32);  // the residual stream's gradient accumulates in fp32
   rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
   expect_float(kn, "dy", dy);
   expect_float(kn, "dw", dw);
