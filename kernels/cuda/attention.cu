@@ -19,9 +19,10 @@
 // cudnn_frontend, whose SDPA node is the documented way in), and its
 // FlashAttention-2 SDPA would be the fast path on a GPU. It was not chosen
 // because (1) it takes fp16/bf16 (and fp8 on Hopper) q, k, v, and this
-// trainer's activations are fp32: every call would add conversions and change
-// the numbers the CPU reference checks; on Ampere its backward also stops at
-// D = 128; (2) it is a closed binary library: the CPU emulation
+// trainer's activations were fp32 then: every call would have added
+// conversions (they are bf16 under bf16 compute now, so that reason has gone;
+// on Ampere its backward also stops at D = 128); (2) it is a closed binary
+// library, which still decides it: the CPU emulation
 // (kernels/cuda/emu) could not execute it, so CI, which has no GPU, could test
 // none of it, whereas this file is one source that nvcc compiles for the GPU
 // and the host compiler for the emulation, and the same code that runs on the
@@ -70,6 +71,10 @@ constexpr int kOwnTile = kWarps * kOwnPerWarp;
 constexpr int kMaxD = 256;
 constexpr size_t kSharedLimit = 48 * 1024;
 
+// A kernel's variant: Sized<features per lane, activation dtype> (simt.h).
+template <typename V>
+using Act = typename V::Type;
+
 // What every kernel needs to know about the call.
 struct Shape {
   int64_t B, T, H, KV;
@@ -101,13 +106,14 @@ AMSP_DEVICE_INLINE float group_sum(float v, int width) {
 }
 
 // Rows [first, first + n) of one head's [T, D] slice (global row stride ld)
-// into shared memory with row stride sld, rounded to bf16 if `bf16`; rows at
-// or past T become zeros.
-AMSP_DEVICE_INLINE void load_rows(float* dst, int sld, const float* src, int64_t ld,
-                                  int64_t first, int n, int64_t T, int D, bool bf16) {
+// into fp32 shared memory with row stride sld, rounded to bf16 if `bf16`
+// (bf16 activations are so already); rows at or past T become zeros.
+template <typename A>
+AMSP_DEVICE_INLINE void load_rows(float* dst, int sld, const A* src, int64_t ld, int64_t first,
+                                  int n, int64_t T, int D, bool bf16) {
   for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
-    const float x = first + r < T ? src[(first + r) * ld + d] : 0.0f;
+    const float x = first + r < T ? load(src[(first + r) * ld + d]) : 0.0f;
     dst[r * sld + d] = bf16 ? round_bf16(x) : x;
   }
 }
@@ -148,15 +154,15 @@ AMSP_DEVICE_INLINE void accumulate(float (&acc)[kOwnPerWarp][kPerLane], const fl
 }
 
 // dst row first + i (global, row stride ld) = scale * acc[i], for the rows
-// below T.
-template <int kPerLane>
-AMSP_DEVICE_INLINE void store_rows(float* dst, int64_t ld, int64_t first, int64_t T, int D,
+// below T (rounded once if A is bf16).
+template <int kPerLane, typename A>
+AMSP_DEVICE_INLINE void store_rows(A* dst, int64_t ld, int64_t first, int64_t T, int D,
                                    const float (&acc)[kOwnPerWarp][kPerLane], float scale) {
   const int lane = threadIdx.x % kWarpSize;
   for (int i = 0; i < kOwnPerWarp && first + i < T; ++i)
     for (int j = 0; j < kPerLane; ++j) {
       const int d = lane + kWarpSize * j;
-      if (d < D) dst[(first + i) * ld + d] = scale * acc[i][j];
+      if (d < D) store(dst + (first + i) * ld + d, scale * acc[i][j]);
     }
 }
 
@@ -192,7 +198,8 @@ AMSP_DEVICE_INLINE QueryTile query_tile(const Shape& sh) {
 
 // The key and value rows [k0, k0 + S) of the tile's kv head into k_s and v_s,
 // once every warp is done with the previous ones.
-AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const float* k, const float* v,
+template <typename A>
+AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const A* k, const A* v,
                                       const Heads& hd, int64_t k0, const Shape& sh) {
   __syncthreads();
   load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
@@ -204,9 +211,10 @@ AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const f
 // [16][D], a key and a value tile [S][D + 1] (padded so the lanes of the
 // dot-product phase, reading down a column, hit different banks), and the
 // probabilities [16][S].
-template <int kPerLane>
-__global__ void attention_forward_kernel(const float* q, const float* k, const float* v,
-                                         float* lse, float* out, Shape sh) {
+template <typename V>  // Sized<features per lane, activation dtype>
+__global__ void attention_forward_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v,
+                                         float* lse, Act<V>* out, Shape sh) {
+  constexpr int kPerLane = V::value;
   AMSP_DYNAMIC_SHARED(float, smem);
   const int D = sh.D, S = sh.streamed, ld_kv = D + 1;
   float* q_s = smem;
@@ -252,15 +260,16 @@ __global__ void attention_forward_kernel(const float* q, const float* k, const f
 
 // delta[b, h, t] = sum_d dout * out over one row of one head: a warp per row,
 // rows in out's memory order ((b * T + t) * H + h).
-__global__ void attention_delta_kernel(const float* out, const float* dout, float* delta,
-                                       Shape sh) {
+template <typename A>
+__global__ void attention_delta_kernel(const A* out, const A* dout, float* delta, Shape sh) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
   if (row >= sh.B * sh.T * sh.H) return;  // whole warps leave together
   const int64_t h = row % sh.H, t = row / sh.H % sh.T, b = row / (sh.H * sh.T);
   float sum = 0.0f;
-  for (int d = threadIdx.x % kWarpSize; d < sh.D; d += kWarpSize)
-    sum += (sh.bf16 ? round_bf16(dout[row * sh.D + d]) : dout[row * sh.D + d]) *
-           out[row * sh.D + d];
+  for (int d = threadIdx.x % kWarpSize; d < sh.D; d += kWarpSize) {
+    const float g = load(dout[row * sh.D + d]);
+    sum += (sh.bf16 ? round_bf16(g) : g) * load(out[row * sh.D + d]);
+  }
   sum = warp_reduce(sum, SumOp{});
   if (threadIdx.x % kWarpSize == 0) delta[(b * sh.H + h) * sh.T + t] = sum;
 }
@@ -269,10 +278,11 @@ __global__ void attention_delta_kernel(const float* out, const float* dout, floa
 // recomputed and dp = dout . v. Block (b*H + h, query tile). Shared memory:
 // the query and dout tiles [16][D], a key and a value tile [S][D + 1], and
 // p * (dp - delta) [16][S].
-template <int kPerLane>
-__global__ void attention_dq_kernel(const float* q, const float* k, const float* v,
-                                    const float* lse, const float* dout, const float* delta,
-                                    float* dq, Shape sh) {
+template <typename V>  // Sized<features per lane, activation dtype>
+__global__ void attention_dq_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v,
+                                    const float* lse, const Act<V>* dout, const float* delta,
+                                    Act<V>* dq, Shape sh) {
+  constexpr int kPerLane = V::value;
   AMSP_DYNAMIC_SHARED(float, smem);
   const int D = sh.D, S = sh.streamed, ld_kv = D + 1;
   float* q_s = smem;
@@ -315,10 +325,11 @@ __global__ void attention_dq_kernel(const float* q, const float* k, const float*
 // group, heads in order. Block (b*KV + kv head, key tile). Shared memory: the
 // key and value tiles [16][D], a query and a dout tile [S][D + 1], the lse and
 // delta of those S rows, and p and p * (dp - delta) [16][S].
-template <int kPerLane>
-__global__ void attention_dkv_kernel(const float* q, const float* k, const float* v,
-                                     const float* lse, const float* dout, const float* delta,
-                                     float* dk, float* dv, Shape sh) {
+template <typename V>  // Sized<features per lane, activation dtype>
+__global__ void attention_dkv_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v,
+                                     const float* lse, const Act<V>* dout, const float* delta,
+                                     Act<V>* dk, Act<V>* dv, Shape sh) {
+  constexpr int kPerLane = V::value;
   AMSP_DYNAMIC_SHARED(float, smem);
   const int D = sh.D, S = sh.streamed, ld_q = D + 1;
   float* k_s = smem;
@@ -435,11 +446,12 @@ void require_shape(const char* what, bool d_ok, const char* d_expected, int64_t 
   std::abort();
 }
 
-void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
-                     int64_t H, int64_t D, bool round_dout, cudaStream_t s) {
+template <typename A>
+void attention_delta(const A* out, const A* dout, float* delta, int64_t B, int64_t T, int64_t H,
+                     int64_t D, bool round_dout, cudaStream_t s) {
   const Shape sh{B, T, H, 1, static_cast<int>(D), 1, 0, 0.0f, round_dout, H * D, D};
   const unsigned blocks = static_cast<unsigned>((B * T * H + kWarps - 1) / kWarps);
-  AMSP_LAUNCH(attention_delta_kernel, blocks, kThreads, 0, s)(out, dout, delta, sh);
+  AMSP_LAUNCH(attention_delta_kernel<A>, blocks, kThreads, 0, s)(out, dout, delta, sh);
 }
 
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) { return B * H * T; }
@@ -448,11 +460,14 @@ int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV
   return B * H * T + (bf16 && attention_tc_supports(D) ? attention_tc_partials(B, T, H, KV, D) : 0);
 }
 
-void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
-                       float* lse, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                       int64_t D, bool bf16, cudaStream_t s) {
-  if (bf16 && attention_tc_supports(D))
-    return attention_forward_tc(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
+// The kernels of this file behind attention_forward and attention_backward
+// (in the unnamed namespace: their lambdas capture its types).
+namespace {
+
+template <typename A>
+void forward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                        A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                       cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_forward");
   sh.bf16 = bf16;
@@ -461,19 +476,17 @@ void attention_forward(const float* q, const float* k, const float* v, int64_t l
   const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, sh.D), false);
   with_per_lane(sh.D, [&](auto per_lane) {
-    constexpr int P = decltype(per_lane)::value;
-    AMSP_LAUNCH(attention_forward_kernel<P>, grid, kThreads, tiles.shared_bytes, s)(q, k, v, lse,
+    using V = Sized<decltype(per_lane)::value, A>;
+    AMSP_LAUNCH(attention_forward_kernel<V>, grid, kThreads, tiles.shared_bytes, s)(q, k, v, lse,
                                                                                   out, sh);
   });
 }
 
-void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
-                        const float* lse, const float* out, const float* dout, float* dq, float* dk,
-                        float* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
-                        int64_t D, bool bf16, cudaStream_t s) {
-  if (bf16 && attention_tc_supports(D))
-    return attention_backward_tc(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T,
-                                 H, KV, D, s);
+template <typename A>
+void backward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                         const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
+                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        bool bf16, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_backward");
   sh.bf16 = bf16;
@@ -488,12 +501,56 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
   dkv_sh.streamed = dkv_tiles.streamed;
   AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, sh.D), false);
   with_per_lane(sh.D, [&](auto per_lane) {
-    constexpr int P = decltype(per_lane)::value;
-    AMSP_LAUNCH(attention_dq_kernel<P>, dim3(static_cast<unsigned>(B * H), tiles_of(T)), kThreads,
+    using V = Sized<decltype(per_lane)::value, A>;
+    AMSP_LAUNCH(attention_dq_kernel<V>, dim3(static_cast<unsigned>(B * H), tiles_of(T)), kThreads,
                 dq_tiles.shared_bytes, s)(q, k, v, lse, dout, delta, dq, dq_sh);
-    AMSP_LAUNCH(attention_dkv_kernel<P>, dim3(static_cast<unsigned>(B * KV), tiles_of(T)),
+    AMSP_LAUNCH(attention_dkv_kernel<V>, dim3(static_cast<unsigned>(B * KV), tiles_of(T)),
                 kThreads, dkv_tiles.shared_bytes, s)(q, k, v, lse, dout, delta, dk, dv, dkv_sh);
   });
 }
+
+}  // namespace
+
+template <typename A>
+void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                       A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                       cudaStream_t s) {
+  if (bf16 && attention_tc_supports(D))
+    attention_forward_tc(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
+  else
+    forward_cuda_cores(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, bf16, s);
+}
+
+template <typename A>
+void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                        const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
+                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        bool bf16, cudaStream_t s) {
+  if (bf16 && attention_tc_supports(D))
+    attention_backward_tc(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV,
+                          D, s);
+  else
+    backward_cuda_cores(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV, D,
+                        bf16, s);
+}
+
+template void attention_delta(const float*, const float*, float*, int64_t, int64_t, int64_t,
+                              int64_t, bool, cudaStream_t);
+template void attention_delta(const bf16*, const bf16*, float*, int64_t, int64_t, int64_t, int64_t,
+                              bool, cudaStream_t);
+template void attention_forward(const float*, const float*, const float*, int64_t, int64_t, float*,
+                                float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                cudaStream_t);
+template void attention_forward(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*,
+                                bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                cudaStream_t);
+template void attention_backward(const float*, const float*, const float*, int64_t, int64_t,
+                                 const float*, const float*, const float*, float*, float*, float*,
+                                 float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                 cudaStream_t);
+template void attention_backward(const bf16*, const bf16*, const bf16*, int64_t, int64_t,
+                                 const float*, const bf16*, const bf16*, bf16*, bf16*, bf16*,
+                                 float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                 cudaStream_t);
 
 }  // namespace amsp::kernels::cuda

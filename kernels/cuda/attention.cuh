@@ -13,9 +13,11 @@ namespace amsp::kernels::cuda {
 // delta[b, h, t] = sum over d of dout * out, one row of one head at a time
 // (q's layout [B*T, H*D]; delta [B, H, T]). With round_dout, dout is rounded
 // to bf16 first, as the tensor-core path rounds it for dP = dout . v: delta
-// is then sum_j P_j dP_j, and dP - delta is 0 where it must be.
-void attention_delta(const float* out, const float* dout, float* delta, int64_t B, int64_t T,
-                     int64_t H, int64_t D, bool round_dout, cudaStream_t s);
+// is then sum_j P_j dP_j, and dP - delta is 0 where it must be. A: float or
+// bf16 (out and dout as the caller's activations are).
+template <typename A>
+void attention_delta(const A* out, const A* dout, float* delta, int64_t B, int64_t T, int64_t H,
+                     int64_t D, bool round_dout, cudaStream_t s);
 
 // Ends the process with one line naming the call, the shape and what the
 // path takes, unless the shape is one it takes: `d_ok` (with `d_expected`
@@ -32,13 +34,15 @@ bool attention_tc_supports(int64_t D);
 // head's share of dk and dv when a kv head serves several (H > KV), summed in
 // head order afterwards.
 int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-void attention_forward_tc(const float* q, const float* k, const float* v, int64_t ldq,
-                          int64_t ldkv, float* lse, float* out, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int64_t D, cudaStream_t s);
-void attention_backward_tc(const float* q, const float* k, const float* v, int64_t ldq,
-                           int64_t ldkv, const float* lse, const float* out, const float* dout,
-                           float* dq, float* dk, float* dv, float* workspace, int64_t B, int64_t T,
-                           int64_t H, int64_t KV, int64_t D, cudaStream_t s);
+template <typename A>
+void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                          float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                          int64_t D, cudaStream_t s);
+template <typename A>
+void attention_backward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                           const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
+                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D, cudaStream_t s);
 
 // The FLOPs of `products` matrix products over the causal (query, key) pairs of
 // every (sequence, head): 2 D each per pair. Forward makes two (scores, then

@@ -14,8 +14,10 @@
 // after run. What changes is where the products run: every product is a
 // warp's mma.sync m16n8k16 (kernels/cuda/mma.h) with bf16 inputs and fp32
 // accumulators, as in FlashAttention-2:
-//   - q, k, v and dout are rounded to bf16 as they are loaded (fp32 in global
-//     memory: the model's activations are fp32);
+//   - q, k, v and dout are taken as they are when the activations are bf16,
+//     and rounded to bf16 as they are loaded when they are fp32; out, dq, dk
+//     and dv are stored in the activations' dtype (fp32 accumulators, each
+//     bf16 output rounded once, two adjacent columns in one 32-bit store);
 //   - the probabilities P and their gradients dS are rounded to bf16 for the
 //     products that take them (P v, P^T dout, dS k, dS^T q); the softmax's
 //     maximum, sum, rescaling and lse stay fp32 in registers. Forward sums the
@@ -37,6 +39,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels/common/math.h"
@@ -61,6 +66,10 @@ constexpr int kQueries = kD <= 64 ? 64 : 16;
 constexpr int kPad = 8;                  // bf16s after each row in shared memory
 constexpr int kMaxD = 128;
 
+// A kernel's variant: Sized<head dim, activation dtype> (simt.h).
+template <typename V>
+using Act = typename V::Type;
+
 struct Shape {
   int64_t B, T, H, KV;
   int group;          // H / KV
@@ -68,31 +77,46 @@ struct Shape {
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
 };
 
-// Rows [first, first + n) of one head's fp32 [T, kD] slice (row stride ld)
-// into bf16 shared memory with row stride kD + kPad; rows at or past T are 0.
-template <int kD>
-AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const float* src, int64_t ld, int64_t first,
-                                   int n, int64_t T) {
+// Two adjacent activations as one word of bf16 values, p[0] in the low half:
+// fp32 ones rounded, bf16 ones as they are (one 32-bit load, p 4-byte
+// aligned: attention_forward_tc checks the strides and the pointers).
+AMSP_DEVICE_INLINE uint32_t bf16_pair(const float* p) { return pack_bf16(p[0], p[1]); }
+AMSP_DEVICE_INLINE uint32_t bf16_pair(const uint16_t* p) { return load_word(p); }
+
+// Two adjacent outputs, each rounded once into bf16 activations.
+AMSP_DEVICE_INLINE void store_pair(float* p, float lo, float hi) {
+  p[0] = lo;
+  p[1] = hi;
+}
+AMSP_DEVICE_INLINE void store_pair(uint16_t* p, float lo, float hi) {
+  store_word(p, pack_bf16(lo, hi));
+}
+
+// Rows [first, first + n) of one head's [T, kD] slice (row stride ld) into
+// bf16 shared memory with row stride kD + kPad; rows at or past T are 0.
+template <int kD, typename A>
+AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const A* src, int64_t ld, int64_t first, int n,
+                                   int64_t T) {
   constexpr int kPairs = kD / 2;
   for (int i = threadIdx.x; i < n * kPairs; i += blockDim.x) {
     const int r = i / kPairs, c = 2 * (i % kPairs);
-    const float* p = src + (first + r) * ld + c;
-    const uint32_t w = first + r < T ? pack_bf16(p[0], p[1]) : 0u;
+    const A* p = src + (first + r) * ld + c;
+    const uint32_t w = first + r < T ? bf16_pair(p) : 0u;
     store_word(dst + r * (kD + kPad) + c, w);
   }
 }
 
-// The A fragments of 16 rows from row0 of an fp32 [T, kD] slice in global
-// memory, one per 16 columns, rounded to bf16; rows at or past T are 0.
-template <int kD>
-AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const float* src, int64_t ld,
+// The A fragments of 16 rows from row0 of a [T, kD] slice in global memory,
+// one per 16 columns, in bf16; rows at or past T are 0.
+template <int kD, typename A>
+AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const A* src, int64_t ld,
                                     int64_t row0, int64_t T) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int c = 0; c < kD / 16; ++c)
     for (int r = 0; r < 4; ++r) {
       const int64_t row = row0 + g + 8 * (r % 2);
-      const float* p = src + row * ld + 16 * c + 8 * (r / 2) + 2 * t;
-      a[c][r] = row < T ? pack_bf16(p[0], p[1]) : 0u;
+      const A* p = src + row * ld + 16 * c + 8 * (r / 2) + 2 * t;
+      a[c][r] = row < T ? bf16_pair(p) : 0u;
     }
 }
 
@@ -175,8 +199,8 @@ AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
 
 // Keys [k0, k0 + kKeys) of the head into the shared tiles, once every warp is
 // done with the previous ones.
-template <int kD>
-AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const float* k, const float* v,
+template <int kD, typename A>
+AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A* v,
                                    const Head& hd, int64_t k0, int64_t T) {
   __syncthreads();  // every warp is done with the previous tiles
   stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T);
@@ -214,10 +238,11 @@ AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], fl
 }
 
 // Forward: block (b*H + h, query tile).
-template <int kD>
+template <typename V>  // Sized<head dim, activation dtype>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_bf16_kernel(const float* q, const float* k, const float* v, float* lse,
-                                  float* out, Shape sh) {
+    attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
+                                  Act<V>* out, Shape sh) {
+  constexpr int kD = V::value;
   constexpr int kLd = kD + kPad;
   __shared__ KeyValueTiles<kD> tiles;
   const auto [hd, row0, q_last] = query_rows(kD, sh);
@@ -242,9 +267,11 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int j = 0; j < 2; ++j) l[j] = quad_sum(l[j]);
   for (int n = 0; n < kD / 8; ++n)
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = c_row(row0, i);
-      if (row < sh.T) out[hd.o_off + row * hd.ldo + c_col(8 * n, i)] = o[n][i] / l[i / 2];
+    for (int j = 0; j < 2; ++j) {
+      const int64_t row = c_row(row0, 2 * j);
+      if (row < sh.T)
+        store_pair(out + hd.o_off + row * hd.ldo + c_col(8 * n, 2 * j), o[n][2 * j] / l[j],
+                   o[n][2 * j + 1] / l[j]);
     }
   if (threadIdx.x % 4 == 0)
     for (int j = 0; j < 2; ++j) {
@@ -256,10 +283,11 @@ __global__ void __launch_bounds__(kThreads)
 // dq = scale * sum over keys of dS k, dS = P (dP - delta), P = exp(score -
 // lse), dP = dout . v. Block (b*H + h, query tile); keys in sub-tiles of 16,
 // each one A fragment of dS.
-template <int kD>
+template <typename V>  // Sized<head dim, activation dtype>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_bf16_kernel(const float* q, const float* k, const float* v, const float* lse,
-                             const float* dout, const float* delta, float* dq, Shape sh) {
+    attention_dq_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, const float* lse,
+                             const Act<V>* dout, const float* delta, Act<V>* dq, Shape sh) {
+  constexpr int kD = V::value;
   constexpr int kLd = kD + kPad;
   __shared__ KeyValueTiles<kD> tiles;
   const auto [hd, row0, q_last] = query_rows(kD, sh);
@@ -295,9 +323,11 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int n = 0; n < kD / 8; ++n)
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = c_row(row0, i);
-      if (row < sh.T) dq[hd.q_off + row * hd.ldq + c_col(8 * n, i)] = sh.scale * acc[n][i];
+    for (int j = 0; j < 2; ++j) {
+      const int64_t row = c_row(row0, 2 * j);
+      if (row < sh.T)
+        store_pair(dq + hd.q_off + row * hd.ldq + c_col(8 * n, 2 * j), sh.scale * acc[n][2 * j],
+                   sh.scale * acc[n][2 * j + 1]);
     }
 }
 
@@ -313,8 +343,8 @@ struct alignas(16) DkvTiles {
 
 // Query rows [r0, r0 + kQueries) of head hd into the shared tiles with their
 // lse and delta, once every warp is done with the previous ones.
-template <int kD>
-AMSP_DEVICE_INLINE void stage_queries(DkvTiles<kD>& tiles, const float* q, const float* dout,
+template <int kD, typename A>
+AMSP_DEVICE_INLINE void stage_queries(DkvTiles<kD>& tiles, const A* q, const A* dout,
                                       const float* lse, const float* delta, const Head& hd,
                                       int64_t r0, int64_t T) {
   __syncthreads();
@@ -369,12 +399,28 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
 }
 
 // Where the dk/dv kernel writes: dk and dv themselves (row stride ldkv) when
-// every kv head serves one query head, else query head h's share, in the
-// workspace slice (h mod group) of [group][B*T, KV*D] (attention_dkv_sum).
+// every kv head serves one query head, else query head h's fp32 share, in
+// the workspace slice (h mod group) of [group][B*T, KV*D] (attention_dkv_sum).
+template <typename A>
 struct DkvOut {
-  float *dk, *dv;
+  A *dk, *dv;                       // when H == KV
+  float *dk_shares, *dv_shares;     // when H > KV
   int64_t ld, per_share;
 };
+
+// The dk/dv kernel's two adjacent outputs at `at` (rows of o.ld), into the
+// shares or into dk and dv.
+template <typename A>
+AMSP_DEVICE_INLINE void store_dkv(const DkvOut<A>& o, int64_t at, const float (&dk)[4],
+                                  const float (&dv)[4], int j, float scale) {
+  if (o.dk_shares) {
+    store_pair(o.dk_shares + at, scale * dk[2 * j], scale * dk[2 * j + 1]);
+    store_pair(o.dv_shares + at, dv[2 * j], dv[2 * j + 1]);
+  } else {
+    store_pair(o.dk + at, scale * dk[2 * j], scale * dk[2 * j + 1]);
+    store_pair(o.dv + at, dv[2 * j], dv[2 * j + 1]);
+  }
+}
 
 // dv = sum over queries of P^T dout, dk = scale * sum of dS^T q, over the
 // query rows at or below each key, for one query head. Block (b*H + h, key
@@ -383,10 +429,11 @@ struct DkvOut {
 // (attention_dkv_sum_kernel), so the bits do not depend on timing. A warp's
 // scores are transposed (keys x queries) so that P^T and dS^T are the A
 // fragments of the products that form dv and dk.
-template <int kD>
+template <typename V>  // Sized<head dim, activation dtype>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkv_bf16_kernel(const float* q, const float* k, const float* v, const float* lse,
-                              const float* dout, const float* delta, DkvOut o, Shape sh) {
+    attention_dkv_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, const float* lse,
+                              const Act<V>* dout, const float* delta, DkvOut<Act<V>> o, Shape sh) {
+  constexpr int kD = V::value;
   __shared__ DkvTiles<kD> tiles;
   const int64_t b = blockIdx.x / sh.H, h = blockIdx.x % sh.H, kvh = h / sh.group;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
@@ -404,18 +451,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t base = (h % sh.group) * o.per_share + b * sh.T * o.ld + kvh * kD;
   for (int n = 0; n < kD / 8; ++n)
-    for (int i = 0; i < 4; ++i) {
-      const int64_t key = c_row(key0, i), at = base + key * o.ld + c_col(8 * n, i);
-      if (key < sh.T) {
-        o.dv[at] = dv_acc[n][i];
-        o.dk[at] = sh.scale * dk_acc[n][i];
-      }
+    for (int j = 0; j < 2; ++j) {
+      const int64_t key = c_row(key0, 2 * j);
+      if (key < sh.T) store_dkv(o, base + key * o.ld + c_col(8 * n, 2 * j), dk_acc[n], dv_acc[n], j, sh.scale);
     }
 }
 
 // dk and dv (row stride ldkv) = the sum of the group's shares in head order.
-__global__ void attention_dkv_sum_kernel(const float* dk_shares, const float* dv_shares, float* dk,
-                                         float* dv, int64_t rows, int64_t width, int64_t ldkv,
+template <typename A>
+__global__ void attention_dkv_sum_kernel(const float* dk_shares, const float* dv_shares, A* dk,
+                                         A* dv, int64_t rows, int64_t width, int64_t ldkv,
                                          int group) {
   const int64_t n = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -426,8 +471,8 @@ __global__ void attention_dkv_sum_kernel(const float* dk_shares, const float* dv
       sv += dv_shares[g * n + i];
     }
     const int64_t at = (i / width) * ldkv + i % width;
-    dk[at] = sk;
-    dv[at] = sv;
+    store(dk + at, sk);
+    store(dv + at, sv);
   }
 }
 
@@ -448,11 +493,24 @@ void with_head_dim(int64_t D, Launch launch) {
 }
 
 // The shapes this file supports (require_shape; attention.cu asks
-// attention_tc_supports before it calls here).
+// attention_tc_supports before it calls here). bf16 activations are read and
+// written two at a time in one 32-bit access: their pointers and row strides
+// must keep every pair 4-byte aligned.
+template <typename A>
 Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
-               const char* what) {
+               std::initializer_list<const A*> pointers, const char* what) {
   require_shape(what, attention_tc_supports(D), "D a multiple of 16 up to 128", kTile, T, H, KV, D,
                 ldq, ldkv);
+  if (std::is_same_v<A, bf16>) {
+    bool aligned = ldq % 2 == 0 && ldkv % 2 == 0;
+    for (const A* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 4 == 0;
+    if (!aligned) {
+      std::fprintf(stderr, "amsp: %s: bf16 rows must start 4-byte aligned (even row strides, "
+                   "got ldq=%lld ldkv=%lld, and 4-byte aligned pointers)\n",
+                   what, static_cast<long long>(ldq), static_cast<long long>(ldkv));
+      std::abort();
+    }
+  }
   return Shape{B, T, H, KV, static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
                ldq, ldkv};
 }
@@ -467,44 +525,87 @@ int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64
   return H > KV ? 2 * H * B * T * D : 0;  // dk and dv, group (H / KV) shares of B*T*KV*D
 }
 
-void attention_forward_tc(const float* q, const float* k, const float* v, int64_t ldq,
-                          int64_t ldkv, float* lse, float* out, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int64_t D, cudaStream_t s) {
+// The launches (in the unnamed namespace: their lambdas capture its types).
+namespace {
+
+template <typename A>
+void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                          float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                          int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_forward_tc");
+  const Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, {q, k, v, out}, "attention_forward_tc");
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
-    constexpr int kD = decltype(d)::value;
-    AMSP_LAUNCH(attention_forward_bf16_kernel<kD>, dim3(static_cast<unsigned>(B * H), tiles_of(T)),
-                kThreads, 0, s)(q, k, v, lse, out, sh);
+    using V = Sized<decltype(d)::value, A>;
+    AMSP_LAUNCH(attention_forward_bf16_kernel<V>,
+                dim3(static_cast<unsigned>(B * H), tiles_of(T)), kThreads, 0, s)(q, k, v, lse, out,
+                                                                                 sh);
   });
 }
 
-void attention_backward_tc(const float* q, const float* k, const float* v, int64_t ldq,
-                           int64_t ldkv, const float* lse, const float* out, const float* dout,
-                           float* dq, float* dk, float* dv, float* workspace, int64_t B, int64_t T,
-                           int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
+template <typename A>
+void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                           const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
+                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_backward_tc");
+  const Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, {q, k, v, out, dout, dq, dk, dv},
+                               "attention_backward_tc");
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, true, s);
   // Shares of dk and dv per query head (after delta) when kv heads are shared.
   const int64_t share = B * T * KV * D;
   float* shares = workspace + B * H * T;
-  const DkvOut o = H == KV ? DkvOut{dk, dv, ldkv, 0}
-                           : DkvOut{shares, shares + sh.group * share, KV * D, share};
+  const DkvOut<A> o = H == KV ? DkvOut<A>{dk, dv, nullptr, nullptr, ldkv, 0}
+                              : DkvOut<A>{nullptr, nullptr, shares, shares + sh.group * share,
+                                          KV * D, share};
   AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
-    constexpr int kD = decltype(d)::value;
+    using V = Sized<decltype(d)::value, A>;
     const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
-    AMSP_LAUNCH(attention_dq_bf16_kernel<kD>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta, dq, sh);
-    AMSP_LAUNCH(attention_dkv_bf16_kernel<kD>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta, o, sh);
+    AMSP_LAUNCH(attention_dq_bf16_kernel<V>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta,
+                                                                       dq, sh);
+    AMSP_LAUNCH(attention_dkv_bf16_kernel<V>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta,
+                                                                        o, sh);
   });
   if (H != KV) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(1024, (share + 255) / 256));
-    AMSP_LAUNCH(attention_dkv_sum_kernel, blocks, 256, 0, s)(o.dk, o.dv, dk, dv, B * T, KV * D,
-                                                             ldkv, sh.group);
+    AMSP_LAUNCH(attention_dkv_sum_kernel<A>, blocks, 256, 0, s)(o.dk_shares, o.dv_shares, dk, dv,
+                                                                B * T, KV * D, ldkv, sh.group);
   }
 }
+
+}  // namespace
+
+template <typename A>
+void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                          float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                          int64_t D, cudaStream_t s) {
+  forward_tensor_cores(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
+}
+
+template <typename A>
+void attention_backward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                           const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
+                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D, cudaStream_t s) {
+  backward_tensor_cores(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV, D,
+                        s);
+}
+
+template void attention_forward_tc(const float*, const float*, const float*, int64_t, int64_t,
+                                   float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                   cudaStream_t);
+template void attention_forward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*,
+                                   bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                   cudaStream_t);
+template void attention_backward_tc(const float*, const float*, const float*, int64_t, int64_t,
+                                    const float*, const float*, const float*, float*, float*,
+                                    float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                    cudaStream_t);
+template void attention_backward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t,
+                                    const float*, const bf16*, const bf16*, bf16*, bf16*, bf16*,
+                                    float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                    cudaStream_t);
 
 }  // namespace amsp::kernels::cuda

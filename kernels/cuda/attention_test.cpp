@@ -69,6 +69,27 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   return worst / scale;
 }
 
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// sqrt(mean (got - want)^2) / max(sqrt(mean want^2), 10^-3): how far the
+// whole tensor is. The floor is for exact zeros (dq and dk at T = 1), where
+// both sides leave rounding residues of unit-scale terms, about 10^-7.
+double rms_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double e = 0, w = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    e += std::isnan(d) ? std::numeric_limits<double>::infinity() : d * d;
+    w += static_cast<double>(want[i]) * want[i];
+  }
+  const double n = static_cast<double>(want.size());
+  return std::sqrt(e / n) / std::max(std::sqrt(w / n), 1e-3);
+}
+
+constexpr double kBf16Roundoff = 0x1p-8;
+
 // lse[b, h, t] = log sum_{j <= t} exp(q_t . k_j / sqrt(D)), in double.
 std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float>& k,
                             const Shape& s) {
@@ -96,33 +117,56 @@ std::vector<double> lse_ref(const std::vector<float>& q, const std::vector<float
 // What the device kernels give, run on q, k and v side by side in one buffer
 // with rows [q | k | v], as the model's fused projection holds them (row
 // strides ldq = ldkv = (H + 2 KV) D, dq, dk and dv written likewise), taken
-// apart again. Outputs start as NaN: every element must be written.
+// apart again. Activations A: float, or bf16 (the inputs rounded on the way
+// in, the outputs widened on the way out). Outputs start as NaN: every
+// element must be written.
 struct Outputs {
   std::vector<float> lse, out, dq, dk, dv;
 };
 
+using bf16 = uint16_t;
+
+template <typename A>
+std::vector<A> stored(const std::vector<float>& x) {
+  std::vector<A> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) store(&y[i], x[i]);
+  return y;
+}
+
+template <typename A>
+std::vector<float> widened(const A* x, int64_t n) {
+  std::vector<float> y(n);
+  for (int64_t i = 0; i < n; ++i) y[i] = load(x[i]);
+  return y;
+}
+
+template <typename A = float>
 Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
                     const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
                     bool bf16) {
   const int64_t N = s.B * s.T, lq = s.H * s.D, lk = s.KV * s.D, ld = lq + 2 * lk;
-  std::vector<float> qkv(N * ld), dqkv = nans(N * ld);
+  std::vector<float> qkv32(N * ld);
   for (int64_t r = 0; r < N; ++r) {
-    std::copy_n(q.begin() + r * lq, lq, qkv.begin() + r * ld);
-    std::copy_n(k.begin() + r * lk, lk, qkv.begin() + r * ld + lq);
-    std::copy_n(v.begin() + r * lk, lk, qkv.begin() + r * ld + lq + lk);
+    std::copy_n(q.begin() + r * lq, lq, qkv32.begin() + r * ld);
+    std::copy_n(k.begin() + r * lk, lk, qkv32.begin() + r * ld + lq);
+    std::copy_n(v.begin() + r * lk, lk, qkv32.begin() + r * ld + lq + lk);
   }
-  Outputs d{nans(attention_saved_count(s.B, s.T, s.H)), nans(N * lq), {}, {}, {}};
+  const std::vector<A> qkv = stored<A>(qkv32), dout_a = stored<A>(dout);
+  std::vector<A> dqkv = stored<A>(nans(N * ld)), out = stored<A>(nans(N * lq));
+  Outputs d{nans(attention_saved_count(s.B, s.T, s.H)), {}, {}, {}, {}};
   auto work = nans(attention_backward_workspace(s.B, s.T, s.H, s.KV, s.D, bf16));
-  const float* in = qkv.data();
-  float* g = dqkv.data();
-  attention_forward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), d.out.data(), s.B, s.T, s.H,
+  const A* in = qkv.data();
+  A* g = dqkv.data();
+  attention_forward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), out.data(), s.B, s.T, s.H,
                     s.KV, s.D, bf16, nullptr);
-  attention_backward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), d.out.data(), dout.data(), g,
+  attention_backward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), out.data(), dout_a.data(), g,
                      g + lq, g + lq + lk, work.data(), s.B, s.T, s.H, s.KV, s.D, bf16, nullptr);
+  d.out = widened(out.data(), N * lq);
   for (int64_t r = 0; r < N; ++r) {
-    d.dq.insert(d.dq.end(), g + r * ld, g + r * ld + lq);
-    d.dk.insert(d.dk.end(), g + r * ld + lq, g + r * ld + lq + lk);
-    d.dv.insert(d.dv.end(), g + r * ld + lq + lk, g + (r + 1) * ld);
+    for (auto [dst, at, n] : {std::tuple{&d.dq, int64_t{0}, lq}, {&d.dk, lq, lk}, {&d.dv, lq + lk, lk}}) {
+      const std::vector<float> row = widened(g + r * ld + at, n);
+      dst->insert(dst->end(), row.begin(), row.end());
+    }
   }
   return d;
 }
@@ -248,6 +292,28 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<Shape, Order>>& 
   return name;
 }
 
+// bf16 activations on the fp32 kernels (fp32 compute): the same arithmetic on
+// the same (bf16) inputs as fp32 activations holding them, so forward's out is
+// the fp32 one rounded once, bit for bit, and lse is the same bits. Backward's
+// delta = rowsum(dout * out) reads the rounded out: the gradients move by about
+// u = 2^-8 of their size (rms), and are rounded once more.
+TEST_P(CudaAttention, Bf16ActivationsAreFp32OnesRounded) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  const auto q = rounded(randn(nq, 1, 2.0f)), k = rounded(randn(nk, 2, 1.0f)),
+             v = rounded(randn(nk, 3, 1.0f)), dout = rounded(randn(nq, 4, 1.0f));
+  const Outputs f = run_fused(q, k, v, dout, s, false), b = run_fused<bf16>(q, k, v, dout, s, false);
+  EXPECT_EQ(b.out, rounded(f.out));
+  EXPECT_EQ(b.lse, f.lse);
+  EXPECT_LE(rms_error(b.dq, f.dq), 2 * kBf16Roundoff);
+  EXPECT_LE(rms_error(b.dk, f.dk), 2 * kBf16Roundoff);
+  EXPECT_LE(rms_error(b.dv, f.dv), 2 * kBf16Roundoff);
+  const Outputs again = run_fused<bf16>(q, k, v, dout, s, false);
+  EXPECT_EQ(b.dq, again.dq);
+  EXPECT_EQ(b.dk, again.dk);
+  EXPECT_EQ(b.dv, again.dv);
+}
+
 // B, T, H, KV, D
 const Shape kShapes[] = {
     {1, 1, 1, 1, 8},     // one token
@@ -284,26 +350,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
 //     carries into backward's p (u / sqrt(keys) in the mean). The tests allow
 //     u; a lost rescale, a wrong mask or a missing tile moves the outputs by
 //     10^-2 and more.
-std::vector<float> rounded(std::vector<float> v) {
-  for (float& x : v) x = round_bf16(x);
-  return v;
-}
 
-// sqrt(mean (got - want)^2) / max(sqrt(mean want^2), 10^-3): how far the
-// whole tensor is. The floor is for exact zeros (dq and dk at T = 1), where
-// both sides leave rounding residues of unit-scale terms, about 10^-7.
-double rms_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double e = 0, w = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    e += std::isnan(d) ? std::numeric_limits<double>::infinity() : d * d;
-    w += static_cast<double>(want[i]) * want[i];
-  }
-  const double n = static_cast<double>(want.size());
-  return std::sqrt(e / n) / std::max(std::sqrt(w / n), 1e-3);
-}
-
-constexpr double kBf16Roundoff = 0x1p-8;
 
 class CudaAttentionBf16 : public CudaAttention {};
 
@@ -336,6 +383,31 @@ TEST_P(CudaAttentionBf16, MatchesCpuReferenceOnBf16Inputs) {
   EXPECT_EQ(dq, again.dq);
   EXPECT_EQ(dk, again.dk);
   EXPECT_EQ(dv, again.dv);
+}
+
+// bf16 activations on tensor cores: read as they are (the same words the fp32
+// path makes by rounding), so forward's out is the fp32 path's rounded once,
+// bit for bit, with the same lse. Backward's delta reads the rounded out, and
+// the gradients are rounded once: against the CPU reference on the same inputs,
+// the bounds of the test above plus u each.
+TEST_P(CudaAttentionBf16, Bf16ActivationsAreFp32OnesRounded) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  const auto q = rounded(randn(nq, 1, 2.0f)), k = rounded(randn(nk, 2, 1.0f)),
+             v = rounded(randn(nk, 3, 1.0f)), dout = rounded(randn(nq, 4, 1.0f));
+  const Outputs f = run_fused(q, k, v, dout, s, true), b = run_fused<bf16>(q, k, v, dout, s, true);
+  EXPECT_EQ(b.out, rounded(f.out));
+  EXPECT_EQ(b.lse, f.lse);
+  const Outputs want = run_cpu(q, k, v, dout, s);
+  std::printf("  bf16 activations: rms error dq %.2e dk %.2e dv %.2e\n", rms_error(b.dq, want.dq),
+              rms_error(b.dk, want.dk), rms_error(b.dv, want.dv));
+  EXPECT_LE(rms_error(b.dq, want.dq), 2 * kBf16Roundoff);
+  EXPECT_LE(rms_error(b.dk, want.dk), 2 * kBf16Roundoff);
+  EXPECT_LE(rms_error(b.dv, want.dv), 2 * kBf16Roundoff);
+  const Outputs again = run_fused<bf16>(q, k, v, dout, s, true);
+  EXPECT_EQ(b.dq, again.dq);
+  EXPECT_EQ(b.dk, again.dk);
+  EXPECT_EQ(b.dv, again.dv);
 }
 
 // B, T, H, KV, D: every head dim the tensor cores take, T from one token to

@@ -43,7 +43,7 @@ AMSP_DEVICE_INLINE uint32_t pack_bf16(float lo, float hi) {
          (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
-// The word of two adjacent bf16 values stored at p (4-byte aligned). On the
+// The word of two adjacent bf16 values at p (4-byte aligned), stored or loaded. On the
 // GPU one 32-bit access; the host compiler of the emulation gets a memcpy,
 // which it compiles to the same access without writing uint16_t storage
 // through a uint32_t pointer (undefined behaviour in C++).
@@ -52,6 +52,15 @@ AMSP_DEVICE_INLINE void store_word(uint16_t* p, uint32_t w) {
   *reinterpret_cast<uint32_t*>(p) = w;
 #else
   std::memcpy(p, &w, sizeof w);
+#endif
+}
+AMSP_DEVICE_INLINE uint32_t load_word(const uint16_t* p) {
+#if defined(__CUDACC__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
 #endif
 }
 

@@ -118,15 +118,20 @@ void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t
 // multiples of 16 up to 128 then run on tensor cores (attention_bf16.cu), which
 // also round the probabilities and their gradients to bf16 for the products
 // that take them; other head dims run the fp32 kernels on the rounded inputs.
+// A: the activations q, k, v, out, dout, dq, dk, dv, all float or all bf16
+// (read as they are, each output the fp32 result rounded once); lse and the
+// workspace are fp32.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16);
-void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
-                       float* lse, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                       int64_t D, bool bf16, cudaStream_t s);
-void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
-                        const float* lse, const float* out, const float* dout, float* dq, float* dk,
-                        float* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
-                        int64_t D, bool bf16, cudaStream_t s);
+template <typename A>
+void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                       A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                       cudaStream_t s);
+template <typename A>
+void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+                        const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
+                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        bool bf16, cudaStream_t s);
 
 // ---- SwiGLU -----------------------------------------------------------------------------
 // The layout of kernels/cpu/ops.h: gate, up, dgate and dup rows of stride ld,

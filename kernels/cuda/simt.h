@@ -26,11 +26,17 @@
 #endif
 
 // AMSP_LAUNCH is a macro: a kernel's template arguments must hold no comma, so
-// a kernel of two dtypes takes them as one type, Dtypes<A, B>.
+// a kernel of two dtypes takes them as one type, Dtypes<A, B>, and a kernel of
+// a size and a dtype Sized<N, A>.
 namespace amsp::kernels::cuda {
 template <typename A, typename B>
 struct Dtypes {
   using First = A;
   using Second = B;
+};
+template <int N, typename A>
+struct Sized {
+  static constexpr int value = N;
+  using Type = A;
 };
 }  // namespace amsp::kernels::cuda

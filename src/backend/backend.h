@@ -247,7 +247,8 @@ class Backend {
   // what forward keeps for backward: attention_saved_count(B, T, H) fp32
   // elements (the CPU backend keeps the softmax probabilities, a fused kernel
   // only a log-sum-exp per row and head). out, dout: [B*T, H*D]. dqkv (the
-  // layout of qkv) is overwritten.
+  // layout of qkv) is overwritten. qkv, out, dout and dqkv are all fp32 or
+  // all bf16 (read as they are, computed in fp32, each output rounded once).
   virtual int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const = 0;
   virtual void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
                                  int64_t T, int64_t H, int64_t KV, int64_t D) = 0;

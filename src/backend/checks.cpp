@@ -211,7 +211,8 @@ void Checks::attention_forward(const Backend& backend, const View& qkv, const Vi
                                int64_t D) const {
   const char* kn = "attention_forward";
   check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32, {{"qkv", qkv}, {"saved", saved}, {"out", out}});
+  expect_activations(kn, {{"qkv", qkv}, {"out", out}});
+  expect(kn, "saved", saved, DType::kF32);
   need(kn, "qkv", qkv, product(kn, {B, T, H + 2 * KV, D}));
   need(kn, "saved", saved, backend.attention_saved_count(B, T, H));
   need(kn, "out", out, product(kn, {B, T, H, D}));
@@ -222,8 +223,9 @@ void Checks::attention_backward(const Backend& backend, const View& qkv, const V
                                 int64_t T, int64_t H, int64_t KV, int64_t D) const {
   const char* kn = "attention_backward";
   check_attention_shape(kn, B, T, H, KV, D);
-  expect_all(kn, DType::kF32, {{"qkv", qkv}, {"saved", saved}, {"dout", dout}, {"dqkv", dqkv}});
-  if (out) expect(kn, "out", *out, DType::kF32);
+  expect_activations(kn, {{"qkv", qkv}, {"dout", dout}, {"dqkv", dqkv}});
+  if (out) expect_activations(kn, {{"qkv", qkv}, {"out", *out}});
+  expect(kn, "saved", saved, DType::kF32);
   const int64_t nqkv = product(kn, {B, T, H + 2 * KV, D}), nq = product(kn, {B, T, H, D});
   need(kn, "qkv", qkv, nqkv);
   need(kn, "saved", saved, backend.attention_saved_count(B, T, H));

@@ -38,7 +38,7 @@ void small_cases(Checker& c) {
     for (DType act : {DType::kF32, DType::kBF16}) rope_case(c, s, act);
   for (auto s : {AttentionShape{1, 1, 1, 1, 8}, {2, 37, 4, 4, 16}, {1, 70, 8, 2, 24},
                  {1, 130, 2, 1, 64}})
-    attention_case(c, s);
+    for (DType act : {DType::kF32, DType::kBF16}) attention_case(c, s, act);
   for (auto [rows, I] : {std::array<int64_t, 2>{1, 1}, {17, 241}})
     for (DType act : {DType::kF32, DType::kBF16}) swiglu_case(c, rows, I, act);
   for (auto [rows, V] : {std::array<int64_t, 2>{1, 1}, {13, 50}, {33, 1031}})

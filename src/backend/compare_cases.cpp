@@ -276,21 +276,26 @@ Floats side_by_side(const Floats& a, const Floats& b, const Floats& c, int64_t r
   return out;
 }
 
-void attention_case(Checker& c, const AttentionShape& s) {
+// bf16 activations (q|k|v, out, dout, dqkv): the same bf16 inputs on both
+// backends, each output rounded once (one bf16 ulp); and a fused backward's
+// delta = rowsum(dout * out) reads the rounded out where the CPU sums P dP
+// exactly: u (2^-8) of each gradient more.
+void attention_case(Checker& c, const AttentionShape& s, DType act) {
   const auto [B, T, H, KV, D] = s;
-  const std::string shape = fmt("B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
-                                (long long)H, (long long)KV, (long long)D);
-  const bool bf16 = c.compute() == DType::kBF16;
+  std::string shape = fmt("B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
+                          (long long)H, (long long)KV, (long long)D);
+  if (act != DType::kF32) shape += fmt(" act=%s", name(act));
+  const bool bf16 = c.compute() == DType::kBF16, bf16_act = act == DType::kBF16;
   const double u = 0x1p-8;
   c.compare("attention_forward+backward", shape, kReduction, [&](Backend& be) {
     const int64_t N = B * T, nq = N * H * D, nkv = N * KV * D, group = H / KV;
     const int64_t row = (H + 2 * KV) * D;
     const Floats qs = randn(nq, 1), ks = randn(nkv, 2), vs = randn(nkv, 3);
-    Buffer qkv = put(be, side_by_side(qs, ks, vs, N));
+    Buffer qkv = put(be, side_by_side(qs, ks, vs, N), act);
     Buffer saved = be.alloc(DType::kF32, be.attention_saved_count(B, T, H));
-    Buffer out = be.alloc(DType::kF32, nq), dout = put(be, randn(nq, 4));
+    Buffer out = be.alloc(act, nq), dout = put(be, randn(nq, 4), act);
     be.attention_forward(qkv.view(), saved.view(), out.view(), B, T, H, KV, D);
-    Buffer dqkv = put(be, side_by_side(randn(nq, 5), randn(nkv, 6), randn(nkv, 7), N));
+    Buffer dqkv = put(be, side_by_side(randn(nq, 5), randn(nkv, 6), randn(nkv, 7), N), act);
     be.attention_backward(qkv.view(), saved.view(), out.view(), dout.view(), dqkv.view(), B, T, H,
                           KV, D);
     const Floats d = get(be, dqkv);
@@ -299,12 +304,14 @@ void attention_case(Checker& c, const AttentionShape& s) {
     const double t_out = sum_of(2 * T) + t_p, t_ds = t_p + sum_of(D) + t_out;
     Floats out_values = get(be, out);
     const double w_out = bf16 ? 2 * u * max_abs(vs) / std::max(max_abs(out_values), 1e-30) : 0;
-    const double w_grad = bf16 ? kLambda * u / std::sqrt(3.0) + u : 0;
-    return Outputs{{"out", std::move(out_values), t_out + w_out},
-                   {"dq", columns(d, N, row, 0, H * D), sum_of(T) + t_ds + w_grad},
-                   {"dk", columns(d, N, row, H * D, KV * D), sum_of(group * T) + t_ds + w_grad},
+    const double w_grad = (bf16 ? kLambda * u / std::sqrt(3.0) + u : 0) + (bf16_act ? u : 0);
+    auto stored = [&](double t) { return bf16_act ? bf16_rounded(t) : t; };
+    return Outputs{{"out", std::move(out_values), stored(t_out + w_out)},
+                   {"dq", columns(d, N, row, 0, H * D), stored(sum_of(T) + t_ds + w_grad)},
+                   {"dk", columns(d, N, row, H * D, KV * D),
+                    stored(sum_of(group * T) + t_ds + w_grad)},
                    {"dv", columns(d, N, row, (H + KV) * D, KV * D),
-                    sum_of(group * T) + t_p + w_grad}};
+                    stored(sum_of(group * T) + t_p + w_grad)}};
   });
 }
 

@@ -68,7 +68,8 @@ void rope_case(Checker& c, const RopeShape& s, DType act = DType::kF32);
 struct AttentionShape {
   int64_t B, T, H, KV, D;
 };
-void attention_case(Checker& c, const AttentionShape& s);
+// q|k|v, out, dout and dqkv in `act` (the saved statistics fp32).
+void attention_case(Checker& c, const AttentionShape& s, DType act = DType::kF32);
 
 // gate and up side by side in rows of 2 I, as the model keeps them.
 void swiglu_case(Checker& c, int64_t rows, int64_t I, DType act = DType::kF32);

@@ -310,7 +310,15 @@ void CpuBackend::rope_backward(const View& dx, const View& cos, const View& sin,
 // ---- attention ------------------------------------------------------------------------
 
 const float* CpuBackend::attention_input(const View& x, Slot slot) {
-  return compute() == DType::kBF16 ? bf16_values(x, slot) : x.f32();
+  return compute() == DType::kBF16 ? bf16_values(x, slot) : f32_values(x, slot);
+}
+
+float* CpuBackend::attention_output(const View& x, Slot slot) {
+  return x.dtype == DType::kF32 ? x.f32() : scratch_f32(slot, x.count);
+}
+
+void CpuBackend::finish_attention_output(const View& x, const float* values) {
+  if (x.dtype == DType::kBF16) round_to_bf16(values, x.bf16(), x.count);
 }
 
 int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const {
@@ -320,10 +328,13 @@ int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const
 void CpuBackend::attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
                                    int64_t T, int64_t H, int64_t KV, int64_t D) {
   check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
-  const float* q = attention_input(qkv, kSlotQkv);
+  const View o = out.at(0, B * T * H * D);
+  const float* q = attention_input(qkv.at(0, B * T * (H + 2 * KV) * D), kSlotQkv);
+  float* ov = attention_output(o, kSlotOut);
   const int64_t ld = (H + 2 * KV) * D;
-  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, saved.f32(), out.f32(), B, T,
-                             H, KV, D);
+  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, saved.f32(), ov, B, T, H, KV,
+                             D);
+  finish_attention_output(o, ov);
 }
 
 void CpuBackend::attention_backward(const View& qkv, const View& saved,
@@ -331,12 +342,14 @@ void CpuBackend::attention_backward(const View& qkv, const View& saved,
                                     const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
                                     int64_t D) {
   check.attention_backward(*this, qkv, saved, nullptr, dout, dqkv, B, T, H, KV, D);
-  const float* q = attention_input(qkv, kSlotQkv);
-  float* dq = dqkv.f32();
   const int64_t ld = (H + 2 * KV) * D, k_at = H * D, v_at = (H + KV) * D;
+  const View g = dqkv.at(0, B * T * ld);
+  const float* q = attention_input(qkv.at(0, B * T * ld), kSlotQkv);
+  float* dq = attention_output(g, kSlotOut);
   kernels::attention_backward(q, q + k_at, q + v_at, ld, ld, saved.f32(),
-                              attention_input(dout, kSlotDout), dq, dq + k_at, dq + v_at, B, T, H,
-                              KV, D);
+                              attention_input(dout.at(0, B * T * H * D), kSlotDout), dq, dq + k_at,
+                              dq + v_at, B, T, H, KV, D);
+  finish_attention_output(g, dq);
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------

@@ -181,7 +181,7 @@ class CpuBackend final : public Backend {
   // after it is requested again. Slots a kernel uses at the same time differ.
   enum Slot {
     kSlotX, kSlotW, kSlotOut, kSlotIndex, kSlotIndex2, kSlotIndex3,
-    kSlotQkv, kSlotDout,  // attention's inputs rounded to bf16
+    kSlotQkv, kSlotDout,  // attention's inputs in fp32 (rounded to bf16, or widened)
     kNumSlots
   };
   void* scratch(Slot slot, int64_t bytes);
@@ -197,9 +197,13 @@ class CpuBackend final : public Backend {
   // The values of a view rounded to bf16, in fp32: a rounded (fp32) or widened
   // (bf16) copy in `slot`.
   const float* bf16_values(const View& v, Slot slot);
-  // An activation attention reads: rounded to bf16 in `slot` when compute()
-  // is kBF16, else its own memory.
+  // An activation attention reads, in fp32: rounded to bf16 in `slot` when
+  // compute() is kBF16, else its own memory (fp32) or widened (bf16).
   const float* attention_input(const View& x, Slot slot);
+  // Where attention writes an output in fp32: its own memory (fp32) or
+  // `slot`, which finish_attention_output then rounds into x (bf16).
+  float* attention_output(const View& x, Slot slot);
+  void finish_attention_output(const View& x, const float* values);
   // Stores dst = dst + contribution[i] (fp32 add) into an fp32 or bf16 view,
   // rounding once per element.
   void accumulate_gradient(const View& dst, const float* contribution, int64_t n);

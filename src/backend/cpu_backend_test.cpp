@@ -648,6 +648,35 @@ TEST(CpuBackendBf16, LinearOnBf16ActivationsEqualsTheWidenedCallRounded) {
                "x is bf16, expected fp32 (bf16 activations need bf16 compute)");
 }
 
+// Attention on bf16 activations (q|k|v, out, dout, dqkv), under either compute:
+// the call on the widened values, each output rounded once; and a bf16 output
+// beside fp32 inputs is refused, naming it.
+TEST(CpuBackendBf16, AttentionOnBf16ActivationsRoundsEachOutputOnce) {
+  const int64_t B = 2, T = 70, H = 4, KV = 2, D = 8;
+  const int64_t N = B * T, lq = H * D, ld = lq + 2 * KV * D;
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    CpuBackend be(compute);
+    Halves qkv = to_bf16(randn(N * ld, 1)), dout = to_bf16(randn(N * lq, 4));
+    Floats qkvw = widened(qkv), doutw = widened(dout);
+    Floats p(be.attention_saved_count(B, T, H)), p2(p.size());
+    Halves o(N * lq), d(N * ld);
+    Floats ow(N * lq), dw(N * ld);
+    be.attention_forward(hv(qkv), fv(p), hv(o), B, T, H, KV, D);
+    be.attention_forward(fv(qkvw), fv(p2), fv(ow), B, T, H, KV, D);
+    EXPECT_TRUE(same_bits(p, p2));
+    EXPECT_EQ(o, to_bf16(ow));
+    be.attention_backward(hv(qkv), fv(p), hv(o), hv(dout), hv(d), B, T, H, KV, D);
+    be.attention_backward(fv(qkvw), fv(p), fv(ow), fv(doutw), fv(dw), B, T, H, KV, D);
+    EXPECT_EQ(d, to_bf16(dw));
+  }
+  CpuBackend be(DType::kBF16);
+  Floats qkv = randn(N * ld, 1), p(be.attention_saved_count(B, T, H));
+  Halves o(N * lq);
+  EXPECT_ERROR(be.attention_forward(fv(qkv), fv(p), hv(o), B, T, H, KV, D), "attention_forward",
+               "out is bf16, expected fp32 as qkv is");
+}
+
 // Cross-entropy on bf16 logits: the loss and lse of the widened logits, and each
 // entry of the gradient the fp32 kernel's rounded once (the target's entry
 // whole, not its two steps rounded apart).

@@ -331,15 +331,18 @@ void CudaBackend::attention_forward(const View& qkv, const View& saved, const Vi
                                     int64_t T, int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_forward";
   check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
-  const int64_t nqkv = B * T * (H + 2 * KV) * D, ld = (H + 2 * KV) * D;
-  const int64_t nq = B * T * H * D, ns = attention_saved_count(B, T, H);
+  const int64_t e = dtype_bytes(qkv.dtype), ld = (H + 2 * KV) * D;
+  const int64_t nqkv = B * T * ld, nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
-  reads(qkv.data, nqkv * 4);
+  reads(qkv.data, nqkv * e);
   writes(saved.data, ns * 4);
-  writes(out.data, nq * 4);
-  const float* q = f32p(qkv);
-  kc::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, f32w(saved), f32w(out), B, T, H,
-                        KV, D, compute() == DType::kBF16, stream_);
+  writes(out.data, nq * e);
+  typed(qkv, [&](auto* q) {
+    using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
+    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, f32w(saved),
+                             static_cast<A*>(out.data), B, T, H, KV, D,
+                             compute() == DType::kBF16, stream_);
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
@@ -348,23 +351,27 @@ void CudaBackend::attention_backward(const View& qkv, const View& saved, const V
                                      int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_backward";
   check.attention_backward(*this, qkv, saved, &out, dout, dqkv, B, T, H, KV, D);
-  const int64_t nqkv = B * T * (H + 2 * KV) * D, ld = (H + 2 * KV) * D;
-  const int64_t nq = B * T * H * D, ns = attention_saved_count(B, T, H);
+  const int64_t e = dtype_bytes(qkv.dtype), ld = (H + 2 * KV) * D;
+  const int64_t nqkv = B * T * ld, nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
-  const int64_t nw = kc::attention_backward_workspace(B, T, H, KV, D, compute() == DType::kBF16);
+  const bool bf16 = compute() == DType::kBF16;
+  const int64_t nw = kc::attention_backward_workspace(B, T, H, KV, D, bf16);
   Scratch ws = scratch(nw * 4);
-  reads(qkv.data, nqkv * 4);
-  for (const View* in : {&out, &dout}) reads(in->data, nq * 4);
+  reads(qkv.data, nqkv * e);
+  for (const View* in : {&out, &dout}) reads(in->data, nq * e);
   reads(saved.data, ns * 4);
   writes(ws.as<float>(), nw * 4);
   reads(ws.as<float>(), nw * 4);
-  writes(dqkv.data, nqkv * 4);
-  const float* q = f32p(qkv);
-  float* dq = f32w(dqkv);
+  writes(dqkv.data, nqkv * e);
   const int64_t k_at = H * D, v_at = (H + KV) * D;
-  kc::attention_backward(q, q + k_at, q + v_at, ld, ld, f32p(saved), f32p(out), f32p(dout), dq,
-                         dq + k_at, dq + v_at, ws.as<float>(), B, T, H, KV, D,
-                         compute() == DType::kBF16, stream_);
+  typed(qkv, [&](auto* q) {
+    using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
+    A* dq = static_cast<A*>(dqkv.data);
+    kc::attention_backward<A>(q, q + k_at, q + v_at, ld, ld, f32p(saved),
+                              static_cast<const A*>(out.data), static_cast<const A*>(dout.data),
+                              dq, dq + k_at, dq + v_at, ws.as<float>(), B, T, H, KV, D, bf16,
+                              stream_);
+  });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 

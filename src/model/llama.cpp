@@ -17,9 +17,9 @@ namespace {
 
 // Saved activations of one decoder layer (its input is Impl::resid[l]).
 struct LayerActs {
-  Buffer qkv;          // q, k, v side by side, after RoPE: [N, hidden + 2 kv_dim]
+  Buffer qkv;          // q, k, v side by side, after RoPE: [N, hidden + 2 kv_dim] (product dtype)
   Buffer saved;        // what attention keeps for backward (the backend says how much)
-  Buffer attn;         // attention output before o_proj [N, hidden]
+  Buffer attn;         // attention output before o_proj [N, hidden] (product dtype)
   Buffer h;            // x + o_proj(attn) [N, hidden]
   Buffer gate_up;      // gate and up side by side: [N, 2 intermediate] (product dtype)
   Buffer inv1, inv2;   // RMSNorm 1/rms per row [N]
@@ -49,11 +49,12 @@ struct Llama::Impl {
   std::vector<Buffer> resid;   // L+1 residual streams [N, hidden]
   std::vector<LayerActs> acts;
   Buffer head_inv, logits, lse;  // head: [N], [N, vocab], [N]
-  // Scratch, shared by all layers. n, dn, act, dgate_up (and each layer's
-  // gate_up, and the logits) are in the products' dtype (`product_dtype`): only
-  // matrix products and the norms, SwiGLU and loss around them read them, and
-  // under bf16 compute the products round what they read, and write, to bf16
-  // anyway.
+  // Scratch, shared by all layers. n, dn, dattn, dqkv, act, dgate_up (and
+  // each layer's qkv, attn and gate_up, and the logits) are in the products'
+  // dtype (`product_dtype`): only matrix products, attention and the norms,
+  // RoPE, SwiGLU and loss around them read them, and under bf16 compute the
+  // products and attention round what they read, and write, to bf16 anyway.
+  // The residual stream (resid, each layer's h, dres) stays fp32.
   Buffer n, dn, dres, dattn, dqkv, act, dgate_up;
   DType product_dtype = DType::kF32;
 
@@ -100,9 +101,9 @@ void Llama::Impl::allocate() {
   for (int64_t l = 0; l <= layers; ++l) resid.push_back(f32(Nmax * hidden));
   acts.resize(static_cast<size_t>(recompute ? 1 : layers));
   for (auto& a : acts) {
-    a.qkv = f32(Nmax * (hidden + 2 * kv_dim));
+    a.qkv = product_side(Nmax * (hidden + 2 * kv_dim));
     a.saved = f32(be.attention_saved_count(max_batch, max_seq_len, heads));
-    a.attn = f32(Nmax * hidden);
+    a.attn = product_side(Nmax * hidden);
     a.h = f32(Nmax * hidden);
     a.gate_up = product_side(Nmax * 2 * inter);
     a.inv1 = f32(Nmax);
@@ -112,8 +113,9 @@ void Llama::Impl::allocate() {
   logits = product_side(Nmax * vocab);
   lse = f32(Nmax);
   for (Buffer* b : {&n, &dn}) *b = product_side(Nmax * hidden);
-  for (Buffer* b : {&dres, &dattn}) *b = f32(Nmax * hidden);
-  dqkv = f32(Nmax * (hidden + 2 * kv_dim));
+  dres = f32(Nmax * hidden);
+  dattn = product_side(Nmax * hidden);
+  dqkv = product_side(Nmax * (hidden + 2 * kv_dim));
   act = product_side(Nmax * inter);
   dgate_up = product_side(Nmax * 2 * inter);
   allocated = be.memory().in_use - before;

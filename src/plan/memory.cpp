@@ -37,15 +37,15 @@ int64_t cpu_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, 
   const int64_t N = B * T, h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size,
                 V = c.vocab_size, L = c.num_hidden_layers, heads = c.num_attention_heads;
   const int64_t rope = 4 * 2 * T * (c.head_dim() / 2);       // cos, sin
-  const int64_t per_layer = 4 * (N * h + 2 * N * kv)         // q, k, v side by side (after RoPE)
+  const int64_t per_layer = p * (N * h + 2 * N * kv)         // q, k, v side by side (after RoPE)
                             + 4 * B * heads * T * T          // softmax probabilities
-                            + 4 * (N * h + N * h)            // attention output, h
+                            + p * N * h + 4 * N * h          // attention output, h
                             + p * 2 * N * I                  // gate and up side by side
                             + 4 * 2 * N;                     // 1/rms of both norms
   const int64_t resid = 4 * (L + 1) * N * h;                 // layer inputs + final output
   const int64_t head = 4 * (N + N) + p * N * V;              // 1/rms, log-sum-exp; logits
-  // n, dn; dres, dattn; dqkv; act (d(act) in backward); dgate_up
-  const int64_t scratch = p * 2 * N * h + 4 * 2 * N * h + 4 * N * (h + 2 * kv) + p * N * I + p * 2 * N * I;
+  // n, dn, dattn; dres; dqkv; act (d(act) in backward); dgate_up
+  const int64_t scratch = p * 3 * N * h + 4 * N * h + p * N * (h + 2 * kv) + p * N * I + p * 2 * N * I;
   const int64_t ids = 4 * 2 * N;                             // token ids and targets (int32)
   // Recomputation keeps every layer's input (resid) and one layer's working set.
   return ids + rope + resid + (recompute ? 1 : L) * per_layer + head + scratch;

@@ -72,8 +72,9 @@ struct MemoryBreakdown {
 // Bytes the model (model::Llama) allocates for micro-batches of B sequences of
 // T tokens on a backend computing in `compute`: activations kept for backward,
 // scratch and RoPE tables, fp32 but for the buffers only matrix products and
-// the kernels around them read (the normed input, gate|up, SwiGLU's output, the
-// logits and their gradients), which are in the compute dtype; with recompute, one
+// the kernels around them read (the normed input, q|k|v, attention's output,
+// gate|up, SwiGLU's output, the logits and their gradients), which are in the
+// compute dtype (the residual stream stays fp32); with recompute, one
 // layer's working set instead of every layer's. Kept in step with
 // src/model/llama.cpp; a test compares it with the allocation Llama makes.
 int64_t cpu_activation_bytes(const model::LlamaConfig& config, int64_t B, int64_t T,

@@ -146,10 +146,12 @@ TEST(Memory, CpuActivationsByHand) {
   // 2*20, 1/rms 8 = 216; head 4 + 28 + 4 = 36; scratch n, dn, dres, dattn
   // 4*24, dqkv 72, act 20, dgate_up 40 = 228; token ids and targets 2*4 = 8.
   EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4), 4 * (8 + 72 + 2 * 216 + 36 + 228 + 8));
-  // Under bf16 compute n, dn (2 * 24), act (20), dgate_up (40), each layer's
-  // gate and up (40) and the logits (28) take 2 bytes, not 4.
+  // Under bf16 compute n, dn, dattn (3 * 24), dqkv (72), act (20), dgate_up
+  // (40), each layer's q, k, v (72), attn (24), gate and up (40), and the
+  // logits (28) take 2 bytes, not 4.
   EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4, false, DType::kBF16),
-            4 * (8 + 72 + 2 * 216 + 36 + 228 + 8) - 2 * (48 + 20 + 40 + 2 * 40 + 28));
+            4 * (8 + 72 + 2 * 216 + 36 + 228 + 8) -
+                2 * (72 + 72 + 20 + 40 + 2 * (72 + 24 + 40) + 28));
 }
 
 TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {
