@@ -56,6 +56,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama import modeling_llama
 from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
@@ -193,27 +194,70 @@ def round_bf16(t):
 class Bf16Linear(torch.autograd.Function):
     """y = x W^T as a GPU's bf16 tensor-core GEMM computes it: both inputs rounded to
     bf16, their exact products summed in fp32 (torch's sgemm; `acc` = torch.float64
-    sums them in double instead), the sum rounded to bf16. Backward the same for
-    dx = dy W and dW = dy^T x, dy rounded first. Inputs and outputs stay fp32 tensors
-    (holding bf16 values), so that everything between two matrix products (RoPE,
-    attention, SwiGLU, norms, residual adds, the loss) runs in fp32, as amsp's does.
-    Written out rather than left to torch.autocast: torch 1.13's CPU bf16 GEMM sums
-    dy W and dy^T x in bf16 (doc/validation.md)."""
+    sums them in double instead), and the sum stored as amsp stores that product's
+    output: rounded to bf16 where amsp's buffer is bf16 (round_y), kept in fp32 where it
+    adds into the fp32 residual stream (the output and down projections). Backward the
+    same for dx = dy W (dy rounded first; dx rounded where amsp's buffer is bf16 and
+    one product writes it, round_dx: the q, k, v and gate, up inputs' gradients are one
+    fused product's in amsp, summed here by autograd and rounded once at the norm's
+    output, RoundBf16) and dW = dy^T x, accumulated into the gradient unrounded as
+    amsp's GEMM does with beta = 1. Inputs and outputs stay fp32 tensors, so that
+    everything between two products runs in fp32, as amsp's does. Written out rather
+    than left to torch.autocast: torch 1.13's CPU bf16 GEMM sums dy W and dy^T x in
+    bf16 (doc/validation.md)."""
 
     @staticmethod
-    def forward(ctx, x, w, acc):
+    def forward(ctx, x, w, acc, round_y, round_dx):
         xr, wr = round_bf16(x), round_bf16(w)
         ctx.save_for_backward(xr, wr)
-        ctx.acc = acc
-        return round_bf16(F.linear(xr.to(acc), wr.to(acc)))
+        ctx.acc, ctx.round_dx = acc, round_dx
+        y = F.linear(xr.to(acc), wr.to(acc)).float()
+        return round_bf16(y) if round_y else y
 
     @staticmethod
     def backward(ctx, dy):
         xr, wr = (t.to(ctx.acc) for t in ctx.saved_tensors)
         dyr = round_bf16(dy).to(ctx.acc)
-        dx = round_bf16((dyr @ wr).float())
-        dw = round_bf16((dyr.reshape(-1, dyr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])).float())
-        return dx, dw, None
+        dx = (dyr @ wr).float()
+        dw = (dyr.reshape(-1, dyr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])).float()
+        return round_bf16(dx) if ctx.round_dx else dx, dw, None, None, None
+
+
+class RoundBf16(torch.autograd.Function):
+    """A bf16 activation buffer of amsp's: the value rounded to bf16, and so is the
+    gradient written into its bf16 gradient buffer (the normed inputs, q and k after
+    RoPE)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return round_bf16(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return round_bf16(dx)
+
+
+# Where amsp's bf16 run keeps a product's output and input gradient in bf16 (the
+# compute dtype) or fp32 (the residual stream): (round_y, round_dx) per linear layer.
+BF16_ROUNDING = {"q_proj": (True, False), "k_proj": (True, False), "v_proj": (True, False),
+                 "gate_proj": (True, False), "up_proj": (True, False),
+                 "o_proj": (False, True), "down_proj": (False, True), "lm_head": (True, True)}
+
+
+def round_like_amsp(model, acc):
+    """Puts amsp's bf16 rounding points into transformers' LlamaForCausalLM: every
+    linear layer a Bf16Linear, the norms' outputs and q, k after RoPE bf16 buffers."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            assert mod.bias is None
+            rounding = BF16_ROUNDING[name.rsplit(".", 1)[-1]]
+            mod.forward = (lambda m, r: lambda x: Bf16Linear.apply(x, m.weight, acc, *r))(mod, rounding)
+        elif isinstance(mod, modeling_llama.LlamaRMSNorm):
+            mod.forward = (lambda f: lambda x: RoundBf16.apply(f(x)))(mod.forward)
+    rope = modeling_llama.apply_rotary_pos_emb
+    modeling_llama.apply_rotary_pos_emb = (
+        lambda *args, **kwargs: tuple(RoundBf16.apply(t) for t in rope(*args, **kwargs)))
+    return rope
 
 
 def torch_steps_bf16(model_dir, layout, train_tokens, order, ranks, plan, batch, accum, clip, steps,
@@ -223,8 +267,8 @@ def torch_steps_bf16(model_dir, layout, train_tokens, order, ranks, plan, batch,
     matrices, embedding, norm weights), written into its fp32 parameters before every
     step. Each micro-batch's gradient is taken from that model and reaches the master's
     fp32 gradient the way amsp's engine moves it on the plans used here:
-      - 1 rank (ddp): backward adds into the fp32 gradient directly, so the matrices'
-        gradients are bf16 products and the norms' and embedding's stay fp32;
+      - 1 rank (ddp): backward adds into the fp32 gradient directly, so every gradient
+        stays fp32 (the matrices' accumulated by their GEMM unrounded);
       - zero3: each rank's gradient is rounded to bf16 (a bf16 buffer), the ranks' are
         summed in fp32 and rounded once (the bf16 reduce-scatter), then added in fp32.
     The norm before clipping is summed in double from the fp32 gradient; clipping and
@@ -239,11 +283,16 @@ def torch_steps_bf16(model_dir, layout, train_tokens, order, ranks, plan, batch,
     model.train()
     emulate = arithmetic != "autocast"
     if emulate:
-        acc = torch.float64 if arithmetic == "emulated-fp64" else torch.float32
-        for mod in model.modules():
-            if isinstance(mod, torch.nn.Linear):
-                assert mod.bias is None
-                mod.forward = (lambda m: lambda x: Bf16Linear.apply(x, m.weight, acc))(mod)
+        rope = round_like_amsp(model, torch.float64 if arithmetic == "emulated-fp64" else torch.float32)
+    try:
+        yield from bf16_steps(model, train_tokens, order, ranks, batch, accum, clip, steps, layout, emulate)
+    finally:
+        if emulate:
+            modeling_llama.apply_rotary_pos_emb = rope
+
+
+def bf16_steps(model, train_tokens, order, ranks, batch, accum, clip, steps, layout, emulate):
+    """torch_steps_bf16's steps on a prepared model."""
     named = list(model.named_parameters())
     master = {n: torch.nn.Parameter(p.detach().clone()) for n, p in named}
     decay = [master[n] for n, p in named if p.dim() == 2 and "embed_tokens" not in n]

@@ -55,9 +55,20 @@ bool retune_openblas() {
 
 const char* blas_core_name() { return openblas_get_corename(); }
 
+namespace {
+
+// An empty sum (k = 0): y = beta * y, 0 where beta is 0 (whatever y held), as
+// BLAS defines it; sgemm itself refuses the leading dimension 0 it would get.
+void empty_product(float* y, int64_t n, float beta) {
+  for (int64_t i = 0; i < n; ++i) y[i] = beta == 0.0f ? 0.0f : beta * y[i];
+}
+
+}  // namespace
+
 void linear_forward(const float* x, const float* w, float* y, int64_t M, int64_t in, int64_t out,
                     float beta) {
   if (M == 0 || out == 0) return;
+  if (in == 0) return empty_product(y, M * out, beta);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, out, in, 1.0f, x, in, w, in, beta, y,
               out);
 }
@@ -65,6 +76,7 @@ void linear_forward(const float* x, const float* w, float* y, int64_t M, int64_t
 void linear_backward_input(const float* dy, const float* w, float* dx, int64_t M, int64_t in,
                            int64_t out, float beta) {
   if (M == 0 || in == 0) return;
+  if (out == 0) return empty_product(dx, M * in, beta);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, w, in, beta,
               dx, in);
 }

@@ -1,4 +1,4 @@
-// The CUDA, cuBLAS and NCCL APIs as amsp's CUDA code sees them: the real
+// The CUDA, cuBLAS (and cuBLASLt) and NCCL APIs as amsp's CUDA code sees them: the real
 // headers in a CUDA build (-DAMSP_CUDA=ON), or the emulation's (kernels/cuda/emu)
 // in every other build, where the same CUDA backend code runs on the CPU for the
 // tests (doc/gpu.md, "Emulation"). Code above this header cannot tell which.
@@ -15,6 +15,7 @@
 #pragma once
 
 #if defined(AMSP_CUDA_REAL)
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>

@@ -35,13 +35,6 @@ __global__ void add_kernel(typename T::First* dst, const typename T::Second* src
     store(dst + i, load(dst[i]) + load(src[i]));
 }
 
-template <typename Y>
-__global__ void finish_product_kernel(const float* p, Y* y, int64_t n, float beta) {
-  // beta == 0 must not read y (it may hold garbage, as with BLAS).
-  for (int64_t i = first_index(); i < n; i += grid_stride())
-    store(y + i, beta == 0.0f ? round_bf16(p[i]) : round_bf16(p[i]) + beta * load(y[i]));
-}
-
 // One block per chunk of kSumSquaresChunk elements.
 template <typename T>
 __global__ void chunk_squares_kernel(const T* x, int64_t n, double* partials) {
@@ -115,14 +108,6 @@ void add(bf16* dst, const float* src, int64_t n, cudaStream_t s) {
 
 void add(bf16* dst, const bf16* src, int64_t n, cudaStream_t s) {
   if (n > 0) AMSP_LAUNCH(add_kernel<Bf16Bf16>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
-}
-
-void finish_bf16_product(const float* p, float* y, int64_t n, float beta, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(finish_product_kernel<float>, grid_for(n), kBlockThreads, 0, s)(p, y, n, beta);
-}
-
-void finish_bf16_product(const float* p, bf16* y, int64_t n, float beta, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(finish_product_kernel<bf16>, grid_for(n), kBlockThreads, 0, s)(p, y, n, beta);
 }
 
 int64_t sum_squares_chunks(int64_t n) { return (n + kSumSquaresChunk - 1) / kSumSquaresChunk; }

@@ -5,7 +5,7 @@
 //
 // Tolerances, per kernel:
 //   - bit-identical where the GPU does the CPU's operations in the CPU's order:
-//     conversions, add, finish_bf16_product, embedding (both directions: the
+//     conversions, add, embedding (both directions: the
 //     backward sums each token's rows in row order like the CPU), RMSNorm's dw
 //     (a column per thread, rows in order) and apply, RoPE, SwiGLU,
 //     cross-entropy backward (given the same lse), AdamW;
@@ -190,7 +190,7 @@ TEST_P(CudaKernels, BlockReductionsBackToBack) {
   }
 }
 
-// ---- conversions, add, finish, sum of squares ----------------------------------------
+// ---- conversions, add, sum of squares ----------------------------------------
 
 const int64_t kSizes[] = {0, 1, 31, 255, 256, 257, 1000, 2 * cuda::kSumSquaresChunk + 17};
 
@@ -231,24 +231,6 @@ TEST_P(CudaKernels, AddAllDtypes) {
     cuda::add(db.data(), sb.data(), n, nullptr);
     ref.add(bf16_view(dbw), bf16_view(sb));
     expect_same(shape("add bf16 += bf16", {n}), db, dbw);
-  }
-}
-
-TEST_P(CudaKernels, FinishBf16Product) {
-  for (int64_t n : kSizes) {
-    const std::vector<float> p = random_floats(n, 4), y0 = random_floats(n, 5);
-    for (float beta : {0.0f, 1.0f, 0.5f}) {
-      std::vector<float> y = y0, want(n);
-      if (beta == 0.0f) y.assign(n, std::nanf(""));  // must not be read
-      cuda::finish_bf16_product(p.data(), y.data(), n, beta, nullptr);
-      for (int64_t i = 0; i < n; ++i)
-        want[i] = beta == 0.0f ? cpu::round_bf16(p[i]) : cpu::round_bf16(p[i]) + beta * y0[i];
-      expect_same(shape("finish_bf16_product", {n}) + " beta " + std::to_string(beta), y, want);
-    }
-    std::vector<float> y = p, want(n);  // p may be y with beta 0
-    cuda::finish_bf16_product(y.data(), y.data(), n, 0.0f, nullptr);
-    for (int64_t i = 0; i < n; ++i) want[i] = cpu::round_bf16(p[i]);
-    expect_same(shape("finish_bf16_product in place", {n}), y, want);
   }
 }
 

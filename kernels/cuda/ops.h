@@ -39,11 +39,6 @@ void add(float* dst, const float* src, int64_t n, cudaStream_t s);
 void add(float* dst, const bf16* src, int64_t n, cudaStream_t s);
 void add(bf16* dst, const float* src, int64_t n, cudaStream_t s);
 void add(bf16* dst, const bf16* src, int64_t n, cudaStream_t s);
-// The end of a bf16 matrix product: y = round_bf16(p) + beta * y (fp32), stored
-// in y's dtype (bf16: rounded). p may be an fp32 y when beta == 0; with
-// beta == 0, y is not read.
-void finish_bf16_product(const float* p, float* y, int64_t n, float beta, cudaStream_t s);
-void finish_bf16_product(const float* p, bf16* y, int64_t n, float beta, cudaStream_t s);
 
 // Sum of squares in double: per chunk of kSumSquaresChunk elements, then the
 // chunks in order; *out (device) receives the total. partials holds

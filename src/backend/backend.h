@@ -15,12 +15,13 @@
 // a point of the compute stream for anything else that must wait for it.
 //
 // Precision. compute() is the dtype matrix products take their inputs in:
-// fp32, or bf16, in which case both inputs are rounded to bf16, products are
-// accumulated in fp32 and the result is rounded to bf16 (as a GPU's bf16
-// tensor-core GEMM with fp32 accumulation does), before beta * y is added in
-// fp32. Weight gradients are the exception: the product accumulates into the
-// gradient in fp32, rounded once when the gradient is bf16 (a GEMM with
-// beta = 1 into the gradient, as Megatron and llm.c accumulate them). Activations are fp32, except
+// fp32, or bf16, in which case both inputs are rounded to bf16 and the
+// products are accumulated in fp32 with beta * y added in fp32, the result
+// stored once in y's dtype (fp32, or rounded to bf16): what a GPU's bf16
+// tensor-core GEMM with fp32 accumulation and its epilogue do. So a product
+// into the fp32 residual stream (beta = 1) adds its unrounded sum, and weight
+// gradients accumulate in the GEMM (beta = 1 into the gradient, rounded once
+// when it is bf16, as Megatron and llm.c accumulate them). Activations are fp32, except
 // where a kernel below says it also takes bf16 ones; parameters and gradients may
 // be fp32 or bf16 (the kernels below say which dtypes they take). Everything
 // else (norms, softmax, losses, optimizer) computes in fp32.

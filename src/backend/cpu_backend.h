@@ -17,12 +17,13 @@
 //     copy (embedding_forward widens the rows it gathers straight into `out`,
 //     the same values without a copy of the table).
 //   - compute() == kBF16 changes the three linear kernels only. Both inputs are
-//     rounded to bf16 (fp32 weights and all activations; bf16 weights already
-//     are), sgemm accumulates the exact bf16 x bf16 products in fp32, the
-//     product is rounded to bf16, and beta * y is added in fp32:
-//         y  = round(round(x) round(W)^T)   + beta * y
-//         dx = round(round(dy) round(W))    + beta * dx
-//         dw = dw + round(round(dy)^T round(x))    (stored in dw's dtype)
+//     rounded to bf16 (fp32 weights and activations; bf16 ones already are),
+//     and sgemm accumulates the exact bf16 x bf16 products and beta * y in
+//     fp32, stored once in the output's dtype (store: as it is into fp32,
+//     rounded into bf16), as a GPU's GEMM and its epilogue do:
+//         y  = store(round(x) round(W)^T + beta * y)
+//         dx = store(round(dy) round(W) + beta * dx)
+//         dw = store(dw + round(dy)^T round(x))
 //     With beta == 0, y (dx) is not read, as with BLAS. Attention takes q, k,
 //     v (and dout) rounded to bf16 and computes in fp32 from them, as the
 //     CUDA backend's kernels read them (which also round their probabilities
@@ -204,6 +205,11 @@ class CpuBackend final : public Backend {
   // `slot`, which finish_attention_output then rounds into x (bf16).
   float* attention_output(const View& x, Slot slot);
   void finish_attention_output(const View& x, const float* values);
+  // Where a product (linear_forward, linear_backward_input) accumulates into
+  // y in fp32: y itself, or a bf16 y widened into kSlotOut (when beta reads
+  // it); store_product then rounds it into a bf16 y.
+  float* product_target(const View& y, float beta);
+  void store_product(const View& y, const float* p);
   // Stores dst = dst + contribution[i] (fp32 add) into an fp32 or bf16 view,
   // rounding once per element.
   void accumulate_gradient(const View& dst, const float* contribution, int64_t n);

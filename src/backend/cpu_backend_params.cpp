@@ -154,51 +154,33 @@ void CpuBackend::embedding_backward_bf16(const int32_t* tokens, const float* dou
 
 // ---- linear --------------------------------------------------------------------------
 
-namespace {
-
-// y = round_bf16(p) + beta * y, in fp32, stored in y's dtype (a bf16 y: that
-// sum rounded, which is round_bf16(p) itself when beta is 0); p may be an fp32 y
-// (then beta is 0).
-template <typename Y>
-void finish_product(const float* p, Y* y, int64_t n, float beta) {
-  if (beta == 0.0f) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) k::store(y + i, k::round_bf16(p[i]));
-  } else {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) k::store(y + i, k::round_bf16(p[i]) + beta * k::load(y[i]));
-  }
+// Under bf16 compute a product reads its inputs rounded to bf16 and is then the
+// fp32 one: the sum and beta * y accumulated in fp32, as a GEMM's epilogue does,
+// and stored once in y's dtype (a bf16 y through a widened copy in kSlotOut).
+float* CpuBackend::product_target(const View& y, float beta) {
+  if (y.dtype == DType::kF32) return y.f32();
+  float* p = scratch_f32(kSlotOut, y.count);
+  if (beta != 0.0f) widen(y.bf16(), p, y.count);
+  return p;
 }
 
-void finish_bf16_product(const float* p, const View& y, int64_t n, float beta) {
-  if (y.dtype == DType::kF32)
-    finish_product(p, y.f32(), n, beta);
-  else
-    finish_product(p, y.bf16(), n, beta);
+void CpuBackend::store_product(const View& y, const float* p) {
+  if (y.dtype == DType::kBF16) round_to_bf16(p, y.bf16(), y.count);
 }
-
-}  // namespace
 
 void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                                 int64_t out, float beta) {
   const char* kn = "linear_forward";
   check.linear(kn, M, in, out, x, "x", in, w, y, "y", out);
   check.product_activations(kn, compute(), {{"x", x}, {"y", y}});
-  if (compute() == DType::kF32) {
-    k::linear_forward(x.f32(), f32_values(w.at(0, out * in), kSlotW), y.f32(), M, in, out, beta);
-    return;
-  }
   if (M == 0 || out == 0) return;
-  const int64_t n = M * out;
-  float* p = beta == 0.0f && y.dtype == DType::kF32 ? y.f32() : scratch_f32(kSlotOut, n);
-  if (in == 0) {
-    std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
-  } else {
-    const float* xr = bf16_values(x.at(0, M * in), kSlotX);
-    const float* wr = bf16_values(w.at(0, out * in), kSlotW);
-    k::linear_forward(xr, wr, p, M, in, out, 0.0f);
-  }
-  finish_bf16_product(p, y.at(0, n), n, beta);
+  const bool bf = compute() == DType::kBF16;
+  const View xv = x.at(0, M * in), wv = w.at(0, out * in), yv = y.at(0, M * out);
+  const float* xr = bf ? bf16_values(xv, kSlotX) : xv.f32();
+  const float* wr = bf ? bf16_values(wv, kSlotW) : f32_values(wv, kSlotW);
+  float* p = product_target(yv, beta);
+  k::linear_forward(xr, wr, p, M, in, out, beta);
+  store_product(yv, p);
 }
 
 void CpuBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
@@ -206,22 +188,14 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
   const char* kn = "linear_backward_input";
   check.linear(kn, M, in, out, dy, "dy", out, w, dx, "dx", in);
   check.product_activations(kn, compute(), {{"dy", dy}, {"dx", dx}});
-  if (compute() == DType::kF32) {
-    k::linear_backward_input(dy.f32(), f32_values(w.at(0, out * in), kSlotW), dx.f32(), M, in, out,
-                             beta);
-    return;
-  }
   if (M == 0 || in == 0) return;
-  const int64_t n = M * in;
-  float* p = beta == 0.0f && dx.dtype == DType::kF32 ? dx.f32() : scratch_f32(kSlotOut, n);
-  if (out == 0) {
-    std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
-  } else {
-    const float* dyr = bf16_values(dy.at(0, M * out), kSlotX);
-    const float* wr = bf16_values(w.at(0, out * in), kSlotW);
-    k::linear_backward_input(dyr, wr, p, M, in, out, 0.0f);
-  }
-  finish_bf16_product(p, dx.at(0, n), n, beta);
+  const bool bf = compute() == DType::kBF16;
+  const View dyv = dy.at(0, M * out), wv = w.at(0, out * in), dxv = dx.at(0, M * in);
+  const float* dyr = bf ? bf16_values(dyv, kSlotX) : dyv.f32();
+  const float* wr = bf ? bf16_values(wv, kSlotW) : f32_values(wv, kSlotW);
+  float* p = product_target(dxv, beta);
+  k::linear_backward_input(dyr, wr, p, M, in, out, beta);
+  store_product(dxv, p);
 }
 
 void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,

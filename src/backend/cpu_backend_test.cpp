@@ -893,22 +893,22 @@ TEST(CpuBackendBf16, LinearExactAccumulationMatchesTheReference) {
   // beta * y is exact for these betas, so the reference does not depend on
   // whether the compiler fuses the multiply-add.
   for (float beta : {0.0f, 1.0f, -0.5f}) {
-    // y = round(round(x) round(W)^T) + beta y
+    // y = round(x) round(W)^T + beta y, in fp32 (an fp32 y is not rounded)
     const Floats y0 = randn(M * out, 4);
     Floats y = y0;
     Floats want = bf16_product(
         M, out, in, [&](int64_t r, int64_t i) { return xr[r * in + i]; },
-        [&](int64_t c, int64_t i) { return wr[c * in + i]; });
+        [&](int64_t c, int64_t i) { return wr[c * in + i]; }, false);
     if (beta != 0.0f)
       for (int64_t i = 0; i < M * out; ++i) want[i] = want[i] + beta * y0[i];
     be.linear_forward(fv(x), fv(w), fv(y), M, in, out, beta);
     EXPECT_TRUE(same_bits(y, want)) << "forward, beta " << beta;
-    // dx = round(round(dy) round(W)) + beta dx
+    // dx = round(dy) round(W) + beta dx
     const Floats dx0 = randn(M * in, 5);
     Floats dx = dx0;
     Floats want_dx = bf16_product(
         M, in, out, [&](int64_t r, int64_t o) { return dyr[r * out + o]; },
-        [&](int64_t i, int64_t o) { return wr[o * in + i]; });
+        [&](int64_t i, int64_t o) { return wr[o * in + i]; }, false);
     if (beta != 0.0f)
       for (int64_t i = 0; i < M * in; ++i) want_dx[i] = want_dx[i] + beta * dx0[i];
     be.linear_backward_input(fv(dy), fv(w), fv(dx), M, in, out, beta);
@@ -944,28 +944,37 @@ TEST(CpuBackendBf16, LinearExactAccumulationMatchesTheReference) {
 // two fp32 sums round to the same bf16 value unless the exact sum lies within
 // that sliver of a rounding boundary, and then differ by one bf16 ulp. So: no
 // element more than one ulp of its value away, and all but a few equal.
+// Random inputs: an fp32 y is sgemm's sum of the rounded inputs (within fp32
+// roundoff of the exact one, not rounded to bf16); a bf16 y is that sum rounded
+// once, within one bf16 ulp of the exact sum rounded and equal to it almost
+// everywhere.
 TEST(CpuBackendBf16, LinearRandomMatchesTheReferenceWithinOneUlp) {
   CpuBackend be(DType::kBF16);
   const int64_t M = 33, in = 160, out = 48;
   Floats x = randn(M * in, 1), w = randn(out * in, 2, 0.1f);
   const Floats xr = rounded(x), wr = rounded(w);
-  Floats y(M * out);
+  Floats y(M * out), y32(M * out);
   be.linear_forward(fv(x), fv(w), fv(y), M, in, out, 0.0f);
+  k::linear_forward(xr.data(), wr.data(), y32.data(), M, in, out, 0.0f);
+  EXPECT_TRUE(same_bits(y, y32));
+  Halves yb(M * out);
+  be.linear_forward(fv(x), fv(w), hv(yb), M, in, out, 0.0f);
+  EXPECT_EQ(yb, to_bf16(y));
   const Floats want = bf16_product(
       M, out, in, [&](int64_t r, int64_t i) { return xr[r * in + i]; },
       [&](int64_t c, int64_t i) { return wr[c * in + i]; });
+  const Floats got = widened(yb);
   int64_t equal = 0;
   for (int64_t i = 0; i < M * out; ++i) {
-    EXPECT_EQ(bits(y[i]) & 0xFFFF, 0u) << "not a bf16 value: " << y[i];
     const float ulp = std::ldexp(1.0f, std::ilogb(want[i]) - 7);
-    EXPECT_LE(std::fabs(y[i] - want[i]), ulp) << i;
-    equal += bits(y[i]) == bits(want[i]);
+    EXPECT_LE(std::fabs(got[i] - want[i]), ulp) << i;
+    equal += bits(got[i]) == bits(want[i]);
   }
   EXPECT_GE(equal, M * out * 99 / 100);
-  // And it is not the fp32 product: the rounding happened.
-  Floats y32(M * out);
-  k::linear_forward(x.data(), w.data(), y32.data(), M, in, out, 0.0f);
-  EXPECT_FALSE(same_bits(y, y32));
+  // And it is not the fp32 product of the unrounded inputs: the rounding happened.
+  Floats unrounded(M * out);
+  k::linear_forward(x.data(), w.data(), unrounded.data(), M, in, out, 0.0f);
+  EXPECT_FALSE(same_bits(y, unrounded));
 }
 
 TEST(CpuBackendBf16, LinearChecksViews) {

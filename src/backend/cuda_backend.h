@@ -5,19 +5,21 @@
 //
 // Semantics are the CPU backend's (cpu_backend.h), to the bit where the
 // arithmetic allows:
-//   - compute() == kF32: cublasSgemm on fp32 operands (bf16 weights widened
-//     first into scratch), beta applied by cuBLAS. TF32 is not enabled.
+//   - Matrix products are cuBLASLt's (cuda_gemm.h: an algorithm per shape,
+//     chosen once, and a workspace made with the backend).
+//   - compute() == kF32: fp32 operands (bf16 weights widened first into
+//     scratch), CUBLAS_COMPUTE_32F, beta applied by cuBLASLt. TF32 is not enabled.
 //   - compute() == kBF16: both operands rounded to bf16 into scratch (to_bf16;
-//     bf16 weights and activations are used as they are), cublasGemmEx bf16 x
-//     bf16 with fp32 accumulation into an fp32 product, then finish_bf16_product
-//     (into an fp32 or bf16 y; a bf16 y with beta 0 is cuBLAS's own bf16
-//     output instead, the same single rounding):
-//         y  = round(round(x) round(W)^T) + beta * y
-//         dx = round(round(dy) round(W)) + beta * dx
-//         dw = dw + round(round(dy)^T round(x))   (one rounding into dw's dtype)
+//     bf16 weights and activations are used as they are), bf16 x bf16 with
+//     fp32 accumulation, beta * y added in fp32 by the GEMM's
+//     epilogue, and the result stored once in y's dtype (fp32, or rounded to
+//     bf16):
+//         y  = store(round(x) round(W)^T + beta * y)
+//         dx = store(round(dy) round(W) + beta * dx)
+//         dw = store(dw + round(dy)^T round(x))
 //     cuBLAS sums in another order than OpenBLAS: products agree within fp32
-//     roundoff before the bf16 rounding, so a product may land on the other
-//     side of a bf16 rounding boundary now and then.
+//     roundoff, so a bf16 output may land on the other side of a rounding
+//     boundary now and then.
 //   - The other kernels are kernels/cuda, which share the per-element
 //     arithmetic of kernels/common/math.h with the CPU kernels. Attention is
 //     fused: attention_saved_count is B * H * T (a log-sum-exp per row and
@@ -68,6 +70,7 @@
 
 #include "backend/backend.h"
 #include "backend/caching_allocator.h"
+#include "backend/cuda_gemm.h"
 #include "kernels/cuda/api.h"
 
 namespace amsp::backend {
@@ -233,7 +236,6 @@ class CudaBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
             bool a_bf16, int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta,
             void* C, bool c_bf16, int64_t ldc);
-  void finish_linear(const View& y, int64_t n, float beta, const float* product);
   // y[M, n] = a[M, k] op(w) + beta y, op(w) = w^T for w[n, k] (w_transposed,
   // linear_forward) or w for w[k, n] (linear_backward_input).
   void linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
@@ -247,7 +249,8 @@ class CudaBackend final : public Backend {
   std::string name_;
   int sm_ = 0;  // compute capability as major * 10 + minor
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  Buffer gemm_workspace_;        // cuBLASLt's, made once
+  std::unique_ptr<LtGemm> gemm_;  // the products' plans, one per shape
   std::shared_ptr<CachingAllocator> allocator_;  // shared with the deleters of live buffers
   void* staging_ = nullptr;
   int64_t staging_bytes_ = 0;

@@ -102,36 +102,32 @@ const bf16_t* CudaBackend::as_bf16(const View& v, Scratch& s) {
 }
 
 // C[m, n] = op(A) op(B) + beta C, column-major, as cuBLAS sees the row-major
-// matrices; fp32 accumulation (Sgemm for fp32, GemmEx for bf16 operands, whose
-// C may be bf16: computed in fp32 with beta C, rounded once). cuBLAS declares
-// its operands' accesses itself (in the emulation), so the callers do not.
+// matrices; fp32 accumulation through cuBLASLt (cuda_gemm.h), C fp32 or, for
+// bf16 operands, bf16: computed in fp32 with beta C, stored once. cuBLASLt
+// declares its operands' accesses itself (in the emulation), so the callers do
+// not. An empty sum (k = 0) is C = beta C without the library: beta 0 zeroes
+// C, beta 1 leaves it (the only betas the kernels take).
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, bool a_bf16,
                        int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, void* C, bool c_bf16,
                        int64_t ldc) {
   const char* kn = "gemm";
-  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int im = gemm_dim(kn, "m", m), in = gemm_dim(kn, "n", n), ik = gemm_dim(kn, "k", k);
   const int ia = gemm_dim(kn, "lda", lda), ib = gemm_dim(kn, "ldb", ldb), ic = gemm_dim(kn, "ldc", ldc);
-  const float alpha = 1.0f;
-  if (!a_bf16 && !b_bf16 && !c_bf16) {
-    AMSP_CUBLAS_CHECK(cublasSgemm(cublas_, ta, tb, im, in, ik, &alpha, static_cast<const float*>(A), ia,
-                                  static_cast<const float*>(B), ib, &beta, static_cast<float*>(C), ic));
+  if (a_bf16 != b_bf16 || (c_bf16 && !a_bf16))
+    fail(kn, ": operands ", a_bf16 ? "bf16" : "fp32", " and ", b_bf16 ? "bf16" : "fp32", " into ",
+         c_bf16 ? "bf16" : "fp32", " (expected both fp32 into fp32, or both bf16)");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta != 0.0f && beta != 1.0f) fail(kn, ": an empty product (k = 0) with beta ", beta, " (expected 0 or 1)");
+    if (ldc != m) fail(kn, ": an empty product (k = 0) into C with ldc ", ldc, " != m ", m);
+    if (beta == 0.0f) {
+      const int64_t bytes = m * n * (c_bf16 ? 2 : 4);
+      writes(C, bytes);
+      AMSP_CUDA_CHECK(cudaMemsetAsync(C, 0, static_cast<size_t>(bytes), stream_));
+    }
     return;
   }
-  AMSP_CUBLAS_CHECK(cublasGemmEx(cublas_, ta, tb, im, in, ik, &alpha, A, a_bf16 ? CUDA_R_16BF : CUDA_R_32F, ia,
-                                 B, b_bf16 ? CUDA_R_16BF : CUDA_R_32F, ib, &beta, C,
-                                 c_bf16 ? CUDA_R_16BF : CUDA_R_32F, ic, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// y = round_bf16(product) + beta * y in y's dtype; product may be an fp32 y
-// itself when beta == 0.
-void CudaBackend::finish_linear(const View& y, int64_t n, float beta, const float* p) {
-  const int64_t yb = n * dtype_bytes(y.dtype);
-  reads(p, n * 4);
-  if (beta != 0.0f) reads(y.data, yb);
-  writes(y.data, yb);
-  typed(y, [&](auto* yp) { kc::finish_bf16_product(p, yp, n, beta, stream_); });
-  AMSP_CUDA_CHECK_LAUNCH("finish_bf16_product");
+  gemm_->run(stream_, trans_a, trans_b, im, in, ik, {A, a_bf16, ia}, {B, b_bf16, ib}, beta, C, c_bf16, ic);
 }
 
 // dst = dst + contribution, rounded once into dst's dtype.
@@ -146,33 +142,24 @@ void CudaBackend::accumulate(const View& dst, const float* c, int64_t n) {
   AMSP_CUDA_CHECK_LAUNCH("add");
 }
 
-// Row-major y[M, n] = a[M, k] op(W) is column-major y^T = op(W)^T a^T: for
-// linear_forward (y = x W^T, W[n, k]) W^T's storage read transposed, for
-// linear_backward_input (dx = dy W, W[k, n]) W's read as it is; a^T read as it is.
+// Row-major y[M, n] = a[M, k] op(W) + beta y is column-major y^T = op(W)^T
+// a^T + beta y^T: for linear_forward (y = x W^T, W[n, k]) W^T's storage read
+// transposed, for linear_backward_input (dx = dy W, W[k, n]) W's read as it
+// is; a^T read as it is. One GEMM whose epilogue adds beta y in fp32 and
+// stores y in its dtype (rounded once into a bf16 y); under bf16 compute fp32
+// operands are rounded into scratch first.
 void CudaBackend::linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
                                  bool w_transposed, float beta) {
   if (M == 0 || n == 0) return;
   const View av = a.at(0, M * k), wv = w.at(0, n * k), yv = y.at(0, M * n);
-  const int64_t ny = M * n;
   const bool bf = compute() == DType::kBF16;
-  // A bf16 y with beta 0 is cuBLAS's own output: the fp32 sum rounded once.
-  const bool direct = bf && yv.dtype == DType::kBF16 && beta == 0.0f && k > 0;
   Scratch sa = scratch(bf && k > 0 && av.dtype == DType::kF32 ? M * k * 2 : 0);
   Scratch sw = scratch(k > 0 && ((bf && wv.dtype == DType::kF32) || (!bf && wv.dtype == DType::kBF16))
                            ? n * k * (bf ? 2 : 4) : 0);
-  const bool into_y = !bf || (yv.dtype == DType::kF32 && beta == 0.0f);
-  Scratch sp = scratch(!into_y && !direct ? ny * 4 : 0);
-  float* p = into_y ? f32w(yv) : sp.as<float>();
-  if (k == 0 && bf) {
-    // An empty sum: the product is zero.
-    AMSP_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(ny) * 4, stream_));
-  } else {
-    const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
-    const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
-    gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
-         std::max<int64_t>(k, 1), bf ? 0.0f : beta, direct ? yv.data : p, direct, n);
-  }
-  if (bf && !direct) finish_linear(yv, ny, beta, p);
+  const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
+  const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
+  gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
+       std::max<int64_t>(k, 1), beta, yv.data, yv.dtype == DType::kBF16, n);
 }
 
 void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,

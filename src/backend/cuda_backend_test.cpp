@@ -236,6 +236,33 @@ TEST(CudaBackend, AdamWPartsInOneLaunchMatchTheCpuBackendPerPart) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[i]) << "part " << i;
 }
 
+// Matrix products go through cuBLASLt with a plan per shape: the heuristic is
+// asked once for each new shape and never again for it; a product then costs
+// one launch, no host synchronisation and no allocation (the workspace was
+// made with the backend), and a bf16 output with beta 1 is still one call.
+TEST(CudaBackend, ProductsPlanOncePerShapeAndThenOnlyLaunch) {
+  auto be = make_cuda_backend(DType::kBF16, 0);
+  const int64_t M = 6, in = 8, out = 5;
+  Buffer x = be->alloc(DType::kBF16, M * in), w = be->alloc(DType::kF32, out * in);
+  Buffer y = be->alloc(DType::kF32, M * out), yb = be->alloc(DType::kBF16, M * out);
+  Buffer dw = be->alloc(DType::kF32, out * in);
+  const int64_t q0 = emu::lt_heuristic_queries();
+  be->linear_forward(x.view(), w.view(), y.view(), M, in, out, 1.0f);
+  EXPECT_EQ(emu::lt_heuristic_queries() - q0, 1);
+  const DeviceCounts before = be->device_counts();
+  const MemoryStats mem = be->memory();
+  for (int i = 0; i < 3; ++i) be->linear_forward(x.view(), w.view(), y.view(), M, in, out, 1.0f);
+  EXPECT_EQ(emu::lt_heuristic_queries() - q0, 1) << "the same shape, planned once";
+  // Each call: w rounded to bf16 (one launch), then the product (one).
+  EXPECT_EQ(be->device_counts().launches - before.launches, 3 * 2);
+  EXPECT_EQ(be->device_counts().host_syncs, before.host_syncs);
+  EXPECT_EQ(be->memory().in_use, mem.in_use);
+  EXPECT_EQ(be->memory().reserved, mem.reserved);
+  be->linear_forward(x.view(), w.view(), yb.view(), M, in, out, 1.0f);  // bf16 C: a new plan
+  be->linear_backward_weight(y.view(), x.view(), dw.view(), M, in, out);
+  EXPECT_EQ(emu::lt_heuristic_queries() - q0, 3);
+}
+
 // A checkpoint's snapshot (Backend::begin_snapshot), on both backends: the
 // destinations receive the sources as the compute stream left them at the call
 // (after a kernel that wrote one, with no host wait between), and keep them

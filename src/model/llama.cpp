@@ -54,8 +54,9 @@ struct Llama::Impl {
   // dtype (`product_dtype`): only matrix products, attention and the norms,
   // RoPE, SwiGLU and loss around them read them, and under bf16 compute the
   // products and attention round what they read, and write, to bf16 anyway.
-  // The residual stream (resid, each layer's h, dres) stays fp32.
-  Buffer n, dn, dres, dattn, dqkv, act, dgate_up;
+  // The residual stream (resid, each layer's h, dres) stays fp32; dres_p is
+  // dres rounded once for the two products that read it (under bf16 compute).
+  Buffer n, dn, dres, dres_p, dattn, dqkv, act, dgate_up;
   DType product_dtype = DType::kF32;
 
   double loss_sum = 0.0;
@@ -66,6 +67,15 @@ struct Llama::Impl {
 
   Buffer f32(int64_t count) { return be.alloc(DType::kF32, count); }
   Buffer product_side(int64_t count) { return be.alloc(product_dtype, count); }
+  // A residual gradient as the products read it: itself, or under bf16
+  // compute rounded once into dres_p for both products (which would each
+  // round it to bf16 on the way in).
+  View product_input(const View& dr) {
+    if (product_dtype == DType::kF32) return dr;
+    const View d = dres_p.at(0, dr.count);
+    be.copy(dr, d);
+    return d;
+  }
   // The first N rows of an activation buffer [rows, width].
   View rows(const Buffer& b, int64_t width) const { return b.at(0, N * width); }
   View tensor(const View& flat, int unit, int index) const {
@@ -114,6 +124,7 @@ void Llama::Impl::allocate() {
   lse = f32(Nmax);
   for (Buffer* b : {&n, &dn}) *b = product_side(Nmax * hidden);
   dres = f32(Nmax * hidden);
+  if (product_dtype != DType::kF32) dres_p = product_side(Nmax * hidden);
   dattn = product_side(Nmax * hidden);
   dqkv = product_side(Nmax * (hidden + 2 * kv_dim));
   act = product_side(Nmax * inter);
@@ -280,9 +291,10 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
 
   // MLP block.
   be.swiglu_forward(gate_up, ac, N, inter);
-  be.linear_backward_weight(dr, ac, tensor(g, u, kDown), N, inter, hidden);
+  const View dout = product_input(dr);
+  be.linear_backward_weight(dout, ac, tensor(g, u, kDown), N, inter, hidden);
   // act is no longer needed: d(act) goes into it.
-  be.linear_backward_input(dr, tensor(p, u, kDown), ac, N, inter, hidden, 0.0f);
+  be.linear_backward_input(dout, tensor(p, u, kDown), ac, N, inter, hidden, 0.0f);
   be.swiglu_backward(gate_up, ac, dgu, N, inter);
   be.rmsnorm_apply(h, tensor(p, u, kPostNorm), inv2, nn, N, hidden);
   be.linear_backward_weight(dgu, nn, tensors(g, u, kGate, kUp), N, hidden, 2 * inter);
@@ -291,8 +303,9 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
                       hidden);
 
   // Attention block; dres is now d(h).
-  be.linear_backward_weight(dr, attn, tensor(g, u, kO), N, hidden, hidden);
-  be.linear_backward_input(dr, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);
+  const View dh = product_input(dr);
+  be.linear_backward_weight(dh, attn, tensor(g, u, kO), N, hidden, hidden);
+  be.linear_backward_input(dh, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);
   be.attention_backward(qkv, a.saved.view(), attn, da, dq, B, T, heads, kv_heads, head_dim);
   be.rope_backward(dq, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, qkv_dim);
   be.rope_backward(dk, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, qkv_dim);

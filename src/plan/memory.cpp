@@ -44,8 +44,9 @@ int64_t cpu_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, 
                             + 4 * 2 * N;                     // 1/rms of both norms
   const int64_t resid = 4 * (L + 1) * N * h;                 // layer inputs + final output
   const int64_t head = 4 * (N + N) + p * N * V;              // 1/rms, log-sum-exp; logits
-  // n, dn, dattn; dres; dqkv; act (d(act) in backward); dgate_up
-  const int64_t scratch = p * 3 * N * h + 4 * N * h + p * N * (h + 2 * kv) + p * N * I + p * 2 * N * I;
+  // n, dn, dattn; dres (and its bf16 copy); dqkv; act (d(act) in backward); dgate_up
+  const int64_t dres = 4 * N * h + (p == 4 ? 0 : p * N * h);
+  const int64_t scratch = p * 3 * N * h + dres + p * N * (h + 2 * kv) + p * N * I + p * 2 * N * I;
   const int64_t ids = 4 * 2 * N;                             // token ids and targets (int32)
   // Recomputation keeps every layer's input (resid) and one layer's working set.
   return ids + rope + resid + (recompute ? 1 : L) * per_layer + head + scratch;

@@ -148,10 +148,10 @@ TEST(Memory, CpuActivationsByHand) {
   EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4), 4 * (8 + 72 + 2 * 216 + 36 + 228 + 8));
   // Under bf16 compute n, dn, dattn (3 * 24), dqkv (72), act (20), dgate_up
   // (40), each layer's q, k, v (72), attn (24), gate and up (40), and the
-  // logits (28) take 2 bytes, not 4.
+  // logits (28) take 2 bytes, not 4, and dres has a bf16 copy (24).
   EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4, false, DType::kBF16),
             4 * (8 + 72 + 2 * 216 + 36 + 228 + 8) -
-                2 * (72 + 72 + 20 + 40 + 2 * (72 + 24 + 40) + 28));
+                2 * (72 + 72 + 20 + 40 + 2 * (72 + 24 + 40) + 28) + 2 * 24);
 }
 
 TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {

@@ -5,8 +5,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
@@ -121,11 +123,10 @@ void compute(const Gemm& g) {
   }
 }
 
-cublasStatus_t gemm(cublasHandle_t handle, Gemm g, const char* op, const char* file, int line) {
-  if (!valid(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (const cublasStatus_t rc = validate(g); rc != CUBLAS_STATUS_SUCCESS) return rc;
+// A valid product, on stream s: its accesses, its counts and (unless a dry
+// run) its values.
+cublasStatus_t run(cudaStream_t s, const Gemm& g, const char* op, const char* file, int line) {
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
-  const cudaStream_t s = stream_of(handle);
   if (g.k > 0 && g.alpha != 0) {
     access(s, g.a, false, op, "A", file, line);
     access(s, g.b, false, op, "B", file, line);
@@ -137,6 +138,20 @@ cublasStatus_t gemm(cublasHandle_t handle, Gemm g, const char* op, const char* f
   if (amsp::emu::dry_run()) return CUBLAS_STATUS_SUCCESS;
   compute(g);
   return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t gemm(cublasHandle_t handle, const Gemm& g, const char* op, const char* file, int line) {
+  if (!valid(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (const cublasStatus_t rc = validate(g); rc != CUBLAS_STATUS_SUCCESS) return rc;
+  return run(stream_of(handle), g, op, file, line);
+}
+
+// The types GemmEx and cublasLtMatmul take: A and B both fp32 (C fp32) or both
+// bf16 (C fp32 or bf16), fp32 compute.
+bool types_ok(cudaDataType a, cudaDataType b, cudaDataType c, cublasComputeType_t compute) {
+  return compute == CUBLAS_COMPUTE_32F && a == b &&
+         (a == CUDA_R_16BF || (a == CUDA_R_32F && c == CUDA_R_32F)) &&
+         (c == CUDA_R_32F || c == CUDA_R_16BF);
 }
 
 // Operand shapes as stored: op(A) is m x k, op(B) is k x n, C is m x n.
@@ -218,10 +233,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo, const char* file, int line) {
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
-  const bool types_ok = computeType == CUBLAS_COMPUTE_32F && Atype == Btype &&
-                        (Atype == CUDA_R_16BF || (Atype == CUDA_R_32F && Ctype == CUDA_R_32F)) &&
-                        (Ctype == CUDA_R_32F || Ctype == CUDA_R_16BF);
-  if (!types_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!types_ok(Atype, Btype, Ctype, computeType)) return CUBLAS_STATUS_NOT_SUPPORTED;
   Gemm g = shape(transa, transb, m, n, k, *static_cast<const float*>(alpha),
                  *static_cast<const float*>(beta));
   g.a = {A, Atype, g.a.rows, g.a.cols, lda};
@@ -239,4 +251,205 @@ const char* cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
   }
   return "CUBLAS_STATUS_UNKNOWN";
+}
+
+// ---- cuBLASLt ----------------------------------------------------------------------------
+
+struct cublasLtContext {};
+
+namespace {
+
+// What the opaque descriptors hold here (each fits its opaque struct).
+struct Desc {
+  cublasComputeType_t compute;
+  cudaDataType scale;
+  cublasOperation_t ta, tb;
+};
+struct Layout {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct Preference {
+  uint64_t max_workspace;
+};
+static_assert(sizeof(Desc) <= sizeof(cublasLtMatmulDescOpaque_t));
+static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
+static_assert(sizeof(Preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
+
+std::set<cublasLtHandle_t> g_lt_handles;
+int64_t g_heuristic_queries = 0;
+constexpr uint64_t kAlgoTag = 0x616d7370;  // the one algorithm: its data[0]
+constexpr size_t kAlgoWorkspace = size_t{4} << 20;
+
+bool lt_valid(cublasLtHandle_t h) {
+  std::lock_guard lock(g_mu);
+  return g_lt_handles.count(h) != 0;
+}
+
+Desc& desc_of(cublasLtMatmulDesc_t d) { return *reinterpret_cast<Desc*>(d); }
+const Layout& layout_of(cublasLtMatrixLayout_t l) { return *reinterpret_cast<const Layout*>(l); }
+
+// The product the descriptors describe, or why not: shapes that agree with the
+// operations, D's layout C's, every dimension within int.
+cublasStatus_t lt_gemm(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, Gemm& g) {
+  if (!desc || !a || !b || !c || !d) return CUBLAS_STATUS_INVALID_VALUE;
+  const Desc& op = desc_of(desc);
+  const Layout &la = layout_of(a), &lb = layout_of(b), &lc = layout_of(c), &ld = layout_of(d);
+  if (op.scale != CUDA_R_32F || !types_ok(la.type, lb.type, lc.type, op.compute))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (ld.type != lc.type || ld.rows != lc.rows || ld.cols != lc.cols || ld.ld != lc.ld)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint64_t limit = 0x7fffffff;
+  for (const Layout* l : {&la, &lb, &lc})
+    if (l->rows > limit || l->cols > limit || l->ld < 0 || l->ld > static_cast<int64_t>(limit))
+      return CUBLAS_STATUS_INVALID_VALUE;
+  const uint64_t m = lc.rows, n = lc.cols, k = op.ta == CUBLAS_OP_N ? la.cols : la.rows;
+  const uint64_t am = op.ta == CUBLAS_OP_N ? la.rows : la.cols;
+  const uint64_t bk = op.tb == CUBLAS_OP_N ? lb.rows : lb.cols, bn = op.tb == CUBLAS_OP_N ? lb.cols : lb.rows;
+  if (am != m || bk != k || bn != n) return CUBLAS_STATUS_INVALID_VALUE;
+  g = shape(op.ta, op.tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, 0.0f);
+  g.a.type = la.type;
+  g.a.ld = static_cast<int>(la.ld);
+  g.b.type = lb.type;
+  g.b.ld = static_cast<int>(lb.ld);
+  g.c.type = lc.type;
+  g.c.ld = static_cast<int>(lc.ld);
+  return validate(g);
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = new cublasLtContext;
+  std::lock_guard lock(g_mu);
+  g_lt_handles.insert(*handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  {
+    std::lock_guard lock(g_mu);
+    if (!g_lt_handles.erase(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (!desc) return CUBLAS_STATUS_INVALID_VALUE;
+  *desc = new cublasLtMatmulDescOpaque_t{};
+  desc_of(*desc) = Desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
+  if (!desc || !buf || size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  int32_t value;
+  std::memcpy(&value, buf, sizeof value);
+  if (value != CUBLAS_OP_N && value != CUBLAS_OP_T) return CUBLAS_STATUS_INVALID_VALUE;
+  const auto op = static_cast<cublasOperation_t>(value);
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: desc_of(desc).ta = op; return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_TRANSB: desc_of(desc).tb = op; return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (!layout) return CUBLAS_STATUS_INVALID_VALUE;
+  if (type != CUDA_R_32F && type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *layout = new cublasLtMatrixLayoutOpaque_t{};
+  *reinterpret_cast<Layout*>(*layout) = Layout{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new cublasLtMatmulPreferenceOpaque_t{};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  if (!pref || !buf || size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return CUBLAS_STATUS_NOT_SUPPORTED;
+  std::memcpy(&reinterpret_cast<Preference*>(pref)->max_workspace, buf, size);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t results[],
+    int* returned) {
+  if (!lt_valid(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!pref || requested < 1 || !results || !returned) return CUBLAS_STATUS_INVALID_VALUE;
+  {
+    std::lock_guard lock(g_mu);
+    ++g_heuristic_queries;
+  }
+  Gemm g;
+  if (const cublasStatus_t rc = lt_gemm(desc, a, b, c, d, g); rc != CUBLAS_STATUS_SUCCESS) return rc;
+  results[0] = cublasLtMatmulHeuristicResult_t{};
+  results[0].algo.data[0] = kAlgoTag;
+  results[0].workspaceSize =
+      std::min<size_t>(reinterpret_cast<const Preference*>(pref)->max_workspace, kAlgoWorkspace);
+  results[0].algo.data[1] = results[0].workspaceSize;
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t a, const void* B,
+                              cublasLtMatrixLayout_t b, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream, const char* file, int line) {
+  if (!lt_valid(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!alpha || !beta || !algo || algo->data[0] != kAlgoTag) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!amsp::emu::stream_valid(stream)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (C != D) return CUBLAS_STATUS_NOT_SUPPORTED;
+  Gemm g;
+  if (const cublasStatus_t rc = lt_gemm(desc, a, b, c, d, g); rc != CUBLAS_STATUS_SUCCESS) return rc;
+  g.alpha = *static_cast<const float*>(alpha);
+  g.beta = *static_cast<const float*>(beta);
+  g.a.data = A;
+  g.b.data = B;
+  g.c.data = D;
+  const size_t needed = algo->data[1];
+  if (workspace_bytes < needed) return CUBLAS_STATUS_INVALID_VALUE;
+  // The workspace: ordered and checked like an operand, its bytes not counted
+  // (scratch the library may use, not traffic the product needs).
+  if (needed > 0 && g.m > 0 && g.n > 0) amsp::emu::hb_access_sparse(stream, workspace, needed, 0, true, file, line);
+  return run(stream, g, "cublasLtMatmul", file, line);
+}
+
+int64_t amsp::emu::lt_heuristic_queries() {
+  std::lock_guard lock(g_mu);
+  return g_heuristic_queries;
 }

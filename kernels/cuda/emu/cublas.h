@@ -50,3 +50,73 @@ const char* cublasGetStatusString(cublasStatus_t status);
 // The emulation's own version, 13.0.0 (the cuBLAS of CUDA 13.0, whose API it
 // follows); it names no installed library.
 cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value);
+
+// ---- cuBLASLt: <cublasLt.h>'s names, types and values, the subset amsp uses ----
+// One matmul kind: D = alpha op(A) op(B) + beta C with D = C (the same memory
+// and layout; anything else is CUBLAS_STATUS_NOT_SUPPORTED here), the types of
+// GemmEx above, CUBLAS_COMPUTE_32F with fp32 scalars on the host, the
+// operations set by CUBLASLT_MATMUL_DESC_TRANSA/B. The heuristic returns one
+// algorithm that asks for min(preference's workspace, 4 MiB) of workspace;
+// cublasLtMatmul checks that it was given that much device memory and writes
+// it (for the happens-before checker; its bytes are not counted as traffic),
+// and computes as GemmEx does.
+struct cublasLtContext;
+typedef cublasLtContext* cublasLtHandle_t;
+typedef struct {
+  uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+typedef struct {
+  uint64_t data[32];
+} cublasLtMatmulDescOpaque_t;
+typedef cublasLtMatmulDescOpaque_t* cublasLtMatmulDesc_t;
+typedef struct {
+  uint64_t data[8];
+} cublasLtMatrixLayoutOpaque_t;
+typedef cublasLtMatrixLayoutOpaque_t* cublasLtMatrixLayout_t;
+typedef struct {
+  uint64_t data[8];
+} cublasLtMatmulPreferenceOpaque_t;
+typedef cublasLtMatmulPreferenceOpaque_t* cublasLtMatmulPreference_t;
+typedef struct {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+enum cublasLtMatmulDescAttributes_t { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4 };
+enum cublasLtMatmulPreferenceAttributes_t { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 };
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* lightHandle);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
+                                        cublasComputeType_t computeType, cudaDataType_t scaleType);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t sizeInBytes);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* matLayout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t sizeInBytes);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t preference, int requestedAlgoCount,
+    cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int* returnAlgoCount);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                              const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+                              const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspaceSizeInBytes, cudaStream_t stream,
+                              const char* file = __builtin_FILE(), int line = __builtin_LINE());
+
+namespace amsp::emu {
+// How many times cublasLtMatmulAlgoGetHeuristic has been asked, in this process.
+int64_t lt_heuristic_queries();
+}  // namespace amsp::emu

@@ -49,7 +49,47 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return h;
 }
 
-enum class Kind { kSgemm, kGemmExF32, kGemmExBf16, kGemmExBf16Out };
+enum class Kind { kSgemm, kGemmExF32, kGemmExBf16, kGemmExBf16Out, kLtF32, kLtBf16, kLtBf16Out };
+
+// One product through cuBLASLt, as the CUDA backend calls it (backend/cuda_gemm.cpp):
+// descriptors, the heuristic's algorithm, its workspace, D = C.
+cublasStatus_t lt_matmul(const Case& c, float alpha, const void* a, int lda, const void* b, int ldb,
+                         void* dc, int ldc, cudaDataType in, cudaDataType out) {
+  const bool ta = c.ta == CUBLAS_OP_T, tb = c.tb == CUBLAS_OP_T;
+  cublasLtHandle_t h = nullptr;
+  EXPECT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc = nullptr;
+  EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  const int32_t opa = c.ta, opb = c.tb;
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, in, ta ? c.k : c.m, ta ? c.m : c.k, lda), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, in, tb ? c.n : c.k, tb ? c.k : c.n, ldb), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutCreate(&lc, out, c.m, c.n, ldc), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref = nullptr;
+  EXPECT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  const uint64_t max_ws = 1 << 20;
+  EXPECT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof max_ws),
+            CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r{};
+  int found = 0;
+  cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &r, &found);
+  void* ws = nullptr;
+  EXPECT_EQ(cudaMalloc(&ws, max_ws), cudaSuccess);
+  if (rc == CUBLAS_STATUS_SUCCESS) {
+    EXPECT_EQ(found, 1);
+    EXPECT_LE(r.workspaceSize, max_ws);
+    rc = cublasLtMatmul(h, desc, &alpha, a, la, b, lb, &c.beta, dc, lc, dc, lc, &r.algo, ws, max_ws, nullptr);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaFree(ws), cudaSuccess);
+  for (cublasLtMatrixLayout_t l : {la, lb, lc}) EXPECT_EQ(cublasLtMatrixLayoutDestroy(l), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulPreferenceDestroy(pref), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulDescDestroy(desc), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtDestroy(h), CUBLAS_STATUS_SUCCESS);
+  return rc;
+}
 
 // Runs one product on the emulation and checks every element of C, and that
 // the padding rows of C are left alone.
@@ -59,8 +99,10 @@ void check(const Case& c, Kind kind) {
                << " beta=" << c.beta << " kind=" << static_cast<int>(kind));
   const bool ta = c.ta == CUBLAS_OP_T, tb = c.tb == CUBLAS_OP_T;
   const int lda = (ta ? c.k : c.m) + 2, ldb = (tb ? c.n : c.k) + 1, ldc = c.m + 3;
-  const bool bf16_in = kind == Kind::kGemmExBf16 || kind == Kind::kGemmExBf16Out;
-  const bool bf16_out = kind == Kind::kGemmExBf16Out;
+  const bool bf16_in = kind == Kind::kGemmExBf16 || kind == Kind::kGemmExBf16Out ||
+                       kind == Kind::kLtBf16 || kind == Kind::kLtBf16Out;
+  const bool bf16_out = kind == Kind::kGemmExBf16Out || kind == Kind::kLtBf16Out;
+  const bool lt = kind == Kind::kLtF32 || kind == Kind::kLtBf16 || kind == Kind::kLtBf16Out;
   auto a = random_values(static_cast<size_t>(lda) * (ta ? c.m : c.k), 1, bf16_in);
   auto b = random_values(static_cast<size_t>(ldb) * (tb ? c.k : c.n), 2, bf16_in);
   auto c0 = random_values(static_cast<size_t>(ldc) * c.n, 3, bf16_out);
@@ -76,7 +118,8 @@ void check(const Case& c, Kind kind) {
   const cudaDataType in = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType out = bf16_out ? CUDA_R_16BF : CUDA_R_32F;
   const cublasStatus_t rc =
-      kind == Kind::kSgemm
+      lt ? lt_matmul(c, alpha, da, lda, db, ldb, dc, ldc, in, out)
+      : kind == Kind::kSgemm
           ? cublasSgemm(h, c.ta, c.tb, c.m, c.n, c.k, &alpha, static_cast<float*>(da), lda,
                         static_cast<float*>(db), ldb, &c.beta, static_cast<float*>(dc), ldc)
           : cublasGemmEx(h, c.ta, c.tb, c.m, c.n, c.k, &alpha, da, in, lda, db, in, ldb, &c.beta,
@@ -115,7 +158,8 @@ void check(const Case& c, Kind kind) {
 
 TEST(CudaEmuCublas, ProductsMatchTheTripleLoop) {
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {17, 9, 13}, {4, 3, 0}, {33, 1, 65}};
-  for (auto kind : {Kind::kSgemm, Kind::kGemmExF32, Kind::kGemmExBf16, Kind::kGemmExBf16Out})
+  for (auto kind : {Kind::kSgemm, Kind::kGemmExF32, Kind::kGemmExBf16, Kind::kGemmExBf16Out, Kind::kLtF32,
+                    Kind::kLtBf16, Kind::kLtBf16Out})
     for (auto ta : {CUBLAS_OP_N, CUBLAS_OP_T})
       for (auto tb : {CUBLAS_OP_N, CUBLAS_OP_T})
         for (const auto& s : shapes)
@@ -144,6 +188,60 @@ TEST(CudaEmuCublas, RejectsBadArguments) {
   EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_NOT_INITIALIZED);
   EXPECT_STREQ(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
   ASSERT_EQ(cudaFree(d), cudaSuccess);
+}
+
+// cuBLASLt's descriptors are checked against each other, as the library does:
+// a layout that does not fit the operation, D unlike C, a workspace smaller
+// than the algorithm asked for, an unknown attribute.
+TEST(CudaEmuCublasLt, RejectsBadArguments) {
+  cublasLtHandle_t h = nullptr;
+  ASSERT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc = nullptr;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  const int32_t bad_op = 7;
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &bad_op, sizeof bad_op),
+            CUBLAS_STATUS_INVALID_VALUE);
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, c2 = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 4, 3, 4), CUBLAS_STATUS_SUCCESS);   // m 4, k 3
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, 2, 5, 2), CUBLAS_STATUS_SUCCESS);   // k 2: wrong
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, 4, 5, 4), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&c2, CUDA_R_16BF, 4, 5, 4), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref = nullptr;
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  const uint64_t ws_bytes = 4096;
+  ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                 sizeof ws_bytes), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r{};
+  int found = 0;
+  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, c, c, pref, 1, &r, &found), CUBLAS_STATUS_INVALID_VALUE);
+  cublasLtMatrixLayout_t b_ok = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&b_ok, CUDA_R_32F, 3, 5, 3), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b_ok, c, c2, pref, 1, &r, &found),
+            CUBLAS_STATUS_NOT_SUPPORTED);  // D unlike C
+  const int64_t queries = amsp::emu::lt_heuristic_queries();
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b_ok, c, c, pref, 1, &r, &found), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(amsp::emu::lt_heuristic_queries(), queries + 1);
+  ASSERT_EQ(found, 1);
+  EXPECT_EQ(r.workspaceSize, ws_bytes);
+  float *da = nullptr, *db = nullptr, *dc = nullptr, *dd = nullptr;
+  void* ws = nullptr;
+  for (float** p : {&da, &db, &dc, &dd}) ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(p), 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+  const float one = 1, zero = 0;
+  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dd, c, &r.algo, ws, ws_bytes, nullptr),
+            CUBLAS_STATUS_NOT_SUPPORTED);  // D is not C
+  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dc, c, &r.algo, ws, ws_bytes - 1, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);  // less workspace than the algorithm asked for
+  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dc, c, &r.algo, ws, ws_bytes, nullptr),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dc), static_cast<void*>(dd), ws})
+    ASSERT_EQ(cudaFree(p), cudaSuccess);
+  for (cublasLtMatrixLayout_t l : {a, b, c, c2, b_ok}) ASSERT_EQ(cublasLtMatrixLayoutDestroy(l), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulPreferenceDestroy(pref), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulDescDestroy(desc), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtDestroy(h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtDestroy(h), CUBLAS_STATUS_NOT_INITIALIZED);
 }
 
 TEST(CudaEmuCublasDeath, ProductReadingUnorderedInputDies) {
