@@ -2,7 +2,8 @@
 """Training stall per checkpoint, --checkpoint-mode sync against background, side by side.
 
     python3 benchmarks/ckpt_stall.py --amsp build/amsp --data corpus.h5 [--model base]
-        [--ranks 2] [--steps 24] [--every 8] [--keep-last 2] [--seq-len 64] [--work DIR]
+        [--ranks 2] [--steps 24] [--every 8] [--keep-last 2] [--seq-len 64] [--precision fp32|bf16]
+        [--work DIR]
 
 Runs the same `amsp train` twice, once per mode (same model, plan, data, seed; a
 checkpoint every --every steps and at the end), and prints for each checkpoint the time
@@ -35,7 +36,7 @@ def run(args, mode):
         "--seq-len", str(args.seq_len), "--batch-size", "1", "--shard", args.shard,
         "--eval-every", "0", "--eval-windows", "1", "--peak-tflops", "1", "--threads", "1",
         "--checkpoint-dir", ckdir, "--checkpoint-every", str(args.every), "--checkpoint-mode", mode,
-        "--keep-last", str(args.keep_last),
+        "--keep-last", str(args.keep_last), "--precision", args.precision,
         "--metrics", metrics]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -70,6 +71,7 @@ def main():
                          "comes sooner waits for the previous write, and that wait is stall)")
     ap.add_argument("--keep-last", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--work", default="/tmp/amsp-ckpt-stall")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -80,7 +82,7 @@ def main():
     if not plain:
         sys.exit("no ordinary step to compare with: give more --steps or a larger --every")
     step = statistics.median(plain)
-    print(f"{args.model}, {args.ranks} ranks {args.shard}, seq {args.seq_len}, batch 1, "
+    print(f"{args.model}, {args.ranks} ranks {args.shard}, {args.precision}, seq {args.seq_len}, batch 1, "
           f"{os.cpu_count()} cores; ordinary step (sync run, median of {len(plain)}): {step:.0f} ms")
     print(f"{'step':>5} | {'sync stall ms':>13} | {'bg stall ms':>11} | {'bg stall %':>10} | {'bg write ms':>11} | "
           f"{'next step ms sync':>17} | {'next step ms bg':>15} | {'bg next / ordinary':>18}")

@@ -35,9 +35,13 @@ __global__ void adamw_kernel(AdamWBatch batch, AdamWHyper h) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float g = load_grad(t, i);
     if (scaled) g = g * scale;
-    adamw_update_element(t.master[i], t.m[i], t.v[i], g, h.lr, h.beta1, h.beta2, h.eps,
-                         t.weight_decay, h.bias_correction1, h.bias_correction2);
-    store_copy(t, i, t.master[i]);
+    float p = t.master_in[i], m = t.m_in[i], v = t.v_in[i];
+    adamw_update_element(p, m, v, g, h.lr, h.beta1, h.beta2, h.eps, t.weight_decay,
+                         h.bias_correction1, h.bias_correction2);
+    t.master[i] = p;
+    t.m[i] = m;
+    t.v[i] = v;
+    store_copy(t, i, p);
   }
 }
 

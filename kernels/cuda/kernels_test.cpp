@@ -596,6 +596,7 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
     struct Host {
       std::vector<float> master, m, v, grad, copy_f32;
       std::vector<bf16> grad_b, copy_b;
+      std::vector<float> master_out, m_out, v_out;  // every fifth tensor: out of place
     };
     std::vector<Host> gpu(count), want(count);
     std::vector<cuda::AdamWTensor> tensors(count);
@@ -603,7 +604,8 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
     for (int k = 0; k < count; ++k) {
       const int64_t n = sizes[k];
       Host h{random_floats(n, 30 + k), random_floats(n, 60 + k, 0.1f),
-             random_floats(n, 90 + k, 0.01f), random_floats(n, 120 + k), {}, {}, {}};
+             random_floats(n, 90 + k, 0.01f), random_floats(n, 120 + k), {}, {}, {}, {}, {}, {}};
+      const bool out_of_place = k % 5 == 4;
       for (float& x : h.v) x = x * x;
       const bool grad_bf16 = k % 2 == 1, copy_bf16 = k % 3 == 1, copy = k % 3 != 0;
       h.grad_b = to_bf16_host(h.grad);
@@ -611,8 +613,12 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
       h.copy_b.assign(copy && copy_bf16 ? n : 0, 0);
       gpu[k] = want[k] = h;
       Host& g = gpu[k];
+      if (out_of_place)
+        for (auto* x : {&g.master_out, &g.m_out, &g.v_out}) x->assign(static_cast<size_t>(n), NAN);
+      float* out[3] = {g.master.data(), g.m.data(), g.v.data()};
+      if (out_of_place) out[0] = g.master_out.data(), out[1] = g.m_out.data(), out[2] = g.v_out.data();
       tensors[k] = cuda::AdamWTensor{
-          g.master.data(), g.m.data(), g.v.data(),
+          g.master.data(), g.m.data(), g.v.data(), out[0], out[1], out[2],
           grad_bf16 ? static_cast<const void*>(g.grad_b.data()) : g.grad.data(),
           !copy ? nullptr : copy_bf16 ? static_cast<void*>(g.copy_b.data()) : g.copy_f32.data(),
           n, grad_bf16, copy_bf16, k % 4 == 2 ? 0.0f : 0.1f};  // each tensor its own decay
@@ -627,9 +633,15 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
     for (int k = 0; k < count; ++k) {
       const std::string sh = shape("adamw tensor", {k, sizes[k]}) +
                              (grad_scale != 1.0f ? " scaled" : "");
-      expect_same(sh + " master", gpu[k].master, want[k].master);
-      expect_same(sh + " m", gpu[k].m, want[k].m);
-      expect_same(sh + " v", gpu[k].v, want[k].v);
+      // Out of place: the results in the outputs, the inputs as they were.
+      const bool out_of_place = !gpu[k].master_out.empty();
+      expect_same(sh + " master", out_of_place ? gpu[k].master_out : gpu[k].master, want[k].master);
+      expect_same(sh + " m", out_of_place ? gpu[k].m_out : gpu[k].m, want[k].m);
+      expect_same(sh + " v", out_of_place ? gpu[k].v_out : gpu[k].v, want[k].v);
+      if (out_of_place) {
+        expect_same(sh + " master in", gpu[k].master, random_floats(sizes[k], 30 + k));
+        expect_same(sh + " m in", gpu[k].m, random_floats(sizes[k], 60 + k, 0.1f));
+      }
       expect_same(sh + " copy f32", gpu[k].copy_f32, want[k].copy_f32);
       expect_same(sh + " copy bf16", gpu[k].copy_b, want[k].copy_b);
     }

@@ -162,12 +162,17 @@ void cross_entropy_backward(Z* logits, const int32_t* targets, const float* lse,
 // ---- AdamW, multi-tensor -------------------------------------------------------------------
 // kernels/common/math.h adamw_update_element on every element of every tensor,
 // the gradient first multiplied by grad_scale; copy (if not null) receives the
-// updated master in its dtype. One launch covers up to kAdamWTensors tensors.
+// updated master in its dtype. The states are read from master_in, m_in and
+// v_in and written to master, m and v: the same memory in place, other memory
+// out of place. One launch covers up to kAdamWTensors tensors.
 struct AdamWHyper {
   float lr, beta1, beta2, eps, bias_correction1, bias_correction2, grad_scale;
   const float* scale;  // device; when not null, the gradient is multiplied by *scale instead
 };
 struct AdamWTensor {
+  const float* master_in;
+  const float* m_in;
+  const float* v_in;
   float* master;
   float* m;
   float* v;

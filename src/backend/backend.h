@@ -87,10 +87,15 @@ struct AdamWStep {
 };
 
 // One part of Backend::adamw_parts: a tensor's (or a slice's) views, as adamw
-// takes them, and its weight decay.
+// takes them, and its weight decay. With master_out, m_out and v_out (all
+// three, fp32, each the size of master) the update is out of place: master, m
+// and v are only read, and the updated values go there instead (the same
+// arithmetic, element by element).
 struct AdamWPart {
   View master, m, v, grad, param_copy;
   float weight_decay = 0;
+  View master_out, m_out, v_out;
+  bool out_of_place() const { return !master_out.empty() || !m_out.empty() || !v_out.empty(); }
 };
 
 // A loss accumulator (Backend::cross_entropy_forward_into) read back to the
@@ -304,13 +309,8 @@ class Backend {
   // The same over several parts (an OS-shard's tensors), each with its own
   // weight decay (step.weight_decay is not read): what adamw does to each, in
   // one pass where the device can (the CUDA backend: one launch per 16 parts).
-  virtual void adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) {
-    AdamWStep s = step;
-    for (const AdamWPart& p : parts) {
-      s.weight_decay = p.weight_decay;
-      adamw(p.master, p.m, p.v, p.grad, p.param_copy, s);
-    }
-  }
+  // Parts may be out of place (AdamWPart).
+  virtual void adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) = 0;
 
   // ---- throughput -----------------------------------------------------------
   // The peak matrix-product FLOP/s that MFU is measured against: measured on

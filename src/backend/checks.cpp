@@ -279,6 +279,18 @@ void Checks::adamw(const View& master, const View& m, const View& v, const View&
     fail(kn, ": param_copy holds ", param_copy.count, " elements, master ", n);
 }
 
+void Checks::adamw_part(const AdamWPart& p) const {
+  const char* kn = "adamw";
+  adamw(p.master, p.m, p.v, p.grad, p.param_copy);
+  if (!p.out_of_place()) return;
+  if (p.master_out.empty() || p.m_out.empty() || p.v_out.empty())
+    fail(kn, ": an out-of-place part needs master_out, m_out and v_out, all three");
+  expect_all(kn, DType::kF32, {{"master_out", p.master_out}, {"m_out", p.m_out}, {"v_out", p.v_out}});
+  for (const Arg& a : {Arg{"master_out", p.master_out}, Arg{"m_out", p.m_out}, Arg{"v_out", p.v_out}})
+    if (a.view.count != p.master.count)
+      fail(kn, ": ", a.name, " holds ", a.view.count, " elements, master ", p.master.count);
+}
+
 // ---- compression ----------------------------------------------------------------------
 
 int64_t Checks::quant(const char* kn, const kernels::quant::Spec& spec, int64_t n, int64_t records,

@@ -18,6 +18,7 @@
 namespace amsp::backend {
 
 class Backend;
+struct AdamWPart;
 
 class Checks {
  public:
@@ -104,6 +105,9 @@ class Checks {
                      int64_t rows, int64_t V) const;
   void adamw(const View& master, const View& m, const View& v, const View& grad,
              const View& param_copy) const;
+  // adamw's checks, and an out-of-place part's outputs: all three, fp32, on
+  // the backend, each as large as master.
+  void adamw_part(const AdamWPart& part) const;
 
   // ---- compression (kernels/common/quant.h) ---------------------------------------
   // A valid spec, n and records not negative; `values` fp32 or bf16 holding

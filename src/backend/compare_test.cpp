@@ -140,6 +140,18 @@ class Forwarding : public Backend {
              const AdamWStep& s) override {
     in_->adamw(p, m, v, g, copy, s);
   }
+  // In place, part by part through adamw, so that a fake's adamw sees each.
+  void adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) override {
+    AdamWStep s = step;
+    for (const AdamWPart& p : parts) {
+      if (p.out_of_place()) {
+        in_->adamw_parts({p}, step);
+        continue;
+      }
+      s.weight_decay = p.weight_decay;
+      adamw(p.master, p.m, p.v, p.grad, p.param_copy, s);
+    }
+  }
   double peak_flops() override { return in_->peak_flops(); }
   std::unique_ptr<StreamTimer> make_stream_timer() override { return in_->make_stream_timer(); }
 

@@ -169,6 +169,7 @@ class CpuBackend final : public Backend {
 
   void adamw(const View& master, const View& m, const View& v, const View& grad,
              const View& param_copy, const AdamWStep& step) override;
+  void adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) override;
 
   // Best FLOP/s of an n = 1536 sgemm over four timed runs after a warm-up, on
   // this process's threads; measured at every call (about a quarter second).
@@ -213,6 +214,7 @@ class CpuBackend final : public Backend {
   // Stores dst = dst + contribution[i] (fp32 add) into an fp32 or bf16 view,
   // rounding once per element.
   void accumulate_gradient(const View& dst, const float* contribution, int64_t n);
+  void adamw_part(const AdamWPart& part, const AdamWStep& step);
   void embedding_backward_bf16(const int32_t* tokens, const float* dout, uint16_t* dtable,
                                int64_t rows, int64_t dim, int64_t vocab);
 

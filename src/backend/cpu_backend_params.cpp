@@ -261,49 +261,76 @@ void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, 
 
 namespace {
 
-// Copy = void: no parameter copy.
+// Copy = void: no parameter copy. The states are read from p_in, m_in, v_in
+// and written to p, m, v (the same memory when in place).
 // The step's fields are copied into locals, as engine/optimizer.cpp has them:
 // the loop then does not reload them (they could alias p, m, v for all the
 // compiler knows), and the per-element arithmetic compiles as the engine's does
 // (with -ffp-contract=fast the compiler may fuse multiply-adds, and how it does
 // depends on the code around adamw_update_element).
+struct AdamWStates {
+  const float *p_in, *m_in, *v_in;
+  float *p, *m, *v;
+};
+
 template <typename Grad, typename Copy>
-void adamw_loop(float* p, float* m, float* v, const Grad* g, Copy* copy, int64_t n,
-                const AdamWStep& s) {
+void adamw_loop(const AdamWStates& x, const Grad* g, Copy* copy, int64_t n, const AdamWStep& s) {
   const float lr = s.lr, b1 = s.beta1, b2 = s.beta2, eps = s.eps, wd = s.weight_decay,
               bc1 = s.bias_correction1, bc2 = s.bias_correction2,
               scale = s.scale.empty() ? s.grad_scale : s.scale.f32()[0];
   const bool scaled = scale != 1.0f;
+  const float *p_in = x.p_in, *m_in = x.m_in, *v_in = x.v_in;
+  float *p = x.p, *m = x.m, *v = x.v;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float gi = k::load(g[i]);
     if (scaled) gi = gi * scale;
-    k::adamw_update_element(p[i], m[i], v[i], gi, lr, b1, b2, eps, wd, bc1, bc2);
-    if constexpr (!std::is_void_v<Copy>) k::store(copy + i, p[i]);
+    float pi = p_in[i], mi = m_in[i], vi = v_in[i];
+    k::adamw_update_element(pi, mi, vi, gi, lr, b1, b2, eps, wd, bc1, bc2);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (!std::is_void_v<Copy>) k::store(copy + i, pi);
   }
 }
 
 template <typename Grad>
-void adamw_with_grad(float* p, float* m, float* v, const Grad* g, const View& copy, int64_t n,
+void adamw_with_grad(const AdamWStates& x, const Grad* g, const View& copy, int64_t n,
                      const AdamWStep& s) {
   if (copy.empty())
-    adamw_loop<Grad, void>(p, m, v, g, nullptr, n, s);
+    adamw_loop<Grad, void>(x, g, nullptr, n, s);
   else if (copy.dtype == DType::kF32)
-    adamw_loop(p, m, v, g, copy.f32(), n, s);
+    adamw_loop(x, g, copy.f32(), n, s);
   else
-    adamw_loop(p, m, v, g, copy.bf16(), n, s);
+    adamw_loop(x, g, copy.bf16(), n, s);
 }
 
 }  // namespace
 
 void CpuBackend::adamw(const View& master, const View& m, const View& v, const View& grad,
                        const View& param_copy, const AdamWStep& step) {
-  check.adamw(master, m, v, grad, param_copy);
-  const int64_t n = master.count;
-  if (grad.dtype == DType::kF32)
-    adamw_with_grad(master.f32(), m.f32(), v.f32(), grad.f32(), param_copy, n, step);
+  adamw_part(AdamWPart{master, m, v, grad, param_copy, step.weight_decay, {}, {}, {}}, step);
+}
+
+void CpuBackend::adamw_parts(const std::vector<AdamWPart>& parts, const AdamWStep& step) {
+  AdamWStep s = step;
+  for (const AdamWPart& p : parts) {
+    s.weight_decay = p.weight_decay;
+    adamw_part(p, s);
+  }
+}
+
+// One part; step.weight_decay is the part's.
+void CpuBackend::adamw_part(const AdamWPart& p, const AdamWStep& step) {
+  check.adamw_part(p);
+  const bool out = p.out_of_place();
+  const AdamWStates x{p.master.f32(), p.m.f32(), p.v.f32(), (out ? p.master_out : p.master).f32(),
+                      (out ? p.m_out : p.m).f32(), (out ? p.v_out : p.v).f32()};
+  const int64_t n = p.master.count;
+  if (p.grad.dtype == DType::kF32)
+    adamw_with_grad(x, p.grad.f32(), p.param_copy, n, step);
   else
-    adamw_with_grad(master.f32(), m.f32(), v.f32(), grad.bf16(), param_copy, n, step);
+    adamw_with_grad(x, p.grad.bf16(), p.param_copy, n, step);
 }
 
 }  // namespace amsp::backend

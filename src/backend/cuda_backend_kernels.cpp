@@ -483,7 +483,7 @@ void CudaBackend::cross_entropy_backward(const View& logits, const View& targets
 
 void CudaBackend::adamw(const View& master, const View& m, const View& v, const View& grad, const View& param_copy,
                         const AdamWStep& s) {
-  adamw_parts({AdamWPart{master, m, v, grad, param_copy, s.weight_decay}}, s);
+  adamw_parts({AdamWPart{master, m, v, grad, param_copy, s.weight_decay, {}, {}, {}}}, s);
 }
 
 // Every part in as few launches as the kernel takes (kc::kAdamWTensors each).
@@ -491,15 +491,17 @@ void CudaBackend::adamw_parts(const std::vector<AdamWPart>& parts, const AdamWSt
   const char* kn = "adamw";
   std::vector<kc::AdamWTensor> tensors;
   for (const AdamWPart& p : parts) {
-    check.adamw(p.master, p.m, p.v, p.grad, p.param_copy);
+    check.adamw_part(p);
     if (p.master.count == 0) continue;
-    for (const View* x : {&p.master, &p.m, &p.v}) {
-      reads(*x);
-      writes(*x);
-    }
+    const bool out = p.out_of_place();
+    const View& master = out ? p.master_out : p.master;
+    const View& m = out ? p.m_out : p.m;
+    const View& v = out ? p.v_out : p.v;
+    for (const View* x : {&p.master, &p.m, &p.v}) reads(*x);
+    for (const View* x : {&master, &m, &v}) writes(*x);
     reads(p.grad);
     if (!p.param_copy.empty()) writes(p.param_copy);
-    tensors.push_back({f32w(p.master), f32w(p.m), f32w(p.v), p.grad.data,
+    tensors.push_back({f32p(p.master), f32p(p.m), f32p(p.v), f32w(master), f32w(m), f32w(v), p.grad.data,
                        p.param_copy.empty() ? nullptr : p.param_copy.data, p.master.count,
                        p.grad.dtype == DType::kBF16, p.param_copy.dtype == DType::kBF16, p.weight_decay});
   }

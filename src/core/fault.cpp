@@ -22,6 +22,7 @@ namespace {
 constexpr const char* kPoints[] = {
     "train.step",        // at the start of optimizer step STEP
     "collective",        // a collective issued in step STEP (SKIP=N, SHORT=N)
+    "save.writer",       // a background save's writer thread, woken for STEP, nothing claimed yet
     "save.snapshot",     // a background save's writer thread, about to copy the snapshot of STEP
     "save.begin",        // a checkpoint of STEP is about to be written
     "save.data",         // every dataset written, the .tmp file not yet closed
@@ -100,7 +101,7 @@ Spec parse(const std::string& full) {
   if (!known(s.point) || !step || *step < 0 || !rank || *rank < -1 || !action_ok)
     fail_usage("AMSP_FAULT=", full, ": expected POINT@STEP[:RANK][,KILL|USR1|TERM|STOP|FAIL|SPIN|SLEEP=SECONDS], "
                "train.step@STEP:RANK,SLOW=FACTOR or collective@STEP:RANK,SKIP=N|SHORT=N, with POINT one of "
-               "train.step, save.begin, save.data, save.closed, save.renamed, save.latest_tmp, "
+               "train.step, save.writer, save.snapshot, save.begin, save.data, save.closed, save.renamed, save.latest_tmp, "
                "save.latest, export.written, export.swapped");
   s.step = *step;
   s.rank = static_cast<int>(*rank);

@@ -59,7 +59,7 @@ Checkpointer::Checkpointer(ShardedEngine& engine, backend::Backend& backend, Che
   if (!background_) return;
   allocate_snapshot();
   AMSP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
-  if (overlapped()) engine_.set_update_gate([this](int u) { before_update(u); });
+  if (overlapped()) engine_.set_update_gate(this);
   thread_ = std::thread([this] { run_writer(); });
 }
 
@@ -67,7 +67,7 @@ Checkpointer::~Checkpointer() {
   if (!background_) return;
   if (overlapped()) {
     copy_all_units(/*writer=*/false);
-    engine_.set_update_gate({});
+    engine_.set_update_gate(nullptr);
   }
   {
     std::unique_lock lock(mu_);
@@ -138,6 +138,10 @@ bool Checkpointer::copy_unit(int u, bool writer) {
 
 void Checkpointer::publish_copy(int u) {
   engine_.copy_os_state(u, snap_.views[static_cast<size_t>(u)]);
+  mark_copied(u);
+}
+
+void Checkpointer::mark_copied(int u) {
   unit_copy_[static_cast<size_t>(u)].store(kCopied, std::memory_order_release);
   {
     std::lock_guard lock(mu_);
@@ -155,15 +159,38 @@ void Checkpointer::copy_all_units(bool writer) {
 }
 
 // The engine's update gate, on the training thread: unit u may change once
-// its copy is taken.
-void Checkpointer::before_update(int u) {
-  if (!copying_.load(std::memory_order_acquire)) return;
+// its snapshot is taken. A unit no thread has claimed is taken by the update
+// itself where the engine can exchange states: it writes into the snapshot's
+// buffers and hands its own over, as they were (after_exchange); else it is
+// copied here, or the writer's copy of it awaited.
+std::optional<ShardedEngine::OsBuffers> Checkpointer::before_update(int u) {
+  if (!copying_.load(std::memory_order_acquire)) return std::nullopt;
   const auto t0 = Clock::now();
-  if (!copy_unit(u, /*writer=*/false)) {
+  const size_t i = static_cast<size_t>(u);
+  std::optional<ShardedEngine::OsBuffers> out;
+  int expected = kFree;
+  if (engine_.states_exchangeable() &&
+      unit_copy_[i].compare_exchange_strong(expected, kCopying, std::memory_order_acq_rel)) {
+    if (!engine_.master_exchangeable()) engine_.copy_os_master(u, snap_.views[i].params);
+    out = ShardedEngine::OsBuffers{&snap_.params[i], &snap_.exp_avg[i], &snap_.exp_avg_sq[i]};
+  } else if (!copy_unit(u, /*writer=*/false)) {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return unit_copy_[static_cast<size_t>(u)].load(std::memory_order_acquire) == kCopied; });
+    cv_.wait(lock, [&] { return unit_copy_[i].load(std::memory_order_acquire) == kCopied; });
   }
   if (update_wait_ms_) *update_wait_ms_ += ms_since(t0);
+  return out;
+}
+
+void Checkpointer::after_exchange(int u) {
+  set_views(u);
+  mark_copied(u);
+}
+
+// The snapshot's views of unit u: its buffers, whichever memory they hold now.
+void Checkpointer::set_views(int u) {
+  const size_t i = static_cast<size_t>(u);
+  auto data = [](const backend::Buffer& b) { return b.view().data ? b.f32() : nullptr; };
+  snap_.views[i] = {data(snap_.params[i]), data(snap_.exp_avg[i]), data(snap_.exp_avg_sq[i])};
 }
 
 std::optional<double> Checkpointer::take_update_wait_ms() {
@@ -204,9 +231,7 @@ void Checkpointer::allocate_snapshot() {
     snap_.params[u] = backend_.alloc_host(n);
     snap_.exp_avg[u] = backend_.alloc_host(n);
     snap_.exp_avg_sq[u] = backend_.alloc_host(n);
-    snap_.views[u] = {snap_.params[u].view().data ? snap_.params[u].f32() : nullptr,
-                      snap_.exp_avg[u].view().data ? snap_.exp_avg[u].f32() : nullptr,
-                      snap_.exp_avg_sq[u].view().data ? snap_.exp_avg_sq[u].f32() : nullptr};
+    set_views(static_cast<int>(u));
     // Touched now, so that the pages are the process's before the first save
     // (whose copy would otherwise pay for faulting them in) and a node short
     // of memory fails here.
@@ -235,6 +260,8 @@ void Checkpointer::write_snapshot() {
   const auto t0 = Clock::now();
   std::string path, error;
   try {
+    // A slow writer here leaves every unit to the next step's updates.
+    if (overlapped()) fault::point("save.writer", snap_.meta.step, rank_);
     copy_all_units(/*writer=*/true);
     if (!overlapped() && writer_) {
       // A slow writer here lets the next step's updates run before it waits.

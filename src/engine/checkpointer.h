@@ -65,7 +65,7 @@ struct WrittenCheckpoint {
   double write_ms = 0;  // on the writer thread: checksums, file, rename, prune
 };
 
-class Checkpointer {
+class Checkpointer : private ShardedEngine::UpdateGate {
  public:
   // Collective over MPI_COMM_WORLD. background falls back to sync (rank 0
   // prints a note) when MPI does not provide MPI_THREAD_MULTIPLE.
@@ -133,8 +133,14 @@ class Checkpointer {
   void begin_overlapped_snapshot();
   bool copy_unit(int u, bool writer);
   void publish_copy(int u);
+  void mark_copied(int u);
   void copy_all_units(bool writer);
-  void before_update(int u);
+  // The engine's update gate (training thread): unit u may change once its
+  // snapshot is taken, by a copy, or where the engine can (bf16), by the
+  // update itself writing into the snapshot's buffers and exchanging them.
+  std::optional<ShardedEngine::OsBuffers> before_update(int u) override;
+  void after_exchange(int u) override;
+  void set_views(int u);
   void run_writer();
   void write_snapshot();
   void fail_if_write_failed();

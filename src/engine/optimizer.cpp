@@ -27,9 +27,10 @@ void adamw_update_range(backend::Backend& be, const model::UnitSpec& unit, const
     const int64_t lo = std::max(s.begin, t.offset), hi = std::min(s.end, t.offset + t.numel);
     if (lo >= hi) continue;
     const int64_t at = lo - s.begin, n = hi - lo;
+    auto slice = [&](const backend::View& v) { return v.empty() ? backend::View{} : v.at(at, n); };
     parts.push_back({s.master.at(at, n), s.exp_avg.at(at, n), s.exp_avg_sq.at(at, n), s.grad.at(at, n),
-                     s.param_copy.empty() ? backend::View{} : s.param_copy.at(at, n),
-                     static_cast<float>(tensor_weight_decay(t, options))});
+                     slice(s.param_copy), static_cast<float>(tensor_weight_decay(t, options)),
+                     slice(s.master_out), slice(s.exp_avg_out), slice(s.exp_avg_sq_out)});
   }
   be.adamw_parts(parts, a);
   // Padding past the last tensor (in sharded buffers) is left untouched.

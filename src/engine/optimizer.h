@@ -28,6 +28,9 @@ double tensor_weight_decay(const model::TensorSpec& tensor, const AdamWOptions& 
 struct OsShard {
   int64_t begin = 0, end = 0;
   backend::View master, grad, exp_avg, exp_avg_sq, param_copy;
+  // When set (all three), the update is out of place: the states above are
+  // read, the updated ones written here (backend::AdamWPart).
+  backend::View master_out, exp_avg_out, exp_avg_sq_out;
 };
 
 // One AdamW step on the shard; step is the 1-based optimizer step (bias

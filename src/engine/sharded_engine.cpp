@@ -112,7 +112,9 @@ struct ShardedEngine::Impl {
 
   // The optimizer.
   void norm_and_clip_scale();
-  void update(const model::UnitSpec& unit, int u, double lr, int64_t step);
+  using OsBuffers = ShardedEngine::OsBuffers;
+  void gated_update(const model::UnitSpec& unit, int u, double lr, int64_t step);
+  void update(const model::UnitSpec& unit, int u, double lr, int64_t step, const OsBuffers* out);
 
   // The step's scalars on the backend, read back once at its end: the loss
   // accumulator [0..4) (Backend::cross_entropy_forward_into) and the squared
@@ -127,7 +129,7 @@ struct ShardedEngine::Impl {
   std::vector<ckpt::StateView> state_views();
   void take_staged_state();
   void begin_os_snapshot(const std::vector<ckpt::StateView>& dst);
-  std::function<void(int)> update_gate;  // set_update_gate
+  ShardedEngine::UpdateGate* update_gate = nullptr;  // set_update_gate
 };
 
 ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s,
@@ -408,10 +410,33 @@ int32_t* ShardedEngine::Impl::pinned_batch(int64_t micro_batches, int64_t tokens
   return static_cast<int32_t*>(pinned.data());
 }
 
-void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, int64_t step) {
+// update(u) behind the gate (set_update_gate): in place, or into the gate's
+// buffers, which then become the engine's states and the engine's old ones
+// the gate's. In fp32 the master is the P-shard's OS range, which stays where
+// it is, updated in place (the gate copied its old values), and only the
+// moments are exchanged.
+void ShardedEngine::Impl::gated_update(const model::UnitSpec& unit, int u, double lr, int64_t step) {
+  const std::optional<OsBuffers> out = update_gate ? update_gate->before_update(u) : std::nullopt;
+  if (!out) return update(unit, u, lr, step, nullptr);
+  if (!on_host()) fail("engine: states exchanged with a gate must be host memory");
+  update(unit, u, lr, step, &*out);
+  State& x = st(u);
+  if (bf16()) std::swap(x.master, *out->master);
+  std::swap(x.exp_avg, *out->exp_avg);
+  std::swap(x.exp_avg_sq, *out->exp_avg_sq);
+  update_gate->after_exchange(u);
+}
+
+void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, int64_t step,
+                                 const OsBuffers* out) {
   const plan::Range os = sh(u).os;
-  const OsShard shard{os.begin, os.end(), master(u), g_os(u), st(u).exp_avg.view(),
-                      st(u).exp_avg_sq.view(), bf16() ? p_os(u) : View{}};
+  OsShard shard{os.begin, os.end(), master(u), g_os(u), st(u).exp_avg.view(),
+                st(u).exp_avg_sq.view(), bf16() ? p_os(u) : View{}, {}, {}, {}};
+  if (out) {
+    shard.master_out = bf16() ? out->master->view() : master(u);  // fp32: in place (gated_update)
+    shard.exp_avg_out = out->exp_avg->view();
+    shard.exp_avg_sq_out = out->exp_avg_sq->view();
+  }
   adamw_update_range(be, unit, shard, opt.adamw, lr, step, clip.view());
   // Rebuild the P-shard from the updated OS-shards; the next step waits for
   // it only when it needs this unit.
@@ -601,8 +626,8 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
         break;
       case plan::Action::kUpdate:
         im.be.fence_snapshot();
-        if (im.update_gate) im.update_gate(a.unit);
-        im.update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step); break;
+        im.gated_update(model_.units()[static_cast<size_t>(a.unit)], a.unit, lr, step);
+        break;
     }
   }
   model_.accumulate_loss_into(View{});
@@ -737,7 +762,14 @@ std::vector<ckpt::StateView> ShardedEngine::state_views() { return impl_->state_
 void ShardedEngine::begin_os_snapshot(const std::vector<ckpt::StateView>& dst) { impl_->begin_os_snapshot(dst); }
 bool ShardedEngine::states_on_host() const { return impl_->on_host(); }
 void ShardedEngine::settle_states() { impl_->take_staged_state(); }
-void ShardedEngine::set_update_gate(std::function<void(int)> gate) { impl_->update_gate = std::move(gate); }
+void ShardedEngine::set_update_gate(UpdateGate* gate) { impl_->update_gate = gate; }
+bool ShardedEngine::states_exchangeable() const { return impl_->on_host(); }
+bool ShardedEngine::master_exchangeable() const { return impl_->bf16(); }
+
+void ShardedEngine::copy_os_master(int u, float* dst) const {
+  const View m = impl_->master(u);
+  std::memcpy(dst, m.data, static_cast<size_t>(m.bytes()));
+}
 
 void ShardedEngine::copy_os_state(int u, const ckpt::StateView& dst) const {
   Impl& im = *impl_;

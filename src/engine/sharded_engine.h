@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -142,12 +143,34 @@ class ShardedEngine {
   // as begin_os_snapshot would, from any thread, while the engine computes: the
   // optimizer alone writes what it reads (the OS range of the parameters, or
   // the fp32 master, and the moments), and the gate set here is called on the
-  // training thread with u before each update(u), so a caller holds it until
-  // unit u's copy is taken. An empty gate removes it.
+  // training thread before each update(u), so a caller holds it until unit
+  // u's copy is taken. Where the states are host memory (states_exchangeable())
+  // the gate may instead hand the update three buffers of the shard's size:
+  // the update then writes its results into them and exchanges them with the
+  // engine's, so the caller holds the states as they were, without a copy.
+  // Where the master is not a buffer of its own (fp32: it is the P-shard's OS
+  // range; !master_exchangeable()) the master is updated in place and only
+  // the moments are exchanged: the gate copies the master's old values into
+  // its master buffer first (copy_os_master, a third of the bytes). nullptr
+  // removes the gate.
   bool states_on_host() const;
+  bool states_exchangeable() const;
+  bool master_exchangeable() const;
+  void copy_os_master(int u, float* dst) const;
   void settle_states();
   void copy_os_state(int u, const ckpt::StateView& dst) const;
-  void set_update_gate(std::function<void(int)> gate);
+  struct OsBuffers {
+    backend::Buffer *master, *exp_avg, *exp_avg_sq;
+  };
+  class UpdateGate {
+   public:
+    virtual ~UpdateGate() = default;
+    // Before update(u): nullopt to update in place, or buffers to exchange.
+    virtual std::optional<OsBuffers> before_update(int u) = 0;
+    // After an exchanging update(u): the buffers hold the states from before it.
+    virtual void after_exchange(int u) = 0;
+  };
+  void set_update_gate(UpdateGate* gate);
   // Which replica this rank belongs to (0 .. replicas-1): one replica, the 0th,
   // holds every OS-shard once and is the one that writes checkpoints.
   int64_t replica_index() const;

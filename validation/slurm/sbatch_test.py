@@ -166,10 +166,12 @@ class Cluster:
 
 
 def read_jsonl(path):
+    """The complete records of a JSON Lines file that a running job may be appending to:
+    a last line without its newline is a record still being written, left for later."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(l) for l in f if l.strip()]
+        return [json.loads(l) for l in f if l.strip() and l.endswith("\n")]
 
 
 def step_records(path):
