@@ -292,26 +292,36 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<Shape, Order>>& 
   return name;
 }
 
-// bf16 activations on the fp32 kernels (fp32 compute): the same arithmetic on
-// the same (bf16) inputs as fp32 activations holding them, so forward's out is
-// the fp32 one rounded once, bit for bit, and lse is the same bits. Backward's
-// delta = rowsum(dout * out) reads the rounded out: the gradients move by about
-// u = 2^-8 of their size (rms), and are rounded once more.
-TEST_P(CudaAttention, Bf16ActivationsAreFp32OnesRounded) {
-  const Shape s = std::get<0>(GetParam());
+// bf16 activations against fp32 activations holding the same (bf16) values,
+// through the same kernels: forward's out is the fp32 one rounded once, bit for
+// bit, and lse is the same bits. Backward's delta = rowsum(dout * out) reads
+// the rounded out, and the gradients are rounded once: within 2u (rms) of the
+// fp32 activations' (fp32 compute) or of the CPU reference on the same inputs
+// (bf16 compute, whose own bounds are the test above's), and the same bits run
+// after run.
+void check_bf16_activations(const Shape& s, bool bf16_compute) {
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
   const auto q = rounded(randn(nq, 1, 2.0f)), k = rounded(randn(nk, 2, 1.0f)),
              v = rounded(randn(nk, 3, 1.0f)), dout = rounded(randn(nq, 4, 1.0f));
-  const Outputs f = run_fused(q, k, v, dout, s, false), b = run_fused<bf16>(q, k, v, dout, s, false);
+  const Outputs f = run_fused(q, k, v, dout, s, bf16_compute);
+  const Outputs b = run_fused<bf16>(q, k, v, dout, s, bf16_compute);
   EXPECT_EQ(b.out, rounded(f.out));
   EXPECT_EQ(b.lse, f.lse);
-  EXPECT_LE(rms_error(b.dq, f.dq), 2 * kBf16Roundoff);
-  EXPECT_LE(rms_error(b.dk, f.dk), 2 * kBf16Roundoff);
-  EXPECT_LE(rms_error(b.dv, f.dv), 2 * kBf16Roundoff);
-  const Outputs again = run_fused<bf16>(q, k, v, dout, s, false);
+  const Outputs ref = bf16_compute ? run_cpu(q, k, v, dout, s) : f;
+  std::printf("  bf16 activations: rms error dq %.2e dk %.2e dv %.2e\n", rms_error(b.dq, ref.dq),
+              rms_error(b.dk, ref.dk), rms_error(b.dv, ref.dv));
+  EXPECT_LE(rms_error(b.dq, ref.dq), 2 * kBf16Roundoff);
+  EXPECT_LE(rms_error(b.dk, ref.dk), 2 * kBf16Roundoff);
+  EXPECT_LE(rms_error(b.dv, ref.dv), 2 * kBf16Roundoff);
+  const Outputs again = run_fused<bf16>(q, k, v, dout, s, bf16_compute);
   EXPECT_EQ(b.dq, again.dq);
   EXPECT_EQ(b.dk, again.dk);
   EXPECT_EQ(b.dv, again.dv);
+}
+
+// On the fp32 kernels (fp32 compute).
+TEST_P(CudaAttention, Bf16ActivationsAreFp32OnesRounded) {
+  check_bf16_activations(std::get<0>(GetParam()), false);
 }
 
 // B, T, H, KV, D
@@ -385,29 +395,10 @@ TEST_P(CudaAttentionBf16, MatchesCpuReferenceOnBf16Inputs) {
   EXPECT_EQ(dv, again.dv);
 }
 
-// bf16 activations on tensor cores: read as they are (the same words the fp32
-// path makes by rounding), so forward's out is the fp32 path's rounded once,
-// bit for bit, with the same lse. Backward's delta reads the rounded out, and
-// the gradients are rounded once: against the CPU reference on the same inputs,
-// the bounds of the test above plus u each.
+// On tensor cores (bf16 compute), read as they are (the same words the fp32
+// path makes by rounding), against the CPU reference on the same inputs.
 TEST_P(CudaAttentionBf16, Bf16ActivationsAreFp32OnesRounded) {
-  const Shape s = std::get<0>(GetParam());
-  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
-  const auto q = rounded(randn(nq, 1, 2.0f)), k = rounded(randn(nk, 2, 1.0f)),
-             v = rounded(randn(nk, 3, 1.0f)), dout = rounded(randn(nq, 4, 1.0f));
-  const Outputs f = run_fused(q, k, v, dout, s, true), b = run_fused<bf16>(q, k, v, dout, s, true);
-  EXPECT_EQ(b.out, rounded(f.out));
-  EXPECT_EQ(b.lse, f.lse);
-  const Outputs want = run_cpu(q, k, v, dout, s);
-  std::printf("  bf16 activations: rms error dq %.2e dk %.2e dv %.2e\n", rms_error(b.dq, want.dq),
-              rms_error(b.dk, want.dk), rms_error(b.dv, want.dv));
-  EXPECT_LE(rms_error(b.dq, want.dq), 2 * kBf16Roundoff);
-  EXPECT_LE(rms_error(b.dk, want.dk), 2 * kBf16Roundoff);
-  EXPECT_LE(rms_error(b.dv, want.dv), 2 * kBf16Roundoff);
-  const Outputs again = run_fused<bf16>(q, k, v, dout, s, true);
-  EXPECT_EQ(b.dq, again.dq);
-  EXPECT_EQ(b.dk, again.dk);
-  EXPECT_EQ(b.dv, again.dv);
+  check_bf16_activations(std::get<0>(GetParam()), true);
 }
 
 // B, T, H, KV, D: every head dim the tensor cores take, T from one token to

@@ -210,6 +210,8 @@ class CpuBackend final : public Backend {
   // y in fp32: y itself, or a bf16 y widened into kSlotOut (when beta reads
   // it); store_product then rounds it into a bf16 y.
   float* product_target(const View& y, float beta);
+  void linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
+                      bool forward, float beta);
   void store_product(const View& y, const float* p);
   // Stores dst = dst + contribution[i] (fp32 add) into an fp32 or bf16 view,
   // rounding once per element.

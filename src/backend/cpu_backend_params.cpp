@@ -168,19 +168,30 @@ void CpuBackend::store_product(const View& y, const float* p) {
   if (y.dtype == DType::kBF16) round_to_bf16(p, y.bf16(), y.count);
 }
 
+// y[M, n] = a[M, k] op(w) + beta y: linear_forward's x W^T (w [n, k]) or
+// linear_backward_input's dy W (w [k, n]), the operands rounded to bf16 under
+// bf16 compute, accumulated and stored as product_target says.
+void CpuBackend::linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
+                                bool forward, float beta) {
+  if (M == 0 || n == 0) return;
+  const bool bf = compute() == DType::kBF16;
+  const View av = a.at(0, M * k), wv = w.at(0, n * k), yv = y.at(0, M * n);
+  const float* ar = bf ? bf16_values(av, kSlotX) : av.f32();
+  const float* wr = bf ? bf16_values(wv, kSlotW) : f32_values(wv, kSlotW);
+  float* p = product_target(yv, beta);
+  if (forward)
+    k::linear_forward(ar, wr, p, M, k, n, beta);
+  else
+    k::linear_backward_input(ar, wr, p, M, n, k, beta);
+  store_product(yv, p);
+}
+
 void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                                 int64_t out, float beta) {
   const char* kn = "linear_forward";
   check.linear(kn, M, in, out, x, "x", in, w, y, "y", out);
   check.product_activations(kn, compute(), {{"x", x}, {"y", y}});
-  if (M == 0 || out == 0) return;
-  const bool bf = compute() == DType::kBF16;
-  const View xv = x.at(0, M * in), wv = w.at(0, out * in), yv = y.at(0, M * out);
-  const float* xr = bf ? bf16_values(xv, kSlotX) : xv.f32();
-  const float* wr = bf ? bf16_values(wv, kSlotW) : f32_values(wv, kSlotW);
-  float* p = product_target(yv, beta);
-  k::linear_forward(xr, wr, p, M, in, out, beta);
-  store_product(yv, p);
+  linear_product(x, w, y, M, in, out, true, beta);
 }
 
 void CpuBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
@@ -188,14 +199,7 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
   const char* kn = "linear_backward_input";
   check.linear(kn, M, in, out, dy, "dy", out, w, dx, "dx", in);
   check.product_activations(kn, compute(), {{"dy", dy}, {"dx", dx}});
-  if (M == 0 || in == 0) return;
-  const bool bf = compute() == DType::kBF16;
-  const View dyv = dy.at(0, M * out), wv = w.at(0, out * in), dxv = dx.at(0, M * in);
-  const float* dyr = bf ? bf16_values(dyv, kSlotX) : dyv.f32();
-  const float* wr = bf ? bf16_values(wv, kSlotW) : f32_values(wv, kSlotW);
-  float* p = product_target(dxv, beta);
-  k::linear_backward_input(dyr, wr, p, M, in, out, beta);
-  store_product(dxv, p);
+  linear_product(dy, w, dx, M, out, in, false, beta);
 }
 
 void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,

@@ -802,24 +802,27 @@ class Tests:
         In fp32 the next step's updates copy the snapshot's units; in bf16 they write their
         results into the snapshot's buffers and hand theirs over, no copy: both checked."""
         steps, every = 12, 4
-        ref = self.background_pair("fp32", steps, every)
-        self.background_pair("bf16", steps, every)
+        ref = self.background_pair("fp32", "save.snapshot", steps, every)
+        self.background_pair("bf16", "save.writer", steps, every)
+        self.background_pair("fp32", "save.writer", steps, every)
         self.background_stop(ref, steps, every)
         for rank in ("", ":1"):
             self.background_failure(ref, steps, every, rank)
 
-    def background_pair(self, precision, steps, every):
+    def background_pair(self, precision, point, steps, every):
+        """The writer of step 4's snapshot sleeps 1 s at `point`: save.snapshot holding its
+        first unit, so that step 5's update of it waits (the writer then copies the rest);
+        save.writer before it claims any, so that step 5's updates take every unit by
+        exchanging buffers and wait for nothing. Either way, or step 4's file holds step
+        5's states."""
         files = [f"step-{s:08d}.h5" for s in range(every, steps + 1, every)]
-        tag = "" if precision == "fp32" else f"-{precision}"
+        holds = point == "save.snapshot"
+        tag = "" if (precision, holds) == ("fp32", True) else f"-{precision}-{point.split('.')[1]}"
+        label = f"{precision}, {'the writer holding a unit' if holds else 'every unit exchanged'}"
         dirs = {}
         for mode in ("sync", "background"):
             dirs[mode] = self.path(f"ck-{mode}{tag}")
             shutil.rmtree(dirs[mode], ignore_errors=True)
-            # The writer of step 4's snapshot sleeps: in fp32 holding its first unit, so that
-            # step 5's updates copy the others and wait for that one; in bf16 before it claims
-            # any, so that step 5's updates take every unit by exchanging buffers. Either
-            # way, or step 4's file holds step 5's states.
-            point = "save.snapshot" if precision == "fp32" else "save.writer"
             job, rc = self.run(f"bg-{mode}{tag}", 2, "zero3", 1, 1, steps=steps, ckdir=dirs[mode], every=every,
                                extra=["--checkpoint-mode", mode, "--precision", precision],
                                fault=f"{point}@{every},SLEEP=1" if mode == "background" else None)
@@ -827,11 +830,11 @@ class Tests:
                 raise Failure(f"background test: the {mode} run ({precision}) exited {rc}: {job.stderr()[-1500:]}")
         ref = by_step(read_metrics(self.path(f"bg-sync{tag}.jsonl")))
         recs = read_metrics(self.path(f"bg-background{tag}.jsonl"))
-        self.background_files(dirs, files, recs, ref, precision)
-        self.background_stall(recs, ref, every, precision)
+        self.background_files(dirs, files, recs, ref, label)
+        self.background_stall(recs, ref, every, label, holds)
         return ref
 
-    def background_files(self, dirs, files, recs, ref, precision):
+    def background_files(self, dirs, files, recs, ref, label):
         problems = [f"{f}: {t}" for f in files for ok, t in [self.verify(os.path.join(dirs["background"], f))]
                     if not ok]
         for f in files:
@@ -844,27 +847,27 @@ class Tests:
         bad = exact_mismatches(recs, ref)
         if bad:
             problems.append(f"{len(bad)} step records differ, first {bad[0]}")
-        self.report(not problems, f"10 background vs sync saves of the same 2-rank run ({precision}): {len(files)} files "
+        self.report(not problems, f"10 background vs sync saves of the same 2-rank run ({label}): {len(files)} files "
                                   f"verify and are identical by h5diff -r, step records bit-identical"
                                   + (f"; {'; '.join(problems)}" if problems else ""))
 
-    def background_stall(self, recs, ref, every, precision):
+    def background_stall(self, recs, ref, every, label, holds):
         saving = [r for r in recs if "loss" in r and r["step"] % every == 0]
         stalls = [r.get("ckpt_stall_ms") for r in saving]
         writes = [r["ckpt_write_ms"] for r in recs if "ckpt_write_ms" in r]
         sync_stalls = [ref[r["step"]].get("ckpt_stall_ms") for r in saving]
         after = [r.get("ckpt_update_wait_ms") for r in recs if "loss" in r and r["step"] % every == 1
                  and r["step"] > 1]
-        # fp32: the first save's next step waited for the unit its writer held while it
-        # slept (1 s); bf16: it waited for nothing, taking every unit by exchange.
-        first_ok = bool(after) and after[0] is not None and (after[0] > 0 if precision == "fp32" else after[0] < 500)
+        # The first save's next step waited for the unit its writer held while it slept
+        # (1 s), or for nothing, taking every unit by exchange.
+        first_ok = bool(after) and after[0] is not None and (after[0] > 0 if holds else after[0] < 500)
         ok = (None not in stalls and None not in sync_stalls and len(writes) >= len(saving) - 1
               and not any("ckpt_stall_ms" in r for r in recs if "loss" in r and r["step"] % every)
               and None not in after and first_ok)
         fmt = lambda xs: " ".join(f"{x:.1f}" if x is not None else "-" for x in xs)
-        how = "the first while its writer slept holding a unit" if precision == "fp32" else \
+        how = "the first while its writer slept holding a unit" if holds else \
               "the first while its writer slept, every unit exchanged"
-        self.report(ok, f"10 stall reported on each saving step ({precision}): background {fmt(stalls)} ms, sync "
+        self.report(ok, f"10 stall reported on each saving step ({label}): background {fmt(stalls)} ms, sync "
                         f"{fmt(sync_stalls)} ms; the next steps' updates waited {fmt(after)} ms for the "
                         f"snapshot ({how}); background writes {fmt(writes)} ms in later steps")
 
