@@ -203,7 +203,7 @@ TEST(CudaEmuCublasLt, RejectsBadArguments) {
             CUBLAS_STATUS_INVALID_VALUE);
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, c2 = nullptr;
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 4, 3, 4), CUBLAS_STATUS_SUCCESS);   // m 4, k 3
-  ASSERT_EQ(cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, 2, 5, 2), CUBLAS_STATUS_SUCCESS);   // k 2: wrong
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, 3, 4, 3), CUBLAS_STATUS_SUCCESS);   // n 4: C has 5
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, 4, 5, 4), CUBLAS_STATUS_SUCCESS);
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&c2, CUDA_R_16BF, 4, 5, 4), CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulPreference_t pref = nullptr;
