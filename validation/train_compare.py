@@ -225,8 +225,7 @@ class Bf16Linear(torch.autograd.Function):
 
 class RoundBf16(torch.autograd.Function):
     """A bf16 activation buffer of amsp's: the value rounded to bf16, and so is the
-    gradient written into its bf16 gradient buffer (the normed inputs, q and k after
-    RoPE)."""
+    gradient written into its bf16 gradient buffer (the normed inputs)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -235,6 +234,21 @@ class RoundBf16(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dx):
         return round_bf16(dx)
+
+
+class RoundBf16Value(torch.autograd.Function):
+    """A value amsp rounds to bf16 where it is made and uses at once, with no buffer
+    for its gradient: q and k after RoPE, which attention rotates as it reads them and
+    whose gradients it rotates back in fp32 before their one rounding (the q and k
+    projections' output gradients, rounded by Bf16Linear)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return round_bf16(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        return dx
 
 
 # Where amsp's bf16 run keeps a product's output and input gradient in bf16 (the
@@ -246,7 +260,8 @@ BF16_ROUNDING = {"q_proj": (True, False), "k_proj": (True, False), "v_proj": (Tr
 
 def round_like_amsp(model, acc):
     """Puts amsp's bf16 rounding points into transformers' LlamaForCausalLM: every
-    linear layer a Bf16Linear, the norms' outputs and q, k after RoPE bf16 buffers."""
+    linear layer a Bf16Linear, the norms' outputs bf16 buffers, q and k after RoPE
+    rounded values."""
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear):
             assert mod.bias is None
@@ -256,7 +271,7 @@ def round_like_amsp(model, acc):
             mod.forward = (lambda f: lambda x: RoundBf16.apply(f(x)))(mod.forward)
     rope = modeling_llama.apply_rotary_pos_emb
     modeling_llama.apply_rotary_pos_emb = (
-        lambda *args, **kwargs: tuple(RoundBf16.apply(t) for t in rope(*args, **kwargs)))
+        lambda *args, **kwargs: tuple(RoundBf16Value.apply(t) for t in rope(*args, **kwargs)))
     return rope
 
 

@@ -12,7 +12,8 @@
 // deterministic: one kernel computes delta = rowsum(dout * out); one computes
 // dq per query tile, looping over key tiles; one computes dk and dv per
 // (kv head, key tile), looping over the query tiles of every query head of the
-// kv group in head order.
+// kv group in head order. RoPE happens here too (Shape::rope): q and k are
+// rotated as load_rows reads them, dq and dk rotated back as they are stored.
 //
 // Why a self-written kernel and not cuDNN's fused attention. The toolkit here
 // ships cuDNN 9.19 (cudnn_graph.h and the engine libraries; not the C++
@@ -84,6 +85,7 @@ struct Shape {
   float scale;   // 1 / sqrt(D)
   bool bf16;     // q, k, v and dout rounded to bf16 as they are loaded
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
+  Rotary rope;        // q and k rotated as loaded, dq and dk rotated back as stored
 };
 
 // A lane's place in the dot-product phase (see the top of the file).
@@ -105,16 +107,36 @@ AMSP_DEVICE_INLINE float group_sum(float v, int width) {
   return v;
 }
 
+// One activation as the products take it: rounded to bf16 if `bf16` (bf16
+// activations are so already).
+template <typename A>
+AMSP_DEVICE_INLINE float as_read(const A& x, bool bf16) {
+  return bf16 ? round_bf16(load(x)) : load(x);
+}
+
 // Rows [first, first + n) of one head's [T, D] slice (global row stride ld)
-// into fp32 shared memory with row stride sld, rounded to bf16 if `bf16`
-// (bf16 activations are so already); rows at or past T become zeros.
+// into fp32 shared memory with row stride sld, rounded to bf16 if `bf16`;
+// rows at or past T become zeros. With rope tables, row t is rotated by
+// position t from its values as read, and the result rounded again if `bf16`.
 template <typename A>
 AMSP_DEVICE_INLINE void load_rows(float* dst, int sld, const A* src, int64_t ld, int64_t first,
-                                  int n, int64_t T, int D, bool bf16) {
+                                  int n, int64_t T, int D, bool bf16, const Rotary& rope) {
+  const int half = D / 2;
   for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
-    const float x = first + r < T ? load(src[(first + r) * ld + d]) : 0.0f;
-    dst[r * sld + d] = bf16 ? round_bf16(x) : x;
+    float x = 0.0f;
+    if (first + r < T) {
+      const A* row = src + (first + r) * ld;
+      x = as_read(row[d], bf16);
+      if (rope.cos) {
+        const bool low = d < half;
+        const int64_t at = (first + r) * half + (low ? d : d - half);
+        x = rope_element(x, as_read(row[low ? d + half : d - half], bf16), low, rope.cos[at],
+                         rope.sin[at]);
+        if (bf16) x = round_bf16(x);
+      }
+    }
+    dst[r * sld + d] = x;
   }
 }
 
@@ -166,6 +188,33 @@ AMSP_DEVICE_INLINE void store_rows(A* dst, int64_t ld, int64_t first, int64_t T,
     }
 }
 
+// store_rows of a gradient of q or k, rotated back by each row's position
+// first + i when there are rope tables. The pairs (d, d + D/2) of a row live
+// in different lanes for most D, so the warp's rows go through `stage`, its
+// own [4][D] rows of a shared tile that nothing else reads any more.
+template <int kPerLane, typename A>
+AMSP_DEVICE_INLINE void store_rows_back(A* dst, int64_t ld, int64_t first, int64_t T, int D,
+                                        const float (&acc)[kOwnPerWarp][kPerLane], float scale,
+                                        const Rotary& rope, float* stage) {
+  if (!rope.cos) return store_rows(dst, ld, first, T, D, acc, scale);
+  const int lane = threadIdx.x % kWarpSize, half = D / 2;
+  __syncwarp();  // every lane is done reading the stage's rows
+  for (int i = 0; i < kOwnPerWarp; ++i)
+    for (int j = 0; j < kPerLane; ++j) {
+      const int d = lane + kWarpSize * j;
+      if (d < D) stage[i * D + d] = scale * acc[i][j];
+    }
+  __syncwarp();
+  for (int i = 0; i < kOwnPerWarp && first + i < T; ++i)
+    for (int d = lane; d < half; d += kWarpSize) {
+      float a = stage[i * D + d], b = stage[i * D + d + half];
+      const int64_t at = (first + i) * half + d;
+      rope_rotate(a, b, rope.cos[at], -rope.sin[at]);
+      store(dst + (first + i) * ld + d, a);
+      store(dst + (first + i) * ld + d + half, b);
+    }
+}
+
 // Where one head's rows start: q and out have H heads per row, k and v KV.
 struct Heads {
   int64_t b, h, kvh;
@@ -202,8 +251,8 @@ template <typename A>
 AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const A* k, const A* v,
                                       const Heads& hd, int64_t k0, const Shape& sh) {
   __syncthreads();
-  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
-  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
+  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16, sh.rope);
+  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16, Rotary{});
   __syncthreads();
 }
 
@@ -223,7 +272,7 @@ __global__ void attention_forward_kernel(const Act<V>* q, const Act<V>* k, const
   float* p_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;  // this warp's rows
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
-  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16, sh.rope);
 
   float m[kOwnPerWarp], l[kOwnPerWarp], acc[kOwnPerWarp][kPerLane] = {};
   for (int i = 0; i < kOwnPerWarp; ++i) m[i] = -INFINITY, l[i] = 0.0f;
@@ -292,8 +341,8 @@ __global__ void attention_dq_kernel(const Act<V>* q, const Act<V>* k, const Act<
   float* ds_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
-  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
-  load_rows(do_s, D, dout + hd.o_off, hd.ldo, q0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16, sh.rope);
+  load_rows(do_s, D, dout + hd.o_off, hd.ldo, q0, kOwnTile, sh.T, D, sh.bf16, Rotary{});
   float row_lse[kOwnPerWarp], row_delta[kOwnPerWarp];
   for (int i = 0; i < kOwnPerWarp; ++i) {
     const int64_t at = (hd.b * sh.H + hd.h) * sh.T + row0 + i;
@@ -317,7 +366,8 @@ __global__ void attention_dq_kernel(const Act<V>* q, const Act<V>* k, const Act<
     __syncwarp();
     accumulate(acc, ds_s, S, k_s, ld_kv, D);
   }
-  store_rows(dq + hd.q_off, hd.ldq, row0, sh.T, D, acc, sh.scale);
+  store_rows_back(dq + hd.q_off, hd.ldq, row0, sh.T, D, acc, sh.scale, sh.rope,
+                  q_s + warp * kOwnPerWarp * D);
 }
 
 // dv = sum over queries of p * dout, dk = scale * sum of p * (dp - delta) * q,
@@ -346,8 +396,8 @@ __global__ void attention_dkv_kernel(const Act<V>* q, const Act<V>* k, const Act
   const int64_t key0 = k0 + warp * kOwnPerWarp;
   const Lanes lanes = lanes_of(S);
   const Heads kv_hd = heads_of(b, kvh * sh.group, sh);
-  load_rows(k_s, D, k + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16);
-  load_rows(v_s, D, v + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(k_s, D, k + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16, sh.rope);
+  load_rows(v_s, D, v + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16, Rotary{});
 
   float dk_acc[kOwnPerWarp][kPerLane] = {}, dv_acc[kOwnPerWarp][kPerLane] = {};
   for (int64_t h = kvh * sh.group; h < (kvh + 1) * sh.group; ++h) {
@@ -356,8 +406,8 @@ __global__ void attention_dkv_kernel(const Act<V>* q, const Act<V>* k, const Act
     const float* head_delta = delta + (b * sh.H + h) * sh.T;
     for (int64_t r0 = k0 / S * S; r0 < sh.T; r0 += S) {  // causal: rows at or below the keys
       __syncthreads();
-      load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16);
-      load_rows(do_s, ld_q, dout + hd.o_off, hd.ldo, r0, S, sh.T, D, sh.bf16);
+      load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16, sh.rope);
+      load_rows(do_s, ld_q, dout + hd.o_off, hd.ldo, r0, S, sh.T, D, sh.bf16, Rotary{});
       for (int i = threadIdx.x; i < S; i += blockDim.x) {
         lse_s[i] = r0 + i < sh.T ? head_lse[r0 + i] : 0.0f;
         delta_s[i] = r0 + i < sh.T ? head_delta[r0 + i] : 0.0f;
@@ -380,7 +430,8 @@ __global__ void attention_dkv_kernel(const Act<V>* q, const Act<V>* k, const Act
     }
   }
   store_rows(dv + kv_hd.kv_off, kv_hd.ldk, key0, sh.T, D, dv_acc, 1.0f);
-  store_rows(dk + kv_hd.kv_off, kv_hd.ldk, key0, sh.T, D, dk_acc, sh.scale);
+  store_rows_back(dk + kv_hd.kv_off, kv_hd.ldk, key0, sh.T, D, dk_acc, sh.scale, sh.rope,
+                  k_s + warp * kOwnPerWarp * D);
 }
 
 // The streamed tile size S and the shared bytes of a kernel whose block holds
@@ -424,7 +475,7 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t l
   require_shape(what, D >= 1 && D <= kMaxD, "1 <= D <= 256", kOwnTile, T, H, KV, D, ldq, ldkv);
   const int d = static_cast<int>(D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale, false, ldq, ldkv};
+  return Shape{B, T, H, KV, d, static_cast<int>(H / KV), 0, scale, false, ldq, ldkv, Rotary{}};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kOwnTile - 1) / kOwnTile); }
@@ -449,7 +500,7 @@ void require_shape(const char* what, bool d_ok, const char* d_expected, int64_t 
 template <typename A>
 void attention_delta(const A* out, const A* dout, float* delta, int64_t B, int64_t T, int64_t H,
                      int64_t D, bool round_dout, cudaStream_t s) {
-  const Shape sh{B, T, H, 1, static_cast<int>(D), 1, 0, 0.0f, round_dout, H * D, D};
+  const Shape sh{B, T, H, 1, static_cast<int>(D), 1, 0, 0.0f, round_dout, H * D, D, Rotary{}};
   const unsigned blocks = static_cast<unsigned>((B * T * H + kWarps - 1) / kWarps);
   AMSP_LAUNCH(attention_delta_kernel<A>, blocks, kThreads, 0, s)(out, dout, delta, sh);
 }
@@ -465,12 +516,13 @@ int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV
 namespace {
 
 template <typename A>
-void forward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
-                        A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
-                       cudaStream_t s) {
+void forward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
+                        float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        bool bf16, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_forward");
   sh.bf16 = bf16;
+  sh.rope = rope;
   const Tiles tiles = tiles_for(sh.D, 1, 2, 0, 1);
   sh.streamed = tiles.streamed;
   const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
@@ -483,13 +535,14 @@ void forward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t
 }
 
 template <typename A>
-void backward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+void backward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
                          const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
-                        float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        bool bf16, cudaStream_t s) {
+                         float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                         bool bf16, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_backward");
   sh.bf16 = bf16;
+  sh.rope = rope;
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, bf16, s);
 
@@ -512,43 +565,43 @@ void backward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_
 }  // namespace
 
 template <typename A>
-void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
-                       A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
-                       cudaStream_t s) {
+void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
+                       float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                       bool bf16, cudaStream_t s) {
   if (bf16 && attention_tc_supports(D))
-    attention_forward_tc(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
+    attention_forward_tc(q, k, v, ldq, ldkv, rope, lse, out, B, T, H, KV, D, s);
   else
-    forward_cuda_cores(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, bf16, s);
+    forward_cuda_cores(q, k, v, ldq, ldkv, rope, lse, out, B, T, H, KV, D, bf16, s);
 }
 
 template <typename A>
-void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
                         const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
                         float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                         bool bf16, cudaStream_t s) {
   if (bf16 && attention_tc_supports(D))
-    attention_backward_tc(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV,
-                          D, s);
+    attention_backward_tc(q, k, v, ldq, ldkv, rope, lse, out, dout, dq, dk, dv, workspace, B, T, H,
+                          KV, D, s);
   else
-    backward_cuda_cores(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV, D,
-                        bf16, s);
+    backward_cuda_cores(q, k, v, ldq, ldkv, rope, lse, out, dout, dq, dk, dv, workspace, B, T, H,
+                        KV, D, bf16, s);
 }
 
 template void attention_delta(const float*, const float*, float*, int64_t, int64_t, int64_t,
                               int64_t, bool, cudaStream_t);
 template void attention_delta(const bf16*, const bf16*, float*, int64_t, int64_t, int64_t, int64_t,
                               bool, cudaStream_t);
-template void attention_forward(const float*, const float*, const float*, int64_t, int64_t, float*,
-                                float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+template void attention_forward(const float*, const float*, const float*, int64_t, int64_t, Rotary,
+                                float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                 cudaStream_t);
-template void attention_forward(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*,
-                                bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+template void attention_forward(const bf16*, const bf16*, const bf16*, int64_t, int64_t, Rotary,
+                                float*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                 cudaStream_t);
-template void attention_backward(const float*, const float*, const float*, int64_t, int64_t,
+template void attention_backward(const float*, const float*, const float*, int64_t, int64_t, Rotary,
                                  const float*, const float*, const float*, float*, float*, float*,
                                  float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                  cudaStream_t);
-template void attention_backward(const bf16*, const bf16*, const bf16*, int64_t, int64_t,
+template void attention_backward(const bf16*, const bf16*, const bf16*, int64_t, int64_t, Rotary,
                                  const float*, const bf16*, const bf16*, bf16*, bf16*, bf16*,
                                  float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                  cudaStream_t);

@@ -23,6 +23,10 @@
 //     maximum, sum, rescaling and lse stay fp32 in registers. Forward sums the
 //     rounded probabilities, so that each output row is a convex combination
 //     of the value rows with the weights the product used.
+// With rope tables, q and k are rotated as they are staged or loaded (each
+// value from the pair of columns d and d + D/2), and dq and dk rotated back in
+// the accumulators before they are stored (with grouped-query heads, after the
+// heads' shares are summed), so that RoPE costs no pass of its own.
 // The score tile of a warp goes from the product's accumulators straight into
 // the next product's left operand (mma.h: two C tiles are one A fragment), so
 // P never touches shared memory.
@@ -75,6 +79,7 @@ struct Shape {
   int group;          // H / KV
   float scale;        // 1 / sqrt(D)
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
+  Rotary rope;        // q and k rotated as loaded, dq and dk rotated back as stored
 };
 
 // Two adjacent activations as one word of bf16 values, p[0] in the low half:
@@ -92,31 +97,77 @@ AMSP_DEVICE_INLINE void store_pair(uint16_t* p, float lo, float hi) {
   store_word(p, pack_bf16(lo, hi));
 }
 
+// Two adjacent activations as fp32 values of bf16s (as bf16_pair packs them).
+AMSP_DEVICE_INLINE void read_pair(const float* p, float (&x)[2]) {
+  x[0] = round_bf16(p[0]);
+  x[1] = round_bf16(p[1]);
+}
+AMSP_DEVICE_INLINE void read_pair(const uint16_t* p, float (&x)[2]) {
+  const uint32_t w = load_word(p);
+  x[0] = bits_to_float(w << 16);
+  x[1] = bits_to_float(w & 0xffff0000u);
+}
+
+// The pair at column c of row `row` (its pointer p, in a [T, kD] slice)
+// rotated by the row's position: each value with its partner half a row away
+// (rope_element), the results rounded to bf16 as a word.
+template <int kD, typename A>
+AMSP_DEVICE_INLINE uint32_t rotated_pair(const A* p, int c, int64_t row, const Rotary& rope) {
+  constexpr int kHalf = kD / 2;
+  const bool low = c < kHalf;
+  float x[2], y[2];
+  read_pair(p, x);
+  read_pair(low ? p + kHalf : p - kHalf, y);
+  const int64_t at = row * kHalf + (low ? c : c - kHalf);
+  return pack_bf16(rope_element(x[0], y[0], low, rope.cos[at], rope.sin[at]),
+                   rope_element(x[1], y[1], low, rope.cos[at + 1], rope.sin[at + 1]));
+}
+
 // Rows [first, first + n) of one head's [T, kD] slice (row stride ld) into
-// bf16 shared memory with row stride kD + kPad; rows at or past T are 0.
+// bf16 shared memory with row stride kD + kPad; rows at or past T are 0. With
+// rope tables each row is rotated by its position, a thread taking the pairs
+// at columns c and c + kD/2 together (each value read once).
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const A* src, int64_t ld, int64_t first, int n,
-                                   int64_t T) {
-  constexpr int kPairs = kD / 2;
-  for (int i = threadIdx.x; i < n * kPairs; i += blockDim.x) {
-    const int r = i / kPairs, c = 2 * (i % kPairs);
-    const A* p = src + (first + r) * ld + c;
-    const uint32_t w = first + r < T ? bf16_pair(p) : 0u;
-    store_word(dst + r * (kD + kPad) + c, w);
+                                   int64_t T, const Rotary& rope) {
+  constexpr int kPairs = kD / 2, kHalf = kD / 2;
+  const int per_row = rope.cos ? kPairs / 2 : kPairs;
+  for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+    const int r = i / per_row, c = 2 * (i % per_row);
+    const int64_t row = first + r;
+    const A* p = src + row * ld + c;
+    uint16_t* d = dst + r * (kD + kPad) + c;
+    if (!rope.cos) {
+      store_word(d, row < T ? bf16_pair(p) : 0u);
+      continue;
+    }
+    float a[2] = {0.0f, 0.0f}, b[2] = {0.0f, 0.0f};
+    if (row < T) {
+      read_pair(p, a);
+      read_pair(p + kHalf, b);
+      for (int j = 0; j < 2; ++j) {
+        const int64_t at = row * kHalf + c + j;
+        rope_rotate(a[j], b[j], rope.cos[at], rope.sin[at]);
+      }
+    }
+    store_word(d, pack_bf16(a[0], a[1]));
+    store_word(d + kHalf, pack_bf16(b[0], b[1]));
   }
 }
 
 // The A fragments of 16 rows from row0 of a [T, kD] slice in global memory,
-// one per 16 columns, in bf16; rows at or past T are 0.
+// one per 16 columns, in bf16 (rotated by each row's position with rope
+// tables); rows at or past T are 0.
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const A* src, int64_t ld,
-                                    int64_t row0, int64_t T) {
+                                    int64_t row0, int64_t T, const Rotary& rope) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   for (int c = 0; c < kD / 16; ++c)
     for (int r = 0; r < 4; ++r) {
       const int64_t row = row0 + g + 8 * (r % 2);
-      const A* p = src + row * ld + 16 * c + 8 * (r / 2) + 2 * t;
-      a[c][r] = row < T ? bf16_pair(p) : 0u;
+      const int col = 16 * c + 8 * (r / 2) + 2 * t;
+      const A* p = src + row * ld + col;
+      a[c][r] = row >= T ? 0u : rope.cos ? rotated_pair<kD>(p, col, row, rope) : bf16_pair(p);
     }
 }
 
@@ -127,6 +178,24 @@ AMSP_DEVICE_INLINE int64_t c_row(int64_t row0, int i) {
 }
 AMSP_DEVICE_INLINE int64_t c_col(int64_t col0, int i) {
   return col0 + 2 * (threadIdx.x % 4) + i % 2;
+}
+
+// A gradient's accumulators for 16 rows from row0 (kD columns) scaled, then
+// with rope tables rotated back by each row's position: columns d and
+// d + kD/2 are the same lane's elements of tiles n and n + kD/16.
+template <int kD>
+AMSP_DEVICE_INLINE void finish_gradient(float (&acc)[kD / 8][4], int64_t row0, int64_t T,
+                                        float scale, const Rotary& rope) {
+  for (int n = 0; n < kD / 8; ++n)
+    for (int i = 0; i < 4; ++i) acc[n][i] *= scale;
+  if (!rope.cos) return;
+  for (int n = 0; n < kD / 16; ++n)
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = c_row(row0, i);
+      if (row >= T) continue;
+      const int64_t at = row * (kD / 2) + c_col(8 * n, i);
+      rope_rotate(acc[n][i], acc[n + kD / 16][i], rope.cos[at], -rope.sin[at]);
+    }
 }
 
 // Sum and maximum over the four lanes (t = 0..3) that hold one row.
@@ -200,11 +269,11 @@ AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
 // Keys [k0, k0 + kKeys) of the head into the shared tiles, once every warp is
 // done with the previous ones.
 template <int kD, typename A>
-AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A* v,
-                                   const Head& hd, int64_t k0, int64_t T) {
+AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A* v, const Head& hd,
+                                   int64_t k0, int64_t T, const Rotary& rope) {
   __syncthreads();  // every warp is done with the previous tiles
-  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T);
-  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T);
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T, rope);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T, Rotary{});
   __syncthreads();
 }
 
@@ -247,11 +316,11 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ KeyValueTiles<kD> tiles;
   const auto [hd, row0, q_last] = query_rows(kD, sh);
   uint32_t qa[kD / 16][4];
-  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
+  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
 
   float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    stage_keys<kD>(tiles, k, v, hd, k0, sh.T);
+    stage_keys<kD>(tiles, k, v, hd, k0, sh.T, sh.rope);
     if (k0 > row0 + kRows - 1) continue;  // causal: none of these keys for this warp
     float s[kKeys / 8][4] = {}, rescale[2];
     for (int n = 0; n < kKeys / 8; ++n) mma_dots<kD>(s[n], qa, tiles.k + 8 * n * kLd);
@@ -292,8 +361,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ KeyValueTiles<kD> tiles;
   const auto [hd, row0, q_last] = query_rows(kD, sh);
   uint32_t qa[kD / 16][4], da[kD / 16][4];
-  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
-  load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T);
+  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
+  load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T, Rotary{});
   float row_lse[2], row_delta[2];
   for (int j = 0; j < 2; ++j) {
     const int64_t row = c_row(row0, 2 * j);
@@ -303,7 +372,7 @@ __global__ void __launch_bounds__(kThreads)
 
   float acc[kD / 8][4] = {};
   for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    stage_keys<kD>(tiles, k, v, hd, k0, sh.T);
+    stage_keys<kD>(tiles, k, v, hd, k0, sh.T, sh.rope);
     for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
       float s[2][4] = {}, dp[2][4] = {};
       for (int half = 0; half < 2; ++half) {
@@ -322,12 +391,13 @@ __global__ void __launch_bounds__(kThreads)
       mma_rows<kD>(acc, dsa, tiles.k + 16 * c * kLd);
     }
   }
+  finish_gradient<kD>(acc, row0, sh.T, sh.scale, sh.rope);
   for (int n = 0; n < kD / 8; ++n)
     for (int j = 0; j < 2; ++j) {
       const int64_t row = c_row(row0, 2 * j);
       if (row < sh.T)
-        store_pair(dq + hd.q_off + row * hd.ldq + c_col(8 * n, 2 * j), sh.scale * acc[n][2 * j],
-                   sh.scale * acc[n][2 * j + 1]);
+        store_pair(dq + hd.q_off + row * hd.ldq + c_col(8 * n, 2 * j), acc[n][2 * j],
+                   acc[n][2 * j + 1]);
     }
 }
 
@@ -346,10 +416,10 @@ struct alignas(16) DkvTiles {
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void stage_queries(DkvTiles<kD>& tiles, const A* q, const A* dout,
                                       const float* lse, const float* delta, const Head& hd,
-                                      int64_t r0, int64_t T) {
+                                      int64_t r0, int64_t T, const Rotary& rope) {
   __syncthreads();
-  stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries<kD>, T);
-  stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries<kD>, T);
+  stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries<kD>, T, rope);
+  stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries<kD>, T, Rotary{});
   for (int i = threadIdx.x; i < kQueries<kD>; i += blockDim.x) {
     tiles.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
     tiles.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
@@ -412,12 +482,12 @@ struct DkvOut {
 // shares or into dk and dv.
 template <typename A>
 AMSP_DEVICE_INLINE void store_dkv(const DkvOut<A>& o, int64_t at, const float (&dk)[4],
-                                  const float (&dv)[4], int j, float scale) {
+                                  const float (&dv)[4], int j) {
   if (o.dk_shares) {
-    store_pair(o.dk_shares + at, scale * dk[2 * j], scale * dk[2 * j + 1]);
+    store_pair(o.dk_shares + at, dk[2 * j], dk[2 * j + 1]);
     store_pair(o.dv_shares + at, dv[2 * j], dv[2 * j + 1]);
   } else {
-    store_pair(o.dk + at, scale * dk[2 * j], scale * dk[2 * j + 1]);
+    store_pair(o.dk + at, dk[2 * j], dk[2 * j + 1]);
     store_pair(o.dv + at, dv[2 * j], dv[2 * j + 1]);
   }
 }
@@ -439,40 +509,56 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
   const Head hd = head_of(b, h, kD, sh);
-  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T);
-  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T);
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T, sh.rope);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T, Rotary{});
 
   float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
   for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries<kD>) {  // causal: rows at or below the keys
-    stage_queries<kD>(tiles, q, dout, lse, delta, hd, r0, sh.T);
+    stage_queries<kD>(tiles, q, dout, lse, delta, hd, r0, sh.T, sh.rope);
     for (int at0 = 0; at0 < kQueries<kD>; at0 += 16)
       if (r0 + at0 + 15 >= key0)  // else every row is above this warp's keys
         dkv_tile<kD>(dk_acc, dv_acc, tiles, at0, key0, r0 + at0, sh);
   }
+  // A share is rotated back after the shares are summed.
+  finish_gradient<kD>(dk_acc, key0, sh.T, sh.scale, o.dk_shares ? Rotary{} : sh.rope);
   const int64_t base = (h % sh.group) * o.per_share + b * sh.T * o.ld + kvh * kD;
   for (int n = 0; n < kD / 8; ++n)
     for (int j = 0; j < 2; ++j) {
       const int64_t key = c_row(key0, 2 * j);
-      if (key < sh.T) store_dkv(o, base + key * o.ld + c_col(8 * n, 2 * j), dk_acc[n], dv_acc[n], j, sh.scale);
+      if (key < sh.T)
+        store_dkv(o, base + key * o.ld + c_col(8 * n, 2 * j), dk_acc[n], dv_acc[n], j);
     }
 }
 
-// dk and dv (row stride ldkv) = the sum of the group's shares in head order.
+// dk and dv (row stride ldkv) = the sum of the group's shares in head order,
+// dk then rotated back by each row's position with rope tables. The shares
+// are [B*T, KV*D]; a thread takes the pair of columns d and d + D/2 of one
+// kv head of one row.
 template <typename A>
 __global__ void attention_dkv_sum_kernel(const float* dk_shares, const float* dv_shares, A* dk,
                                          A* dv, int64_t rows, int64_t width, int64_t ldkv,
-                                         int group) {
-  const int64_t n = rows * width;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+                                         int group, int64_t T, int D, Rotary rope) {
+  const int64_t n = rows * width, half = D / 2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n / 2;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sk = 0.0f, sv = 0.0f;
+    const int64_t row = i / (width / 2), col = (i % (width / 2)) / half * D + i % half;
+    const int64_t lo = row * width + col, hi = lo + half;
+    float k[2] = {0.0f, 0.0f}, v[2] = {0.0f, 0.0f};
     for (int g = 0; g < group; ++g) {
-      sk += dk_shares[g * n + i];
-      sv += dv_shares[g * n + i];
+      k[0] += dk_shares[g * n + lo];
+      k[1] += dk_shares[g * n + hi];
+      v[0] += dv_shares[g * n + lo];
+      v[1] += dv_shares[g * n + hi];
     }
-    const int64_t at = (i / width) * ldkv + i % width;
-    store(dk + at, sk);
-    store(dv + at, sv);
+    if (rope.cos) {
+      const int64_t at = row % T * half + i % half;
+      rope_rotate(k[0], k[1], rope.cos[at], -rope.sin[at]);
+    }
+    const int64_t at = row * ldkv + col;
+    store(dk + at, k[0]);
+    store(dk + at + half, k[1]);
+    store(dv + at, v[0]);
+    store(dv + at + half, v[1]);
   }
 }
 
@@ -498,7 +584,7 @@ void with_head_dim(int64_t D, Launch launch) {
 // must keep every pair 4-byte aligned.
 template <typename A>
 Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t ldq, int64_t ldkv,
-               std::initializer_list<const A*> pointers, const char* what) {
+               Rotary rope, std::initializer_list<const A*> pointers, const char* what) {
   require_shape(what, attention_tc_supports(D), "D a multiple of 16 up to 128", kTile, T, H, KV, D,
                 ldq, ldkv);
   if (std::is_same_v<A, bf16>) {
@@ -511,8 +597,9 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t l
       std::abort();
     }
   }
-  return Shape{B, T, H, KV, static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
-               ldq, ldkv};
+  return Shape{
+      B,   T,    H,   KV, static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
+      ldq, ldkv, rope};
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
@@ -530,10 +617,11 @@ namespace {
 
 template <typename A>
 void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                          float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                          int64_t D, cudaStream_t s) {
+                          Rotary rope, float* lse, A* out, int64_t B, int64_t T, int64_t H,
+                          int64_t KV, int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, {q, k, v, out}, "attention_forward_tc");
+  const Shape sh =
+      shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out}, "attention_forward_tc");
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     using V = Sized<decltype(d)::value, A>;
@@ -545,11 +633,11 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
 
 template <typename A>
 void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                           const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
-                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           Rotary rope, const float* lse, const A* out, const A* dout, A* dq, A* dk,
+                           A* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
                            int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, {q, k, v, out, dout, dq, dk, dv},
+  const Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out, dout, dq, dk, dv},
                                "attention_backward_tc");
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, true, s);
@@ -569,9 +657,9 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
                                                                         o, sh);
   });
   if (H != KV) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(1024, (share + 255) / 256));
-    AMSP_LAUNCH(attention_dkv_sum_kernel<A>, blocks, 256, 0, s)(o.dk_shares, o.dv_shares, dk, dv,
-                                                                B * T, KV * D, ldkv, sh.group);
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(1024, (share / 2 + 255) / 256));
+    AMSP_LAUNCH(attention_dkv_sum_kernel<A>, blocks, 256, 0, s)
+    (o.dk_shares, o.dv_shares, dk, dv, B * T, KV * D, ldkv, sh.group, T, static_cast<int>(D), rope);
   }
 }
 
@@ -579,31 +667,31 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
 
 template <typename A>
 void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                          float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                          int64_t D, cudaStream_t s) {
-  forward_tensor_cores(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
+                          Rotary rope, float* lse, A* out, int64_t B, int64_t T, int64_t H,
+                          int64_t KV, int64_t D, cudaStream_t s) {
+  forward_tensor_cores(q, k, v, ldq, ldkv, rope, lse, out, B, T, H, KV, D, s);
 }
 
 template <typename A>
 void attention_backward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                           const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
-                           float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           Rotary rope, const float* lse, const A* out, const A* dout, A* dq, A* dk,
+                           A* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
                            int64_t D, cudaStream_t s) {
-  backward_tensor_cores(q, k, v, ldq, ldkv, lse, out, dout, dq, dk, dv, workspace, B, T, H, KV, D,
-                        s);
+  backward_tensor_cores(q, k, v, ldq, ldkv, rope, lse, out, dout, dq, dk, dv, workspace, B, T, H,
+                        KV, D, s);
 }
 
 template void attention_forward_tc(const float*, const float*, const float*, int64_t, int64_t,
-                                   float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                   cudaStream_t);
-template void attention_forward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*,
-                                   bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                   Rotary, float*, float*, int64_t, int64_t, int64_t, int64_t,
+                                   int64_t, cudaStream_t);
+template void attention_forward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t, Rotary,
+                                   float*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
                                    cudaStream_t);
 template void attention_backward_tc(const float*, const float*, const float*, int64_t, int64_t,
-                                    const float*, const float*, const float*, float*, float*,
-                                    float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                    cudaStream_t);
-template void attention_backward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t,
+                                    Rotary, const float*, const float*, const float*, float*,
+                                    float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
+                                    int64_t, cudaStream_t);
+template void attention_backward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t, Rotary,
                                     const float*, const bf16*, const bf16*, bf16*, bf16*, bf16*,
                                     float*, int64_t, int64_t, int64_t, int64_t, int64_t,
                                     cudaStream_t);

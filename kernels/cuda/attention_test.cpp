@@ -142,8 +142,8 @@ std::vector<float> widened(const A* x, int64_t n) {
 
 template <typename A = float>
 Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
-                    const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
-                    bool bf16) {
+                  const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
+                  bool bf16, Rotary rope = {}) {
   const int64_t N = s.B * s.T, lq = s.H * s.D, lk = s.KV * s.D, ld = lq + 2 * lk;
   std::vector<float> qkv32(N * ld);
   for (int64_t r = 0; r < N; ++r) {
@@ -157,10 +157,11 @@ Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
   auto work = nans(attention_backward_workspace(s.B, s.T, s.H, s.KV, s.D, bf16));
   const A* in = qkv.data();
   A* g = dqkv.data();
-  attention_forward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), out.data(), s.B, s.T, s.H,
-                    s.KV, s.D, bf16, nullptr);
-  attention_backward(in, in + lq, in + lq + lk, ld, ld, d.lse.data(), out.data(), dout_a.data(), g,
-                     g + lq, g + lq + lk, work.data(), s.B, s.T, s.H, s.KV, s.D, bf16, nullptr);
+  attention_forward(in, in + lq, in + lq + lk, ld, ld, rope, d.lse.data(), out.data(), s.B, s.T,
+                    s.H, s.KV, s.D, bf16, nullptr);
+  attention_backward(in, in + lq, in + lq + lk, ld, ld, rope, d.lse.data(), out.data(),
+                     dout_a.data(), g, g + lq, g + lq + lk, work.data(), s.B, s.T, s.H, s.KV, s.D,
+                     bf16, nullptr);
   d.out = widened(out.data(), N * lq);
   for (int64_t r = 0; r < N; ++r) {
     for (auto [dst, at, n] : {std::tuple{&d.dq, int64_t{0}, lq}, {&d.dk, lq, lk}, {&d.dv, lq + lk, lk}}) {
@@ -171,19 +172,49 @@ Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
   return d;
 }
 
+// RoPE tables for the shape's T positions and head dim.
+struct Tables {
+  std::vector<float> cos, sin;
+  Rotary rotary() const { return Rotary{cos.data(), sin.data()}; }
+};
+
+Tables tables_for(const Shape& s) {
+  Tables t{std::vector<float>(s.T * s.D / 2), std::vector<float>(s.T * s.D / 2)};
+  amsp::kernels::rope_table(t.cos.data(), t.sin.data(), s.T, s.D, 10000.0);
+  return t;
+}
+
+// The separate pass (kernels/cpu/rope.cpp) over q or k rows [B*T, heads*D]:
+// rotated (forward) or rotated back (backward), in fp32.
+std::vector<float> rope_pass(std::vector<float> x, const Tables& t, const Shape& s, int64_t heads,
+                             bool backward) {
+  if (backward)
+    amsp::kernels::rope_backward(x.data(), t.cos.data(), t.sin.data(), s.B, s.T, heads, s.D,
+                                 heads * s.D);
+  else
+    amsp::kernels::rope_forward(x.data(), t.cos.data(), t.sin.data(), s.B, s.T, heads, s.D,
+                                heads * s.D);
+  return x;
+}
+
 // The CPU reference (kernels/cpu/attention.cpp) on q, k, v and dout in buffers
-// of their own; lse from lse_ref, since the reference keeps probabilities.
+// of their own, rotating q and k as it reads them with tables; lse from
+// lse_ref, since the reference keeps probabilities.
 Outputs run_cpu(const std::vector<float>& q, const std::vector<float>& k,
-                const std::vector<float>& v, const std::vector<float>& dout, const Shape& s) {
+                const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
+                const Tables* rope = nullptr) {
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
   std::vector<float> probs(s.B * s.H * s.T * s.T);
-  const std::vector<double> lse = lse_ref(q, k, s);
+  const std::vector<double> lse =
+      rope ? lse_ref(rope_pass(q, *rope, s, s.H, false), rope_pass(k, *rope, s, s.KV, false), s)
+           : lse_ref(q, k, s);
+  const Rotary rotary = rope ? rope->rotary() : Rotary{};
   Outputs r{std::vector<float>(lse.begin(), lse.end()), std::vector<float>(nq),
             std::vector<float>(nq), std::vector<float>(nk), std::vector<float>(nk)};
-  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), s.H * s.D, s.KV * s.D,
-                                   probs.data(), r.out.data(), s.B, s.T, s.H, s.KV, s.D);
-  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), s.H * s.D, s.KV * s.D,
-                                    probs.data(), dout.data(), r.dq.data(), r.dk.data(),
+  amsp::kernels::attention_forward(q.data(), k.data(), v.data(), s.H * s.D, s.KV * s.D, rotary,
+                                   false, probs.data(), r.out.data(), s.B, s.T, s.H, s.KV, s.D);
+  amsp::kernels::attention_backward(q.data(), k.data(), v.data(), s.H * s.D, s.KV * s.D, rotary,
+                                    false, probs.data(), dout.data(), r.dq.data(), r.dk.data(),
                                     r.dv.data(), s.B, s.T, s.H, s.KV, s.D);
   return r;
 }
@@ -255,9 +286,9 @@ TEST_P(CudaAttentionHeadDims, OneTokenEveryD) {
     auto lse = nans(2), out = nans(2 * D), dq = nans(2 * D), dk = nans(D), dv = nans(D),
          work = nans(2);
     // q, k and v in buffers of their own here (row strides H D and KV D).
-    attention_forward(q.data(), k.data(), v.data(), 2 * D, D, lse.data(), out.data(), s.B, s.T,
+    attention_forward(q.data(), k.data(), v.data(), 2 * D, D, {}, lse.data(), out.data(), s.B, s.T,
                       s.H, s.KV, s.D, false, nullptr);
-    attention_backward(q.data(), k.data(), v.data(), 2 * D, D, lse.data(), out.data(),
+    attention_backward(q.data(), k.data(), v.data(), 2 * D, D, {}, lse.data(), out.data(),
                        dout.data(), dq.data(), dk.data(), dv.data(), work.data(), s.B, s.T, s.H,
                        s.KV, s.D, false, nullptr);
     const auto want_lse = lse_ref(q, k, s);
@@ -343,6 +374,50 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                                             ::testing::Values(Order::kForward, Order::kReverse)),
                          case_name);
 
+// With rope tables the kernels rotate q and k as they read them and dq and dk
+// back as they write them: on fp32 activations that is the separate pass
+// before and after, to the bit (the same rotation of the same values, in
+// fp32: rope_rotate leaves the compiler no multiply-add to choose); and it is
+// what the CPU reference rotating as it reads gives, within the bound above.
+class CudaAttentionRope : public CudaAttention {};
+
+TEST_P(CudaAttentionRope, RotatesAsItReads) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
+             dout = randn(nq, 4, 1.0f);
+  const Tables t = tables_for(s);
+  const Outputs fused = run_fused(q, k, v, dout, s, false, t.rotary());
+  Outputs apart =
+      run_fused(rope_pass(q, t, s, s.H, false), rope_pass(k, t, s, s.KV, false), v, dout, s, false);
+  apart.dq = rope_pass(apart.dq, t, s, s.H, true);
+  apart.dk = rope_pass(apart.dk, t, s, s.KV, true);
+  EXPECT_EQ(fused.lse, apart.lse);
+  EXPECT_EQ(fused.out, apart.out);
+  EXPECT_EQ(fused.dq, apart.dq);
+  EXPECT_EQ(fused.dk, apart.dk);
+  EXPECT_EQ(fused.dv, apart.dv);
+
+  const Outputs want = run_cpu(q, k, v, dout, s, &t);
+  const double bound = kTolerance * std::sqrt(static_cast<double>(s.T * (s.H / s.KV) + s.D));
+  EXPECT_LE(relative_error(fused.out, want.out), bound);
+  EXPECT_LE(relative_error(fused.lse, want.lse), bound);
+  EXPECT_LE(relative_error(fused.dq, want.dq), bound);
+  EXPECT_LE(relative_error(fused.dk, want.dk), bound);
+  EXPECT_LE(relative_error(fused.dv, want.dv), bound);
+}
+
+// Even head dims (RoPE rotates pairs), both paths' tile shapes.
+const Shape kRopeShapes[] = {
+    {3, 1, 8, 2, 64},   {1, 37, 1, 1, 8},  {3, 37, 4, 4, 24},
+    {1, 130, 8, 2, 64}, {2, 50, 4, 2, 96}, {1, 37, 2, 1, 256},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionRope,
+                         ::testing::Combine(::testing::ValuesIn(kRopeShapes),
+                                            ::testing::Values(Order::kForward, Order::kReverse)),
+                         case_name);
+
 // attention with bf16 (attention_bf16.cu's tensor cores) against the same CPU reference run
 // on the inputs rounded to bf16, as the kernels round them when they load
 // them. What remains is the kernels' rounding of the probabilities and of
@@ -416,6 +491,47 @@ const Shape kBf16Shapes[] = {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionBf16,
                          ::testing::Combine(::testing::ValuesIn(kBf16Shapes),
                                             ::testing::Values(Order::kForward, Order::kReverse,
+                                                              Order::kLowestFirst)),
+                         case_name);
+
+// On bf16 activations with bf16 compute (the tensor cores for D a multiple of
+// 16, the fp32 kernels on rounded values for 8 and 24), with rope tables:
+// forward is the separate pass (rotate, store rounded) and then attention, to
+// the bit, and so is dv. dq and dk are rotated back before their one rounding,
+// where the pass rounds them, rotates them back and rounds again: within one
+// bf16 unit (rms) of the pass's, without the second rounding.
+class CudaAttentionBf16Rope : public CudaAttention {};
+
+TEST_P(CudaAttentionBf16Rope, RotatesAsItReads) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  const auto q = rounded(randn(nq, 1, 2.0f)), k = rounded(randn(nk, 2, 1.0f)),
+             v = rounded(randn(nk, 3, 1.0f)), dout = rounded(randn(nq, 4, 1.0f));
+  const Tables t = tables_for(s);
+  const Outputs fused = run_fused<bf16>(q, k, v, dout, s, true, t.rotary());
+  const Outputs apart = run_fused<bf16>(rounded(rope_pass(q, t, s, s.H, false)),
+                                        rounded(rope_pass(k, t, s, s.KV, false)), v, dout, s, true);
+  EXPECT_EQ(fused.lse, apart.lse);
+  EXPECT_EQ(fused.out, apart.out);
+  EXPECT_EQ(fused.dv, apart.dv);
+  const auto dq = rope_pass(apart.dq, t, s, s.H, true), dk = rope_pass(apart.dk, t, s, s.KV, true);
+  std::printf("  rms error against the pass, rotated back unrounded: dq %.2e dk %.2e\n",
+              rms_error(fused.dq, dq), rms_error(fused.dk, dk));
+  EXPECT_LE(rms_error(fused.dq, dq), kBf16Roundoff);
+  EXPECT_LE(rms_error(fused.dk, dk), kBf16Roundoff);
+  const Outputs again = run_fused<bf16>(q, k, v, dout, s, true, t.rotary());
+  EXPECT_EQ(fused.dq, again.dq);
+  EXPECT_EQ(fused.dk, again.dk);
+}
+
+const Shape kBf16RopeShapes[] = {
+    {1, 37, 4, 2, 8},   {2, 50, 2, 2, 24},  {3, 1, 8, 2, 64},   {1, 70, 8, 2, 32},
+    {1, 130, 4, 2, 64}, {2, 50, 2, 1, 128}, {1, 200, 2, 2, 48}, {1, 65, 2, 1, 80},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionBf16Rope,
+                         ::testing::Combine(::testing::ValuesIn(kBf16RopeShapes),
+                                            ::testing::Values(Order::kForward,
                                                               Order::kLowestFirst)),
                          case_name);
 

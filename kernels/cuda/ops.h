@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/math.h"
 #include "kernels/common/quant.h"
 #include "kernels/cuda/api.h"
 
@@ -103,11 +104,10 @@ void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t
 // q: B*T rows of H*D values, row stride ldq; k, v: B*T rows of KV*D values, row
 // stride ldkv (kernels/cpu/ops.h: the model's fused projection has ldq = ldkv =
 // (H + 2 KV) D); out, dout: [B*T, H*D]; dq, dk, dv as q, k, v. Query head h
-// reads kv head h / (H / KV); scale 1/sqrt(D). Tiled with an online softmax: no T x T matrix in memory.
-// Forward keeps lse [B, H, T] (log-sum-exp of each row of scaled scores) for
-// backward. Backward overwrites dq, dk, dv; workspace holds
-// attention_backward_workspace(B, T, H, KV, D, bf16) floats (rowsum(dout *
-// out), and with bf16 and H > KV each query head's share of dk and dv).
+// reads kv head h / (H / KV); scale 1/sqrt(D). Tiled with an online softmax: no T x T matrix in
+// memory. Forward keeps lse [B, H, T] (log-sum-exp of each row of scaled scores) for backward.
+// Backward overwrites dq, dk, dv; workspace holds attention_backward_workspace(B, T, H, KV, D,
+// bf16) floats (rowsum(dout * out), and with bf16 and H > KV each query head's share of dk and dv).
 // With bf16 (the backend's compute() == kBF16) the products take bf16 inputs:
 // q, k, v and dout are rounded to bf16 as they are read. Head dims that are
 // multiples of 16 up to 128 then run on tensor cores (attention_bf16.cu), which
@@ -115,15 +115,20 @@ void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t
 // that take them; other head dims run the fp32 kernels on the rounded inputs.
 // A: the activations q, k, v, out, dout, dq, dk, dv, all float or all bf16
 // (read as they are, each output the fp32 result rounded once); lse and the
-// workspace are fp32.
+// workspace are fp32. With rope tables (rope.cos != nullptr, [T, D/2]) q and
+// k are taken before RoPE: each row is rotated by its position as it is read
+// (in fp32, from the values as read; with bf16 both are rounded to bf16 as
+// read and the rotated value again), and dq and dk are rotated back before
+// they are stored (each rounded once), so that no pass of their own reads
+// and writes them. kernels/cpu/ops.h is the same contract.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16);
 template <typename A>
-void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
-                       A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
-                       cudaStream_t s);
+void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
+                       float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                       bool bf16, cudaStream_t s);
 template <typename A>
-void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
+void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
                         const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,
                         float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                         bool bf16, cudaStream_t s);

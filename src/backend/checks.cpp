@@ -204,13 +204,24 @@ void check_attention_shape(const char* kn, int64_t B, int64_t T, int64_t H, int6
   if (H % KV != 0) fail(kn, ": ", H, " query heads do not share ", KV, " kv heads evenly");
 }
 
+void check_attention_rope(const Checks& c, const char* kn, const RopeTables& rope, int64_t T,
+                          int64_t D) {
+  if (rope.cos.empty() && rope.sin.empty()) return;
+  check_head_dim(kn, D);
+  c.expect_all(kn, DType::kF32, {{"rope cos", rope.cos}, {"rope sin", rope.sin}});
+  const int64_t n = Checks::product(kn, {T, D / 2});
+  Checks::need(kn, "rope cos", rope.cos, n);
+  Checks::need(kn, "rope sin", rope.sin, n);
+}
+
 }  // namespace
 
-void Checks::attention_forward(const Backend& backend, const View& qkv, const View& saved,
-                               const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                               int64_t D) const {
+void Checks::attention_forward(const Backend& backend, const View& qkv, const RopeTables& rope,
+                               const View& saved, const View& out, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t D) const {
   const char* kn = "attention_forward";
   check_attention_shape(kn, B, T, H, KV, D);
+  check_attention_rope(*this, kn, rope, T, D);
   expect_activations(kn, {{"qkv", qkv}, {"out", out}});
   expect(kn, "saved", saved, DType::kF32);
   need(kn, "qkv", qkv, product(kn, {B, T, H + 2 * KV, D}));
@@ -218,11 +229,13 @@ void Checks::attention_forward(const Backend& backend, const View& qkv, const Vi
   need(kn, "out", out, product(kn, {B, T, H, D}));
 }
 
-void Checks::attention_backward(const Backend& backend, const View& qkv, const View& saved,
-                                const View* out, const View& dout, const View& dqkv, int64_t B,
-                                int64_t T, int64_t H, int64_t KV, int64_t D) const {
+void Checks::attention_backward(const Backend& backend, const View& qkv, const RopeTables& rope,
+                                const View& saved, const View* out, const View& dout,
+                                const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                int64_t D) const {
   const char* kn = "attention_backward";
   check_attention_shape(kn, B, T, H, KV, D);
+  check_attention_rope(*this, kn, rope, T, D);
   expect_activations(kn, {{"qkv", qkv}, {"dout", dout}, {"dqkv", dqkv}});
   if (out) expect_activations(kn, {{"qkv", qkv}, {"out", *out}});
   expect(kn, "saved", saved, DType::kF32);

@@ -148,11 +148,12 @@ class CudaBackend final : public Backend {
                      int64_t heads, int64_t head_dim, int64_t row_stride) override;
 
   int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override;
-  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
-                         int64_t H, int64_t KV, int64_t D) override;
-  void attention_backward(const View& qkv, const View& saved, const View& out, const View& dout,
-                          const View& dqkv, int64_t B, int64_t T, int64_t H, int64_t KV,
-                          int64_t D) override;
+  void attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
+                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) override;
+  void attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
+                          const View& out, const View& dout, const View& dqkv, int64_t B, int64_t T,
+                          int64_t H, int64_t KV, int64_t D) override;
 
   void swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) override;
   void swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up, int64_t rows,
@@ -225,6 +226,9 @@ class CudaBackend final : public Backend {
                   int line = __builtin_LINE());
   void writes_rows(const View& v, int64_t traffic, const char* file = __builtin_FILE(),
                    int line = __builtin_LINE());
+  // The rows [0, T) of attention's rope tables (none when they are empty).
+  void reads_rope(const RopeTables& rope, int64_t T, int64_t D, const char* file = __builtin_FILE(),
+                  int line = __builtin_LINE());
   // Pinned host memory of at least `bytes`, reused by every transfer.
   void* staging(int64_t bytes);
   // Device -> pinned staging, then waits for the stream. Returns the staging.

@@ -314,30 +314,48 @@ int64_t CudaBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) cons
   return kc::attention_saved_count(B, T, H);
 }
 
-void CudaBackend::attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
-                                    int64_t T, int64_t H, int64_t KV, int64_t D) {
+namespace {
+
+kernels::Rotary rotary(const RopeTables& rope) {
+  if (rope.cos.empty()) return {};
+  return kernels::Rotary{f32p(rope.cos), f32p(rope.sin)};
+}
+
+}  // namespace
+
+void CudaBackend::reads_rope(const RopeTables& rope, int64_t T, int64_t D, const char* file,
+                             int line) {
+  if (rope.cos.empty()) return;
+  reads(rope.cos.data, T * (D / 2) * 4, file, line);
+  reads(rope.sin.data, T * (D / 2) * 4, file, line);
+}
+
+void CudaBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
+                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                    int64_t D) {
   const char* kn = "attention_forward";
-  check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
+  check.attention_forward(*this, qkv, rope, saved, out, B, T, H, KV, D);
   const int64_t e = dtype_bytes(qkv.dtype), ld = (H + 2 * KV) * D;
   const int64_t nqkv = B * T * ld, nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
   reads(qkv.data, nqkv * e);
+  reads_rope(rope, T, D);
   writes(saved.data, ns * 4);
   writes(out.data, nq * e);
   typed(qkv, [&](auto* q) {
     using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
-    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, f32w(saved),
-                             static_cast<A*>(out.data), B, T, H, KV, D,
-                             compute() == DType::kBF16, stream_);
+    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, rotary(rope), f32w(saved),
+                             static_cast<A*>(out.data), B, T, H, KV, D, compute() == DType::kBF16,
+                             stream_);
   });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
-void CudaBackend::attention_backward(const View& qkv, const View& saved, const View& out,
-                                     const View& dout, const View& dqkv, int64_t B, int64_t T,
-                                     int64_t H, int64_t KV, int64_t D) {
+void CudaBackend::attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
+                                     const View& out, const View& dout, const View& dqkv, int64_t B,
+                                     int64_t T, int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_backward";
-  check.attention_backward(*this, qkv, saved, &out, dout, dqkv, B, T, H, KV, D);
+  check.attention_backward(*this, qkv, rope, saved, &out, dout, dqkv, B, T, H, KV, D);
   const int64_t e = dtype_bytes(qkv.dtype), ld = (H + 2 * KV) * D;
   const int64_t nqkv = B * T * ld, nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
@@ -345,6 +363,7 @@ void CudaBackend::attention_backward(const View& qkv, const View& saved, const V
   const int64_t nw = kc::attention_backward_workspace(B, T, H, KV, D, bf16);
   Scratch ws = scratch(nw * 4);
   reads(qkv.data, nqkv * e);
+  reads_rope(rope, T, D);
   for (const View* in : {&out, &dout}) reads(in->data, nq * e);
   reads(saved.data, ns * 4);
   writes(ws.as<float>(), nw * 4);
@@ -354,10 +373,9 @@ void CudaBackend::attention_backward(const View& qkv, const View& saved, const V
   typed(qkv, [&](auto* q) {
     using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
     A* dq = static_cast<A*>(dqkv.data);
-    kc::attention_backward<A>(q, q + k_at, q + v_at, ld, ld, f32p(saved),
-                              static_cast<const A*>(out.data), static_cast<const A*>(dout.data),
-                              dq, dq + k_at, dq + v_at, ws.as<float>(), B, T, H, KV, D, bf16,
-                              stream_);
+    kc::attention_backward<A>(q, q + k_at, q + v_at, ld, ld, rotary(rope), f32p(saved),
+                              static_cast<const A*>(out.data), static_cast<const A*>(dout.data), dq,
+                              dq + k_at, dq + v_at, ws.as<float>(), B, T, H, KV, D, bf16, stream_);
   });
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }

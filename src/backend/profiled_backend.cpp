@@ -229,17 +229,29 @@ void ProfiledBackend::rope_backward(const View& dx, const View& cos, const View&
   timed("rope_backward", rope_bytes(dx, cos, B, T, heads, head_dim), [&] { inner_->rope_backward(dx, cos, sin, B, T, heads, head_dim, row_stride); });
 }
 
-void ProfiledBackend::attention_forward(const View& qkv, const View& saved, const View& out,
-                                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-  timed("attention_forward", B * T * ((2 * H + 2 * KV) * D * size(qkv) + H * 4),
-        [&] { inner_->attention_forward(qkv, saved, out, B, T, H, KV, D); });
+namespace {
+
+// Bytes of the rope tables attention reads: T rows of D/2 cos and sin values.
+int64_t rope_table_bytes(const RopeTables& rope, int64_t T, int64_t D) {
+  return rope.cos.empty() ? 0 : T * D * 4;
 }
 
-void ProfiledBackend::attention_backward(const View& qkv, const View& saved, const View& out,
-                                         const View& dout, const View& dqkv, int64_t B, int64_t T,
-                                         int64_t H, int64_t KV, int64_t D) {
-  timed("attention_backward", B * T * ((4 * H + 4 * KV) * D * size(qkv) + H * 4),
-        [&] { inner_->attention_backward(qkv, saved, out, dout, dqkv, B, T, H, KV, D); });
+}  // namespace
+
+void ProfiledBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
+                                        const View& out, int64_t B, int64_t T, int64_t H,
+                                        int64_t KV, int64_t D) {
+  timed("attention_forward",
+        B * T * ((2 * H + 2 * KV) * D * size(qkv) + H * 4) + rope_table_bytes(rope, T, D),
+        [&] { inner_->attention_forward(qkv, rope, saved, out, B, T, H, KV, D); });
+}
+
+void ProfiledBackend::attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
+                                         const View& out, const View& dout, const View& dqkv,
+                                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  timed("attention_backward",
+        B * T * ((4 * H + 4 * KV) * D * size(qkv) + H * 4) + rope_table_bytes(rope, T, D),
+        [&] { inner_->attention_backward(qkv, rope, saved, out, dout, dqkv, B, T, H, KV, D); });
 }
 
 void ProfiledBackend::swiglu_forward(const View& gate_up, const View& out, int64_t rows, int64_t I) {

@@ -17,7 +17,7 @@ namespace {
 
 // Saved activations of one decoder layer (its input is Impl::resid[l]).
 struct LayerActs {
-  Buffer qkv;          // q, k, v side by side, after RoPE: [N, hidden + 2 kv_dim] (product dtype)
+  Buffer qkv;          // q, k, v side by side, before RoPE: [N, hidden + 2 kv_dim] (product dtype)
   Buffer saved;        // what attention keeps for backward (the backend says how much)
   Buffer attn;         // attention output before o_proj [N, hidden] (product dtype)
   Buffer h;            // x + o_proj(attn) [N, hidden]
@@ -78,6 +78,8 @@ struct Llama::Impl {
   }
   // The first N rows of an activation buffer [rows, width].
   View rows(const Buffer& b, int64_t width) const { return b.at(0, N * width); }
+  // The tables attention rotates q and k by as it reads them.
+  backend::RopeTables rope() const { return {rope_cos.view(), rope_sin.view()}; }
   View tensor(const View& flat, int unit, int index) const {
     const TensorSpec& t = units[unit].tensors[index];
     return flat.at(t.offset, t.numel);
@@ -248,19 +250,16 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   LayerActs& a = layer_acts(l);
   const View x = rows(resid[l], hidden), out = rows(resid[l + 1], hidden);
   const int64_t qkv_dim = hidden + 2 * kv_dim;
-  const View nn = rows(n, hidden), qkv = rows(a.qkv, qkv_dim),
-             k = qkv.at(hidden, qkv.count - hidden), attn = rows(a.attn, hidden),
-             h = rows(a.h, hidden),
-             gate_up = rows(a.gate_up, 2 * inter), ac = rows(act, inter);
+  const View nn = rows(n, hidden), qkv = rows(a.qkv, qkv_dim), attn = rows(a.attn, hidden),
+             h = rows(a.h, hidden), gate_up = rows(a.gate_up, 2 * inter), ac = rows(act, inter);
   const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
 
   // Attention block: h = x + o_proj(attn(rope(q), rope(k), v)) of input_layernorm(x).
   be.rmsnorm_forward(x, tensor(p, u, kInNorm), nn, inv1, N, hidden, eps);
   // One product over the adjacent q, k and v weights: each row of qkv is [q | k | v].
+  // Attention rotates q and k by RoPE as it reads them (and dq, dk back).
   be.linear_forward(nn, tensors(p, u, kQ, kV), qkv, N, hidden, qkv_dim, 0.0f);
-  be.rope_forward(qkv, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, qkv_dim);
-  be.rope_forward(k, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, qkv_dim);
-  be.attention_forward(qkv, a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
+  be.attention_forward(qkv, rope(), a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
   be.copy(x, h);
   be.linear_forward(attn, tensor(p, u, kO), h, N, hidden, hidden, 1.0f);
 
@@ -284,8 +283,7 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
              dgu = rows(dgate_up, 2 * inter), ac = rows(act, inter),
              attn = rows(a.attn, hidden), da = rows(dattn, hidden);
   const int64_t qkv_dim = hidden + 2 * kv_dim;
-  const View qkv = rows(a.qkv, qkv_dim), dq = rows(dqkv, qkv_dim),
-             dk = dq.at(hidden, dq.count - hidden);
+  const View qkv = rows(a.qkv, qkv_dim), dq = rows(dqkv, qkv_dim);
   const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
   // dres holds d(out) on entry and d(x) on exit.
 
@@ -306,9 +304,7 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   const View dh = product_input(dr);
   be.linear_backward_weight(dh, attn, tensor(g, u, kO), N, hidden, hidden);
   be.linear_backward_input(dh, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);
-  be.attention_backward(qkv, a.saved.view(), attn, da, dq, B, T, heads, kv_heads, head_dim);
-  be.rope_backward(dq, rope_cos.view(), rope_sin.view(), B, T, heads, head_dim, qkv_dim);
-  be.rope_backward(dk, rope_cos.view(), rope_sin.view(), B, T, kv_heads, head_dim, qkv_dim);
+  be.attention_backward(qkv, rope(), a.saved.view(), attn, da, dq, B, T, heads, kv_heads, head_dim);
   be.rmsnorm_apply(x, tensor(p, u, kInNorm), inv1, nn, N, hidden);
   be.linear_backward_weight(dq, nn, tensors(g, u, kQ, kV), N, hidden, qkv_dim);
   be.linear_backward_input(dq, tensors(p, u, kQ, kV), dnn, N, hidden, qkv_dim, 0.0f);

@@ -38,12 +38,12 @@ N = BATCH * SEQ  # rows of a micro-batch
 
 # Calls per micro-batch of each op the model runs (src/model/llama.cpp; no
 # recomputation): per layer two RMSNorms, four projections (q, k and v as one over
-# their adjacent weights, gate and up as another), RoPE on q and k, one attention,
-# SwiGLU (its forward again in backward); the head's norm and projection.
+# their adjacent weights, gate and up as another), one attention (which rotates q
+# and k by RoPE as it reads them: no RoPE call of its own), SwiGLU (its forward
+# again in backward); the head's norm and projection.
 PER_MICRO = {
     "embedding_forward": 1, "embedding_backward": 1,
     "rmsnorm_forward": 2 * L + 1, "rmsnorm_apply": 2 * L + 1, "rmsnorm_backward": 2 * L + 1,
-    "rope_forward": 2 * L, "rope_backward": 2 * L,
     "attention_forward": L, "attention_backward": L,
     "swiglu_forward": 2 * L, "swiglu_backward": L,
     "cross_entropy_forward": 1, "cross_entropy_backward": 1,
