@@ -41,15 +41,17 @@ __global__ void cross_entropy_forward_kernel(const Z* logits, const int32_t* tar
 // One thread, rows in order: the host's double sum, on the device.
 __global__ void accumulate_loss_kernel(const float* losses, const int32_t* targets,
                                        const int32_t* bad_row, int64_t rows, double* acc) {
-  double sum = 0.0;
-  int64_t count = 0;
-  for (int64_t r = 0; r < rows; ++r) {
+  double sum = 0.0, count = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     if (targets[r] < 0) continue;
     sum += static_cast<double>(losses[r]);
-    ++count;
+    count += 1.0;
   }
+  sum = block_sum(sum);
+  count = block_sum(count);
+  if (threadIdx.x != 0) return;
   acc[0] += sum;
-  acc[1] += static_cast<double>(count);
+  acc[1] += count;
   const int32_t bad = *bad_row;
   if (bad != 0x7fffffff && acc[2] == 0.0) {
     acc[2] = static_cast<double>(bad) + 1.0;
@@ -91,7 +93,7 @@ void cross_entropy_forward(const Z* logits, const int32_t* targets, float* lse, 
 
 void accumulate_loss(const float* losses, const int32_t* targets, const int32_t* bad_row,
                      int64_t rows, double* acc, cudaStream_t s) {
-  AMSP_LAUNCH(accumulate_loss_kernel, 1, 1, 0, s)(losses, targets, bad_row, rows, acc);
+  AMSP_LAUNCH(accumulate_loss_kernel, 1, kBlockThreads, 0, s)(losses, targets, bad_row, rows, acc);
 }
 
 template <typename Z>

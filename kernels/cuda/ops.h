@@ -42,8 +42,8 @@ void add(bf16* dst, const float* src, int64_t n, cudaStream_t s);
 void add(bf16* dst, const bf16* src, int64_t n, cudaStream_t s);
 
 // Sum of squares in double: per chunk of kSumSquaresChunk elements, then the
-// chunks in order; *out (device) receives the total. partials holds
-// sum_squares_chunks(n) doubles.
+// chunks by one block in a fixed order; *out (device) receives the total.
+// partials holds sum_squares_chunks(n) doubles.
 constexpr int64_t kSumSquaresChunk = 1 << 14;
 int64_t sum_squares_chunks(int64_t n);
 void sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s);
@@ -153,8 +153,9 @@ template <typename Z>
 void cross_entropy_forward(const Z* logits, const int32_t* targets, float* lse, float* losses,
                            int32_t* bad_row, int64_t rows, int64_t V, cudaStream_t s);
 // After cross_entropy_forward: acc[0] += the losses of rows with a target >= 0, summed
-// in double in row order, acc[1] += their count (as a double); if *bad_row names a row
-// (< INT32_MAX) and acc[2] is 0: acc[2] = that row + 1, acc[3] = its target. One thread.
+// in double by one block in a fixed order, acc[1] += their count (as a double); if
+// *bad_row names a row (< INT32_MAX) and acc[2] is 0: acc[2] = that row + 1, acc[3] =
+// its target.
 void accumulate_loss(const float* losses, const int32_t* targets, const int32_t* bad_row,
                      int64_t rows, double* acc, cudaStream_t s);
 // In place: logits := scale * (softmax - onehot); rows with target < 0 become 0.
