@@ -39,6 +39,7 @@
 #include "backend/buffer.h"
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "kernels/common/math.h"
 #include "kernels/common/quant.h"
 
 namespace amsp::backend {
@@ -75,6 +76,11 @@ struct DeviceCounts {
 // which rotates q and k as it reads them; empty views: no rotation.
 struct RopeTables {
   View cos, sin;
+  // The tables as the kernels take them (checked by the backend's Checks first).
+  kernels::Rotary rotary() const {
+    if (cos.empty()) return {};
+    return kernels::Rotary{static_cast<const float*>(cos.data), static_cast<const float*>(sin.data)};
+  }
 };
 
 struct LossSum {

@@ -325,15 +325,6 @@ int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const
   return Checks::product("attention_saved_count", {B, H, T, T});
 }
 
-namespace {
-
-kernels::Rotary rotary(const RopeTables& rope) {
-  if (rope.cos.empty()) return {};
-  return kernels::Rotary{rope.cos.f32(), rope.sin.f32()};
-}
-
-}  // namespace
-
 void CpuBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
                                    int64_t D) {
@@ -342,7 +333,7 @@ void CpuBackend::attention_forward(const View& qkv, const RopeTables& rope, cons
   const float* q = attention_input(qkv.at(0, B * T * (H + 2 * KV) * D), kSlotQkv);
   float* ov = attention_output(o, kSlotOut);
   const int64_t ld = (H + 2 * KV) * D;
-  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, rotary(rope),
+  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, rope.rotary(),
                              compute() == DType::kBF16, saved.f32(), ov, B, T, H, KV, D);
   finish_attention_output(o, ov);
 }
@@ -356,7 +347,7 @@ void CpuBackend::attention_backward(const View& qkv, const RopeTables& rope, con
   const View g = dqkv.at(0, B * T * ld);
   const float* q = attention_input(qkv.at(0, B * T * ld), kSlotQkv);
   float* dq = attention_output(g, kSlotOut);
-  kernels::attention_backward(q, q + k_at, q + v_at, ld, ld, rotary(rope),
+  kernels::attention_backward(q, q + k_at, q + v_at, ld, ld, rope.rotary(),
                               compute() == DType::kBF16, saved.f32(),
                               attention_input(dout.at(0, B * T * H * D), kSlotDout), dq, dq + k_at,
                               dq + v_at, B, T, H, KV, D);

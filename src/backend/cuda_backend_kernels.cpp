@@ -314,15 +314,6 @@ int64_t CudaBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) cons
   return kc::attention_saved_count(B, T, H);
 }
 
-namespace {
-
-kernels::Rotary rotary(const RopeTables& rope) {
-  if (rope.cos.empty()) return {};
-  return kernels::Rotary{f32p(rope.cos), f32p(rope.sin)};
-}
-
-}  // namespace
-
 void CudaBackend::reads_rope(const RopeTables& rope, int64_t T, int64_t D, const char* file,
                              int line) {
   if (rope.cos.empty()) return;
@@ -344,7 +335,7 @@ void CudaBackend::attention_forward(const View& qkv, const RopeTables& rope, con
   writes(out.data, nq * e);
   typed(qkv, [&](auto* q) {
     using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
-    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, rotary(rope), f32w(saved),
+    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, rope.rotary(), f32w(saved),
                              static_cast<A*>(out.data), B, T, H, KV, D, compute() == DType::kBF16,
                              stream_);
   });
@@ -373,7 +364,7 @@ void CudaBackend::attention_backward(const View& qkv, const RopeTables& rope, co
   typed(qkv, [&](auto* q) {
     using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
     A* dq = static_cast<A*>(dqkv.data);
-    kc::attention_backward<A>(q, q + k_at, q + v_at, ld, ld, rotary(rope), f32p(saved),
+    kc::attention_backward<A>(q, q + k_at, q + v_at, ld, ld, rope.rotary(), f32p(saved),
                               static_cast<const A*>(out.data), static_cast<const A*>(dout.data), dq,
                               dq + k_at, dq + v_at, ws.as<float>(), B, T, H, KV, D, bf16, stream_);
   });

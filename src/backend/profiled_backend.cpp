@@ -34,6 +34,11 @@ int64_t rope_bytes(const View& x, const View& cos, int64_t B, int64_t T, int64_t
   return 2 * B * T * heads * head_dim * size(x) + 2 * T * (head_dim / 2) * size(cos);
 }
 
+// Bytes of the rope tables attention reads: T rows of D/2 cos and sin values.
+int64_t rope_table_bytes(const RopeTables& rope, int64_t T, int64_t D) {
+  return rope.cos.empty() ? 0 : T * D * 4;
+}
+
 }  // namespace
 
 ProfiledBackend::ProfiledBackend(std::unique_ptr<Backend> inner)
@@ -228,15 +233,6 @@ void ProfiledBackend::rope_backward(const View& dx, const View& cos, const View&
                                     int64_t heads, int64_t head_dim, int64_t row_stride) {
   timed("rope_backward", rope_bytes(dx, cos, B, T, heads, head_dim), [&] { inner_->rope_backward(dx, cos, sin, B, T, heads, head_dim, row_stride); });
 }
-
-namespace {
-
-// Bytes of the rope tables attention reads: T rows of D/2 cos and sin values.
-int64_t rope_table_bytes(const RopeTables& rope, int64_t T, int64_t D) {
-  return rope.cos.empty() ? 0 : T * D * 4;
-}
-
-}  // namespace
 
 void ProfiledBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
                                         const View& out, int64_t B, int64_t T, int64_t H,
