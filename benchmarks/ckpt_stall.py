@@ -3,7 +3,7 @@
 
     python3 benchmarks/ckpt_stall.py --amsp build/amsp --data corpus.h5 [--model base]
         [--ranks 2] [--steps 24] [--every 8] [--keep-last 2] [--seq-len 64] [--precision fp32|bf16]
-        [--work DIR]
+        [--work DIR] [--json FILE]
 
 Runs the same `amsp train` twice, once per mode (same model, plan, data, seed; a
 checkpoint every --every steps and at the end), and prints for each checkpoint the time
@@ -73,6 +73,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--work", default="/tmp/amsp-ckpt-stall")
+    ap.add_argument("--json", help="also write the figures here (the ordinary step, each save, the worst)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     sync, bg = run(args, "sync"), run(args, "background")
@@ -86,7 +87,7 @@ def main():
           f"{os.cpu_count()} cores; ordinary step (sync run, median of {len(plain)}): {step:.0f} ms")
     print(f"{'step':>5} | {'sync stall ms':>13} | {'bg stall ms':>11} | {'bg stall %':>10} | {'bg write ms':>11} | "
           f"{'next step ms sync':>17} | {'next step ms bg':>15} | {'bg next / ordinary':>18}")
-    worst_stall, worst_next = 0.0, 0.0
+    worst_stall, worst_next, rows = 0.0, 0.0, []
     for i, s in enumerate(saves):
         stall = bg_stall(bg, s)
         w = f"{writes[i]:.0f}" if i < len(writes) else "(end)"
@@ -95,12 +96,19 @@ def main():
         worst_stall = max(worst_stall, stall / step)
         if ratio is not None:
             worst_next = max(worst_next, ratio - 1)
+        rows.append({"step": s, "sync_stall_ms": sync[s]["ckpt_stall_ms"], "bg_stall_ms": stall,
+                     "bg_write_ms": writes[i] if i < len(writes) else None, "bg_next_over_ordinary": ratio})
         print(f"{s:>5} | {sync[s]['ckpt_stall_ms']:>13.1f} | {stall:>11.1f} | {100 * stall / step:>9.1f}% | "
               f"{w:>11} | {nxt(sync):>17} | {nxt(bg):>15} | "
               f"{(f'{ratio:.2f}' if ratio is not None else '-'):>18}")
     print(f"goal: background stall under 5% of a step: worst {100 * worst_stall:.1f}% "
           f"{'met' if worst_stall < 0.05 else 'NOT met'}; step after a save within 10%: worst "
           f"{100 * worst_next:+.1f}% {'met' if worst_next <= 0.10 else 'NOT met'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "ranks": args.ranks, "precision": args.precision, "cores": os.cpu_count(),
+                       "ordinary_step_ms": step, "saves": rows, "worst_stall": worst_stall,
+                       "worst_next": worst_next}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ For each layout (mpi4: `mpiexec -n 4`; slurm2x2: 2 nodes x 2 ranks on the local 
 cluster, which the script starts and always stops) and each plan of the engine's
 equivalence set for that layout, runs the same training job with two binaries in
 alternation, --repeats times each: --before (e.g. the previous engine, built from an
-older commit) and --after (today's). From rank 0's metrics, steps after --warmup: step
+older commit) and --after (today's); without --before, --after alone. From rank 0's metrics, steps after --warmup: step
 time, communication in flight per step, exposed communication (time compute waited), and
 the share hidden, 1 - exposed / in flight; the medians are printed per plan and binary.
 
@@ -17,12 +17,13 @@ Building the previous engine, for example:
   git worktree add /tmp/amsp-before <commit> && cmake -S /tmp/amsp-before -B /tmp/amsp-before/build \\
       -DCMAKE_BUILD_TYPE=Release -DAMSP_TESTS=OFF -DAMSP_BENCHMARKS=OFF && make -C /tmp/amsp-before/build amsp
 
-usage: benchmarks/hidden_bench.py --before PATH [--after build/amsp] [--data CORPUS.h5]
+usage: benchmarks/hidden_bench.py [--before PATH] [--after build/amsp] [--data CORPUS.h5]
            [--layouts mpi4,slurm2x2] [--plans all|"P1;P2"] [--model small] [--seq-len 128]
-           [--grad-accum 2] [--steps 8] [--warmup 2] [--repeats 2] [--work DIR]
+           [--grad-accum 2] [--steps 8] [--warmup 2] [--repeats 2] [--work DIR] [--json FILE]
 """
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -50,31 +51,32 @@ def measure(args, layout, binary, plan, work, tag):
 def run_layout(args, layout, plans):
     work = os.path.join(args.work, layout.name)
     os.makedirs(work, exist_ok=True)
+    sides = [s for s in ("before", "after") if getattr(args, s)]
     print(f"\n{layout.name}: {layout.world} ranks; per step, ms (medians); hidden = 1 - exposed / comm")
     head = f"{'step':>6s} {'comm':>7s} {'exposed':>8s} {'hidden':>7s}"
-    print(f"{'plan':22s} | {head} | {head}")
-    print(f"{'':22s} | {'--- before ---':>31s} | {'--- after ---':>31s}")
+    print(f"{'plan':22s} | " + " | ".join(head for _ in sides))
+    print(f"{'':22s} | " + " | ".join(f"{'--- ' + side + ' ---':>31s}" for side in sides))
     rows = []
     for i, plan in enumerate(plans):
-        got = {side: ([], [], []) for side in ("before", "after")}
+        got = {side: ([], [], []) for side in sides}
         for r in range(args.repeats):
-            for side in ("before", "after"):
+            for side in sides:
                 for acc, values in zip(got[side], measure(args, layout, getattr(args, side), plan, work,
                                                           f"{i}-{side}-{r}")):
                     acc.extend(values)
         cells = []
-        for side in ("before", "after"):
+        for side in sides:
             step, comm, exposed = (statistics.median(x) for x in got[side])
             hidden = 1 - exposed / comm if comm > 0 else float("nan")
             cells.append(f"{step:6.0f} {comm:7.1f} {exposed:8.1f} {100 * hidden:6.1f}%")
             rows.append((layout.name, plan, side, step, comm, exposed, hidden))
-        print(f"{plan:22s} | {cells[0]} | {cells[1]}", flush=True)
+        print(f"{plan:22s} | " + " | ".join(cells), flush=True)
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", required=True, help="the amsp binary to compare against")
+    ap.add_argument("--before", help="the amsp binary to compare against (none: --after alone)")
     ap.add_argument("--after", default=os.path.join(REPO, "build", "amsp"))
     ap.add_argument("--data", default=os.path.join(REPO, "build", "test-work", "corpus.h5"))
     ap.add_argument("--work", default="/tmp/hidden-bench")
@@ -90,26 +92,31 @@ def main():
     ap.add_argument("--mpiexec", default=shutil.which("mpiexec") or "mpiexec")
     ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
     ap.add_argument("--deadline", type=int, default=3600, help="seconds for the whole run")
+    ap.add_argument("--json", help="also write the rows here: layout, plan, side, step, comm, exposed, hidden")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    # Copies, so that a rebuild meanwhile changes nothing.
-    for side in ("before", "after"):
+    # Copies, so that a rebuild meanwhile changes nothing; a script (the GPU bundle's
+    # bin/amsp, which finds its libraries from where it lies) runs where it is.
+    for side in [s for s in ("before", "after") if getattr(args, s)]:
         info = pv.binary_info(os.path.abspath(getattr(args, side)))
-        copy = os.path.join(args.work, f"amsp-{side}")
-        shutil.copy2(info["path"], copy)
-        setattr(args, side, copy)
+        with open(info["path"], "rb") as f:
+            script = f.read(2) == b"#!"
+        if not script:
+            copy = os.path.join(args.work, f"amsp-{side}")
+            shutil.copy2(info["path"], copy)
+            setattr(args, side, copy)
         print(f"{side}: {info['path']} ({info['tree_head'] or info['version']}, sha256 {info['sha256']})")
     print(f"{args.model}, seq {args.seq_len} x batch {args.batch_size} x {args.grad_accum} micro-batches per "
           f"rank, {args.steps} steps (first {args.warmup} left out), {args.repeats} runs per binary and plan, "
           f"{pv.cpu_name()}, load {os.getloadavg()[0]:.1f} at start")
-    code = 0
+    code, rows = 0, []
     with pv.lc.deadline(args.deadline):
         for name in args.layouts.split(","):
             layout = pv.Layout(name)
             plans = layout.plans() if args.plans == "all" else [p for p in args.plans.split(";") if p]
             if layout.kind == "mpi":
                 layout.env = pv.eq.clean_env()
-                run_layout(args, layout, plans)
+                rows += run_layout(args, layout, plans)
                 continue
             why = pv.lc.missing(("srun", "scontrol", "slurmctld", "slurmd", "munged"))
             if why:
@@ -118,7 +125,11 @@ def main():
                 continue
             with pv.lc.local_cluster(args.cluster_scripts, os.path.join(args.work, name + "-cluster")) as conf:
                 layout.env = pv.lc.clean_env({"SLURM_CONF": conf})
-                run_layout(args, layout, plans)
+                rows += run_layout(args, layout, plans)
+    if args.json:
+        keys = ("layout", "plan", "side", "step_ms", "comm_ms", "exposed_ms", "hidden")
+        with open(args.json, "w") as f:
+            json.dump([dict(zip(keys, r)) for r in rows], f, indent=1)
     return code
 
 

@@ -15,7 +15,8 @@
 #   lib/       every shared library those need, from MPICH, UCX, parallel HDF5,
 #              OpenBLAS, Boost, SentencePiece, protobuf and the C++ runtime, each
 #              with RPATH $ORIGIN; UCX's transport modules in lib/ucx
-#   share/amsp inputs/ (presets), the check's scripts, a prepared corpus
+#   share/amsp inputs/ (presets), the check's scripts, a prepared corpus, and in
+#              tree/ the benchmarks the check runs on the CPU cores
 #   MANIFEST   the commit, the architectures, the newest glibc symbol version any
 #              packed file needs, and each packed library with where it came from
 #   lib/glibc  this machine's glibc and its loader, used only on a machine whose
@@ -72,6 +73,12 @@ ucx_dir=$(dirname "$(ldconfig -p | awk '/libucs.so.0 /{print $NF; exit}')")/ucx
 cp "$ucx_dir"/libuct_cma.so.0 "$root/lib/ucx/"
 cp -r "$repo/inputs" "$root/share/amsp/inputs"
 cp "$repo"/validation/gpu/{check.sh,check.py,torch_reference.py} "$root/share/amsp/"
+# The benchmarks the check runs on the machine's CPU cores, in their tree (they import
+# each other by relative path).
+for f in benchmarks/{hidden_bench,plan_validation,ckpt_stall}.py \
+         validation/engine/{equivalence_test,issue_order}.py validation/slurm/local_cluster.py; do
+  install -D -m 644 "$repo/$f" "$root/share/amsp/tree/$f"
+done
 cp "$repo/validation/gpu/cuda-libs.sh" "$root/libexec/cuda-libs.sh"
 
 # The corpus the check trains on: the machine it runs on has no text of ours.

@@ -8,6 +8,7 @@
 #     path runs: its version, a CPU backend-check, and two ranks training the tiny
 #     preset through the bundle's own MPICH launcher;
 #   - without a driver, gpu-info says so on one line and exits non-zero;
+#   - the benchmarks the check runs on the CPU cores run from the bundle's tree;
 #   - on a machine whose glibc is older than the bundle needs, the programs run on
 #     the packed loader and glibc.
 #
@@ -76,6 +77,26 @@ fi
 INNER
 )
 unshare -m bash -c "$inner" inner "$b" "$work"
+
+# The benchmarks the GPU check runs on the CPU cores, from the bundle's own tree of
+# scripts and its programs, at tiny sizes: checkpoints written and read through the
+# packed parallel HDF5, and every step's communication figures. (Outside the namespace:
+# Python needs some of the libraries hidden there.)
+tree=$b/share/amsp/tree/benchmarks
+python3 "$tree/ckpt_stall.py" --amsp "$b/bin/amsp" --mpiexec "$b/bin/mpiexec" --data "$work/corpus.h5" \
+    --model tiny --ranks 2 --steps 6 --every 2 --seq-len 32 --work "$work/stall" --json "$work/stall.json" \
+    >"$work/stall.log" 2>&1 || { tail -5 "$work/stall.log"; echo "FAIL: the bundle's checkpoint benchmark"; exit 1; }
+python3 "$tree/hidden_bench.py" --after "$b/bin/amsp" --mpiexec "$b/bin/mpiexec" --data "$work/corpus.h5" \
+    --layouts mpi4 --plans zero3 --model tiny --seq-len 32 --steps 3 --warmup 1 --repeats 1 --work "$work/hidden" \
+    --json "$work/hidden.json" >"$work/hidden.log" 2>&1 || { tail -5 "$work/hidden.log"; echo "FAIL: the bundle's hidden-communication benchmark"; exit 1; }
+python3 - "$work/stall.json" "$work/hidden.json" <<'PY' || exit 1
+import json, sys
+stall, hidden = (json.load(open(p)) for p in sys.argv[1:])
+ok = [s["step"] for s in stall["saves"]] == [2, 4, 6] and [r["plan"] for r in hidden] == ["zero3"] \
+    and hidden[0]["comm_ms"] > 0
+sys.exit(0 if ok else f"FAIL: the bundle's benchmarks' figures: saves {[s['step'] for s in stall['saves']]}, {hidden}")
+PY
+echo "benchmarks: the checkpoint stall and the hidden communication from the bundle's tree"
 
 # An old glibc, as the wrappers see it (the bundle's need raised past this
 # machine's): the programs run through the packed loader and glibc, one line says

@@ -12,7 +12,10 @@
 #      PyTorch (eager with SDPA, and torch.compile) in the same run;
 #   4. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
 #      small backend-check, where the tool is present;
-#   5. with two GPUs or more: ddp, zero3 and a mixed plan against one GPU.
+#   5. with two GPUs or more: ddp, zero3 and a mixed plan against one GPU;
+#   6. with 8 cores or more (not with --quick): CPU ranks, a core each, for the
+#      figures a 2-core development machine cannot give: communication hidden per
+#      plan, and the checkpoint stall (benchmarks/hidden_bench.py, ckpt_stall.py).
 # It writes gpu-check.md (one Markdown table) and gpu-check.json into DIR and
 # exits non-zero on any wrong result, naming the failing check on one line.
 #
@@ -57,7 +60,7 @@ if ((emulated)); then
   build=${build:-$here/../../build}
   [[ -x $build/amsp ]] || { echo "check.sh: no $build/amsp; build amsp first" >&2; exit 2; }
   export AMSP_CUDA_EMULATION=1
-  args=(--amsp "$build/amsp" --mpiexec "${MPIEXEC:-mpiexec}" --inputs "$here/../../inputs"
+  args=(--amsp "$build/amsp" --mpiexec "${MPIEXEC:-mpiexec}" --inputs "$here/../../inputs" --scripts "$here/../.."
         --data "$build/test-work/corpus.h5" --gpus 2 --emulated
         --commit "$(git -C "$here" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)")
   if [[ ! -f $build/test-work/corpus.h5 ]]; then
@@ -84,7 +87,8 @@ else
     < <(grep -E '^(LD_LIBRARY_PATH|AMSP_INPUTS|AMSP_BUNDLE_READY|AMSP_BUNDLE_OWN_GLIBC)=' <<<"$found")
   echo "== bundle $(sed -n 's/^commit //p' "$bundle/MANIFEST"), unpacked in $(($(date +%s) - start)) s; $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
   args=(--amsp "$bundle/bin/amsp" --mpiexec "$bundle/bin/mpiexec" --inputs "$bundle/share/amsp/inputs"
-        --data "$bundle/share/amsp/corpus.h5" --gpus "$gpus" --manifest "$bundle/MANIFEST")
+        --data "$bundle/share/amsp/corpus.h5" --gpus "$gpus" --manifest "$bundle/MANIFEST"
+        --scripts "$bundle/share/amsp/tree")
 fi
 ((quick)) && args+=(--quick)
 "$python" "$here/check.py" "${args[@]}" --out "$out" --started "$start"

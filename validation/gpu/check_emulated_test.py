@@ -8,7 +8,8 @@
    both kernel checks, the losses against the CPU, amsp beside PyTorch with the first
    losses compared, zero3 on two emulated GPUs), the sanitizers are "not run" with
    their reason, and the figures hold a per-kernel table whose call counts follow the
-   model.
+   model; the CPU ranks' benchmarks (hidden communication, checkpoint stall) ran at
+   tiny sizes and their tables are in the report.
 2. A wrong result must fail the check: with an amsp whose gpu-info exits 1, check.sh
    must exit non-zero and name the failing check on its last line.
 Prints "N passed, M failed"; exit 1 on any failure.
@@ -58,9 +59,15 @@ expect(steps > 0 and kernels.get("attention_forward", {}).get("calls") == layers
        f"kernel table: attention_forward called layers x steps = {layers} x {steps} times "
        f"(got {kernels.get('attention_forward', {}).get('calls')})")
 expect(figures.get("amsp", {}).get("peak_bytes", 0) > 0, "amsp's peak memory reported")
+expect(by_part.get("CPU ranks") == ["ok"] * 3, f"CPU ranks: hidden and two checkpoint stalls ok "
+       f"(got {by_part.get('CPU ranks')})")
+cores = figures.get("cores", {})
+expect("zero3" in cores.get("hidden", {}).get("table", "") and
+       all("goal: background stall" in cores.get(k, {}).get("table", "") for k in ("ckpt-base", "ckpt-small")),
+       "the CPU ranks' benchmarks' tables are in the figures")
 md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.join(out, "gpu-check.md")) else ""
-expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md,
-       "gpu-check.md has the results, the side-by-side and the kernel table")
+expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md and "CPU ranks, hidden" in md,
+       "gpu-check.md has the results, the side-by-side, the kernel table and the CPU ranks' tables")
 
 # A wrong result: gpu-info fails, so the check must fail and say which check.
 fake = os.path.join(work, "fake-build")

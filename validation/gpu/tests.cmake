@@ -20,7 +20,8 @@ if(AMSP_GPU_BUNDLE)
   endif()
   file(GLOB_RECURSE AMSP_BUNDLE_INPUTS CONFIGURE_DEPENDS
        ${PROJECT_SOURCE_DIR}/src/* ${PROJECT_SOURCE_DIR}/kernels/* ${PROJECT_SOURCE_DIR}/inputs/*
-       ${CMAKE_CURRENT_LIST_DIR}/*.sh ${CMAKE_CURRENT_LIST_DIR}/*.py)
+       ${CMAKE_CURRENT_LIST_DIR}/*.sh ${CMAKE_CURRENT_LIST_DIR}/*.py ${PROJECT_SOURCE_DIR}/benchmarks/*.py
+       ${PROJECT_SOURCE_DIR}/validation/engine/*.py ${PROJECT_SOURCE_DIR}/validation/slurm/*.py)
   add_custom_command(OUTPUT ${AMSP_BUNDLE}
     COMMAND ${CMAKE_CURRENT_LIST_DIR}/bundle.sh --werror --build ${CMAKE_BINARY_DIR}/cuda-build
             --out ${AMSP_BUNDLE}
