@@ -419,16 +419,24 @@ def main():
     ap.add_argument("--started", type=float, default=time.time())
     ap.add_argument("--budget", type=float, default=float(os.environ.get("AMSP_CHECK_BUDGET_S", 450)),
                     help="seconds from the start after which optional parts are skipped")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="the parts to run after the preflight, in their order whatever the list's "
+                         "(a second call can run what the first had no time for)")
     a = ap.parse_args()
+    unknown = set(a.parts.split(",")) - set(PARTS)
+    if unknown:
+        ap.error(f"--parts: no part {', '.join(sorted(unknown))} (expected some of {','.join(PARTS)})")
     c = Check(a)
     if preflight(c):
-        kernels(c)
-        gpu_against_cpu(c)
-        side_by_side(c)
-        sanitizers(c)
-        several_gpus(c)
-    cores(c)
+        for name, part in PARTS.items():
+            if name in a.parts.split(","):
+                part(c)
     return report(c)
+
+
+# The parts after the preflight, in the order they run (the GPU's first).
+PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "sanitizers": sanitizers,
+         "gpus": several_gpus, "cores": cores}
 
 
 if __name__ == "__main__":

@@ -19,9 +19,12 @@
 # It writes gpu-check.md (one Markdown table) and gpu-check.json into DIR and
 # exits non-zero on any wrong result, naming the failing check on one line.
 #
-#   check.sh --bundle ARCHIVE --out DIR [--quick]
-#   check.sh --bundle-dir DIR --out DIR [--quick]   (an unpacked bundle; its
+#   check.sh --bundle ARCHIVE --out DIR [--quick] [--parts LIST]
+#   check.sh --bundle-dir DIR --out DIR [--quick] [--parts LIST]   (an unpacked bundle; its
 #       bin/check.sh runs this)
+#   --parts LIST: some of kernels,losses,side-by-side,sanitizers,gpus,cores (all by
+#       default; the preflight always runs), e.g. a second call for what the first
+#       had no time for
 #   check.sh --emulated [--build DIR] --out DIR     (no GPU: the CPU emulation of
 #       CUDA in an ordinary build, tiny sizes; the test suite runs this to keep the
 #       script working, it proves nothing about a GPU)
@@ -32,7 +35,7 @@
 # submit host. Python: python3 on PATH, or AMSP_PYTHON.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-archive="" bundle="" build="" out="" emulated=0 quick=0
+archive="" bundle="" build="" out="" emulated=0 quick=0 parts=""
 value() {  # the value of option $1, or a one-line error
   [[ $# -ge 2 && -n $2 ]] || { echo "check.sh: $1 needs a value" >&2; exit 2; }
   echo "$2"
@@ -45,8 +48,9 @@ while (($#)); do
     --out) out=$(value "$@"); shift 2 ;;
     --emulated) emulated=1; shift ;;
     --quick) quick=1; shift ;;
+    --parts) parts=$(value "$@"); shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-    *) echo "check.sh: unknown option $1 (expected --bundle ARCHIVE, --bundle-dir DIR, --emulated, --build DIR, --out DIR or --quick)" >&2; exit 2 ;;
+    *) echo "check.sh: unknown option $1 (expected --bundle ARCHIVE, --bundle-dir DIR, --emulated, --build DIR, --out DIR, --quick or --parts LIST)" >&2; exit 2 ;;
   esac
 done
 [[ -n $out ]] || { echo "check.sh: --out DIR is required (where gpu-check.md and gpu-check.json go)" >&2; exit 2; }
@@ -91,4 +95,5 @@ else
         --scripts "$bundle/share/amsp/tree")
 fi
 ((quick)) && args+=(--quick)
+[[ -n $parts ]] && args+=(--parts "$parts")
 "$python" "$here/check.py" "${args[@]}" --out "$out" --started "$start"

@@ -12,6 +12,7 @@
    tiny sizes and their tables are in the report.
 2. A wrong result must fail the check: with an amsp whose gpu-info exits 1, check.sh
    must exit non-zero and name the failing check on its last line.
+3. --parts runs only the parts it names, and refuses one that does not exist.
 Prints "N passed, M failed"; exit 1 on any failure.
 """
 
@@ -31,9 +32,9 @@ def expect(cond, what):
     (passes if cond else failures).append(what)
 
 
-def check(out, amsp_build):
-    p = subprocess.run(["bash", os.path.join(HERE, "check.sh"), "--emulated", "--build", amsp_build, "--out", out],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=540)
+def check(out, amsp_build, *more):
+    p = subprocess.run(["bash", os.path.join(HERE, "check.sh"), "--emulated", "--build", amsp_build, "--out", out,
+                        *more], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=540)
     return p.returncode, p.stdout
 
 
@@ -85,6 +86,16 @@ rc, text = check(os.path.join(work, "failing"), fake)
 last = text.strip().splitlines()[-1] if text.strip() else ""
 expect(rc != 0 and last == "gpu check FAILED: preflight / gpu-info",
        f"a failing gpu-info fails the check and is named on the last line (exit {rc}, last line {last!r})")
+
+# --parts: only the parts named run (after the preflight); a part that does not exist is refused.
+rc, text = check(os.path.join(work, "parts"), build, "--parts", "gpus")
+parts_doc = os.path.join(work, "parts", "gpu-check.json")
+ran = [r["part"] for r in json.load(open(parts_doc))["results"]] if os.path.exists(parts_doc) else []
+expect(rc == 0 and ran == ["preflight", "several GPUs"], f"--parts gpus runs the preflight and that part (got {ran})")
+rc, text = check(os.path.join(work, "parts"), build, "--parts", "kernels,cpu")
+last = text.strip().splitlines()[-1] if text.strip() else ""
+expect(rc == 2 and last.endswith("--parts: no part cpu (expected some of kernels,losses,side-by-side,sanitizers,"
+                                  "gpus,cores)"), f"--parts with an unknown part refused (exit {rc}, {last!r})")
 
 print(f"{len(passes)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)
