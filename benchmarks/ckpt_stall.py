@@ -3,7 +3,7 @@
 
     python3 benchmarks/ckpt_stall.py --amsp build/amsp --data corpus.h5 [--model base]
         [--ranks 2] [--steps 24] [--every 8] [--keep-last 2] [--seq-len 64] [--precision fp32|bf16]
-        [--work DIR] [--json FILE]
+        [--device cpu|cuda] [--work DIR] [--json FILE]
 
 Runs the same `amsp train` twice, once per mode (same model, plan, data, seed; a
 checkpoint every --every steps and at the end), and prints for each checkpoint the time
@@ -37,7 +37,8 @@ def run(args, mode):
         "--eval-every", "0", "--eval-windows", "1", "--peak-tflops", "1", "--threads", "1",
         "--checkpoint-dir", ckdir, "--checkpoint-every", str(args.every), "--checkpoint-mode", mode,
         "--keep-last", str(args.keep_last), "--precision", args.precision,
-        "--metrics", metrics]
+        "--metrics", metrics] + (["--device", args.device] if args.device else [])
+    print(f"{mode}: {' '.join(cmd)}", flush=True)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"{mode} run exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-2000:]}")
@@ -73,6 +74,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--work", default="/tmp/amsp-ckpt-stall")
+    ap.add_argument("--device", help="amsp's --device (default: amsp's own, cuda where it has a GPU)")
     ap.add_argument("--json", help="also write the figures here (the ordinary step, each save, the worst)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)

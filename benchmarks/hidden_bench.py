@@ -19,7 +19,8 @@ Building the previous engine, for example:
 
 usage: benchmarks/hidden_bench.py [--before PATH] [--after build/amsp] [--data CORPUS.h5]
            [--layouts mpi4,slurm2x2] [--plans all|"P1;P2"] [--model small] [--seq-len 128]
-           [--grad-accum 2] [--steps 8] [--warmup 2] [--repeats 2] [--work DIR] [--json FILE]
+           [--grad-accum 2] [--steps 8] [--warmup 2] [--repeats 2] [--device cpu|cuda] [--work DIR]
+           [--json FILE]
 """
 
 import argparse
@@ -92,6 +93,7 @@ def main():
     ap.add_argument("--mpiexec", default=shutil.which("mpiexec") or "mpiexec")
     ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
     ap.add_argument("--deadline", type=int, default=3600, help="seconds for the whole run")
+    ap.add_argument("--device", help="amsp's --device (default: amsp's own, cuda where it has a GPU)")
     ap.add_argument("--json", help="also write the rows here: layout, plan, side, step, comm, exposed, hidden")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)

@@ -124,6 +124,8 @@ def train_args(args, shard, metrics=None, trace=None, steps=None):
            "--batch-size", str(args.batch_size), "--grad-accum", str(args.grad_accum),
            "--shard", shard, "--eval-every", "0", "--eval-windows", "8",
            "--peak-tflops", "1", "--threads", "1", "--comm-timeout", "120"]
+    if getattr(args, "device", None):
+        cmd += ["--device", args.device]
     if metrics:
         cmd += ["--metrics", metrics]
     if trace:  # every step after the first

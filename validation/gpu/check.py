@@ -297,7 +297,8 @@ def benchmark(c, name, script, flags, timeout):
     """Runs benchmarks/SCRIPT with its figures in a JSON; returns them, or None (recorded)."""
     path = os.path.join(c.a.out, "cores", name + ".json")
     cmd = [sys.executable, os.path.join(c.a.scripts, "benchmarks", script), "--data", c.a.data,
-           "--mpiexec", fork_launcher(c), "--work", os.path.join(c.a.out, "cores", name), "--json", path] + flags
+           "--mpiexec", fork_launcher(c), "--device", "cpu", "--work", os.path.join(c.a.out, "cores", name),
+           "--json", path] + flags
     rc, out, secs = c.run("cores-" + name, cmd, timeout)
     print(out, end="", flush=True)
     if rc != 0 or not os.path.exists(path):

@@ -66,6 +66,12 @@ cores = figures.get("cores", {})
 expect("zero3" in cores.get("hidden", {}).get("table", "") and
        all("goal: background stall" in cores.get(k, {}).get("table", "") for k in ("ckpt-base", "ckpt-small")),
        "the CPU ranks' benchmarks' tables are in the figures")
+# On a GPU machine amsp's default device is cuda: the CPU ranks must ask for the CPU.
+hidden_log = os.path.join(out, "cores", "hidden", "mpi4", "0-after-0.log")
+first = open(hidden_log).readline() if os.path.exists(hidden_log) else ""
+expect("--device cpu" in first and all(
+    table.count(" --device cpu") == 2 for table in (cores.get(k, {}).get("table", "") for k in ("ckpt-base", "ckpt-small"))),
+    "the CPU ranks' runs ask for --device cpu (the hidden bench's and both checkpoint benchmarks' commands)")
 md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.join(out, "gpu-check.md")) else ""
 expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md and "CPU ranks, hidden" in md,
        "gpu-check.md has the results, the side-by-side, the kernel table and the CPU ranks' tables")
