@@ -162,13 +162,16 @@ template <int kD, typename A>
 AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const A* src, int64_t ld,
                                     int64_t row0, int64_t T, const Rotary& rope) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  for (int c = 0; c < kD / 16; ++c)
+  AMSP_UNROLL
+  for (int c = 0; c < kD / 16; ++c) {
+    AMSP_UNROLL
     for (int r = 0; r < 4; ++r) {
       const int64_t row = row0 + g + 8 * (r % 2);
       const int col = 16 * c + 8 * (r / 2) + 2 * t;
       const A* p = src + row * ld + col;
       a[c][r] = row >= T ? 0u : rope.cos ? rotated_pair<kD>(p, col, row, rope) : bf16_pair(p);
     }
+  }
 }
 
 // The row of accumulator element i (0..3) of lane (g, t) in a 16-row tile at
@@ -189,13 +192,16 @@ AMSP_DEVICE_INLINE void finish_gradient(float (&acc)[kD / 8][4], int64_t row0, i
   for (int n = 0; n < kD / 8; ++n)
     for (int i = 0; i < 4; ++i) acc[n][i] *= scale;
   if (!rope.cos) return;
-  for (int n = 0; n < kD / 16; ++n)
+  AMSP_UNROLL
+  for (int n = 0; n < kD / 16; ++n) {
+    AMSP_UNROLL
     for (int i = 0; i < 4; ++i) {
       const int64_t row = c_row(row0, i);
       if (row >= T) continue;
       const int64_t at = row * (kD / 2) + c_col(8 * n, i);
       rope_rotate(acc[n][i], acc[n + kD / 16][i], rope.cos[at], -rope.sin[at]);
     }
+  }
 }
 
 // Sum and maximum over the four lanes (t = 0..3) that hold one row.
