@@ -309,36 +309,42 @@ def benchmark(c, name, script, flags, timeout):
     return json.load(open(path))
 
 
+def hidden(c, case, tiny):
+    flags = ["--after", os.path.abspath(c.a.amsp), "--layouts", "mpi4", "--repeats", "1"] + (
+        ["--model", preset(c.a, "tiny"), "--plans", "zero3", "--seq-len", "32", "--steps", "3", "--warmup", "1"]
+        if tiny else [])
+    got = benchmark(c, "hidden", "hidden_bench.py", flags, c.left() - 20)
+    if got:
+        worst = min(got, key=lambda r: r["hidden"])
+        c.record("CPU ranks", case, "ok", f"{len(got)} plans: hidden {worst['hidden']:.1%} "
+                 f"({worst['plan']}) to {max(r['hidden'] for r in got):.1%}; goal 93%")
+
+
+def ckpt_stall(c, case, tiny, model, ranks):
+    flags = ["--amsp", os.path.abspath(c.a.amsp), "--model", preset(c.a, "tiny" if tiny else model),
+             "--ranks", str(ranks)] + (["--steps", "6", "--every", "2", "--seq-len", "32"] if tiny else [])
+    got = benchmark(c, f"ckpt-{model}", "ckpt_stall.py", flags, c.left() - 10)
+    if got:
+        c.record("CPU ranks", case, "ok", f"ordinary step {got['ordinary_step_ms']:.0f} ms; background stall "
+                 f"at most {got['worst_stall']:.1%} (goal 5%), step after a save {got['worst_next']:+.1%} "
+                 f"(goal 10%)")
+
+
 def cores(c):
     print("== 6. CPU ranks on this machine's cores: hidden communication, checkpoint stall", flush=True)
     n = os.cpu_count() or 1
     why = ("--quick" if c.a.quick else "no benchmark scripts (--scripts)" if not c.a.scripts
            else f"{n} cores, {CORE_NEED} needed" if n < CORE_NEED and not c.a.emulated else None)
     tiny = c.a.emulated  # the suite keeps the part working at tiny sizes; its figures mean nothing
-    cases = ["hidden, 4 ranks"] + [f"checkpoint stall, {'tiny' if tiny else m} on {r} ranks"
-                                   for m, r in (("base", 2), ("small", 4))]
-    for case, need in zip(cases, (150, 120, 60)):
+    # (case, seconds it needs left, what runs it)
+    runs = [("hidden, 4 ranks", 150, lambda case: hidden(c, case, tiny))] + [
+        (f"checkpoint stall, {'tiny' if tiny else m} on {r} ranks", need,
+         lambda case, m=m, r=r: ckpt_stall(c, case, tiny, m, r)) for m, r, need in (("base", 2, 120), ("small", 4, 60))]
+    for case, need, run in runs:
         if why or c.left() < need:
             c.record("CPU ranks", case, "not run", why or "time budget spent")
-            continue
-        if case.startswith("hidden"):
-            flags = ["--after", os.path.abspath(c.a.amsp), "--layouts", "mpi4", "--repeats", "1"] + (
-                ["--model", preset(c.a, "tiny"), "--plans", "zero3", "--seq-len", "32", "--steps", "3",
-                 "--warmup", "1"] if tiny else [])
-            got = benchmark(c, "hidden", "hidden_bench.py", flags, c.left() - 20)
-            if got:
-                worst = min(got, key=lambda r: r["hidden"])
-                c.record("CPU ranks", case, "ok", f"{len(got)} plans: hidden {worst['hidden']:.1%} "
-                         f"({worst['plan']}) to {max(r['hidden'] for r in got):.1%}; goal 93%")
-            continue
-        model, ranks = ("base", 2) if "2 ranks" in case else ("small", 4)
-        flags = ["--amsp", os.path.abspath(c.a.amsp), "--model", preset(c.a, "tiny" if tiny else model), "--ranks", str(ranks)] + (
-            ["--steps", "6", "--every", "2", "--seq-len", "32"] if tiny else [])
-        got = benchmark(c, f"ckpt-{model}", "ckpt_stall.py", flags, c.left() - 10)
-        if got:
-            c.record("CPU ranks", case, "ok", f"ordinary step {got['ordinary_step_ms']:.0f} ms; background stall "
-                     f"at most {got['worst_stall']:.1%} (goal 5%), step after a save {got['worst_next']:+.1%} "
-                     f"(goal 10%)")
+        else:
+            run(case)
 
 
 # ---- the report -------------------------------------------------------------------------------
