@@ -39,7 +39,15 @@
 // dout tile of 64 rows up to D = 64 and 16 rows above (37 KiB at D = 64, 43
 // at 128), all under the 48 KiB that needs no opt-in. The query rows'
 // fragments of forward and dq come from global memory straight into
-// registers (each element is read once). doc/gpu.md has their times on a GPU.
+// registers (each element is read once).
+// Forward and dq walk the key tiles in order, so with bf16 activations whose
+// rows start 16-byte aligned (the model's fused q|k|v always) the tiles come
+// by cp.async (mma.h), as in FlashAttention-2: up to D = 80 two tiles in
+// shared memory (36 KiB at D = 64), the next one copied while the warps
+// multiply this one, and with RoPE the keys rotated in place once landed.
+// Otherwise (fp32 activations rounded as staged, unaligned rows) each tile
+// is staged through registers after the warps are done with the last.
+// doc/gpu.md has their times on a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -80,6 +88,7 @@ struct Shape {
   float scale;        // 1 / sqrt(D)
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
   Rotary rope;        // q and k rotated as loaded, dq and dk rotated back as stored
+  bool async_kv;      // bf16 k and v with 16-byte aligned rows: key tiles by cp.async
 };
 
 // Two adjacent activations as one word of bf16 values, p[0] in the low half:
@@ -123,6 +132,17 @@ AMSP_DEVICE_INLINE uint32_t rotated_pair(const A* p, int c, int64_t row, const R
                    rope_element(x[1], y[1], low, rope.cos[at + 1], rope.sin[at + 1]));
 }
 
+// Columns c, c + 1 (a) and their partners c + kD/2, c + kD/2 + 1 (b) of the
+// row at position `row`, rotated by that position.
+template <int kD>
+AMSP_DEVICE_INLINE void rotate_pairs(float (&a)[2], float (&b)[2], int64_t row, int c,
+                                     const Rotary& rope) {
+  for (int j = 0; j < 2; ++j) {
+    const int64_t at = row * (kD / 2) + c + j;
+    rope_rotate(a[j], b[j], rope.cos[at], rope.sin[at]);
+  }
+}
+
 // Rows [first, first + n) of one head's [T, kD] slice (row stride ld) into
 // bf16 shared memory with row stride kD + kPad; rows at or past T are 0. With
 // rope tables each row is rotated by its position, a thread taking the pairs
@@ -145,10 +165,7 @@ AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const A* src, int64_t ld, int6
     if (row < T) {
       read_pair(p, a);
       read_pair(p + kHalf, b);
-      for (int j = 0; j < 2; ++j) {
-        const int64_t at = row * kHalf + c + j;
-        rope_rotate(a[j], b[j], rope.cos[at], rope.sin[at]);
-      }
+      rotate_pairs<kD>(a, b, row, c, rope);
     }
     store_word(d, pack_bf16(a[0], a[1]));
     store_word(d + kHalf, pack_bf16(b[0], b[1]));
@@ -272,8 +289,19 @@ AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
                    q0 + threadIdx.x / 32 * kRows, (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1};
 }
 
+// Key tiles in shared memory per block of forward and dq: two when they are
+// copied asynchronously (bf16 activations) and two fit in the 48 KiB that
+// need no opt-in (D <= 80), so that the next tile is copied while this one is
+// multiplied; else one.
+template <typename V>
+constexpr int kStages = std::is_same_v<Act<V>, uint16_t> &&
+                                2 * sizeof(KeyValueTiles<V::value>) <= 48 * 1024
+                            ? 2
+                            : 1;
+
 // Keys [k0, k0 + kKeys) of the head into the shared tiles, once every warp is
-// done with the previous ones.
+// done with the previous ones, through registers (fp32 activations rounded,
+// rows not 16-byte aligned).
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A* v, const Head& hd,
                                    int64_t k0, int64_t T, const Rotary& rope) {
@@ -281,6 +309,79 @@ AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A
   stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T, rope);
   stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T, Rotary{});
   __syncthreads();
+}
+
+// The copies of keys [k0, k0 + kKeys) of the head and their values into the
+// shared tiles as one group of cp.async (rows at or past T are 0).
+template <int kD>
+AMSP_DEVICE_INLINE void fetch_keys(KeyValueTiles<kD>& tiles, const uint16_t* k, const uint16_t* v,
+                                   const Head& hd, int64_t k0, int64_t T) {
+  constexpr int kChunks = kD / 8;  // 16-byte pieces of a row
+  for (int i = threadIdx.x; i < kKeys * kChunks; i += blockDim.x) {
+    const int r = i / kChunks, c = 8 * (i % kChunks);
+    const bool in = k0 + r < T;
+    const int64_t at = hd.kv_off + (in ? k0 + r : 0) * hd.ldk + c;
+    cp_async16(tiles.k + r * (kD + kPad) + c, k + at, in);
+    cp_async16(tiles.v + r * (kD + kPad) + c, v + at, in);
+  }
+  cp_async_commit();
+}
+
+// Keys [k0, k0 + kKeys) in the shared tile, landed, rotated in place by their
+// positions: the values, the arithmetic and the rounding of stage_rows.
+template <int kD>
+AMSP_DEVICE_INLINE void rotate_keys(uint16_t* keys, int64_t k0, int64_t T, const Rotary& rope) {
+  constexpr int kHalf = kD / 2, kPerRow = kD / 4;
+  for (int i = threadIdx.x; i < kKeys * kPerRow; i += blockDim.x) {
+    const int r = i / kPerRow, c = 2 * (i % kPerRow);
+    const int64_t row = k0 + r;
+    if (row >= T) continue;  // zeros, as copied
+    uint16_t* p = keys + r * (kD + kPad) + c;
+    float a[2], b[2];
+    read_pair(p, a);
+    read_pair(p + kHalf, b);
+    rotate_pairs<kD>(a, b, row, c, rope);
+    store_word(p, pack_bf16(a[0], a[1]));
+    store_word(p + kHalf, pack_bf16(b[0], b[1]));
+  }
+}
+
+// body(tiles, k0) for each key tile [k0, k0 + kKeys) up to q_last, with its
+// keys (rotated) and values in shared memory, visible to every warp. With
+// sh.async_kv the tiles come by cp.async, the next one while body runs on this
+// one when there are two stages; else stage_keys stages each.
+template <int kStagesN, int kD, typename A, typename Body>
+AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], const A* k,
+                                          const A* v, const Head& hd, int64_t q_last,
+                                          const Shape& sh, Body&& body) {
+  if constexpr (std::is_same_v<A, uint16_t>) {
+    if (sh.async_kv) {
+      const int64_t n = q_last / kKeys + 1;
+      fetch_keys<kD>(tiles[0], k, v, hd, 0, sh.T);
+      for (int64_t t = 0; t < n; ++t) {
+        KeyValueTiles<kD>& tile = tiles[t % kStagesN];
+        if (kStagesN == 2 && t + 1 < n) {
+          fetch_keys<kD>(tiles[(t + 1) % kStagesN], k, v, hd, (t + 1) * kKeys, sh.T);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();  // tile t has landed, from every thread's copies
+        if (sh.rope.cos) {
+          rotate_keys<kD>(tile.k, t * kKeys, sh.T, sh.rope);
+          __syncthreads();
+        }
+        body(tile, t * kKeys);
+        __syncthreads();  // every warp is done with tile t before it is copied over
+        if (kStagesN == 1 && t + 1 < n) fetch_keys<kD>(tile, k, v, hd, (t + 1) * kKeys, sh.T);
+      }
+      return;
+    }
+  }
+  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
+    stage_keys<kD>(tiles[0], k, v, hd, k0, sh.T, sh.rope);
+    body(tiles[0], k0);
+  }
 }
 
 // One key tile of the online softmax: the scores s (scaled and masked here)
@@ -319,26 +420,27 @@ __global__ void __launch_bounds__(kThreads)
                                   Act<V>* out, Shape sh) {
   constexpr int kD = V::value;
   constexpr int kLd = kD + kPad;
-  __shared__ KeyValueTiles<kD> tiles;
-  const auto [hd, row0, q_last] = query_rows(kD, sh);
+  __shared__ KeyValueTiles<kD> tiles[kStages<V>];
+  const QueryRows rows = query_rows(kD, sh);
+  const Head& hd = rows.hd;
+  const int64_t row0 = rows.row0;
   uint32_t qa[kD / 16][4];
   load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
 
   float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    stage_keys<kD>(tiles, k, v, hd, k0, sh.T, sh.rope);
-    if (k0 > row0 + kRows - 1) continue;  // causal: none of these keys for this warp
+  for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
+    if (k0 > row0 + kRows - 1) return;  // causal: none of these keys for this warp
     float s[kKeys / 8][4] = {}, rescale[2];
-    for (int n = 0; n < kKeys / 8; ++n) mma_dots<kD>(s[n], qa, tiles.k + 8 * n * kLd);
+    for (int n = 0; n < kKeys / 8; ++n) mma_dots<kD>(s[n], qa, kv.k + 8 * n * kLd);
     softmax_tile(s, m, l, rescale, k0, row0, sh);
     for (int n = 0; n < kD / 8; ++n)
       for (int i = 0; i < 4; ++i) o[n][i] *= rescale[i / 2];
     for (int c = 0; c < kKeys / 16; ++c) {
       uint32_t pa[4];
       a_from_c(pa, s[2 * c], s[2 * c + 1]);
-      mma_rows<kD>(o, pa, tiles.v + 16 * c * kLd);
+      mma_rows<kD>(o, pa, kv.v + 16 * c * kLd);
     }
-  }
+  });
 
   for (int j = 0; j < 2; ++j) l[j] = quad_sum(l[j]);
   for (int n = 0; n < kD / 8; ++n)
@@ -364,8 +466,10 @@ __global__ void __launch_bounds__(kThreads)
                              const Act<V>* dout, const float* delta, Act<V>* dq, Shape sh) {
   constexpr int kD = V::value;
   constexpr int kLd = kD + kPad;
-  __shared__ KeyValueTiles<kD> tiles;
-  const auto [hd, row0, q_last] = query_rows(kD, sh);
+  __shared__ KeyValueTiles<kD> tiles[kStages<V>];
+  const QueryRows rows = query_rows(kD, sh);
+  const Head& hd = rows.hd;
+  const int64_t row0 = rows.row0;
   uint32_t qa[kD / 16][4], da[kD / 16][4];
   load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
   load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T, Rotary{});
@@ -377,13 +481,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   float acc[kD / 8][4] = {};
-  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    stage_keys<kD>(tiles, k, v, hd, k0, sh.T, sh.rope);
+  for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
     for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
       float s[2][4] = {}, dp[2][4] = {};
       for (int half = 0; half < 2; ++half) {
-        mma_dots<kD>(s[half], qa, tiles.k + (16 * c + 8 * half) * kLd);
-        mma_dots<kD>(dp[half], da, tiles.v + (16 * c + 8 * half) * kLd);
+        mma_dots<kD>(s[half], qa, kv.k + (16 * c + 8 * half) * kLd);
+        mma_dots<kD>(dp[half], da, kv.v + (16 * c + 8 * half) * kLd);
       }
       for (int half = 0; half < 2; ++half)
         for (int i = 0; i < 4; ++i) {
@@ -394,9 +497,9 @@ __global__ void __launch_bounds__(kThreads)
         }
       uint32_t dsa[4];
       a_from_c(dsa, s[0], s[1]);
-      mma_rows<kD>(acc, dsa, tiles.k + 16 * c * kLd);
+      mma_rows<kD>(acc, dsa, kv.k + 16 * c * kLd);
     }
-  }
+  });
   finish_gradient<kD>(acc, row0, sh.T, sh.scale, sh.rope);
   for (int n = 0; n < kD / 8; ++n)
     for (int j = 0; j < 2; ++j) {
@@ -604,8 +707,16 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t l
     }
   }
   return Shape{
-      B,   T,    H,   KV, static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
-      ldq, ldkv, rope};
+      B,   T,    H,    KV,   static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
+      ldq, ldkv, rope, false};
+}
+
+// Whether key tiles can come by cp.async: bf16 k and v whose rows all start
+// 16-byte aligned (cp.async copies 16 bytes at a time).
+template <typename A>
+bool async_keys(const A* k, const A* v, int64_t ldkv) {
+  return std::is_same_v<A, bf16> && ldkv % 8 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(v) % 16 == 0;
 }
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
@@ -626,8 +737,8 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
                           Rotary rope, float* lse, A* out, int64_t B, int64_t T, int64_t H,
                           int64_t KV, int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh =
-      shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out}, "attention_forward_tc");
+  Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out}, "attention_forward_tc");
+  sh.async_kv = async_keys(k, v, ldkv);
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     using V = Sized<decltype(d)::value, A>;
@@ -643,8 +754,9 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
                            A* dv, float* workspace, int64_t B, int64_t T, int64_t H, int64_t KV,
                            int64_t D, cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  const Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out, dout, dq, dk, dv},
-                               "attention_backward_tc");
+  Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out, dout, dq, dk, dv},
+                         "attention_backward_tc");
+  sh.async_kv = async_keys(k, v, ldkv);
   float* delta = workspace;
   attention_delta(out, dout, delta, B, T, H, D, true, s);
   // Shares of dk and dv per query head (after delta) when kv heads are shared.

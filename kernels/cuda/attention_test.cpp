@@ -140,10 +140,13 @@ std::vector<float> widened(const A* x, int64_t n) {
   return y;
 }
 
+// The fused [B*T, (H + 2 KV) D] buffer starts `shift` elements into its
+// allocation: 2 puts bf16 rows off the 16 bytes cp.async needs, so that the
+// tensor-core kernels stage key tiles through registers instead.
 template <typename A = float>
 Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
                   const std::vector<float>& v, const std::vector<float>& dout, const Shape& s,
-                  bool bf16, Rotary rope = {}) {
+                  bool bf16, Rotary rope = {}, int64_t shift = 0) {
   const int64_t N = s.B * s.T, lq = s.H * s.D, lk = s.KV * s.D, ld = lq + 2 * lk;
   std::vector<float> qkv32(N * ld);
   for (int64_t r = 0; r < N; ++r) {
@@ -151,11 +154,12 @@ Outputs run_fused(const std::vector<float>& q, const std::vector<float>& k,
     std::copy_n(k.begin() + r * lk, lk, qkv32.begin() + r * ld + lq);
     std::copy_n(v.begin() + r * lk, lk, qkv32.begin() + r * ld + lq + lk);
   }
+  qkv32.insert(qkv32.begin(), shift, 0.0f);
   const std::vector<A> qkv = stored<A>(qkv32), dout_a = stored<A>(dout);
   std::vector<A> dqkv = stored<A>(nans(N * ld)), out = stored<A>(nans(N * lq));
   Outputs d{nans(attention_saved_count(s.B, s.T, s.H)), {}, {}, {}, {}};
   auto work = nans(attention_backward_workspace(s.B, s.T, s.H, s.KV, s.D, bf16));
-  const A* in = qkv.data();
+  const A* in = qkv.data() + shift;
   A* g = dqkv.data();
   attention_forward(in, in + lq, in + lq + lk, ld, ld, rope, d.lse.data(), out.data(), s.B, s.T,
                     s.H, s.KV, s.D, bf16, nullptr);
@@ -522,6 +526,24 @@ TEST_P(CudaAttentionBf16Rope, RotatesAsItReads) {
   const Outputs again = run_fused<bf16>(q, k, v, dout, s, true, t.rotary());
   EXPECT_EQ(fused.dq, again.dq);
   EXPECT_EQ(fused.dk, again.dk);
+}
+
+// Key tiles copied by cp.async and rotated in shared memory (rows 16-byte
+// aligned) and staged through registers (rows 4 bytes off): the same tiles,
+// so the same bits.
+TEST_P(CudaAttentionBf16Rope, UnalignedRowsGiveTheSameBits) {
+  const Shape s = std::get<0>(GetParam());
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+  const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
+             dout = randn(nq, 4, 1.0f);
+  const Tables t = tables_for(s);
+  const Outputs aligned = run_fused<bf16>(q, k, v, dout, s, true, t.rotary());
+  const Outputs shifted = run_fused<bf16>(q, k, v, dout, s, true, t.rotary(), 2);
+  EXPECT_EQ(aligned.lse, shifted.lse);
+  EXPECT_EQ(aligned.out, shifted.out);
+  EXPECT_EQ(aligned.dq, shifted.dq);
+  EXPECT_EQ(aligned.dk, shifted.dk);
+  EXPECT_EQ(aligned.dv, shifted.dv);
 }
 
 const Shape kBf16RopeShapes[] = {

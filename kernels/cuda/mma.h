@@ -123,4 +123,41 @@ AMSP_DEVICE_INLINE void a_from_c(uint32_t (&a)[4], const float (&c0)[4], const f
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// Asynchronous copies from global into shared memory (sm_80 and later), so
+// that the next tile is on its way while the current one is multiplied: each
+// cp_async16 is one cp.async.cg of 16 bytes (both addresses 16-byte aligned),
+// or 16 zero bytes where `valid` is false (src must still be a readable
+// address); cp_async_commit closes the thread's group of copies, and
+// cp_async_wait<N>() returns once at most the newest N groups are still in
+// flight. What a thread copied is visible to the block only after its wait and
+// a __syncthreads. The emulation lands the bytes at the wait, not before
+// (emu/simt.h), so a missing wait reads stale shared memory in the suite too.
+AMSP_DEVICE_INLINE void cp_async16(uint16_t* dst, const uint16_t* src, bool valid) {
+#if defined(__CUDACC__)
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  ::amsp::emu::simt::cp_async16(dst, src, !valid);
+#endif
+}
+
+AMSP_DEVICE_INLINE void cp_async_commit() {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#else
+  ::amsp::emu::simt::cp_async_commit();
+#endif
+}
+
+template <int kPending>
+AMSP_DEVICE_INLINE void cp_async_wait() {
+#if defined(__CUDACC__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#else
+  ::amsp::emu::simt::cp_async_wait(kPending);
+#endif
+}
+
 }  // namespace amsp::kernels::cuda

@@ -64,8 +64,16 @@ struct PooledStack {
 
 enum class Wait { kNone, kBlock, kWarp };
 
+// One 16-byte cp.async in flight: the bytes it read, and where they land.
+struct AsyncCopy {
+  void* dst;
+  unsigned char bytes[16];
+};
+
 struct Thread {
   ThreadInfo info{};
+  std::vector<AsyncCopy> copies;  // issued, not yet landed, oldest first
+  std::vector<size_t> groups;     // where each committed group ends in `copies`
   int linear = 0;
   bc::fiber fiber;  // the suspended thread; empty while it runs and once it finished
   bc::fiber back;   // the scheduler, while this thread runs
@@ -145,6 +153,8 @@ void start_threads(Block& b, const ThreadInfo& shape) {
     t.done = false;
     t.wait = Wait::kNone;
     t.generation = nullptr;
+    t.copies.clear();  // a block that exited with copies in flight: they land nowhere
+    t.groups.clear();
     t.fiber = bc::fiber(std::allocator_arg, PooledStack{},
                         [&t](bc::fiber&& s) { return thread_main(t, std::move(s)); });
     ++fibers_started;
@@ -334,6 +344,33 @@ void ldmatrix(uint32_t* words, int count, bool trans, const uint16_t* row) {
     words[i] = static_cast<uint32_t>(*lo) | (static_cast<uint32_t>(*hi) << 16);
   }
   sync_warp(0xffffffffu);  // no lane names its next row before all have read
+}
+
+void cp_async16(void* dst, const void* src, bool fill_zero) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    fail_in_thread("cp.async address not 16-byte aligned");
+  AsyncCopy c{dst, {}};
+  if (!fill_zero) std::memcpy(c.bytes, src, sizeof c.bytes);
+  if (order() == Order::kLowestFirst) {
+    std::memcpy(dst, c.bytes, sizeof c.bytes);  // the earliest a copy may land
+    return;
+  }
+  active->running->copies.push_back(c);
+}
+
+void cp_async_commit() {
+  Thread& t = *active->running;
+  t.groups.push_back(t.copies.size());
+}
+
+void cp_async_wait(int pending) {
+  Thread& t = *active->running;
+  if (pending < 0 || t.groups.size() <= static_cast<size_t>(pending)) return;
+  const size_t landed = t.groups[t.groups.size() - 1 - static_cast<size_t>(pending)];
+  for (size_t i = 0; i < landed; ++i) std::memcpy(t.copies[i].dst, t.copies[i].bytes, 16);
+  t.copies.erase(t.copies.begin(), t.copies.begin() + static_cast<std::ptrdiff_t>(landed));
+  t.groups.erase(t.groups.begin(), t.groups.end() - pending);
+  for (size_t& end : t.groups) end -= landed;
 }
 
 // PTX's fragments of mma.m16n8k16 with .bf16 inputs: lane = 4 g + t; a[r]

@@ -101,6 +101,21 @@ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)
 // two values of block i at row g, columns 2 t and 2 t + 1, or with `trans` at
 // rows 2 t and 2 t + 1 of column g (lane = 4 g + t), the first in the low half.
 void ldmatrix(uint32_t* words, int count, bool trans, const uint16_t* row);
+// cp.async.cg.shared.global of kernels/cuda/mma.h, 16 bytes from global `src`
+// to shared `dst` (both 16-byte aligned, else the launch fails), or 16 zero
+// bytes with fill_zero. The bytes are read at issue and land in shared memory
+// only when this thread's cp_async_wait says their group is complete, as on
+// the GPU no sooner is promised: a kernel that reads a tile before it waits
+// (or before the barrier after the wait) reads the previous tile's bytes.
+// Under the lowest-first schedule they land at issue instead, the earliest the
+// GPU may write them: a kernel that issues the next tile's copies before every
+// warp is done with the buffer they overwrite reads the next tile's bytes.
+// cp_async_commit closes the thread's open group; cp_async_wait(n) lands every
+// committed group but the newest n. Copies never committed land at no wait,
+// as PTX's wait_group promises nothing of them.
+void cp_async16(void* dst, const void* src, bool fill_zero);
+void cp_async_commit();
+void cp_async_wait(int pending);
 
 // The order in which a block's threads are resumed, for launches from this OS
 // thread; the default is AMSP_SIMT_ORDER's ("forward", "reverse" or

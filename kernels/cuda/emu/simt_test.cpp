@@ -2,16 +2,18 @@
 // combine a block's values, dynamic shared memory is per block, 2D grids and
 // blocks number their threads as CUDA does, a partial last block stays within
 // bounds, and barrier divergence fails loudly instead of passing by luck.
+#include "kernels/cuda/simt.h"
+
 #include <gtest/gtest.h>
 
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/simt.h"
+#include "kernels/cuda/mma.h"
 
 namespace {
 
@@ -113,6 +115,44 @@ TEST(Simt, ReverseOrderExposesAMissingBarrier) {
   };
   EXPECT_EQ(wrong(Order::kForward), 0);
   EXPECT_EQ(wrong(Order::kReverse), 63);
+}
+
+// Each thread copies 16 bytes of src into shared memory by cp.async and
+// reads them back before its wait (seen[0..7]) and after it (seen[8..15]).
+struct alignas(16) Tile {
+  uint16_t v[8 * 32];
+};
+
+__global__ void async_copy_kernel(const uint16_t* src, uint16_t* seen) {
+  __shared__ Tile shared;
+  uint16_t* tile = shared.v;
+  const int i = static_cast<int>(threadIdx.x);
+  for (int j = 0; j < 8; ++j) tile[8 * i + j] = 0xffff;
+  amsp::kernels::cuda::cp_async16(tile + 8 * i, src + 8 * i, i % 2 == 0);
+  amsp::kernels::cuda::cp_async_commit();
+  for (int j = 0; j < 8; ++j) seen[16 * i + j] = tile[8 * i + j];
+  amsp::kernels::cuda::cp_async_wait<0>();
+  for (int j = 0; j < 8; ++j) seen[16 * i + 8 + j] = tile[8 * i + j];
+}
+
+// cp.async lands at the wait (odd threads' copies zero-fill), no sooner, and
+// under lowest-first at issue: the two ends of what the GPU may do.
+TEST(Simt, AsyncCopiesLandAtTheWaitOrAtIssue) {
+  using amsp::emu::simt::Order;
+  std::vector<uint16_t> src(8 * 32);  // malloc's 16-byte alignment
+  std::iota(src.begin(), src.end(), uint16_t{1});
+  for (Order order : {Order::kForward, Order::kLowestFirst}) {
+    amsp::emu::simt::set_order(order);
+    std::vector<uint16_t> seen(16 * 32);
+    AMSP_LAUNCH(async_copy_kernel, 1, 32, 0, nullptr)(src.data(), seen.data());
+    amsp::emu::simt::set_order(Order::kForward);
+    for (int i = 0; i < 32; ++i)
+      for (int j = 0; j < 8; ++j) {
+        const uint16_t want = i % 2 == 0 ? src[8 * i + j] : 0;
+        EXPECT_EQ(seen[16 * i + j], order == Order::kLowestFirst ? want : 0xffff) << i << " " << j;
+        EXPECT_EQ(seen[16 * i + 8 + j], want) << i << " " << j;
+      }
+  }
 }
 
 __global__ void coords_kernel(int* out, int width) {
