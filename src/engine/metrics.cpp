@@ -81,6 +81,7 @@ void MetricsSink::step(const StepMetrics& m) {
     j["mem_predicted_bytes"] = m.mem_predicted_bytes;
     if (m.mem_reserved_bytes) j["mem_reserved_bytes"] = *m.mem_reserved_bytes;
     if (m.host_syncs) j["host_syncs"] = *m.host_syncs;
+    if (m.host_issue_ms) j["host_issue_ms"] = *m.host_issue_ms;
     j["rss_peak_bytes"] = m.rss_peak_bytes;
     nlohmann::json groups = nlohmann::json::object();
     double in_flight_ms = 0, exposed_ms = 0;

@@ -33,6 +33,7 @@ struct StepMetrics {
   int64_t mem_predicted_bytes = 0; // the plan's prediction of that peak (what the engine reserved)
   std::optional<int64_t> mem_reserved_bytes;  // a caching device allocator's bytes held from the device
   std::optional<int64_t> host_syncs;  // on a device: times the host waited for it during the step
+  std::optional<double> host_issue_ms;  // on a device: the host's time to enqueue the step
   int64_t rss_peak_bytes = 0;      // the process's peak resident set (getrusage)
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
   double busy_ms = 0;              // the step less its waits in collectives (engine/straggler.h)

@@ -597,6 +597,7 @@ ShardedEngine::~ShardedEngine() {
 StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_scale, double lr,
                                const BatchFn& batch) {
   Impl& im = *impl_;
+  const double t_start = comm::now_seconds();
   const std::vector<plan::Action> program = plan::step_program(im.schedule, micro_batches);
   im.start_program(program);
   for (auto& s : im.state) im.be.fill_zero(s.g.view());
@@ -632,6 +633,7 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
   }
   model_.accumulate_loss_into(View{});
   // The step's one synchronisation: the loss and the squared norm.
+  const double issue_s = comm::now_seconds() - t_start;
   double scalars[5];
   im.be.to_host_f64(im.scalars.view(), scalars);
   backend::check_loss_acc(scalars, model_.config().vocab_size);
@@ -640,6 +642,7 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
   result.loss_sum = scalars[0];
   result.loss_count = static_cast<int64_t>(scalars[1]);
   result.grad_norm = std::sqrt(scalars[4] / static_cast<double>(im.replicas));
+  result.issue_s = issue_s;
   return result;
 }
 

@@ -77,6 +77,7 @@ struct StepResult {
   double loss_sum = 0;       // over this rank's tokens
   int64_t loss_count = 0;
   double grad_norm = 0;      // global, before clipping
+  double issue_s = 0;        // host seconds from the step's start to its one synchronisation
 };
 
 // Fills one micro-batch: (micro index, tokens [B*T], targets [B*T]).

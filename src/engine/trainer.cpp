@@ -779,7 +779,10 @@ StepMetrics Run::train_step(int64_t step) {
   if (profile) profile->end_step();
 
   StepMetrics m;
-  if (o.device == Device::kCuda) m.host_syncs = be->host_syncs() + engine->comm_host_waits() - syncs0;
+  if (o.device == Device::kCuda) {
+    m.host_syncs = be->host_syncs() + engine->comm_host_waits() - syncs0;
+    m.host_issue_ms = r.issue_s * 1e3;
+  }
   m.step = step;
   m.total_steps = o.steps;
   m.loss = sums[0] / std::max(1.0, sums[1]);

@@ -238,6 +238,11 @@ def main():
         syncs = [r.get("host_syncs") for r in rows(os.path.join(cuda, "metrics.jsonl")) if "loss" in r and "step" in r]
         check(len(syncs) == STEPS and all(x == 1 for x in syncs),
               f"{name}: host synchronisations per step {syncs}, expected 1 each")
+        # The host's time to enqueue each step, up to that synchronisation: within the step.
+        issue = [(r.get("host_issue_ms"), r["step_ms"]) for r in rows(os.path.join(cuda, "metrics.jsonl"))
+                 if "loss" in r and "step" in r]
+        check(len(issue) == STEPS and all(i is not None and 0 < i <= s for i, s in issue),
+              f"{name}: host issue against step ms {issue}, expected each within its step")
         # Device memory is taken once: the plan's predicted peak at start-up, whatever it
         # missed in the first step, nothing after (no cudaMalloc, which synchronises, in
         # a later step): the caching allocator's reserve is the same at every step.

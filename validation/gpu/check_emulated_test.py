@@ -75,6 +75,12 @@ expect("--device cpu" in first and all(
 md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.join(out, "gpu-check.md")) else ""
 expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md and "CPU ranks, hidden" in md,
        "gpu-check.md has the results, the side-by-side, the kernel table and the CPU ranks' tables")
+# amsp timed as users run it, and again with the profile's events; the host's share of each step.
+plain, profiled = figures.get("amsp", {}), figures.get("amsp_profiled", {})
+expect("| amsp with --kernel-profile |" in md and 0 < plain.get("host_issue_ms_median", 0) <= plain.get("step_ms_median", 0)
+       and profiled.get("step_ms_median", 0) > 0,
+       f"amsp's step timed without and with the kernel profile, and its host time within the step "
+       f"(got {plain.get('host_issue_ms_median')} of {plain.get('step_ms_median')} ms, profiled {profiled.get('step_ms_median')})")
 
 # A wrong result: gpu-info fails, so the check must fail and say which check.
 fake = os.path.join(work, "fake-build")
