@@ -60,9 +60,14 @@ expect(steps > 0 and kernels.get("attention_forward", {}).get("calls") == layers
        f"kernel table: attention_forward called layers x steps = {layers} x {steps} times "
        f"(got {kernels.get('attention_forward', {}).get('calls')})")
 expect(figures.get("amsp", {}).get("peak_bytes", 0) > 0, "amsp's peak memory reported")
-expect(by_part.get("CPU ranks") == ["ok"] * 3, f"CPU ranks: hidden and two checkpoint stalls ok "
+expect(by_part.get("CPU ranks") == ["ok"] * 4, f"CPU ranks: hidden unbound and bound, two checkpoint stalls ok "
        f"(got {by_part.get('CPU ranks')})")
 cores = figures.get("cores", {})
+# The bound run's ranks were started with hydra's binding, 2 cores each.
+launcher = os.path.join(out, "cores", "mpiexec-bound-2")
+expect(os.path.exists(launcher) and "-bind-to core:2" in open(launcher).read()
+       and "zero3" in cores.get("hidden-bound-2", {}).get("table", ""),
+       "the hidden bench ran again with each rank bound to 2 cores (mpiexec -bind-to core:2)")
 expect("zero3" in cores.get("hidden", {}).get("table", "") and
        all("goal: background stall" in cores.get(k, {}).get("table", "") for k in ("ckpt-base", "ckpt-small")),
        "the CPU ranks' benchmarks' tables are in the figures")
