@@ -5,44 +5,72 @@
 // its elements. Per element: the CPU backend's loop, bit for bit.
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace amsp::kernels::cuda {
 namespace {
 
+// Elements of a tensor updated 4 at a time: a pack of 16 bytes of each fp32
+// array and 8 of a bf16 one (pack.cuh). packed[t] of tensor t's elements go by
+// packs (0 where a pointer is not aligned to its pack), the rest one at a time.
+constexpr int kAdamWPack = 4;
+
 struct AdamWBatch {
   AdamWTensor tensors[kAdamWTensors];
+  int64_t packed[kAdamWTensors];
 };
 
-AMSP_DEVICE_INLINE float load_grad(const AdamWTensor& t, int64_t i) {
-  return t.grad_bf16 ? bf16_to_float(static_cast<const bf16*>(t.grad)[i])
-                     : static_cast<const float*>(t.grad)[i];
+// P gradients from element i, widened.
+template <int P>
+AMSP_DEVICE_INLINE Pack<float, P> load_grads(const AdamWTensor& t, int64_t i) {
+  if (!t.grad_bf16) return load_pack<P>(static_cast<const float*>(t.grad) + i);
+  const Pack<bf16, P> b = load_pack<P>(static_cast<const bf16*>(t.grad) + i);
+  Pack<float, P> g;
+  AMSP_UNROLL
+  for (int k = 0; k < P; ++k) g.x[k] = bf16_to_float(b.x[k]);
+  return g;
 }
 
-AMSP_DEVICE_INLINE void store_copy(const AdamWTensor& t, int64_t i, float p) {
+// The updated masters of elements i.. into the copy, in its dtype.
+template <int P>
+AMSP_DEVICE_INLINE void store_copies(const AdamWTensor& t, int64_t i, const Pack<float, P>& p) {
   if (t.copy == nullptr) return;
-  if (t.copy_bf16)
-    static_cast<bf16*>(t.copy)[i] = float_to_bf16(p);
-  else
-    static_cast<float*>(t.copy)[i] = p;
+  if (!t.copy_bf16) return store_pack<P>(static_cast<float*>(t.copy) + i, p);
+  Pack<bf16, P> b;
+  AMSP_UNROLL
+  for (int k = 0; k < P; ++k) b.x[k] = float_to_bf16(p.x[k]);
+  store_pack<P>(static_cast<bf16*>(t.copy) + i, b);
 }
 
 __global__ void adamw_kernel(AdamWBatch batch, AdamWHyper h) {
   const AdamWTensor& t = batch.tensors[blockIdx.y];
   const float scale = h.scale != nullptr ? *h.scale : h.grad_scale;
   const bool scaled = scale != 1.0f;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < t.n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float g = load_grad(t, i);
-    if (scaled) g = g * scale;
-    float p = t.master_in[i], m = t.m_in[i], v = t.v_in[i];
-    adamw_update_element(p, m, v, g, h.lr, h.beta1, h.beta2, h.eps, t.weight_decay,
-                         h.bias_correction1, h.bias_correction2);
-    t.master[i] = p;
-    t.m[i] = m;
-    t.v[i] = v;
-    store_copy(t, i, p);
-  }
+  for_each_pack<kAdamWPack>(t.n, batch.packed[blockIdx.y], [&](int64_t i, auto pack) {
+    constexpr int P = decltype(pack)::value;
+    const Pack<float, P> g = load_grads<P>(t, i);
+    Pack<float, P> p = load_pack<P>(t.master_in + i), m = load_pack<P>(t.m_in + i),
+                   v = load_pack<P>(t.v_in + i);
+    AMSP_UNROLL
+    for (int k = 0; k < P; ++k)
+      adamw_update_element(p.x[k], m.x[k], v.x[k], scaled ? g.x[k] * scale : g.x[k], h.lr, h.beta1,
+                           h.beta2, h.eps, t.weight_decay, h.bias_correction1, h.bias_correction2);
+    store_pack<P>(t.master + i, p);
+    store_pack<P>(t.m + i, m);
+    store_pack<P>(t.v + i, v);
+    store_copies<P>(t, i, p);
+  });
+}
+
+// How many of t's elements can go by packs.
+int64_t packed_elements(const AdamWTensor& t) {
+  const size_t grad = t.grad_bf16 ? sizeof(bf16) : sizeof(float),
+               copy = t.copy_bf16 ? sizeof(bf16) : sizeof(float);
+  const bool fit = packs_align<kAdamWPack>(t.master_in, t.m_in, t.v_in, t.master, t.m, t.v) &&
+                   pack_aligned(t.grad, grad * kAdamWPack) &&
+                   pack_aligned(t.copy, copy * kAdamWPack);
+  return fit ? t.n / kAdamWPack * kAdamWPack : 0;
 }
 
 }  // namespace
@@ -54,11 +82,13 @@ void adamw(const AdamWTensor* tensors, int count, const AdamWHyper& hyper, cudaS
     int64_t longest = 0;
     for (int k = first; k < count && k < first + kAdamWTensors; ++k) {
       if (tensors[k].n == 0) continue;
+      batch.packed[used] = packed_elements(tensors[k]);
       batch.tensors[used++] = tensors[k];
       longest = tensors[k].n > longest ? tensors[k].n : longest;
     }
     if (used == 0) continue;
-    const dim3 grid(grid_for(longest, kBlockThreads, 1024), static_cast<unsigned>(used));
+    const dim3 grid(grid_for(longest / kAdamWPack + 1, kBlockThreads, 1024),
+                    static_cast<unsigned>(used));
     AMSP_LAUNCH(adamw_kernel, grid, kBlockThreads, 0, s)(batch, hyper);
   }
 }

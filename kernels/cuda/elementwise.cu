@@ -1,38 +1,65 @@
 // Conversions, additions, the end of bf16 products and the sum of squares
-// (kernels/cuda/ops.h). One thread per element in grid-stride loops; the
-// arithmetic per element is the CPU backend's, so results are bit-identical.
+// (kernels/cuda/ops.h). Grid-stride loops, by packs of 4 elements where the
+// arrays allow (pack.cuh); the arithmetic per element is the CPU backend's,
+// so results are bit-identical.
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace amsp::kernels::cuda {
 namespace {
-
-AMSP_DEVICE_INLINE int64_t first_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-AMSP_DEVICE_INLINE int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 using F32F32 = Dtypes<float, float>;
 using F32Bf16 = Dtypes<float, bf16>;
 using Bf16F32 = Dtypes<bf16, float>;
 using Bf16Bf16 = Dtypes<bf16, bf16>;
 
+// Conversions and additions go 4 elements at a time (pack.cuh) over the part
+// of the arrays flat_packs allows, one at a time over the rest.
+constexpr int kFlatPack = 4;
+
 // y = x in y's dtype; T: Dtypes<x's, y's>.
 template <typename T>
-__global__ void convert_kernel(const typename T::First* x, typename T::Second* y, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) store(y + i, load(x[i]));
+__global__ void convert_kernel(const typename T::First* x, typename T::Second* y, int64_t n,
+                               int64_t packed) {
+  for_each_pack<kFlatPack>(n, packed, [&](int64_t i, auto pack) {
+    constexpr int P = decltype(pack)::value;
+    const auto xv = load_pack<P>(x + i);
+    Pack<typename T::Second, P> yv;
+    AMSP_UNROLL
+    for (int k = 0; k < P; ++k) store(&yv.x[k], load(xv.x[k]));
+    store_pack<P>(y + i, yv);
+  });
 }
 
-__global__ void round_values_kernel(const float* x, float* y, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = round_bf16(x[i]);
+__global__ void round_values_kernel(const float* x, float* y, int64_t n, int64_t packed) {
+  for_each_pack<kFlatPack>(n, packed, [&](int64_t i, auto pack) {
+    constexpr int P = decltype(pack)::value;
+    Pack<float, P> v = load_pack<P>(x + i);
+    AMSP_UNROLL
+    for (int k = 0; k < P; ++k) v.x[k] = round_bf16(v.x[k]);
+    store_pack<P>(y + i, v);
+  });
 }
 
 // dst += src in fp32, stored in dst's dtype; T: Dtypes<dst's, src's>.
 template <typename T>
-__global__ void add_kernel(typename T::First* dst, const typename T::Second* src, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride())
-    store(dst + i, load(dst[i]) + load(src[i]));
+__global__ void add_kernel(typename T::First* dst, const typename T::Second* src, int64_t n,
+                           int64_t packed) {
+  for_each_pack<kFlatPack>(n, packed, [&](int64_t i, auto pack) {
+    constexpr int P = decltype(pack)::value;
+    auto d = load_pack<P>(dst + i);
+    const auto v = load_pack<P>(src + i);
+    AMSP_UNROLL
+    for (int k = 0; k < P; ++k) store(&d.x[k], load(d.x[k]) + load(v.x[k]));
+    store_pack<P>(dst + i, d);
+  });
+}
+
+// The launch of one of the kernels above over n elements.
+inline unsigned flat_grid(int64_t n, int64_t packed) {
+  return grid_for(packed / kFlatPack + (n - packed));
 }
 
 // One block per chunk of kSumSquaresChunk elements.
@@ -85,34 +112,49 @@ __global__ void fill_i32_kernel(int32_t* x, int32_t value, int64_t n) {
     x[i] = value;
 }
 
+template <typename T>
+void add_flat(typename T::First* dst, const typename T::Second* src, int64_t n, cudaStream_t s) {
+  const int64_t packed = flat_packs<kFlatPack>(n, dst, src);
+  if (n > 0)
+    AMSP_LAUNCH(add_kernel<T>, flat_grid(n, packed), kBlockThreads, 0, s)(dst, src, n, packed);
+}
+
 }  // namespace
 
 void to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(convert_kernel<F32Bf16>, grid_for(n), kBlockThreads, 0, s)(x, y, n);
+  const int64_t packed = flat_packs<kFlatPack>(n, x, y);
+  if (n > 0)
+    AMSP_LAUNCH(convert_kernel<F32Bf16>, flat_grid(n, packed), kBlockThreads, 0, s)
+    (x, y, n, packed);
 }
 
 void to_f32(const bf16* x, float* y, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(convert_kernel<Bf16F32>, grid_for(n), kBlockThreads, 0, s)(x, y, n);
+  const int64_t packed = flat_packs<kFlatPack>(n, x, y);
+  if (n > 0)
+    AMSP_LAUNCH(convert_kernel<Bf16F32>, flat_grid(n, packed), kBlockThreads, 0, s)
+    (x, y, n, packed);
 }
 
 void round_bf16_values(const float* x, float* y, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(round_values_kernel, grid_for(n), kBlockThreads, 0, s)(x, y, n);
+  const int64_t packed = flat_packs<kFlatPack>(n, x, y);
+  if (n > 0)
+    AMSP_LAUNCH(round_values_kernel, flat_grid(n, packed), kBlockThreads, 0, s)(x, y, n, packed);
 }
 
 void add(float* dst, const float* src, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(add_kernel<F32F32>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+  add_flat<F32F32>(dst, src, n, s);
 }
 
 void add(float* dst, const bf16* src, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(add_kernel<F32Bf16>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+  add_flat<F32Bf16>(dst, src, n, s);
 }
 
 void add(bf16* dst, const float* src, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(add_kernel<Bf16F32>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+  add_flat<Bf16F32>(dst, src, n, s);
 }
 
 void add(bf16* dst, const bf16* src, int64_t n, cudaStream_t s) {
-  if (n > 0) AMSP_LAUNCH(add_kernel<Bf16Bf16>, grid_for(n), kBlockThreads, 0, s)(dst, src, n);
+  add_flat<Bf16Bf16>(dst, src, n, s);
 }
 
 int64_t sum_squares_chunks(int64_t n) { return (n + kSumSquaresChunk - 1) / kSumSquaresChunk; }

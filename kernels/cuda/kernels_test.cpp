@@ -234,6 +234,33 @@ TEST_P(CudaKernels, AddAllDtypes) {
   }
 }
 
+// Arrays that start one element past a pack go one element at a time: the
+// same bits as the aligned arrays, which go by packs.
+TEST_P(CudaKernels, UnalignedConversionsAndAdds) {
+  const int64_t n = 1001;
+  const std::vector<float> x = random_floats(n, 4, 3.0f), a = random_floats(n, 5);
+  std::vector<bf16> y(n), want(n);
+  cuda::to_bf16(x.data() + 1, y.data() + 1, n - 1, nullptr);
+  cuda::to_bf16(x.data(), want.data(), n, nullptr);
+  y[0] = want[0];
+  expect_same("to_bf16 unaligned", y, want);
+  std::vector<float> back(n), want_back(n);
+  cuda::to_f32(want.data() + 1, back.data() + 1, n - 1, nullptr);
+  cuda::to_f32(want.data(), want_back.data(), n, nullptr);
+  back[0] = want_back[0];
+  expect_same("to_f32 unaligned", back, want_back);
+  std::vector<float> d = a, want_d = a;
+  cuda::add(d.data() + 1, x.data() + 1, n - 1, nullptr);
+  cuda::add(want_d.data(), x.data(), n, nullptr);
+  d[0] = want_d[0];
+  expect_same("add f32 += f32 unaligned", d, want_d);
+  std::vector<bf16> db = to_bf16_host(a), want_db = db;
+  cuda::add(db.data() + 1, want.data() + 1, n - 1, nullptr);
+  cuda::add(want_db.data(), want.data(), n, nullptr);
+  db[0] = want_db[0];
+  expect_same("add bf16 += bf16 unaligned", db, want_db);
+}
+
 TEST_P(CudaKernels, SumSquares) {
   CpuBackend ref(DType::kF32);
   double worst = 0.0;
@@ -471,31 +498,37 @@ TEST_P(CudaKernels, Swiglu) {
     expect_same(shape("swiglu_backward dup aliasing dout", {n}), alias, want_du);
     expect_same(shape("swiglu_backward dgate, dup aliasing dout", {n}), dg, want_dg);
   }
-  for (auto [rows, cols] : {std::array<int64_t, 2>{3, 7}, {37, 1000}}) {
+  // Both of the kernels' paths: packs of 16 bytes (every row aligned, lengths
+  // multiples of 8) and one element at a time (a length that is not, or every
+  // buffer one element off alignment: `off`).
+  for (auto [rows, cols, off] :
+       {std::array<int64_t, 3>{3, 7, 0}, {37, 1000, 0}, {5, 4096, 0}, {37, 1000, 1}}) {
     const int64_t n = rows * cols;
-    const std::vector<float> gate_up = random_floats(2 * n, 23, 4.0f), dout = random_floats(n, 24);
-    std::vector<float> out(n), want(n), d(2 * n), want_d(2 * n);
-    const float* g = gate_up.data();
-    cuda::swiglu_forward(g, g + cols, 2 * cols, out.data(), rows, cols, nullptr);
-    cpu::swiglu_forward(g, g + cols, 2 * cols, want.data(), rows, cols);
-    expect_same(shape("swiglu_forward gate|up", {rows, cols}), out, want);
-    cuda::swiglu_backward(g, g + cols, 2 * cols, dout.data(), d.data(), d.data() + cols, rows,
-                          cols, nullptr);
-    cpu::swiglu_backward(g, g + cols, 2 * cols, dout.data(), want_d.data(), want_d.data() + cols,
-                         rows, cols);
-    expect_same(shape("swiglu_backward dgate|dup", {rows, cols}), d, want_d);
+    const std::vector<float> gate_up = random_floats(2 * n + off, 23, 4.0f),
+                             dout = random_floats(n + off, 24);
+    std::vector<float> out(n + off), want(n + off), d(2 * n + off), want_d(2 * n + off);
+    const float* g = gate_up.data() + off;
+    const std::string sh = shape("swiglu", {rows, cols, off});
+    cuda::swiglu_forward(g, g + cols, 2 * cols, out.data() + off, rows, cols, nullptr);
+    cpu::swiglu_forward(g, g + cols, 2 * cols, want.data() + off, rows, cols);
+    expect_same(sh + " forward gate|up", out, want);
+    cuda::swiglu_backward(g, g + cols, 2 * cols, dout.data() + off, d.data() + off,
+                          d.data() + off + cols, rows, cols, nullptr);
+    cpu::swiglu_backward(g, g + cols, 2 * cols, dout.data() + off, want_d.data() + off,
+                         want_d.data() + off + cols, rows, cols);
+    expect_same(sh + " backward dgate|dup", d, want_d);
     // bf16 activations: the same bits as the CPU kernel's bf16 overload.
     const std::vector<bf16> gu16 = to_bf16_host(gate_up), dout16 = to_bf16_host(dout);
-    std::vector<bf16> out16(n), want16(n), d16(2 * n), want_d16(2 * n);
-    const bf16* g16 = gu16.data();
-    cuda::swiglu_forward(g16, g16 + cols, 2 * cols, out16.data(), rows, cols, nullptr);
-    cpu::swiglu_forward(g16, g16 + cols, 2 * cols, want16.data(), rows, cols);
-    expect_same(shape("swiglu_forward bf16 gate|up", {rows, cols}), out16, want16);
-    cuda::swiglu_backward(g16, g16 + cols, 2 * cols, dout16.data(), d16.data(), d16.data() + cols, rows,
-                          cols, nullptr);
-    cpu::swiglu_backward(g16, g16 + cols, 2 * cols, dout16.data(), want_d16.data(), want_d16.data() + cols,
-                         rows, cols);
-    expect_same(shape("swiglu_backward bf16 dgate|dup", {rows, cols}), d16, want_d16);
+    std::vector<bf16> out16(n + off), want16(n + off), d16(2 * n + off), want_d16(2 * n + off);
+    const bf16* g16 = gu16.data() + off;
+    cuda::swiglu_forward(g16, g16 + cols, 2 * cols, out16.data() + off, rows, cols, nullptr);
+    cpu::swiglu_forward(g16, g16 + cols, 2 * cols, want16.data() + off, rows, cols);
+    expect_same(sh + " forward bf16 gate|up", out16, want16);
+    cuda::swiglu_backward(g16, g16 + cols, 2 * cols, dout16.data() + off, d16.data() + off,
+                          d16.data() + off + cols, rows, cols, nullptr);
+    cpu::swiglu_backward(g16, g16 + cols, 2 * cols, dout16.data() + off, want_d16.data() + off,
+                         want_d16.data() + off + cols, rows, cols);
+    expect_same(sh + " backward bf16 dgate|dup", d16, want_d16);
   }
 }
 
@@ -645,6 +678,56 @@ TEST_P(CudaKernels, AdamWMultiTensor) {
       expect_same(sh + " copy f32", gpu[k].copy_f32, want[k].copy_f32);
       expect_same(sh + " copy bf16", gpu[k].copy_b, want[k].copy_b);
     }
+  }
+}
+
+// A tensor whose arrays start one element past a pack (a slice of a flat
+// buffer can): one element at a time, the same bits as the same tensor
+// aligned, which goes by packs.
+TEST_P(CudaKernels, AdamWUnalignedTensorsGiveTheSameBits) {
+  const int64_t n = 1001;
+  for (bool half : {false, true}) {
+    struct Arrays {
+      std::vector<float> master, m, v, grad, copy_f32;
+      std::vector<bf16> grad_b, copy_b;
+    };
+    Arrays a[2];  // [0] aligned, [1] one element in
+    for (int off = 0; off < 2; ++off) {
+      Arrays& x = a[off];
+      auto at = [&](uint32_t seed, float scale) {
+        std::vector<float> v = random_floats(n, seed, scale);
+        v.insert(v.begin(), off, 0.0f);
+        return v;
+      };
+      x.master = at(1, 1.0f), x.m = at(2, 0.1f), x.v = at(3, 0.01f), x.grad = at(4, 1.0f);
+      for (float& e : x.v) e = e * e;
+      x.grad_b = to_bf16_host(x.grad);
+      x.copy_f32.assign(n + off, 0.0f);
+      x.copy_b.assign(n + off, 0);
+      const cuda::AdamWTensor t{
+          x.master.data() + off,
+          x.m.data() + off,
+          x.v.data() + off,
+          x.master.data() + off,
+          x.m.data() + off,
+          x.v.data() + off,
+          half ? static_cast<const void*>(x.grad_b.data() + off) : x.grad.data() + off,
+          half ? static_cast<void*>(x.copy_b.data() + off) : x.copy_f32.data() + off,
+          n,
+          half,
+          half,
+          0.1f};
+      const cuda::AdamWHyper hyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f, 0.5f, nullptr};
+      cuda::adamw(&t, 1, hyper, nullptr);
+      for (auto* v : {&x.master, &x.m, &x.v, &x.copy_f32}) v->erase(v->begin(), v->begin() + off);
+      x.copy_b.erase(x.copy_b.begin(), x.copy_b.begin() + off);
+    }
+    const std::string sh = std::string("adamw unaligned") + (half ? " bf16" : " f32");
+    expect_same(sh + " master", a[1].master, a[0].master);
+    expect_same(sh + " m", a[1].m, a[0].m);
+    expect_same(sh + " v", a[1].v, a[0].v);
+    expect_same(sh + " copy f32", a[1].copy_f32, a[0].copy_f32);
+    expect_same(sh + " copy bf16", a[1].copy_b, a[0].copy_b);
   }
 }
 

@@ -3,56 +3,108 @@
 // per-element math of kernels/common/math.h. The row sums are block
 // reductions (a fixed tree order, not the CPU's), so inv_rms and dx may differ
 // from the CPU in the last bit; y and dw follow the CPU's order exactly.
+#include <type_traits>
+
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace amsp::kernels::cuda {
 namespace {
 
+// Every kernel here moves P adjacent elements at a time (pack.cuh): P = 4 (x
+// and dx as 16 bytes, bf16 w, y and dy as 8) when the row length is a multiple
+// of 4 and every pointer is aligned to its pack, else P = 1. A thread takes
+// the packs j = threadIdx.x, + blockDim.x, ... of a row; the per-element
+// arithmetic is the same either way.
+template <int P>
+AMSP_DEVICE_INLINE int64_t first_column() {
+  return static_cast<int64_t>(threadIdx.x) * P;
+}
+template <int P>
+AMSP_DEVICE_INLINE int64_t column_stride() {
+  return static_cast<int64_t>(blockDim.x) * P;
+}
+
 // One block per row (grid-stride over rows); every thread of a block takes
-// part in the reduction, however short the row. T: Dtypes<w's, y's>.
-template <typename T>
-__global__ void rmsnorm_forward_kernel(const float* x, const typename T::First* w, typename T::Second* y,
-                                       float* inv_rms, int64_t rows, int64_t dim, float eps) {
+// part in the reduction, however short the row. V: Sized<P, Dtypes<w's, y's>>.
+template <typename V>
+__global__ void rmsnorm_forward_kernel(const float* x, const typename V::Type::First* w,
+                                       typename V::Type::Second* y, float* inv_rms, int64_t rows,
+                                       int64_t dim, float eps) {
+  constexpr int P = V::value;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
     double ss = 0.0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      ss += static_cast<double>(xr[j]) * xr[j];
+    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
+      const Pack<float, P> xv = load_pack<P>(xr + j);
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) ss += static_cast<double>(xv.x[k]) * xv.x[k];
+    }
     const float inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
     if (threadIdx.x == 0) inv_rms[r] = inv;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      store(y + r * dim + j, rmsnorm_element(xr[j], load(w[j]), inv));
+    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
+      const Pack<float, P> xv = load_pack<P>(xr + j);
+      const auto wv = load_pack<P>(w + j);
+      Pack<typename V::Type::Second, P> yv;
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(xv.x[k], load(wv.x[k]), inv));
+      store_pack<P>(y + r * dim + j, yv);
+    }
   }
 }
 
-template <typename T>
-__global__ void rmsnorm_apply_kernel(const float* x, const typename T::First* w, const float* inv_rms,
-                                     typename T::Second* y, int64_t rows, int64_t dim) {
+template <typename V>
+__global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::First* w,
+                                     const float* inv_rms, typename V::Type::Second* y,
+                                     int64_t rows, int64_t dim) {
+  constexpr int P = V::value;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float inv = inv_rms[r];
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      store(y + r * dim + j, rmsnorm_element(x[r * dim + j], load(w[j]), inv));
+    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
+      const Pack<float, P> xv = load_pack<P>(x + r * dim + j);
+      const auto wv = load_pack<P>(w + j);
+      Pack<typename V::Type::Second, P> yv;
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(xv.x[k], load(wv.x[k]), inv));
+      store_pack<P>(y + r * dim + j, yv);
+    }
   }
 }
 
 // dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row.
-// T: Dtypes<w's, dy's>.
-template <typename T>
-__global__ void rmsnorm_dx_kernel(const typename T::Second* dy, const float* x, const typename T::First* w,
-                                  const float* inv_rms, float* dx, int64_t rows, int64_t dim) {
+// V: Sized<P, Dtypes<w's, dy's>>.
+template <typename V>
+__global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const float* x,
+                                  const typename V::Type::First* w, const float* inv_rms, float* dx,
+                                  int64_t rows, int64_t dim) {
+  constexpr int P = V::value;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
-    const typename T::Second* dyr = dy + r * dim;
+    const auto* dyr = dy + r * dim;
     const float inv = inv_rms[r];
     double c = 0.0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      c += static_cast<double>(load(w[j]) * load(dyr[j])) * xr[j];
+    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
+      const Pack<float, P> xv = load_pack<P>(xr + j);
+      const auto wv = load_pack<P>(w + j);
+      const auto dyv = load_pack<P>(dyr + j);
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k)
+        c += static_cast<double>(load(wv.x[k]) * load(dyv.x[k])) * xv.x[k];
+    }
     c = block_sum(c);
     const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-      dx[r * dim + j] += rmsnorm_dx_element(xr[j], load(w[j]), load(dyr[j]), inv, coef);
+    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
+      const Pack<float, P> xv = load_pack<P>(xr + j);
+      const auto wv = load_pack<P>(w + j);
+      const auto dyv = load_pack<P>(dyr + j);
+      Pack<float, P> dxv = load_pack<P>(dx + r * dim + j);
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k)
+        dxv.x[k] += rmsnorm_dx_element(xv.x[k], load(wv.x[k]), load(dyv.x[k]), inv, coef);
+      store_pack<P>(dx + r * dim + j, dxv);
+    }
   }
 }
 
@@ -63,20 +115,29 @@ AMSP_DEVICE_INLINE void add_to(bf16* dst, float c) {
 
 // dw[j] += sum over rows of dy * (x * inv), in two launches spread over the
 // device: the sums of each chunk of kRmsnormDwRows rows (math.h) per column, a
-// block per (256 columns, chunk), in double; then per column the chunks in
-// order, added to dw once. The CPU sums in the same order.
-template <typename DY>
-__global__ void rmsnorm_dw_chunks_kernel(const DY* dy, const float* x, const float* inv_rms,
-                                         double* partials, int64_t rows, int64_t dim) {
+// block per (256 packs of columns, chunk), in double; then per column the
+// chunks in order, added to dw once. The CPU sums in the same order.
+// V: Sized<P, dy's dtype>.
+template <typename V>
+__global__ void rmsnorm_dw_chunks_kernel(const typename V::Type* dy, const float* x,
+                                         const float* inv_rms, double* partials, int64_t rows,
+                                         int64_t dim) {
+  constexpr int P = V::value;
   const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+  for (int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * P; j < dim;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x * P)
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
       const int64_t r1 = (c + 1) * kRmsnormDwRows < rows ? (c + 1) * kRmsnormDwRows : rows;
-      double acc = 0.0;
-      for (int64_t r = c * kRmsnormDwRows; r < r1; ++r)
-        acc += static_cast<double>(load(dy[r * dim + j]) * (x[r * dim + j] * inv_rms[r]));
-      partials[c * dim + j] = acc;
+      double acc[P] = {};
+      for (int64_t r = c * kRmsnormDwRows; r < r1; ++r) {
+        const auto dyv = load_pack<P>(dy + r * dim + j);
+        const Pack<float, P> xv = load_pack<P>(x + r * dim + j);
+        const float inv = inv_rms[r];
+        AMSP_UNROLL
+        for (int k = 0; k < P; ++k) acc[k] += static_cast<double>(load(dyv.x[k]) * (xv.x[k] * inv));
+      }
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) partials[c * dim + j + k] = acc[k];
     }
 }
 
@@ -90,24 +151,45 @@ __global__ void rmsnorm_dw_sum_kernel(const double* partials, DW* dw, int64_t ch
   }
 }
 
+// Calls f with std::integral_constant<int, P>: P = 4 where every pointer is
+// aligned to its pack of 4 and rows of `dim` hold whole packs, else P = 1.
+constexpr int kNormPack = 4;
+template <typename F, typename... Ptr>
+void with_pack(int64_t dim, F f, const Ptr*... p) {
+  if (dim % kNormPack == 0 && packs_align<kNormPack>(p...))
+    f(std::integral_constant<int, kNormPack>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
 }  // namespace
 
 template <typename W, typename Y>
 void rmsnorm_forward(const float* x, const W* w, Y* y, float* inv_rms, int64_t rows, int64_t dim, float eps,
                      cudaStream_t s) {
-  using T = Dtypes<W, Y>;
-  if (rows > 0)
-    AMSP_LAUNCH(rmsnorm_forward_kernel<T>, grid_for(rows, 1), kBlockThreads, 0, s)(
-        x, w, y, inv_rms, rows, dim, eps);
+  if (rows == 0) return;
+  with_pack(
+      dim,
+      [&](auto pack) {
+        using V = Sized<decltype(pack)::value, Dtypes<W, Y>>;
+        AMSP_LAUNCH(rmsnorm_forward_kernel<V>, grid_for(rows, 1), kBlockThreads, 0, s)
+        (x, w, y, inv_rms, rows, dim, eps);
+      },
+      x, w, y);
 }
 
 template <typename W, typename Y>
 void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, Y* y, int64_t rows, int64_t dim,
                    cudaStream_t s) {
-  using T = Dtypes<W, Y>;
-  if (rows > 0 && dim > 0)
-    AMSP_LAUNCH(rmsnorm_apply_kernel<T>, grid_for(rows, 1), kBlockThreads, 0, s)(
-        x, w, inv_rms, y, rows, dim);
+  if (rows == 0 || dim == 0) return;
+  with_pack(
+      dim,
+      [&](auto pack) {
+        using V = Sized<decltype(pack)::value, Dtypes<W, Y>>;
+        AMSP_LAUNCH(rmsnorm_apply_kernel<V>, grid_for(rows, 1), kBlockThreads, 0, s)
+        (x, w, inv_rms, y, rows, dim);
+      },
+      x, w, y);
 }
 
 int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim) {
@@ -118,12 +200,20 @@ template <typename DY, typename W, typename DW>
 void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx, DW* dw,
                       int64_t rows, int64_t dim, double* workspace, cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
-  using T = Dtypes<W, DY>;
-  AMSP_LAUNCH(rmsnorm_dx_kernel<T>, grid_for(rows, 1), kBlockThreads, 0, s)(
-      dy, x, w, inv_rms, dx, rows, dim);
   const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
-  const dim3 grid(grid_for(dim), grid_for(chunks, 1, 65535));
-  AMSP_LAUNCH(rmsnorm_dw_chunks_kernel<DY>, grid, kBlockThreads, 0, s)(dy, x, inv_rms, workspace, rows, dim);
+  with_pack(
+      dim,
+      [&](auto pack) {
+        constexpr int P = decltype(pack)::value;
+        using V = Sized<P, Dtypes<W, DY>>;
+        using VDY = Sized<P, DY>;
+        AMSP_LAUNCH(rmsnorm_dx_kernel<V>, grid_for(rows, 1), kBlockThreads, 0, s)
+        (dy, x, w, inv_rms, dx, rows, dim);
+        const dim3 grid(grid_for(dim / P), grid_for(chunks, 1, 65535));
+        AMSP_LAUNCH(rmsnorm_dw_chunks_kernel<VDY>, grid, kBlockThreads, 0, s)
+        (dy, x, inv_rms, workspace, rows, dim);
+      },
+      dy, x, w, dx);
   AMSP_LAUNCH(rmsnorm_dw_sum_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(workspace, dw, chunks, dim);
 }
 

@@ -1,39 +1,71 @@
-// SwiGLU of LLaMA's MLP (kernels/cuda/ops.h): one thread per element,
-// kernels/common/math.h's swiglu and swiglu_grad on fp32 or bf16 activations
-// (widened, computed in fp32, stored rounded), the same bits as the CPU.
+// SwiGLU of LLaMA's MLP (kernels/cuda/ops.h): kernels/common/math.h's swiglu
+// and swiglu_grad on fp32 or bf16 activations (widened, computed in fp32,
+// stored rounded), the same bits as the CPU.
+//
+// blockIdx.y strides over the rows and x over a row's columns, P adjacent
+// columns per thread: P = 16 bytes' worth (pack.cuh) where every row starts
+// 16-byte aligned and holds whole packs (the model's gate|up always), else 1.
+#include <type_traits>
+
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace amsp::kernels::cuda {
 namespace {
 
-// Element i of the rows x cols output: row i / cols, column i % cols.
-template <typename A>
-__global__ void swiglu_forward_kernel(const A* gate, const A* up, int64_t ld, A* out, int64_t rows,
+// V: Sized<P, activation dtype>.
+template <typename V>
+__global__ void swiglu_forward_kernel(const typename V::Type* gate, const typename V::Type* up,
+                                      int64_t ld, typename V::Type* out, int64_t rows,
                                       int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t at = i / cols * ld + i % cols;
-    store(out + i, swiglu(load(gate[at]), load(up[at])));
-  }
+  constexpr int P = V::value;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = first_pack<P>(); c < cols; c += pack_stride<P>()) {
+      const auto g = load_pack<P>(gate + r * ld + c), u = load_pack<P>(up + r * ld + c);
+      Pack<typename V::Type, P> o;
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) store(&o.x[k], swiglu(load(g.x[k]), load(u.x[k])));
+      store_pack<P>(out + r * cols + c, o);
+    }
 }
 
-// dup may alias dout when ld == cols: each thread reads dout[i] before it
-// writes dup[i].
-template <typename A>
-__global__ void swiglu_backward_kernel(const A* gate, const A* up, int64_t ld, const A* dout, A* dgate,
-                                       A* dup, int64_t rows, int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t at = i / cols * ld + i % cols;
-    float dg, du;
-    swiglu_grad(load(gate[at]), load(up[at]), load(dout[i]), dg, du);
-    store(dgate + at, dg);
-    store(dup + at, du);
-  }
+// dup may alias dout when ld == cols: each thread reads its columns of dout
+// before it writes the same columns of dup.
+template <typename V>
+__global__ void swiglu_backward_kernel(const typename V::Type* gate, const typename V::Type* up,
+                                       int64_t ld, const typename V::Type* dout,
+                                       typename V::Type* dgate, typename V::Type* dup, int64_t rows,
+                                       int64_t cols) {
+  constexpr int P = V::value;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = first_pack<P>(); c < cols; c += pack_stride<P>()) {
+      const int64_t at = r * ld + c;
+      const auto g = load_pack<P>(gate + at), u = load_pack<P>(up + at),
+                 d = load_pack<P>(dout + r * cols + c);
+      Pack<typename V::Type, P> dg, du;
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) {
+        float a, b;
+        swiglu_grad(load(g.x[k]), load(u.x[k]), load(d.x[k]), a, b);
+        store(&dg.x[k], a);
+        store(&du.x[k], b);
+      }
+      store_pack<P>(dgate + at, dg);
+      store_pack<P>(dup + at, du);
+    }
+}
+
+// Calls f with std::integral_constant<int, P> and the grid for it.
+template <typename A, typename F, typename... Ptr>
+void with_pack(int64_t rows, int64_t cols, int64_t ld, F f, const Ptr*... p) {
+  constexpr int N = kPack16<A>;
+  const unsigned y = grid_for(rows, 1, 65535);
+  if (cols % N == 0 && ld % N == 0 && packs_align<N>(p...))
+    f(std::integral_constant<int, N>{}, dim3(grid_for(cols / N), y));
+  else
+    f(std::integral_constant<int, 1>{}, dim3(grid_for(cols), y));
 }
 
 }  // namespace
@@ -41,17 +73,29 @@ __global__ void swiglu_backward_kernel(const A* gate, const A* up, int64_t ld, c
 template <typename A>
 void swiglu_forward(const A* gate, const A* up, int64_t ld, A* out, int64_t rows, int64_t cols,
                     cudaStream_t s) {
-  if (rows * cols > 0)
-    AMSP_LAUNCH(swiglu_forward_kernel<A>, grid_for(rows * cols), kBlockThreads, 0, s)(
-        gate, up, ld, out, rows, cols);
+  if (rows * cols == 0) return;
+  with_pack<A>(
+      rows, cols, ld,
+      [&](auto pack, dim3 grid) {
+        using V = Sized<decltype(pack)::value, A>;
+        AMSP_LAUNCH(swiglu_forward_kernel<V>, grid, kBlockThreads, 0, s)
+        (gate, up, ld, out, rows, cols);
+      },
+      gate, up, out);
 }
 
 template <typename A>
 void swiglu_backward(const A* gate, const A* up, int64_t ld, const A* dout, A* dgate, A* dup,
                      int64_t rows, int64_t cols, cudaStream_t s) {
-  if (rows * cols > 0)
-    AMSP_LAUNCH(swiglu_backward_kernel<A>, grid_for(rows * cols), kBlockThreads, 0, s)(
-        gate, up, ld, dout, dgate, dup, rows, cols);
+  if (rows * cols == 0) return;
+  with_pack<A>(
+      rows, cols, ld,
+      [&](auto pack, dim3 grid) {
+        using V = Sized<decltype(pack)::value, A>;
+        AMSP_LAUNCH(swiglu_backward_kernel<V>, grid, kBlockThreads, 0, s)
+        (gate, up, ld, dout, dgate, dup, rows, cols);
+      },
+      gate, up, dout, dgate, dup);
 }
 
 template void swiglu_forward(const float*, const float*, int64_t, float*, int64_t, int64_t, cudaStream_t);

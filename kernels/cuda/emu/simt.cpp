@@ -358,6 +358,14 @@ void cp_async16(void* dst, const void* src, bool fill_zero) {
   active->running->copies.push_back(c);
 }
 
+void check_aligned(const void* p, size_t bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    fail_in_thread("misaligned address: a " + std::to_string(bytes) +
+                   "-byte access at an address " +
+                   std::to_string(reinterpret_cast<uintptr_t>(p) % bytes) +
+                   " bytes past a multiple of " + std::to_string(bytes));
+}
+
 void cp_async_commit() {
   Thread& t = *active->running;
   t.groups.push_back(t.copies.size());

@@ -116,6 +116,11 @@ void ldmatrix(uint32_t* words, int count, bool trans, const uint16_t* row);
 void cp_async16(void* dst, const void* src, bool fill_zero);
 void cp_async_commit();
 void cp_async_wait(int pending);
+// A vector access of `bytes` (2, 4, 8 or 16: kernels/cuda/pack.cuh) at p:
+// fails the launch unless p is a multiple of `bytes`, as the GPU does
+// (cudaErrorMisalignedAddress), so a kernel that takes packs where they do not
+// fit fails in the suite too.
+void check_aligned(const void* p, size_t bytes);
 
 // The order in which a block's threads are resumed, for launches from this OS
 // thread; the default is AMSP_SIMT_ORDER's ("forward", "reverse" or

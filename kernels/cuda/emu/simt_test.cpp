@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/mma.h"
+#include "kernels/cuda/pack.cuh"
 
 namespace {
 
@@ -191,6 +192,29 @@ TEST(Simt, BarrierDivergenceFailsNamingTheKernel) {
   // All threads present: the same kernel runs.
   AMSP_LAUNCH(divergent_kernel, 1, 64, 0, nullptr)(x.data(), 64);
   EXPECT_EQ(x[63], 1.0f);
+}
+
+// Each thread copies a pack of 4 floats starting `offset` floats in.
+__global__ void pack_copy_kernel(const float* x, float* y, int offset) {
+  using amsp::kernels::cuda::load_pack;
+  using amsp::kernels::cuda::store_pack;
+  const int i = 4 * static_cast<int>(threadIdx.x) + offset;
+  store_pack<4>(y + i, load_pack<4>(x + i));
+}
+
+TEST(Simt, MisalignedPacksFailAsOnTheGpu) {
+  std::vector<float> x(4 * 32 + 1), y(x.size());  // malloc's 16-byte alignment
+  std::iota(x.begin(), x.end(), 1.0f);
+  AMSP_LAUNCH(pack_copy_kernel, 1, 32, 0, nullptr)(x.data(), y.data(), 0);
+  EXPECT_EQ(y[4 * 31 + 3], x[4 * 31 + 3]);
+  try {
+    AMSP_LAUNCH(pack_copy_kernel, 1, 32, 0, nullptr)(x.data(), y.data(), 1);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("pack_copy_kernel"), std::string::npos) << what;
+    EXPECT_NE(what.find("misaligned address: a 16-byte access"), std::string::npos) << what;
+  }
 }
 
 __global__ void warp_then_block_kernel() {

@@ -1,0 +1,98 @@
+// Vector loads and stores for the memory-bound kernels of kernels/cuda: N
+// adjacent elements moved as one access of N * sizeof(A) bytes (16 at most:
+// an LDG.128 / STG.128 on the GPU), as llm.c's Packed128 and PyTorch's
+// vectorized elementwise kernels do. A warp then moves 512 bytes per
+// instruction instead of 64 or 128, which is what it takes to come near the
+// memory's bandwidth with one pass over the data.
+//
+// A pack's address must be a multiple of its size: the host side checks
+// (packs_align, flat_packs) and the kernels fall back to one element at a time where it does
+// not hold (a row length or stride that is not a multiple of N, a view that
+// starts mid-pack). The arithmetic per element is the scalar kernels', so both
+// paths give the same bits.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <type_traits>
+
+#include "kernels/cuda/simt.h"
+
+namespace amsp::kernels::cuda {
+
+template <typename A, int N>
+struct alignas(sizeof(A) * N) Pack {
+  static_assert(sizeof(A) * N <= 16 && (sizeof(A) * N & (sizeof(A) * N - 1)) == 0,
+                "a pack is 2, 4, 8 or 16 bytes");
+  A x[N];
+};
+
+// 16 bytes of A: 4 fp32 values, 8 bf16 ones.
+template <typename A>
+constexpr int kPack16 = static_cast<int>(16 / sizeof(A));
+
+template <int N, typename A>
+AMSP_DEVICE_INLINE Pack<A, N> load_pack(const A* p) {
+#if defined(__CUDACC__)
+  return *reinterpret_cast<const Pack<A, N>*>(p);
+#else
+  ::amsp::emu::simt::check_aligned(p, sizeof(Pack<A, N>));
+  Pack<A, N> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
+template <int N, typename A>
+AMSP_DEVICE_INLINE void store_pack(A* p, const Pack<A, N>& v) {
+#if defined(__CUDACC__)
+  *reinterpret_cast<Pack<A, N>*>(p) = v;
+#else
+  ::amsp::emu::simt::check_aligned(p, sizeof v);
+  std::memcpy(p, &v, sizeof v);
+#endif
+}
+
+// Grid-stride loops over packs of P elements: a thread's first element, and
+// the step to its next.
+template <int P>
+AMSP_DEVICE_INLINE int64_t first_pack() {
+  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * P;
+}
+template <int P>
+AMSP_DEVICE_INLINE int64_t pack_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x * P;
+}
+
+// Over elements [0, n) of flat arrays, grid-stride: f(i, P) for i in [0,
+// packed) by packs of P (P a std::integral_constant), then f(i, 1) for the
+// rest, one at a time. `packed` is a multiple of P: flat_packs' answer.
+template <int P, typename F>
+AMSP_DEVICE_INLINE void for_each_pack(int64_t n, int64_t packed, F f) {
+  for (int64_t i = first_pack<P>(); i < packed; i += pack_stride<P>())
+    f(i, std::integral_constant<int, P>{});
+  for (int64_t i = packed + first_pack<1>(); i < n; i += pack_stride<1>())
+    f(i, std::integral_constant<int, 1>{});
+}
+
+// Whether p is a multiple of `bytes`, a pack's size. Host side, at launch.
+inline bool pack_aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Whether every pointer is aligned to its pack of N elements of its own type.
+template <int N, typename... T>
+bool packs_align(const T*... p) {
+  return (pack_aligned(p, sizeof(T) * N) && ...);
+}
+
+// How many of n elements of flat arrays at these pointers for_each_pack<N>
+// can take by packs: n rounded down to whole packs, or 0 where a pointer is
+// not aligned to its pack.
+template <int N, typename... T>
+int64_t flat_packs(int64_t n, const T*... p) {
+  return packs_align<N>(p...) ? n / N * N : 0;
+}
+
+}  // namespace amsp::kernels::cuda
