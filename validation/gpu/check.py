@@ -203,6 +203,37 @@ def summary(runs):
             "losses": [r["loss"] for r in runs]}
 
 
+def host_phases(trace_path):
+    """Where the host's time goes in a step, from `amsp train --trace` (compute track, host
+    clock): per recorded step (each ends with its "optimizer" span, which runs from the
+    update's enqueue through the step's one synchronisation), the time spent enqueueing
+    the units' forwards and backwards, the optimizer span, and the rest of the step's host
+    time (gathers and reductions issued, the batch copied, the loss). Medians over the
+    steps after the first recorded one; None without a trace."""
+    try:
+        events = json.load(open(trace_path))["traceEvents"]
+    except (OSError, ValueError, KeyError):
+        return None
+    spans = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "compute"), key=lambda e: e["ts"])
+    steps, cur = [], []
+    for e in spans:
+        cur.append(e)
+        if e["name"] == "optimizer":
+            steps.append(cur)
+            cur = []
+    rows = []
+    for st in steps[1:] or steps:
+        ms = lambda prefix: sum(e["dur"] for e in st if e["name"].startswith(prefix)) / 1e3
+        whole = (st[-1]["ts"] + st[-1]["dur"] - st[0]["ts"]) / 1e3
+        rows.append({"forward": ms("fwd "), "backward": ms("bwd "), "optimizer": ms("optimizer"), "whole": whole})
+    if not rows:
+        return None
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    med["other"] = max(0.0, med["whole"] - med["forward"] - med["backward"] - med["optimizer"])
+    med["steps"] = len(rows)
+    return med
+
+
 def side_by_side(c):
     print("== 4. one-GPU training, amsp beside PyTorch", flush=True)
     if c.a.emulated:
@@ -220,13 +251,19 @@ def side_by_side(c):
     profile = os.path.join(work, "kernel-profile.json")
     # The figures from a run as users run it; the kernel table from a second run with
     # its timing events, whose own step time says what the events cost.
+    # Its trace (steps 2 on, a few spans a unit) says where the host's time goes.
+    trace = os.path.join(work, "trace.json")
     runs, note, run_dir = train(c, "side-by-side", 1, "ddp", ["--init-from", hf], steps, batch, seq,
-                                extra=OPT_FLAGS + ["--data-order", order])
+                                extra=OPT_FLAGS + ["--data-order", order, "--trace", trace,
+                                                   "--trace-steps", str(steps - 1)])
     if runs is None:
         c.record("side-by-side", f"amsp {model}", "FAIL", note)
         return
     c.figures["model"] = {"preset": model, "seq": seq, "batch": batch, "steps": steps}
     c.figures["amsp"] = amsp = summary(runs)
+    phases = host_phases(trace)
+    if phases:
+        c.figures["host_phases"] = phases
     c.record("side-by-side", f"amsp {model}", "ok", f"{amsp['tokens_per_s']:.0f} tokens/s, MFU {amsp['mfu']:.1%}, "
              f"host {amsp['host_issue_ms_median']:.0f} of {amsp['step_ms_median']:.0f} ms a step; {note}")
     profiled, note, _ = train(c, "side-by-side-profiled", 1, "ddp", ["--init-from", hf], steps, batch, seq,
@@ -406,6 +443,14 @@ def report(c):
                 host = f"{r['host_issue_ms_median']:.0f}" if "host_issue_ms_median" in r else "-"
                 lines.append(f"| {label}{att} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | {r['step_ms_median']:.0f} | "
                              f"{host} | {size(r.get('peak_bytes'))} | {r['losses'][0]:.5f} |")
+    h = f.get("host_phases")
+    if h:
+        lines += ["", f"amsp's host time per step, from its trace (host clock, median of {h['steps']} steps; "
+                      "optimizer: from the update's enqueue through the step's one synchronisation):", "",
+                  "| enqueueing forwards | backwards | optimizer, then the wait | the rest | the step |",
+                  "|---|---|---|---|---|",
+                  f"| {h['forward']:.1f} ms | {h['backward']:.1f} ms | {h['optimizer']:.1f} ms | {h['other']:.1f} ms | "
+                  f"{h['whole']:.1f} ms |"]
     k = f.get("kernels")
     if k:
         lines += ["", f"amsp's time per kernel (CUDA events around each launch, {k.get('steps')} steps; "

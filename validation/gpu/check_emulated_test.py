@@ -86,6 +86,12 @@ expect("| amsp with --kernel-profile |" in md and 0 < plain.get("host_issue_ms_m
        and profiled.get("step_ms_median", 0) > 0,
        f"amsp's step timed without and with the kernel profile, and its host time within the step "
        f"(got {plain.get('host_issue_ms_median')} of {plain.get('step_ms_median')} ms, profiled {profiled.get('step_ms_median')})")
+# Where the host's time goes, from the plain run's trace: every unit's forward and backward
+# enqueued within the step, in the report.
+h = figures.get("host_phases") or {}
+expect("| enqueueing forwards |" in md and h.get("steps", 0) >= 1 and 0 < h.get("forward", 0)
+       and 0 < h.get("backward", 0) and h.get("forward", 0) + h.get("backward", 0) <= h.get("whole", 0),
+       f"the host's time per step by phase, from the side-by-side run's trace (got {h})")
 
 # A wrong result: gpu-info fails, so the check must fail and say which check.
 fake = os.path.join(work, "fake-build")
