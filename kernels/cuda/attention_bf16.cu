@@ -45,6 +45,11 @@
 // by cp.async (mma.h), as in FlashAttention-2: up to D = 80 two tiles in
 // shared memory (36 KiB at D = 64), the next one copied while the warps
 // multiply this one, and with RoPE the keys rotated in place once landed.
+// dk/dv walks its query tiles the same way (q, dout, lse and delta): two
+// tiles of 32 rows beside the keys and values up to D = 80 (37 KiB at
+// D = 64), of 16 rows at D = 96 and 112; at D = 128 two do not fit in 48
+// KiB. The rows are summed in the same order either way, so the bits are the
+// staged path's.
 // Otherwise (fp32 activations rounded as staged, unaligned rows) each tile
 // is staged through registers after the warps are done with the last.
 // doc/gpu.md has their times on a GPU.
@@ -311,32 +316,17 @@ AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A
   __syncthreads();
 }
 
-// The copies of keys [k0, k0 + kKeys) of the head and their values into the
-// shared tiles as one group of cp.async (rows at or past T are 0).
-template <int kD>
-AMSP_DEVICE_INLINE void fetch_keys(KeyValueTiles<kD>& tiles, const uint16_t* k, const uint16_t* v,
-                                   const Head& hd, int64_t k0, int64_t T) {
-  constexpr int kChunks = kD / 8;  // 16-byte pieces of a row
-  for (int i = threadIdx.x; i < kKeys * kChunks; i += blockDim.x) {
-    const int r = i / kChunks, c = 8 * (i % kChunks);
-    const bool in = k0 + r < T;
-    const int64_t at = hd.kv_off + (in ? k0 + r : 0) * hd.ldk + c;
-    cp_async16(tiles.k + r * (kD + kPad) + c, k + at, in);
-    cp_async16(tiles.v + r * (kD + kPad) + c, v + at, in);
-  }
-  cp_async_commit();
-}
-
-// Keys [k0, k0 + kKeys) in the shared tile, landed, rotated in place by their
+// Rows [first, first + n) in a shared tile, landed, rotated in place by their
 // positions: the values, the arithmetic and the rounding of stage_rows.
 template <int kD>
-AMSP_DEVICE_INLINE void rotate_keys(uint16_t* keys, int64_t k0, int64_t T, const Rotary& rope) {
+AMSP_DEVICE_INLINE void rotate_rows(uint16_t* rows, int n, int64_t first, int64_t T,
+                                    const Rotary& rope) {
   constexpr int kHalf = kD / 2, kPerRow = kD / 4;
-  for (int i = threadIdx.x; i < kKeys * kPerRow; i += blockDim.x) {
+  for (int i = threadIdx.x; i < n * kPerRow; i += blockDim.x) {
     const int r = i / kPerRow, c = 2 * (i % kPerRow);
-    const int64_t row = k0 + r;
+    const int64_t row = first + r;
     if (row >= T) continue;  // zeros, as copied
-    uint16_t* p = keys + r * (kD + kPad) + c;
+    uint16_t* p = rows + r * (kD + kPad) + c;
     float a[2], b[2];
     read_pair(p, a);
     read_pair(p + kHalf, b);
@@ -344,6 +334,30 @@ AMSP_DEVICE_INLINE void rotate_keys(uint16_t* keys, int64_t k0, int64_t T, const
     store_word(p, pack_bf16(a[0], a[1]));
     store_word(p + kHalf, pack_bf16(b[0], b[1]));
   }
+}
+
+// Rows [first, first + n) of one head's [T, kD] slice (row stride ld, every
+// row 16-byte aligned) into shared memory as copies of the thread's open
+// cp.async group; rows at or past T are 0.
+template <int kD>
+AMSP_DEVICE_INLINE void fetch_rows(uint16_t* dst, const uint16_t* src, int64_t ld, int64_t first,
+                                   int n, int64_t T) {
+  constexpr int kChunks = kD / 8;  // 16-byte pieces of a row
+  for (int i = threadIdx.x; i < n * kChunks; i += blockDim.x) {
+    const int r = i / kChunks, c = 8 * (i % kChunks);
+    const bool in = first + r < T;
+    cp_async16(dst + r * (kD + kPad) + c, src + (in ? first + r : 0) * ld + c, in);
+  }
+}
+
+// The copies of keys [k0, k0 + kKeys) of the head and their values into the
+// shared tiles as one group of cp.async (rows at or past T are 0).
+template <int kD>
+AMSP_DEVICE_INLINE void fetch_keys(KeyValueTiles<kD>& tiles, const uint16_t* k, const uint16_t* v,
+                                   const Head& hd, int64_t k0, int64_t T) {
+  fetch_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T);
+  fetch_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T);
+  cp_async_commit();
 }
 
 // body(tiles, k0) for each key tile [k0, k0 + kKeys) up to q_last, with its
@@ -368,7 +382,7 @@ AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], 
         }
         __syncthreads();  // tile t has landed, from every thread's copies
         if (sh.rope.cos) {
-          rotate_keys<kD>(tile.k, t * kKeys, sh.T, sh.rope);
+          rotate_rows<kD>(tile.k, kKeys, t * kKeys, sh.T, sh.rope);
           __syncthreads();
         }
         body(tile, t * kKeys);
@@ -510,45 +524,121 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-template <int kD>
-struct alignas(16) DkvTiles {
-  uint16_t k[kTile * (kD + kPad)];
-  uint16_t v[kTile * (kD + kPad)];
-  uint16_t q[kQueries<kD> * (kD + kPad)];
-  uint16_t dout[kQueries<kD> * (kD + kPad)];
-  float lse[kQueries<kD>];
-  float delta[kQueries<kD>];
+// A staged tile of kR query rows for dk/dv: their q (rotated) and dout, lse
+// and delta.
+template <int kD, int kR>
+struct alignas(16) QueryTile {
+  uint16_t q[kR * (kD + kPad)];
+  uint16_t dout[kR * (kD + kPad)];
+  float lse[kR];
+  float delta[kR];
 };
 
-// Query rows [r0, r0 + kQueries) of head hd into the shared tiles with their
-// lse and delta, once every warp is done with the previous ones.
-template <int kD, typename A>
-AMSP_DEVICE_INLINE void stage_queries(DkvTiles<kD>& tiles, const A* q, const A* dout,
+// The dk/dv kernel's variants: head dim, activation dtype, query rows per
+// staged tile and tiles in shared memory (2: the next copied by cp.async
+// while the warps multiply this one).
+template <int kD, typename A, int kR, int kS>
+struct Dkv {
+  static constexpr int D = kD, rows = kR, stages = kS;
+  using Type = A;
+};
+
+// Its shared memory: the block's keys and values, and the query tiles.
+template <typename W>
+struct alignas(16) DkvTiles {
+  uint16_t k[kTile * (W::D + kPad)];
+  uint16_t v[kTile * (W::D + kPad)];
+  QueryTile<W::D, W::rows> queries[W::stages];
+};
+
+// Query rows per tile of the cp.async variant: the most of 32 or 16 with
+// which two tiles fit beside the keys and values in 48 KiB (0: none does).
+template <int kD>
+constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2>>) <= 48 * 1024   ? 32
+                              : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2>>) <= 48 * 1024 ? 16
+                                                                                    : 0;
+
+// Query rows [r0, r0 + kR) of head hd into a tile with their lse and delta,
+// through registers, once every warp is done with the previous ones.
+template <int kD, int kR, typename A>
+AMSP_DEVICE_INLINE void stage_queries(QueryTile<kD, kR>& t, const A* q, const A* dout,
                                       const float* lse, const float* delta, const Head& hd,
                                       int64_t r0, int64_t T, const Rotary& rope) {
   __syncthreads();
-  stage_rows<kD>(tiles.q, q + hd.q_off, hd.ldq, r0, kQueries<kD>, T, rope);
-  stage_rows<kD>(tiles.dout, dout + hd.o_off, hd.ldo, r0, kQueries<kD>, T, Rotary{});
-  for (int i = threadIdx.x; i < kQueries<kD>; i += blockDim.x) {
-    tiles.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
-    tiles.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
+  stage_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T, rope);
+  stage_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T, Rotary{});
+  for (int i = threadIdx.x; i < kR; i += blockDim.x) {
+    t.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
+    t.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
   }
   __syncthreads();
 }
 
+// The same rows as one group of cp.async (q unrotated: rotate_rows once
+// landed), lse and delta by plain loads; all visible after the thread's wait
+// and a barrier.
+template <int kD, int kR>
+AMSP_DEVICE_INLINE void fetch_queries(QueryTile<kD, kR>& t, const uint16_t* q, const uint16_t* dout,
+                                      const float* lse, const float* delta, const Head& hd,
+                                      int64_t r0, int64_t T) {
+  fetch_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T);
+  fetch_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T);
+  cp_async_commit();
+  for (int i = threadIdx.x; i < kR; i += blockDim.x) {
+    t.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
+    t.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
+  }
+}
+
+// body(tile, r0) for each tile of query rows [r0, r0 + kR) from `first` on,
+// staged and visible to every warp: by cp.async, the next tile copied while
+// body runs on this one, in the two-stage variant; else through registers.
+template <typename W, typename Body>
+AMSP_DEVICE_INLINE void for_each_query_tile(DkvTiles<W>& tiles, const typename W::Type* q,
+                                            const typename W::Type* dout, const float* lse,
+                                            const float* delta, const Head& hd, int64_t first,
+                                            const Shape& sh, Body&& body) {
+  constexpr int kD = W::D, kR = W::rows;
+  if constexpr (W::stages == 2) {
+    const int64_t n = (sh.T - first + kR - 1) / kR;
+    fetch_queries(tiles.queries[0], q, dout, lse, delta, hd, first, sh.T);
+    for (int64_t t = 0; t < n; ++t) {
+      QueryTile<kD, kR>& tile = tiles.queries[t % 2];
+      const int64_t r0 = first + t * kR;
+      if (t + 1 < n) {
+        fetch_queries(tiles.queries[(t + 1) % 2], q, dout, lse, delta, hd, r0 + kR, sh.T);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile t has landed, from every thread's copies and loads
+      if (sh.rope.cos) {
+        rotate_rows<kD>(tile.q, kR, r0, sh.T, sh.rope);
+        __syncthreads();
+      }
+      body(tile, r0);
+      __syncthreads();  // every warp is done with tile t before it is copied over
+    }
+  } else {
+    for (int64_t r0 = first; r0 < sh.T; r0 += kR) {
+      stage_queries(tiles.queries[0], q, dout, lse, delta, hd, r0, sh.T, sh.rope);
+      body(tiles.queries[0], r0);
+    }
+  }
+}
+
 // Sixteen staged query rows' share of a warp's dv and dk (rows r0.. of the
 // staged tile, from its row `at0` on): the transposed scores S^T = k q^T and
-// dP^T = v dout^T of the warp's 16 keys, then P^T and dS^T as the left
-// operands of P^T dout and dS^T q.
-template <int kD>
+// dP^T = v dout^T of the warp's 16 keys (k_w, v_w in shared memory), then P^T
+// and dS^T as the left operands of P^T dout and dS^T q.
+template <int kD, int kR>
 AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD / 8][4],
-                                 const DkvTiles<kD>& tiles, int at0, int64_t key0, int64_t r0,
+                                 const uint16_t* k_w, const uint16_t* v_w,
+                                 const QueryTile<kD, kR>& tile, int at0, int64_t key0, int64_t r0,
                                  const Shape& sh) {
   constexpr int kLd = kD + kPad;
-  const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kRows * kLd;
-  const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kRows * kLd;
-  const uint16_t* q_t = tiles.q + at0 * kLd;
-  const uint16_t* dout_t = tiles.dout + at0 * kLd;
+  const uint16_t* q_t = tile.q + at0 * kLd;
+  const uint16_t* dout_t = tile.dout + at0 * kLd;
   float st[2][4] = {}, dpt[2][4] = {};
   for (int c = 0; c < kD / 16; ++c) {
     uint32_t ka[4], va[4], bq[2], bd[2];
@@ -566,9 +656,9 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
       const int64_t key = c_row(key0, i), row = c_col(r0 + 8 * half, i);
       const int at = at0 + static_cast<int>(row - r0);
       const float p =
-          key <= row && row < sh.T ? fast_exp(sh.scale * st[half][i] - tiles.lse[at]) : 0.0f;
+          key <= row && row < sh.T ? fast_exp(sh.scale * st[half][i] - tile.lse[at]) : 0.0f;
       st[half][i] = p;
-      dpt[half][i] = p * (dpt[half][i] - tiles.delta[at]);
+      dpt[half][i] = p * (dpt[half][i] - tile.delta[at]);
     }
   uint32_t pa[4], dsa[4];
   a_from_c(pa, st[0], st[1]);
@@ -608,26 +698,31 @@ AMSP_DEVICE_INLINE void store_dkv(const DkvOut<A>& o, int64_t at, const float (&
 // (attention_dkv_sum_kernel), so the bits do not depend on timing. A warp's
 // scores are transposed (keys x queries) so that P^T and dS^T are the A
 // fragments of the products that form dv and dk.
-template <typename V>  // Sized<head dim, activation dtype>
+template <typename W>  // Dkv<head dim, activation dtype, query rows per tile, tiles>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkv_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, const float* lse,
-                              const Act<V>* dout, const float* delta, DkvOut<Act<V>> o, Shape sh) {
-  constexpr int kD = V::value;
-  __shared__ DkvTiles<kD> tiles;
+    attention_dkv_bf16_kernel(const typename W::Type* q, const typename W::Type* k,
+                              const typename W::Type* v, const float* lse,
+                              const typename W::Type* dout, const float* delta,
+                              DkvOut<typename W::Type> o, Shape sh) {
+  constexpr int kD = W::D, kR = W::rows, kLd = kD + kPad;
+  __shared__ DkvTiles<W> tiles;
   const int64_t b = blockIdx.x / sh.H, h = blockIdx.x % sh.H, kvh = h / sh.group;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
   const Head hd = head_of(b, h, kD, sh);
   stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T, sh.rope);
   stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T, Rotary{});
+  const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kRows * kLd;
+  const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kRows * kLd;
 
   float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
-  for (int64_t r0 = k0; r0 < sh.T; r0 += kQueries<kD>) {  // causal: rows at or below the keys
-    stage_queries<kD>(tiles, q, dout, lse, delta, hd, r0, sh.T, sh.rope);
-    for (int at0 = 0; at0 < kQueries<kD>; at0 += 16)
-      if (r0 + at0 + 15 >= key0)  // else every row is above this warp's keys
-        dkv_tile<kD>(dk_acc, dv_acc, tiles, at0, key0, r0 + at0, sh);
-  }
+  // Causal: the rows at or below the block's keys.
+  for_each_query_tile(tiles, q, dout, lse, delta, hd, k0, sh,
+                      [&](const QueryTile<kD, kR>& tile, int64_t r0) {
+                        for (int at0 = 0; at0 < kR; at0 += 16)
+                          if (r0 + at0 + 15 >= key0)  // else every row is above this warp's keys
+                            dkv_tile<kD>(dk_acc, dv_acc, k_w, v_w, tile, at0, key0, r0 + at0, sh);
+                      });
   // A share is rotated back after the shares are summed.
   finish_gradient<kD>(dk_acc, key0, sh.T, sh.scale, o.dk_shares ? Rotary{} : sh.rope);
   const int64_t base = (h % sh.group) * o.per_share + b * sh.T * o.ld + kvh * kD;
@@ -719,6 +814,14 @@ bool async_keys(const A* k, const A* v, int64_t ldkv) {
          reinterpret_cast<uintptr_t>(v) % 16 == 0;
 }
 
+// Whether dk/dv's query tiles can come by cp.async: bf16 q and dout whose
+// rows all start 16-byte aligned (dout's row stride H * D always is).
+template <typename A>
+bool async_queries(const A* q, const A* dout, int64_t ldq) {
+  return std::is_same_v<A, bf16> && ldq % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(dout) % 16 == 0;
+}
+
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
 
 }  // namespace
@@ -771,8 +874,18 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
     const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
     AMSP_LAUNCH(attention_dq_bf16_kernel<V>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta,
                                                                        dq, sh);
-    AMSP_LAUNCH(attention_dkv_bf16_kernel<V>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta,
-                                                                        o, sh);
+    constexpr int kD = decltype(d)::value;
+    if constexpr (std::is_same_v<A, bf16> && kAsyncQueries < kD >> 0) {
+      if (async_queries(q, dout, ldq)) {
+        using W = Dkv<kD, A, kAsyncQueries<kD>, 2>;
+        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, 0, s)
+        (q, k, v, lse, dout, delta, o, sh);
+        return;
+      }
+    }
+    using W = Dkv<kD, A, kQueries<kD>, 1>;
+    AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, 0, s)
+    (q, k, v, lse, dout, delta, o, sh);
   });
   if (H != KV) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(1024, (share / 2 + 255) / 256));
