@@ -15,8 +15,9 @@ using F32Bf16 = Dtypes<float, bf16>;
 using Bf16F32 = Dtypes<bf16, float>;
 using Bf16Bf16 = Dtypes<bf16, bf16>;
 
-// Conversions and additions go 4 elements at a time (pack.cuh) over the part
-// of the arrays flat_packs allows, one at a time over the rest.
+// Conversions, additions and the sum of squares go 4 elements at a time
+// (pack.cuh) over the part of the arrays flat_packs allows, one at a time
+// over the rest.
 constexpr int kFlatPack = 4;
 
 // y = x in y's dtype; T: Dtypes<x's, y's>.
@@ -62,13 +63,24 @@ inline unsigned flat_grid(int64_t n, int64_t packed) {
   return grid_for(packed / kFlatPack + (n - packed));
 }
 
-// One block per chunk of kSumSquaresChunk elements.
+// One block per chunk of kSumSquaresChunk elements (a multiple of the pack):
+// the chunk's part below `packed` by packs, the rest one at a time.
 template <typename T>
-__global__ void chunk_squares_kernel(const T* x, int64_t n, double* partials) {
+__global__ void chunk_squares_kernel(const T* x, int64_t n, int64_t packed, double* partials) {
   const int64_t lo = static_cast<int64_t>(blockIdx.x) * kSumSquaresChunk;
   const int64_t hi = lo + kSumSquaresChunk < n ? lo + kSumSquaresChunk : n;
+  const int64_t mid = hi < packed ? hi : packed > lo ? packed : lo;
   double s = 0.0;
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+  for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kFlatPack; i < mid;
+       i += blockDim.x * kFlatPack) {
+    const Pack<T, kFlatPack> v = load_pack<kFlatPack>(x + i);
+    AMSP_UNROLL
+    for (int k = 0; k < kFlatPack; ++k) {
+      const double d = load(v.x[k]);
+      s += d * d;
+    }
+  }
+  for (int64_t i = mid + threadIdx.x; i < hi; i += blockDim.x) {
     const double v = load(x[i]);
     s += v * v;
   }
@@ -94,8 +106,8 @@ void sum_squares_impl(const T* x, int64_t n, double* partials, double* out, bool
                       cudaStream_t s) {
   const int64_t chunks = sum_squares_chunks(n);
   if (chunks > 0)
-    AMSP_LAUNCH(chunk_squares_kernel<T>, static_cast<unsigned>(chunks), kBlockThreads, 0, s)(
-        x, n, partials);
+    AMSP_LAUNCH(chunk_squares_kernel<T>, static_cast<unsigned>(chunks), kBlockThreads, 0, s)
+    (x, n, flat_packs<kFlatPack>(n, x), partials);
   // n == 0 still stores the total (0), so the caller's read is defined.
   AMSP_LAUNCH(sum_chunks_kernel, 1, kBlockThreads, 0, s)(partials, chunks, out, add);
 }

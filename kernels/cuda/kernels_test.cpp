@@ -277,6 +277,11 @@ TEST_P(CudaKernels, SumSquares) {
     const double want_b = ref.sum_squares(bf16_view(xb));
     EXPECT_NEAR(out, want_b, 1e-12 * want_b) << "bf16, n = " << n;
     worst = std::max(worst, want_b > 0 ? std::fabs(out - want_b) / want_b : std::fabs(out));
+    // One element past a pack: every element one at a time.
+    if (n < 2) continue;
+    cuda::sum_squares(x.data() + 1, n - 1, partials.data(), &out, nullptr);
+    const double want_1 = want - static_cast<double>(x[0]) * x[0];
+    EXPECT_NEAR(out, want_1, 1e-12 * want) << "fp32 unaligned, n = " << n - 1;
   }
   std::printf("  worst sum_squares relative error %.3g\n", worst);
 }
