@@ -27,6 +27,19 @@ AMSP_DEVICE_INLINE int64_t column_stride() {
   return static_cast<int64_t>(blockDim.x) * P;
 }
 
+// y = w * (x * inv) over one row, this block's threads taking its packs.
+template <int P, typename W, typename Y>
+AMSP_DEVICE_INLINE void apply_row(const float* x, const W* w, Y* y, float inv, int64_t dim) {
+  for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
+    const Pack<float, P> xv = load_pack<P>(x + j);
+    const Pack<W, P> wv = load_pack<P>(w + j);
+    Pack<Y, P> yv;
+    AMSP_UNROLL
+    for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(xv.x[k], load(wv.x[k]), inv));
+    store_pack<P>(y + j, yv);
+  }
+}
+
 // One block per row (grid-stride over rows); every thread of a block takes
 // part in the reduction, however short the row. V: Sized<P, Dtypes<w's, y's>>.
 template <typename V>
@@ -44,14 +57,7 @@ __global__ void rmsnorm_forward_kernel(const float* x, const typename V::Type::F
     }
     const float inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
     if (threadIdx.x == 0) inv_rms[r] = inv;
-    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
-      const Pack<float, P> xv = load_pack<P>(xr + j);
-      const auto wv = load_pack<P>(w + j);
-      Pack<typename V::Type::Second, P> yv;
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(xv.x[k], load(wv.x[k]), inv));
-      store_pack<P>(y + r * dim + j, yv);
-    }
+    apply_row<P>(xr, w, y + r * dim, inv, dim);
   }
 }
 
@@ -61,15 +67,7 @@ __global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::Fir
                                      int64_t rows, int64_t dim) {
   constexpr int P = V::value;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float inv = inv_rms[r];
-    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
-      const Pack<float, P> xv = load_pack<P>(x + r * dim + j);
-      const auto wv = load_pack<P>(w + j);
-      Pack<typename V::Type::Second, P> yv;
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(xv.x[k], load(wv.x[k]), inv));
-      store_pack<P>(y + r * dim + j, yv);
-    }
+    apply_row<P>(x + r * dim, w, y + r * dim, inv_rms[r], dim);
   }
 }
 
