@@ -558,6 +558,16 @@ constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2>>) <= 48 * 102
                               : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2>>) <= 48 * 1024 ? 16
                                                                                     : 0;
 
+// The tile's lse and delta (rows at or past T are 0), by plain loads.
+template <int kD, int kR>
+AMSP_DEVICE_INLINE void load_lse_delta(QueryTile<kD, kR>& t, const float* lse, const float* delta,
+                                       const Head& hd, int64_t r0, int64_t T) {
+  for (int i = threadIdx.x; i < kR; i += blockDim.x) {
+    t.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
+    t.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
+  }
+}
+
 // Query rows [r0, r0 + kR) of head hd into a tile with their lse and delta,
 // through registers, once every warp is done with the previous ones.
 template <int kD, int kR, typename A>
@@ -567,10 +577,7 @@ AMSP_DEVICE_INLINE void stage_queries(QueryTile<kD, kR>& t, const A* q, const A*
   __syncthreads();
   stage_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T, rope);
   stage_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T, Rotary{});
-  for (int i = threadIdx.x; i < kR; i += blockDim.x) {
-    t.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
-    t.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
-  }
+  load_lse_delta(t, lse, delta, hd, r0, T);
   __syncthreads();
 }
 
@@ -584,10 +591,7 @@ AMSP_DEVICE_INLINE void fetch_queries(QueryTile<kD, kR>& t, const uint16_t* q, c
   fetch_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T);
   fetch_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T);
   cp_async_commit();
-  for (int i = threadIdx.x; i < kR; i += blockDim.x) {
-    t.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
-    t.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
-  }
+  load_lse_delta(t, lse, delta, hd, r0, T);
 }
 
 // body(tile, r0) for each tile of query rows [r0, r0 + kR) from `first` on,

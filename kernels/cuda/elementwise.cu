@@ -2,6 +2,8 @@
 // (kernels/cuda/ops.h). Grid-stride loops, by packs of 4 elements where the
 // arrays allow (pack.cuh); the arithmetic per element is the CPU backend's,
 // so results are bit-identical.
+#include <algorithm>
+
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pack.cuh"
@@ -69,7 +71,7 @@ template <typename T>
 __global__ void chunk_squares_kernel(const T* x, int64_t n, int64_t packed, double* partials) {
   const int64_t lo = static_cast<int64_t>(blockIdx.x) * kSumSquaresChunk;
   const int64_t hi = lo + kSumSquaresChunk < n ? lo + kSumSquaresChunk : n;
-  const int64_t mid = hi < packed ? hi : packed > lo ? packed : lo;
+  const int64_t mid = std::min(hi, std::max(lo, packed));  // packed, within the chunk
   double s = 0.0;
   for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kFlatPack; i < mid;
        i += blockDim.x * kFlatPack) {
