@@ -22,7 +22,13 @@
 //     products that take them (P v, P^T dout, dS k, dS^T q); the softmax's
 //     maximum, sum, rescaling and lse stay fp32 in registers. Forward sums the
 //     rounded probabilities, so that each output row is a convex combination
-//     of the value rows with the weights the product used.
+//     of the value rows with the weights the product used;
+//   - the softmax runs in base 2, as FlashAttention's does: each probability
+//     is one multiply-add (the scale and log2(e) folded into it) and one
+//     ex2.approx (exp2_approx, mma.h), each pair rounded by one conversion,
+//     and the causal mask is applied only to the tiles that reach past a
+//     warp's rows or past T. The polynomial exp this replaced cost about twenty
+//     instructions a score, which left the tensor cores waiting on issue.
 // With rope tables, q and k are rotated as they are staged or loaded (each
 // value from the pair of columns d and d + D/2), and dq and dk rotated back in
 // the accumulators before they are stored (with grouped-query heads, after the
@@ -81,6 +87,12 @@ constexpr int kKeys = 64;                // keys per streamed tile (forward, dq)
 template <int kD>
 constexpr int kQueries = kD <= 64 ? 64 : 16;
 constexpr int kPad = 8;                  // bf16s after each row in shared memory
+// Blocks of forward an SM must hold at once: up to D = 64, 4 (at most 128
+// registers a thread, against 137 unbounded, which let 3 fit; the one value
+// that then spills is stored before the key loop and loaded after it); above,
+// what the registers allow (a bound of 4 would spill inside the loop).
+template <int kD>
+constexpr int kMinBlocks = kD <= 64 ? 4 : 1;
 constexpr int kMaxD = 128;
 
 // A kernel's variant: Sized<head dim, activation dtype> (simt.h).
@@ -91,6 +103,7 @@ struct Shape {
   int64_t B, T, H, KV;
   int group;          // H / KV
   float scale;        // 1 / sqrt(D)
+  float scale_log2;   // scale * log2(e): exp(scale * x - y) = 2^(x scale_log2 - y log2(e))
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
   Rotary rope;        // q and k rotated as loaded, dq and dk rotated back as stored
   bool async_kv;      // bf16 k and v with 16-byte aligned rows: key tiles by cp.async
@@ -113,8 +126,9 @@ AMSP_DEVICE_INLINE void store_pair(uint16_t* p, float lo, float hi) {
 
 // Two adjacent activations as fp32 values of bf16s (as bf16_pair packs them).
 AMSP_DEVICE_INLINE void read_pair(const float* p, float (&x)[2]) {
-  x[0] = round_bf16(p[0]);
-  x[1] = round_bf16(p[1]);
+  x[0] = p[0];
+  x[1] = p[1];
+  round_pair(x[0], x[1]);
 }
 AMSP_DEVICE_INLINE void read_pair(const uint16_t* p, float (&x)[2]) {
   const uint32_t w = load_word(p);
@@ -234,6 +248,12 @@ AMSP_DEVICE_INLINE float quad_sum(float v) {
 AMSP_DEVICE_INLINE float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, 1));
   return fmaxf(v, __shfl_xor_sync(kFullWarp, v, 2));
+}
+
+// Backward's probability of raw score s in a row whose log-sum-exp times
+// log2(e) is lse2: exp(scale s - lse) as one multiply-add and one exp2_approx.
+AMSP_DEVICE_INLINE float probability(float s, float lse2, const Shape& sh) {
+  return exp2_approx(fmaf(s, sh.scale_log2, -lse2));
 }
 
 // acc[n] (16 x 8 tiles along kD) += a (16 x 16) times rows [0, 16) of the
@@ -398,38 +418,50 @@ AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], 
   }
 }
 
-// One key tile of the online softmax: the scores s (scaled and masked here)
-// become the rounded probabilities the product with v takes; the running
-// maximum m and sum l of the lane's two rows move on, and rescale says by how
-// much the output accumulated so far shrinks. Key k0 <= q0 is in the tile and
-// every row (rows past T too) sees it, so the maximum is finite from the first
-// tile on, and exp(-inf - m) = 0 for masked keys and for the first rescale.
+// One key tile of the online softmax, in base 2 as FlashAttention-2 takes it:
+// the raw scores s (masked here, only in a tile that reaches past the warp's
+// first row or past T) become the rounded probabilities the product with v
+// takes, p = 2^(s scale_log2 - m scale_log2), one multiply-add and one
+// exp2_approx each; the running maximum m (of raw scores) and sum l of the
+// lane's two rows move on, and rescale says by how much the output
+// accumulated so far shrinks. Key k0 <= q0 is in the tile and every row (rows
+// past T too) sees it, so the maximum is finite from the first tile on, and
+// 2^-inf = 0 for masked keys and for the first rescale.
 AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
                                      float (&rescale)[2], int64_t k0, int64_t row0,
                                      const Shape& sh) {
+  if (k0 + kKeys - 1 > row0 || k0 + kKeys > sh.T)  // warp-uniform: the diagonal, or the end
+    for (int n = 0; n < kKeys / 8; ++n)
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = c_col(k0 + 8 * n, i);
+        if (key > c_row(row0, i) || key >= sh.T) s[n][i] = -INFINITY;
+      }
   float mx[2] = {-INFINITY, -INFINITY};
   for (int n = 0; n < kKeys / 8; ++n)
-    for (int i = 0; i < 4; ++i) {
-      const int64_t key = c_col(k0 + 8 * n, i);
-      s[n][i] = key <= c_row(row0, i) && key < sh.T ? sh.scale * s[n][i] : -INFINITY;
-      mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
-    }
+    for (int i = 0; i < 4; ++i) mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
+  float shift[2];  // m scale_log2
   for (int j = 0; j < 2; ++j) {
     const float m_new = fmaxf(m[j], quad_max(mx[j]));
-    rescale[j] = fast_exp(m[j] - m_new);
+    rescale[j] = exp2_approx((m[j] - m_new) * sh.scale_log2);
     m[j] = m_new;
+    shift[j] = m_new * sh.scale_log2;
     l[j] *= rescale[j];
   }
   for (int n = 0; n < kKeys / 8; ++n)
-    for (int i = 0; i < 4; ++i) {
-      s[n][i] = round_bf16(fast_exp(s[n][i] - m[i / 2]));  // what P v multiplies by
-      l[i / 2] += s[n][i];
+    for (int j = 0; j < 2; ++j) {
+      float& lo = s[n][2 * j];
+      float& hi = s[n][2 * j + 1];
+      lo = exp2_approx(fmaf(lo, sh.scale_log2, -shift[j]));
+      hi = exp2_approx(fmaf(hi, sh.scale_log2, -shift[j]));
+      round_pair(lo, hi);  // what P v multiplies by
+      l[j] += lo;
+      l[j] += hi;
     }
 }
 
 // Forward: block (b*H + h, query tile).
 template <typename V>  // Sized<head dim, activation dtype>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
     attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
                                   Act<V>* out, Shape sh) {
   constexpr int kD = V::value;
@@ -467,7 +499,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x % 4 == 0)
     for (int j = 0; j < 2; ++j) {
       const int64_t row = c_row(row0, 2 * j);
-      if (row < sh.T) lse[hd.lse_off + row] = m[j] + logf(l[j]);
+      if (row < sh.T) lse[hd.lse_off + row] = m[j] * sh.scale + logf(l[j]);
     }
 }
 
@@ -487,10 +519,10 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t qa[kD / 16][4], da[kD / 16][4];
   load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
   load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T, Rotary{});
-  float row_lse[2], row_delta[2];
+  float row_lse2[2], row_delta[2];  // lse times log2(e) (probability), delta
   for (int j = 0; j < 2; ++j) {
     const int64_t row = c_row(row0, 2 * j);
-    row_lse[j] = row < sh.T ? lse[hd.lse_off + row] : 0.0f;
+    row_lse2[j] = row < sh.T ? lse[hd.lse_off + row] * kLog2e : 0.0f;
     row_delta[j] = row < sh.T ? delta[hd.lse_off + row] : 0.0f;
   }
 
@@ -502,11 +534,16 @@ __global__ void __launch_bounds__(kThreads)
         mma_dots<kD>(s[half], qa, kv.k + (16 * c + 8 * half) * kLd);
         mma_dots<kD>(dp[half], da, kv.v + (16 * c + 8 * half) * kLd);
       }
+      // Warp-uniform: whether some of these keys are past a row, past T, or rows past T.
+      const int64_t kc = k0 + 16 * c;
+      const bool edge = kc + 15 > row0 || kc + 16 > sh.T || row0 + kRows > sh.T;
       for (int half = 0; half < 2; ++half)
         for (int i = 0; i < 4; ++i) {
-          const int64_t key = c_col(k0 + 16 * c + 8 * half, i), row = c_row(row0, i);
-          const bool seen = key <= row && key < sh.T && row < sh.T;
-          const float p = seen ? fast_exp(sh.scale * s[half][i] - row_lse[i / 2]) : 0.0f;
+          float p = probability(s[half][i], row_lse2[i / 2], sh);
+          if (edge) {
+            const int64_t key = c_col(kc + 8 * half, i), row = c_row(row0, i);
+            if (key > row || key >= sh.T || row >= sh.T) p = 0.0f;
+          }
           s[half][i] = p * (dp[half][i] - row_delta[i / 2]);
         }
       uint32_t dsa[4];
@@ -525,12 +562,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // A staged tile of kR query rows for dk/dv: their q (rotated) and dout, lse
-// and delta.
+// times log2(e) (probability) and delta.
 template <int kD, int kR>
 struct alignas(16) QueryTile {
   uint16_t q[kR * (kD + kPad)];
   uint16_t dout[kR * (kD + kPad)];
-  float lse[kR];
+  float lse2[kR];
   float delta[kR];
 };
 
@@ -558,12 +595,13 @@ constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2>>) <= 48 * 102
                               : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2>>) <= 48 * 1024 ? 16
                                                                                     : 0;
 
-// The tile's lse and delta (rows at or past T are 0), by plain loads.
+// The tile's lse times log2(e) and delta (rows at or past T are 0), by plain
+// loads.
 template <int kD, int kR>
 AMSP_DEVICE_INLINE void load_lse_delta(QueryTile<kD, kR>& t, const float* lse, const float* delta,
                                        const Head& hd, int64_t r0, int64_t T) {
   for (int i = threadIdx.x; i < kR; i += blockDim.x) {
-    t.lse[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] : 0.0f;
+    t.lse2[i] = r0 + i < T ? lse[hd.lse_off + r0 + i] * kLog2e : 0.0f;
     t.delta[i] = r0 + i < T ? delta[hd.lse_off + r0 + i] : 0.0f;
   }
 }
@@ -655,12 +693,15 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
       mma_bf16_16x8x16(dpt[half], va, bd);
     }
   }
+  const bool edge = key0 + kRows - 1 > r0 || r0 + 15 >= sh.T;  // past a row, or rows past T
   for (int half = 0; half < 2; ++half)
     for (int i = 0; i < 4; ++i) {
-      const int64_t key = c_row(key0, i), row = c_col(r0 + 8 * half, i);
-      const int at = at0 + static_cast<int>(row - r0);
-      const float p =
-          key <= row && row < sh.T ? fast_exp(sh.scale * st[half][i] - tile.lse[at]) : 0.0f;
+      const int at = at0 + 8 * half + static_cast<int>(c_col(0, i));
+      float p = probability(st[half][i], tile.lse2[at], sh);
+      if (edge) {
+        const int64_t key = c_row(key0, i), row = r0 + at - at0;
+        if (key > row || row >= sh.T) p = 0.0f;
+      }
       st[half][i] = p;
       dpt[half][i] = p * (dpt[half][i] - tile.delta[at]);
     }
@@ -805,9 +846,9 @@ Shape shape_of(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t l
       std::abort();
     }
   }
-  return Shape{
-      B,   T,    H,    KV,   static_cast<int>(H / KV), 1.0f / std::sqrt(static_cast<float>(D)),
-      ldq, ldkv, rope, false};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  return Shape{B,   T,    H,    KV,   static_cast<int>(H / KV), scale, scale * kLog2e,
+               ldq, ldkv, rope, false};
 }
 
 // Whether key tiles can come by cp.async: bf16 k and v whose rows all start

@@ -38,9 +38,48 @@ AMSP_DEVICE_INLINE void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4],
 }
 
 // Two values rounded to bf16 (nearest even) in one word, `lo` in the low half.
+// On the GPU one cvt.rn.bf16x2.f32, which rounds as float_to_bf16 does (the
+// emulation's path) for every value but NaN, which it makes the canonical
+// 0x7fff: the same bits but for a NaN's payload.
 AMSP_DEVICE_INLINE uint32_t pack_bf16(float lo, float hi) {
+#if defined(__CUDACC__)
+  uint32_t w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+#else
   return static_cast<uint32_t>(float_to_bf16(lo)) |
          (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+#endif
+}
+
+// lo and hi rounded to bf16 in place (held in fp32), by one conversion of the
+// pair: what round_bf16 gives each, in a third of the instructions.
+AMSP_DEVICE_INLINE void round_pair(float& lo, float& hi) {
+  const uint32_t w = pack_bf16(lo, hi);
+  lo = bits_to_float(w << 16);
+  hi = bits_to_float(w & 0xffff0000u);
+}
+
+// log2(e): exp(x) = 2^(x log2(e)), so that a scale and log2(e) fold into the
+// one multiply-add before exp2_approx.
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x by the special function unit, as FlashAttention's softmax takes its
+// exponentials: one ex2.approx.ftz.f32, against the twenty-odd instructions of
+// a polynomial exp. Its error is a few units in the last place (CUDA's exp2f,
+// the same instruction, is documented at 2 ulp), far below the bf16 rounding
+// of the probabilities that follows (2^-8); 2^-inf = 0, and results below
+// FLT_MIN flush to 0. The emulation (emu/simt.h) takes the host's exp2f and
+// moves it by up to 2 ulp, so that the suite's tolerances hold for the
+// instruction's error, not only for a correctly rounded one.
+AMSP_DEVICE_INLINE float exp2_approx(float x) {
+#if defined(__CUDACC__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return ::amsp::emu::simt::ex2_approx(x);
+#endif
 }
 
 // The word of two adjacent bf16 values at p (4-byte aligned), stored or loaded. On the

@@ -5,13 +5,15 @@
 // result) is the same on every run.
 #include "kernels/cuda/emu/simt.h"
 
+#include <algorithm>
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
-
-#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -414,6 +416,21 @@ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)
     d[i] = static_cast<float>(static_cast<double>(d[i]) + sum);
   }
   sync_warp(0xffffffffu);  // no lane deposits its next fragments before all have read
+}
+
+float ex2_approx(float x) {
+  const float y = std::exp2(x);
+  if (std::isnan(y) || std::isinf(y)) return y;
+  if (y < std::numeric_limits<float>::min()) return 0.0f;  // .ftz
+  uint32_t xb, yb;
+  std::memcpy(&xb, &x, sizeof xb);
+  std::memcpy(&yb, &y, sizeof yb);
+  const int ulps = static_cast<int>((xb * 2654435761u) >> 29) % 5 - 2;  // -2..2, from x alone
+  const uint32_t moved = yb + static_cast<uint32_t>(ulps);
+  if ((moved & 0x7f800000u) == 0x7f800000u || (moved & 0x7f800000u) == 0) return y;
+  float out;
+  std::memcpy(&out, &moved, sizeof out);
+  return out;
 }
 
 void set_order(Order o) { schedule_order = o; }

@@ -95,6 +95,11 @@ uint64_t exchange(unsigned mask, uint64_t value, int src);
 // The 16 products of an output are exact in double and added to it with one
 // fp32 rounding, as the hardware sums them before it rounds once.
 void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+// ex2.approx.ftz.f32 of kernels/cuda/mma.h: 2^x as the host's exp2f gives it,
+// then moved by -2 to +2 units in the last place (chosen by x's bits, so the
+// same x always gives the same result), the error the GPU's instruction may
+// have; results below FLT_MIN are 0 (.ftz), 2^-inf is 0, 2^inf is inf.
+float ex2_approx(float x);
 // ldmatrix.sync.aligned.m8n8.x`count`[.trans].shared.b16 of kernels/cuda/mma.h
 // for the whole warp: lane 8 i + j names row j of 8 x 8 block i (16 bytes,
 // 16-byte aligned, else the launch fails); each lane receives in words[i] the

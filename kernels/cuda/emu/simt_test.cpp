@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <numeric>
@@ -215,6 +216,45 @@ TEST(Simt, MisalignedPacksFailAsOnTheGpu) {
     EXPECT_NE(what.find("pack_copy_kernel"), std::string::npos) << what;
     EXPECT_NE(what.find("misaligned address: a 16-byte access"), std::string::npos) << what;
   }
+}
+
+// ex2.approx as the emulation gives it: within 2 ulp of 2^x, moved in both
+// directions (so the suite's tolerances meet the instruction's error, not only
+// a correctly rounded exp2), the same for the same x, and .ftz's edges.
+TEST(Simt, Exp2ApproxIsWithinTwoUlpAndFlushesAsFtz) {
+  using amsp::kernels::cuda::exp2_approx;
+  int below = 0, above = 0;
+  for (float x = -126.0f; x < 127.9f; x += 0.0137f) {
+    const float y = exp2_approx(x);
+    const double exact = std::exp2(static_cast<double>(x));
+    const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+    ASSERT_LE(std::fabs(y - exact), 2.5 * ulp) << x;
+    ASSERT_EQ(y, exp2_approx(x)) << x;
+    below += y < static_cast<float>(exact);
+    above += y > static_cast<float>(exact);
+  }
+  EXPECT_GT(below, 1000);
+  EXPECT_GT(above, 1000);
+  EXPECT_EQ(exp2_approx(-INFINITY), 0.0f);
+  EXPECT_EQ(exp2_approx(-126.5f), 0.0f);  // 2^-126.5 is below FLT_MIN: flushed
+  EXPECT_EQ(exp2_approx(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(exp2_approx(NAN)));
+}
+
+// round_pair rounds each value as round_bf16 does (nearest even).
+TEST(Simt, RoundPairIsRoundBf16OfEach) {
+  const float xs[] = {1.0f, 1.00390625f, 1.01171875f, -3.14159f, 1e-40f, 3.4e38f, 0.1f, -0.0f};
+  for (float lo : xs)
+    for (float hi : xs) {
+      float a = lo, b = hi;
+      amsp::kernels::cuda::round_pair(a, b);
+      EXPECT_EQ(amsp::kernels::float_to_bits(a),
+                amsp::kernels::float_to_bits(amsp::kernels::round_bf16(lo)))
+          << lo;
+      EXPECT_EQ(amsp::kernels::float_to_bits(b),
+                amsp::kernels::float_to_bits(amsp::kernels::round_bf16(hi)))
+          << hi;
+    }
 }
 
 __global__ void warp_then_block_kernel() {
