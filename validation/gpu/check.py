@@ -9,6 +9,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -277,8 +278,10 @@ def side_by_side(c):
         if mode == "compile" and (c.a.quick or c.left() < 150):
             c.record("side-by-side", "PyTorch compile", "not run", "time budget" if not c.a.quick else "--quick")
             continue
+        # Eager's own kernel table, from two more steps under torch.profiler (after the timed ones).
+        profiling = ["--profile-steps", "2"] if mode == "eager" else []
         res, why = torch_run(c, ["train", "--model", hf, "--data", c.a.data, "--order", order, "--steps",
-                                 str(steps), "--mode", mode, "--device", torch_device], f"torch-{mode}",
+                                 str(steps), "--mode", mode, "--device", torch_device, *profiling], f"torch-{mode}",
                              max(60, min(600, c.left() - 20)))
         if res is None:
             verdict = "not run" if mode == "compile" and "no torch.compile" in why else "FAIL"
@@ -411,6 +414,31 @@ def size(b):
     return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
 
 
+ATTENTION = re.compile(r"flash|fmha|sdpa|attention|attn", re.IGNORECASE)
+
+
+def torch_kernel_table(f):
+    """PyTorch eager's time per kernel beside amsp's table, and attention on both sides."""
+    p = (f.get("torch_eager") or {}).get("profile")
+    if not p:
+        return []
+    unit = "kernel" if p["activity"] == "cuda" else "operator (CPU)"
+    lines = ["", f"PyTorch eager's time per {unit} (torch.profiler, {p['steps']} steps after the timed ones; "
+                 f"all of them together: {p['total_ms_per_step']:.1f} ms/step):", "",
+             f"| {unit} | calls/step | ms/step |", "|---|---|---|"]
+    for row in p["kernels"][:15]:
+        name = row["name"].replace("|", "/")
+        lines.append(f"| {name[:100] + ('...' if len(name) > 100 else '')} | {row['calls_per_step']:.0f} | "
+                     f"{row['ms_per_step']:.2f} |")
+    ours = {r["name"]: r["ms_per_step"] for r in (f.get("kernels") or {}).get("kernels", [])}
+    theirs = sum(r["ms_per_step"] for r in p["kernels"] if ATTENTION.search(r["name"]))
+    if "attention_forward" in ours:
+        lines += ["", f"Attention, both sides: amsp {ours['attention_forward']:.2f} ms/step forward and "
+                      f"{ours.get('attention_backward', 0):.2f} backward; PyTorch's kernels named like attention "
+                      f"(flash, fmha, sdpa, attention), among its 25 largest: {theirs:.2f} ms/step together."]
+    return lines
+
+
 def report(c):
     a, f = c.a, c.figures
     info = f.get("gpu_info", {})
@@ -459,6 +487,7 @@ def report(c):
         steps = max(1, k.get("steps", 1))
         for row in k.get("kernels", [])[:15]:
             lines.append(f"| {row['name']} | {row['calls'] / steps:.0f} | {row['ms_per_step']:.2f} | {row['share']:.1%} |")
+    lines += torch_kernel_table(f)
     for name, run in f.get("cores", {}).items():
         lines += ["", f"CPU ranks, {name} ({os.cpu_count()} cores, {run['seconds']:.0f} s):", "", "```",
                   run["table"].strip(), "```"]

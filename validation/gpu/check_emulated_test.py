@@ -80,6 +80,10 @@ expect("--device cpu" in first and all(
 md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.join(out, "gpu-check.md")) else ""
 expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md and "CPU ranks, hidden" in md,
        "gpu-check.md has the results, the side-by-side, the kernel table and the CPU ranks' tables")
+torch_profile = (figures.get("torch_eager") or {}).get("profile") or {}
+expect(torch_profile.get("steps") == 2 and torch_profile.get("kernels") and "| operator (CPU) | calls/step" in md
+       and "Attention, both sides: amsp" in md,
+       "PyTorch eager's own table (torch.profiler over 2 steps) and attention on both sides are in gpu-check.md")
 # amsp timed as users run it, and again with the profile's events; the host's share of each step.
 plain, profiled = figures.get("amsp", {}), figures.get("amsp_profiled", {})
 expect("| amsp with --kernel-profile |" in md and 0 < plain.get("host_issue_ms_median", 0) <= plain.get("step_ms_median", 0)

@@ -13,7 +13,10 @@ be compared and the throughputs stand side by side.
       matrix products), SDPA attention where this torch has it, AdamW with the
       hyperparameters below (amsp's flags in check.py match them). Prints one JSON
       line per step and a last line "result {...}": median step time, tokens/s,
-      peak memory, the attention implementation used.
+      peak memory, the attention implementation used. With --profile-steps K, K
+      more steps on the last windows (after the timed ones, so they time nothing
+      else) under torch.profiler: the result's "profile" has the time per step of
+      each GPU kernel (on a CPU device, of each operator), the largest first.
 """
 
 import argparse
@@ -79,13 +82,10 @@ def train(a):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times, losses, tokens_per_step = [], [], 0
-    for rec, w in zip(order, windows(a, order)):
-        sync()
-        t0 = time.perf_counter()
+
+    def step(w):
         batch = torch.from_numpy(w).to(device, non_blocking=True)
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        tokens_per_step = targets.numel()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = step_fn(input_ids=inputs).logits
@@ -93,10 +93,17 @@ def train(a):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
-        value = loss.item()  # the step's one synchronisation, as amsp's
+        return loss.item(), targets.numel()  # the step's one synchronisation, as amsp's
+
+    times, losses, tokens_per_step, seen = [], [], 0, []
+    for rec, w in zip(order, windows(a, order)):
+        sync()
+        t0 = time.perf_counter()
+        value, tokens_per_step = step(w)
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(value)
+        seen.append(w)
         print(json.dumps({"step": rec["step"], "loss": value, "step_ms": times[-1]}), flush=True)
     skip = 3 if a.mode == "compile" else 2
     timed = times[skip:] or times
@@ -105,8 +112,33 @@ def train(a):
               "losses": losses, "step_ms_median": med, "tokens_per_step": tokens_per_step,
               "tokens_per_s": tokens_per_step / med * 1e3,
               "peak_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None}
+    if a.profile_steps > 0:
+        result["profile"] = profile(seen[-a.profile_steps:], step, device, sync)
     print("result " + json.dumps(result), flush=True)
     return 0 if all(math.isfinite(l) for l in losses) else 1
+
+
+def profile(ws, step, device, sync):
+    """Time per step of each kernel (CUDA) or operator (CPU) over the steps on windows ws,
+    by torch.profiler, the largest 25 first."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    cuda = device.type == "cuda"
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for w in ws:
+            step(w)
+        sync()
+    rows = []
+    for e in prof.key_averages():
+        if cuda:  # kernels, copies and sets: time on the device (the attribute's name varies by release)
+            us = next((getattr(e, k) for k in ("self_device_time_total", "self_cuda_time_total")
+                       if getattr(e, k, 0)), 0)
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": e.key, "calls_per_step": e.count / len(ws), "ms_per_step": us / 1e3 / len(ws)})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return {"steps": len(ws), "activity": "cuda" if cuda else "cpu",
+            "total_ms_per_step": sum(r["ms_per_step"] for r in rows), "kernels": rows[:25]}
 
 
 def main():
@@ -123,6 +155,7 @@ def main():
     t.add_argument("--steps", type=int, required=True)
     t.add_argument("--mode", choices=("eager", "compile"), default="eager")
     t.add_argument("--device", default="cuda")
+    t.add_argument("--profile-steps", type=int, default=0)
     a = ap.parse_args()
     if a.cmd == "init":
         init(a)
