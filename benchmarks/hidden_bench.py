@@ -39,14 +39,38 @@ import plan_validation as pv  # noqa: E402  (layouts, launching, metrics, the lo
 FIELDS = ("step_ms", "comm_in_flight_ms", "comm_exposed_ms")
 
 
-def measure(args, layout, binary, plan, work, tag):
-    """Step time, comm in flight and exposed per step (ms), rank 0, steps after the warm-up."""
+def measure(args, layout, binary, plan, work, tag, trace=None):
+    """Step time, comm in flight and exposed per step (ms), rank 0, steps after the warm-up;
+    with `trace`, the run also writes its --trace there."""
     metrics = os.path.join(work, f"{tag}.jsonl")
     run_args = argparse.Namespace(**{**vars(args), "amsp": binary})
-    cmd = layout.launcher(args) + pv.train_args(run_args, plan, metrics=metrics)
+    cmd = layout.launcher(args) + pv.train_args(run_args, plan, metrics=metrics, trace=trace)
     pv.run(cmd, layout.env, f"{tag} ({plan})", os.path.join(work, f"{tag}.log"))
     rows = pv.read_metrics(metrics, args.warmup)
     return [[r[f] for r in rows] for f in FIELDS]
+
+
+def ranks_line(trace, warmup):
+    """Every rank's view of one run, from its trace (medians over the measured steps, ms):
+    forward + backward compute, time blocked, collectives in flight (summed, as the
+    metrics' comm_in_flight_ms), and the share hidden on each rank. A collective completes when its last rank joins, so a
+    rank whose compute runs late shows on the others as waiting: the rank with the most
+    compute is the one the others wait for, and its own share is what the engine hides
+    when nobody is late. Returns the line and that share (None without traced steps)."""
+    if not trace or not os.path.exists(trace):
+        return "no trace", None
+    per_rank = pv.trace_steps(trace, 2, warmup)
+    med = {r: {k: pv.median([s[k] for s in steps]) for k in ("compute", "wait", "in_flight")}
+           for r, steps in per_rank.items() if steps}
+    if not med:
+        return "no traced steps", None
+    share = {r: 1 - m["wait"] / m["in_flight"] if m["in_flight"] > 0 else float("nan") for r, m in med.items()}
+    slow = max(med, key=lambda r: med[r]["compute"])
+    cells = ", ".join(f"{r}: {m['compute']:.0f}/{m['wait']:.0f}/{m['in_flight']:.0f} ({100 * share[r]:.0f}%)"
+                      for r, m in sorted(med.items()))
+    return (f"ranks' compute/blocked/in flight ms (hidden): {cells}; the slowest, rank {slow}, "
+            f"computes {med[slow]['compute'] - min(m['compute'] for m in med.values()):.0f} ms more "
+            f"than the fastest and hides {100 * share[slow]:.1f}%"), share[slow]
 
 
 def run_layout(args, layout, plans):
@@ -60,18 +84,25 @@ def run_layout(args, layout, plans):
     rows = []
     for i, plan in enumerate(plans):
         got = {side: ([], [], []) for side in sides}
+        trace = None
         for r in range(args.repeats):
             for side in sides:
+                # The last run of this engine also traced, for every rank's share.
+                last = side == sides[-1] and r == args.repeats - 1
+                trace = os.path.join(work, f"{i}-{side}-{r}.trace.json") if last else None
                 for acc, values in zip(got[side], measure(args, layout, getattr(args, side), plan, work,
-                                                          f"{i}-{side}-{r}")):
+                                                          f"{i}-{side}-{r}", trace)):
                     acc.extend(values)
+        line, slowest = ranks_line(trace, args.warmup)
         cells = []
         for side in sides:
             step, comm, exposed = (statistics.median(x) for x in got[side])
             hidden = 1 - exposed / comm if comm > 0 else float("nan")
             cells.append(f"{step:6.0f} {comm:7.1f} {exposed:8.1f} {100 * hidden:6.1f}%")
-            rows.append((layout.name, plan, side, step, comm, exposed, hidden))
+            rows.append((layout.name, plan, side, step, comm, exposed, hidden,
+                         slowest if side == sides[-1] else None))
         print(f"{plan:22s} | " + " | ".join(cells), flush=True)
+        print(f"{'':22s}   {sides[-1]}, last run: {line}", flush=True)
     return rows
 
 
@@ -94,7 +125,8 @@ def main():
     ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
     ap.add_argument("--deadline", type=int, default=3600, help="seconds for the whole run")
     ap.add_argument("--device", help="amsp's --device (default: amsp's own, cuda where it has a GPU)")
-    ap.add_argument("--json", help="also write the rows here: layout, plan, side, step, comm, exposed, hidden")
+    ap.add_argument("--json", help="also write the rows here: layout, plan, side, step, comm, exposed, hidden, "
+                    "and the share hidden on the rank that computed longest (its last run, traced)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     # Copies, so that a rebuild meanwhile changes nothing; a script (the GPU bundle's
@@ -129,7 +161,7 @@ def main():
                 layout.env = pv.lc.clean_env({"SLURM_CONF": conf})
                 rows += run_layout(args, layout, plans)
     if args.json:
-        keys = ("layout", "plan", "side", "step_ms", "comm_ms", "exposed_ms", "hidden")
+        keys = ("layout", "plan", "side", "step_ms", "comm_ms", "exposed_ms", "hidden", "slowest_rank_hidden")
         with open(args.json, "w") as f:
             json.dump([dict(zip(keys, r)) for r in rows], f, indent=1)
     return code

@@ -154,8 +154,8 @@ def union_ms(spans, lo, hi):
 
 
 def trace_steps(path, first_step, warmup):
-    """Per rank, per measured step (> warmup): forward + backward, optimizer, waits and
-    comm busy (union of collectives in flight), in ms. A step's window runs from the end
+    """Per rank, per measured step (> warmup): forward + backward, optimizer, waits,
+    comm busy (union of collectives in flight) and in flight (their sum), in ms. A step's window runs from the end
     of the previous step's optimizer to the end of its own; the trace starts at
     `first_step`, so the first traced step has no window and is never measured
     (warmup >= first_step)."""
@@ -178,6 +178,8 @@ def trace_steps(path, first_step, warmup):
                 / 1e3,
                 "busy": union_ms([(e["ts"], e["ts"] + e["dur"]) for e in ev if e["cat"].startswith("comm")],
                                  lo, hi),
+                # Summed over collectives, as the metrics' comm_in_flight_ms.
+                "in_flight": sum(e["dur"] for e in inside if e["cat"].startswith("comm")) / 1e3,
             })
         per_rank[rank] = steps
     return per_rank
