@@ -8,6 +8,9 @@ alternation, --repeats times each: --before (e.g. the previous engine, built fro
 older commit) and --after (today's); without --before, --after alone. From rank 0's metrics, steps after --warmup: step
 time, communication in flight per step, exposed communication (time compute waited), and
 the share hidden, 1 - exposed / in flight; the medians are printed per plan and binary.
+The last run of the last binary per plan is also traced, and a second line gives every
+rank's compute, blocked time, time in flight and share hidden, and the share on the rank
+that computed longest: the one the others wait for at the reductions.
 
 The default workload is one where backward compute exceeds communication (the small
 preset, seq 128, two micro-batches per rank): everything could hide, so what does not is
