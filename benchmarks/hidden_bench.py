@@ -87,14 +87,14 @@ def run_layout(args, layout, plans):
     rows = []
     for i, plan in enumerate(plans):
         got = {side: ([], [], []) for side in sides}
-        trace = None
+        # The last run of this engine is also traced, for every rank's share.
+        traced = (sides[-1], args.repeats - 1)
+        trace = os.path.join(work, f"{i}-{traced[0]}-{traced[1]}.trace.json")
         for r in range(args.repeats):
             for side in sides:
-                # The last run of this engine also traced, for every rank's share.
-                last = side == sides[-1] and r == args.repeats - 1
-                trace = os.path.join(work, f"{i}-{side}-{r}.trace.json") if last else None
+                run_trace = trace if (side, r) == traced else None
                 for acc, values in zip(got[side], measure(args, layout, getattr(args, side), plan, work,
-                                                          f"{i}-{side}-{r}", trace)):
+                                                          f"{i}-{side}-{r}", run_trace)):
                     acc.extend(values)
         line, slowest = ranks_line(trace, args.warmup)
         cells = []
