@@ -715,8 +715,13 @@ void ShardedEngine::set_compression(const plan::Compression& c) {
 
 const plan::Compression& ShardedEngine::compression() const { return impl_->opt.compression; }
 
+// Every gather exact, whatever the step compresses: the loss is the trained weights'
+// (the checkpoint's, what amsp eval reports), not the quantized copies' the step computes
+// with (doc/compression.md, "Evaluation").
 std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchFn& batch) {
   Impl& im = *impl_;
+  const plan::Compression chosen = im.opt.compression;
+  set_compression({});
   const std::vector<plan::Action> program = plan::eval_program(im.schedule, batches);
   im.start_program(program);
   double loss = 0;
@@ -736,6 +741,7 @@ std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchF
       count += model_.loss_count();
     }
   }
+  set_compression(chosen);
   return {loss, count};
 }
 

@@ -112,7 +112,8 @@ class ShardedEngine {
   const plan::Compression& compression() const;
 
   // Forward only over `batches` micro-batches (same count on every rank):
-  // summed loss and count of valid targets on this rank.
+  // summed loss and count of valid targets on this rank. Nothing compressed:
+  // the loss of the weights being trained.
   std::pair<double, int64_t> evaluate(int64_t batches, const BatchFn& batch);
 
   // Every unit's true parameters, gathered (collective; meaningful on all ranks).

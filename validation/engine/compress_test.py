@@ -25,7 +25,9 @@ bf16. Required:
     a checkpoint every 2 steps): at step 1 it stops compressing the all-gathers and
     says so, every later step moves the bytes of an uncompressed all-gather; resumed
     from step 4, the run says it keeps the switch and moves the same bytes, while
-    g=int8 stays on (its reading at step 4 and 7 is still taken).
+    g=int8 stays on (its reading at step 4 and 7 is still taken);
+  - evaluation gathers exactly: the fp32 p=int8 run's final validation loss is that of
+    its final checkpoint under `amsp eval` (to 1e-6), not of its quantized copies.
 
 usage: compress_test.py --amsp PATH --data CORPUS.h5 --work DIR --mpiexec PATH
 Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure.
@@ -100,6 +102,21 @@ def check_fallback(check, args, uncompressed_gather):
           f"{sorted(set(gathers))} bytes (uncompressed: {uncompressed_gather}), g=int8 read at steps {g_read}")
 
 
+def check_eval_exact(check, args, q8, saved):
+    """The run's validation loss is its weights', gathered exactly: amsp eval of its last
+    checkpoint (fp32, the same plan, ranks and windows) says the same."""
+    last = os.path.join(saved, f"step-{STEPS:08d}.h5")
+    cmd = [args.mpiexec, "-n", str(RANKS), args.amsp, "eval", "--checkpoint", last, "--data", args.data,
+           "--seq-len", str(SEQ), "--batch-size", "1", "--windows", "8", "--shard", "zero3", "--threads", "1"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-600:]}")
+    exact = float(p.stdout.split(" loss ")[1].split()[0])
+    rel = abs(q8["val"] - exact) / exact
+    check(rel <= 1e-6, f"fp32 p=int8: the run's final val loss {q8['val']:.6f} is its checkpoint's, "
+                       f"evaluated uncompressed: {exact:.6f} (relative {rel:.1e}, at most 1e-6)")
+
+
 def op_bytes(run, group, op):
     return run["comm"].get(group, {}).get(op, {}).get("bytes_sent", 0)
 
@@ -123,7 +140,9 @@ def main():
 
     for precision, value_bytes in (("fp32", 4), ("bf16", 2)):
         try:
-            off, q8, g8, q4 = (train(args, precision, c) for c in ("off", "p=int8", "g=int8", "p=int4,block=chunk"))
+            saved = os.path.join(args.work, f"{precision}-p8-ckpt")
+            off, q8, g8, q4 = (train(args, precision, c, extra=["--checkpoint-dir", saved] if c == "p=int8" else ())
+                               for c in ("off", "p=int8", "g=int8", "p=int4,block=chunk"))
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             check(False, f"{precision}: {e}")
             continue
@@ -153,6 +172,7 @@ def main():
         check_guard(check, precision, q8, g8, q4)
         if precision == "fp32":
             try:
+                check_eval_exact(check, args, q8, saved)
                 check_fallback(check, args, a_off)
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                 check(False, f"fallback: {e}")
