@@ -10,7 +10,9 @@ time, communication in flight per step, exposed communication (time compute wait
 the share hidden, 1 - exposed / in flight; the medians are printed per plan and binary.
 The last run of the last binary per plan is also traced, and a second line gives every
 rank's compute, blocked time, time in flight and share hidden, and the share on the rank
-that computed longest: the one the others wait for at the reductions.
+that computed longest: the one the others wait for at the reductions. Each rank's share
+is also given net of the time it waited for a collective that another member had not
+yet issued (a late rank, not the schedule), with whom the ranks waited for.
 
 The default workload is one where backward compute exceeds communication (the small
 preset, seq 128, two micro-batches per rank): everything could hide, so what does not is
@@ -53,27 +55,46 @@ def measure(args, layout, binary, plan, work, tag, trace=None):
     return [[r[f] for r in rows] for f in FIELDS]
 
 
+def hidden(wait, in_flight):
+    return 1 - wait / in_flight if in_flight > 0 else float("nan")
+
+
 def ranks_line(trace, warmup):
     """Every rank's view of one run, from its trace (medians over the measured steps, ms):
     forward + backward compute, time blocked, collectives in flight (summed, as the
-    metrics' comm_in_flight_ms), and the share hidden on each rank. A collective completes when its last rank joins, so a
-    rank whose compute runs late shows on the others as waiting: the rank with the most
-    compute is the one the others wait for, and its own share is what the engine hides
-    when nobody is late. Returns the line and that share (None without traced steps)."""
+    metrics' comm_in_flight_ms), and the share hidden on each rank. A collective
+    completes when its last rank joins, so a rank whose compute runs late shows on the
+    others as waiting. So each rank's share is also given net of that (the trace's
+    `late_wait` and `late_in_flight`, plan_validation.joined): hidden once every member
+    had issued the collective, what the engine's schedule left exposed when nobody was
+    late; and whom the ranks waited for, in ms per step. Returns the lines, the share on
+    the rank that computed longest and the least net share over the ranks (None, None
+    without traced steps)."""
     if not trace or not os.path.exists(trace):
-        return "no trace", None
+        return "no trace", None, None
     per_rank = pv.trace_steps(trace, 2, warmup)
-    med = {r: {k: pv.median([s[k] for s in steps]) for k in ("compute", "wait", "in_flight")}
-           for r, steps in per_rank.items() if steps}
+    keys = ("compute", "wait", "in_flight", "late_wait", "late_in_flight")
+    med = {r: {k: pv.median([s[k] for s in steps]) for k in keys} for r, steps in per_rank.items() if steps}
     if not med:
-        return "no traced steps", None
-    share = {r: 1 - m["wait"] / m["in_flight"] if m["in_flight"] > 0 else float("nan") for r, m in med.items()}
+        return "no traced steps", None, None
+    share = {r: hidden(m["wait"], m["in_flight"]) for r, m in med.items()}
+    on_time = {r: hidden(m["wait"] - m["late_wait"], m["in_flight"] - m["late_in_flight"]) for r, m in med.items()}
+    late_for = {}
+    for steps in per_rank.values():
+        for s in steps:
+            for who, ms in s["late_for"].items():
+                late_for[who] = late_for.get(who, 0.0) + ms / len(steps)
     slow = max(med, key=lambda r: med[r]["compute"])
-    cells = ", ".join(f"{r}: {m['compute']:.0f}/{m['wait']:.0f}/{m['in_flight']:.0f} ({100 * share[r]:.0f}%)"
+    cells = ", ".join(f"{r}: {m['compute']:.0f}/{m['wait']:.0f}/{m['in_flight']:.0f} ({100 * share[r]:.0f}%; "
+                      f"{100 * on_time[r]:.0f}% net of {m['late_wait']:.0f} ms waiting for late ranks)"
                       for r, m in sorted(med.items()))
+    waited = ", ".join(f"rank {r} {ms:.1f}" for r, ms in sorted(late_for.items(), key=lambda x: -x[1])) or "nobody"
+    least = min(on_time.values())
     return (f"ranks' compute/blocked/in flight ms (hidden): {cells}; the slowest, rank {slow}, "
             f"computes {med[slow]['compute'] - min(m['compute'] for m in med.values()):.0f} ms more "
-            f"than the fastest and hides {100 * share[slow]:.1f}%"), share[slow]
+            f"than the fastest and hides {100 * share[slow]:.1f}%; net of late ranks, at least {100 * least:.1f}% "
+            f"hidden on every rank; the ranks waited for (ms per step, summed over waiters): {waited}"), \
+        share[slow], least
 
 
 def run_layout(args, layout, plans):
@@ -96,14 +117,14 @@ def run_layout(args, layout, plans):
                 for acc, values in zip(got[side], measure(args, layout, getattr(args, side), plan, work,
                                                           f"{i}-{side}-{r}", run_trace)):
                     acc.extend(values)
-        line, slowest = ranks_line(trace, args.warmup)
+        line, slowest, on_time = ranks_line(trace, args.warmup)
         cells = []
         for side in sides:
             step, comm, exposed = (statistics.median(x) for x in got[side])
-            hidden = 1 - exposed / comm if comm > 0 else float("nan")
-            cells.append(f"{step:6.0f} {comm:7.1f} {exposed:8.1f} {100 * hidden:6.1f}%")
-            rows.append((layout.name, plan, side, step, comm, exposed, hidden,
-                         slowest if side == sides[-1] else None))
+            share = hidden(exposed, comm)
+            cells.append(f"{step:6.0f} {comm:7.1f} {exposed:8.1f} {100 * share:6.1f}%")
+            rows.append((layout.name, plan, side, step, comm, exposed, share,
+                         *((slowest, on_time) if side == sides[-1] else (None, None))))
         print(f"{plan:22s} | " + " | ".join(cells), flush=True)
         print(f"{'':22s}   {sides[-1]}, last run: {line}", flush=True)
     return rows
@@ -129,7 +150,8 @@ def main():
     ap.add_argument("--deadline", type=int, default=3600, help="seconds for the whole run")
     ap.add_argument("--device", help="amsp's --device (default: amsp's own, cuda where it has a GPU)")
     ap.add_argument("--json", help="also write the rows here: layout, plan, side, step, comm, exposed, hidden, "
-                    "and the share hidden on the rank that computed longest (its last run, traced)")
+                    "the share hidden on the rank that computed longest and the least share over the ranks "
+                    "net of waiting for late ranks (its last run, traced)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     # Copies, so that a rebuild meanwhile changes nothing; a script (the GPU bundle's
@@ -164,7 +186,8 @@ def main():
                 layout.env = pv.lc.clean_env({"SLURM_CONF": conf})
                 rows += run_layout(args, layout, plans)
     if args.json:
-        keys = ("layout", "plan", "side", "step_ms", "comm_ms", "exposed_ms", "hidden", "slowest_rank_hidden")
+        keys = ("layout", "plan", "side", "step_ms", "comm_ms", "exposed_ms", "hidden", "slowest_rank_hidden",
+                "hidden_net_of_late_ranks")
         with open(args.json, "w") as f:
             json.dump([dict(zip(keys, r)) for r in rows], f, indent=1)
     return code

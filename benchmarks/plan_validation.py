@@ -153,13 +153,54 @@ def union_ms(spans, lo, hi):
     return total / 1e3
 
 
+def collective_key(e):
+    """(communicator, group, sequence) of a span about a collective, the same on every
+    member of its group (src/engine/trace.h); None for other spans and older traces."""
+    a = e.get("args") or {}
+    if "seq" not in a:
+        return None
+    track = e["cat"] if e["cat"].startswith("comm") else "comm " + e["name"].split()[-1]
+    return track, a["group"], a["seq"]
+
+
+def joined(events):
+    """{collective: (when its last member issued it, that rank)}, in us: it cannot
+    complete sooner. (Every rank issues a communicator's collectives in one order, so
+    this time only grows along a communicator: a collective queued behind a late one is
+    late too.) The ranks' clocks are the trace's, agreed at a barrier: meaningful on one
+    host's MPI ranks (on CUDA a span's start is its device start, not its issue)."""
+    last = {}
+    for e in events:
+        k = collective_key(e)
+        if k and e["cat"].startswith("comm") and (k not in last or e["ts"] > last[k][0]):
+            last[k] = (e["ts"], e["pid"])
+    return last
+
+
+def late_ms(e, by, who=None):
+    """How much of span e (ms) fell before its collective could complete (`joined`),
+    spent waiting for a rank that had not issued it yet; adds it to who[that rank]. (The
+    last rank to issue it never waits for itself: its spans start at its issue.)"""
+    k = collective_key(e)
+    if k not in by:
+        return 0.0
+    ms = max(0.0, min(e["ts"] + e["dur"], by[k][0]) - e["ts"]) / 1e3
+    if who is not None and ms > 0:
+        who[by[k][1]] = who.get(by[k][1], 0.0) + ms
+    return ms
+
+
 def trace_steps(path, first_step, warmup):
     """Per rank, per measured step (> warmup): forward + backward, optimizer, waits,
-    comm busy (union of collectives in flight) and in flight (their sum), in ms. A step's window runs from the end
+    comm busy (union of collectives in flight) and in flight (their sum), in ms; and of
+    the waits and the time in flight, how much was before the last member of the
+    collective issued it (late_wait, late_in_flight: `joined`), with whom that waited
+    for (late_for: {rank: ms}). A step's window runs from the end
     of the previous step's optimizer to the end of its own; the trace starts at
     `first_step`, so the first traced step has no window and is never measured
     (warmup >= first_step)."""
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    by = joined(events)
     per_rank = {}
     for rank in sorted({e["pid"] for e in events}):
         ev = [e for e in events if e["pid"] == rank]
@@ -170,16 +211,20 @@ def trace_steps(path, first_step, warmup):
                 continue
             lo, hi = ends[k - 1], ends[k]
             inside = [e for e in ev if lo <= e["ts"] < hi]
+            # Blocked: waits, and the gradient norm's blocking all-reduce (its own span).
+            waits = [e for e in inside if e["cat"] == "wait" or e["name"].startswith("all_reduce (norm)")]
+            late_for = {}
             steps.append({
                 "compute": sum(e["dur"] for e in inside if e["name"].startswith(("fwd ", "bwd "))) / 1e3,
                 "optimizer": sum(e["dur"] for e in inside if e["name"] == "optimizer") / 1e3,
-                # Blocked: waits, and the gradient norm's blocking all-reduce (its own span).
-                "wait": sum(e["dur"] for e in inside if e["cat"] == "wait" or e["name"].startswith("all_reduce (norm)"))
-                / 1e3,
+                "wait": sum(e["dur"] for e in waits) / 1e3,
                 "busy": union_ms([(e["ts"], e["ts"] + e["dur"]) for e in ev if e["cat"].startswith("comm")],
                                  lo, hi),
                 # Summed over collectives, as the metrics' comm_in_flight_ms.
                 "in_flight": sum(e["dur"] for e in inside if e["cat"].startswith("comm")) / 1e3,
+                "late_wait": sum(late_ms(e, by, late_for) for e in waits),
+                "late_in_flight": sum(late_ms(e, by) for e in inside if e["cat"].startswith("comm")),
+                "late_for": late_for,
             })
         per_rank[rank] = steps
     return per_rank

@@ -283,7 +283,7 @@ void Communicator::wait_for(uint64_t seq, Op op, DType dtype) {
   const double t1 = now_seconds();
   record_exposed(op, dtype, t1 - t0);
   std::lock_guard lock(stats_mu_);
-  if (trace_) trace_(op, t0, t1, true);
+  if (trace_) trace_(op, seq, t0, t1, true);
 }
 
 void Communicator::record_exposed(Op op, DType dtype, double seconds) {
@@ -292,13 +292,13 @@ void Communicator::record_exposed(Op op, DType dtype, double seconds) {
   stats_[op][dtype].exposed_s += seconds;
 }
 
-void Communicator::record_completion(Op op, DType dtype, double in_flight_s) {
+void Communicator::record_completion(uint64_t seq, Op op, DType dtype, double in_flight_s) {
   std::lock_guard lock(stats_mu_);
   stats_[op].in_flight_s += in_flight_s;
   stats_[op][dtype].in_flight_s += in_flight_s;
   if (trace_) {
     const double now = now_seconds();
-    trace_(op, now - in_flight_s, now, false);
+    trace_(op, seq, now - in_flight_s, now, false);
   }
 }
 

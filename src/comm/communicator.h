@@ -184,11 +184,13 @@ class Communicator {
   Stats stats() const;
   void reset_stats();
 
-  // Observer of timing, for traces: called with (op, start, end, waited) in
-  // now_seconds() time when an op completes (waited = false: start is its
-  // issue) and when a caller's wait returns (waited = true: the blocked span).
-  // Called from the backend's thread for completions: must be thread-safe.
-  using TraceFn = std::function<void(Op op, double start_s, double end_s, bool waited)>;
+  // Observer of timing, for traces: called with (op, seq, start, end, waited)
+  // in now_seconds() time when op number seq completes (waited = false: start
+  // is its issue) and when a caller's wait for it returns (waited = true: the
+  // blocked span). Called from the backend's thread for completions: must be
+  // thread-safe.
+  using TraceFn =
+      std::function<void(Op op, uint64_t seq, double start_s, double end_s, bool waited)>;
   void set_trace(TraceFn fn) {
     std::lock_guard lock(stats_mu_);
     trace_ = std::move(fn);
@@ -210,8 +212,8 @@ class Communicator {
   // calls timed_out().
   virtual void block_until(uint64_t seq, double deadline) = 0;
 
-  // For backends: an op completed after `in_flight_s` seconds.
-  void record_completion(Op op, DType dtype, double in_flight_s);
+  // For backends: op number seq completed after `in_flight_s` seconds.
+  void record_completion(uint64_t seq, Op op, DType dtype, double in_flight_s);
   // For backends: compute waited `seconds` for an op (Handle::compute_wait).
   void record_exposed(Op op, DType dtype, double seconds);
   // Handle::compute_wait; the default, for backends whose compute is the host,

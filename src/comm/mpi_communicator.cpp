@@ -163,7 +163,8 @@ class MpiCommunicator final : public Communicator {
       if (finish_stage(*current_)) continue;  // the op's next MPI call starts at once
       run_local_on_host(current_->args.then);
       run_local_on_host(current_->args.and_then);
-      record_completion(current_->args.op, current_->args.dtype, now_seconds() - current_->t_issue);
+      record_completion(current_->seq, current_->args.op, current_->args.dtype,
+                        now_seconds() - current_->t_issue);
       {
         std::lock_guard lock(mu_);
         done_seq_.store(current_->seq, std::memory_order_release);

@@ -167,12 +167,15 @@ void ShardedEngine::Impl::make_communicators(PlanGroups& pg) {
     if (opt.comm_timeout_s > 0) comms[k]->set_timeout(opt.comm_timeout_s);
     if (Trace* trace = opt.trace) {
       const std::string group = plan::group_name(kind);
-      comms[k]->set_trace([trace, group](comm::Op op, double start, double end, bool waited) {
-        if (waited)
-          trace->span("wait", cat("wait ", comm::op_name(op), " ", group), start, end);
-        else
-          trace->span("comm " + group, comm::op_name(op), start, end);
-      });
+      const int64_t first = pg.mesh.group_members(kind, pg.position).front();
+      comms[k]->set_trace(
+          [trace, group, first](comm::Op op, uint64_t seq, double start, double end, bool waited) {
+            if (waited)
+              trace->span("wait", cat("wait ", comm::op_name(op), " ", group), start, end,
+                          {first, seq});
+            else
+              trace->span("comm " + group, comm::op_name(op), start, end, {first, seq});
+          });
     }
   }
   // The norm's partial sums stay on the backend: on a device, NCCL sums them.
@@ -395,8 +398,11 @@ void ShardedEngine::Impl::norm_and_clip_scale() {
   for (int u = 0; u < U; ++u) be.sum_squares_into(g_os(u), sumsq());
   if (world->size() > 1) {
     const double t0 = comm::now_seconds();
-    world->all_reduce(sumsq().data, 1, DType::kF64).compute_wait();
-    if (opt.trace) opt.trace->span("comm world", "all_reduce (norm)", t0, comm::now_seconds());
+    comm::Handle h = world->all_reduce(sumsq().data, 1, DType::kF64);
+    h.compute_wait();
+    if (opt.trace)
+      opt.trace->span("comm world", "all_reduce (norm)", t0, comm::now_seconds(),
+                      {0, h.sequence()});
   }
   be.clip_scale(sumsq(), static_cast<double>(replicas), opt.grad_clip, clip.view());
 }

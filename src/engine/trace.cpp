@@ -15,10 +15,11 @@ Trace::Trace(MPI_Comm comm) : comm_(comm) {
   origin_s_ = comm::now_seconds();
 }
 
-void Trace::span(const std::string& track, const std::string& name, double start_s, double end_s) {
+void Trace::span(const std::string& track, const std::string& name, double start_s, double end_s,
+                 Collective c) {
   if (!recording_) return;
   std::lock_guard lock(mu_);
-  events_.push_back({track, name, start_s, end_s});
+  events_.push_back({track, name, start_s, end_s, c});
 }
 
 void Trace::write(const std::string& path) const {
@@ -43,10 +44,17 @@ void Trace::write(const std::string& path) const {
     };
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
                       {"args", {{"name", cat("rank ", rank)}}}});
-    for (const Event& e : events_)
-      events.push_back({{"name", e.name}, {"cat", e.track}, {"ph", "X"}, {"pid", rank},
-                        {"tid", tid(e.track)}, {"ts", (e.start_s - origin_s_) * 1e6},
-                        {"dur", (e.end_s - e.start_s) * 1e6}});
+    for (const Event& e : events_) {
+      nlohmann::json j = {{"name", e.name},
+                          {"cat", e.track},
+                          {"ph", "X"},
+                          {"pid", rank},
+                          {"tid", tid(e.track)},
+                          {"ts", (e.start_s - origin_s_) * 1e6},
+                          {"dur", (e.end_s - e.start_s) * 1e6}};
+      if (e.c.seq) j["args"] = {{"group", e.c.group}, {"seq", e.c.seq}};
+      events.push_back(std::move(j));
+    }
   }
   const std::string mine = events.dump();
   int len = static_cast<int>(mine.size());

@@ -775,7 +775,9 @@ StepMetrics Run::train_step(int64_t step) {
   const double busy_s = busy_seconds(step, seconds_since(t0), compute_cpu_seconds() - cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
-  if (trace) trace->set_recording(false);
+  // Recording runs on between traced steps: a collective issued in one step (the next
+  // step's first gather, prefetched) may complete between them.
+  if (trace && step >= trace_last) trace->set_recording(false);
   if (profile) profile->end_step();
 
   StepMetrics m;

@@ -132,7 +132,7 @@ int check(const Options& o, comm::Progress progress, int rank, int world) {
   // The other ranks wait while rank 0 spends its budget: only the watchdog
   // limits them. Rank 0's own wait comes after its verdict and may end sooner.
   c->set_timeout(0);
-  c->set_trace([&](comm::Op, double, double, bool waited) {
+  c->set_trace([&](comm::Op, uint64_t, double, double, bool waited) {
     if (waited) return;
     recorded_by_caller = std::this_thread::get_id() == caller;
     recorded_at = blocks.load();

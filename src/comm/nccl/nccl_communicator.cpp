@@ -249,7 +249,7 @@ void NcclCommunicator::retire() {
     // compute it waited for) to its end.
     float ms = 0;
     AMSP_CUDA_CHECK(cudaEventElapsedTime(&ms, f.start, f.end));
-    record_completion(f.args.op, f.args.dtype, ms * 1e-3);
+    record_completion(f.seq, f.args.op, f.args.dtype, ms * 1e-3);
     free_events_.push_back(f.start);
     free_events_.push_back(f.end);
     done_seq_ = f.seq;
