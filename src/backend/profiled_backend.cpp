@@ -49,16 +49,16 @@ auto ProfiledBackend::timed_as(const MakeName& make_name, int64_t min_bytes, con
   if (!timing_ && !counting_) return call();
   const int s = slot(make_name());
   counts_[static_cast<size_t>(s)].calls += 1;
+  counts_[static_cast<size_t>(s)].min_bytes += min_bytes;
   const DeviceCounts before = counting_ ? inner_->device_counts() : DeviceCounts{};
   struct Count {  // when the call returns, or throws
     ProfiledBackend& be;
     int s;
     DeviceCounts before;
-    int64_t min_bytes;
     ~Count() {
-      if (be.counting_) be.count(s, before, min_bytes);
+      if (be.counting_) be.count(s, before);
     }
-  } counted{*this, s, before, min_bytes};
+  } counted{*this, s, before};
   if (!timing_) return call();
   timer_->start();
   const Stop stop(*timer_, s);
@@ -79,14 +79,13 @@ int ProfiledBackend::slot(const std::string& name) {
   return it->second;
 }
 
-void ProfiledBackend::count(int s, const DeviceCounts& before, int64_t min_bytes) {
+void ProfiledBackend::count(int s, const DeviceCounts& before) {
   const DeviceCounts now = inner_->device_counts();
   KernelTime& k = counts_[static_cast<size_t>(s)];
   k.counted = now.counted;
   k.launches += now.launches - before.launches;
   k.host_syncs += now.host_syncs - before.host_syncs;
   k.bytes += (now.bytes_read - before.bytes_read) + (now.bytes_written - before.bytes_written);
-  k.min_bytes += min_bytes;
   k.tensor_flops += now.tensor_flops - before.tensor_flops;
   k.simt_flops += now.simt_flops - before.simt_flops;
 }

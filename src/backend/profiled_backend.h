@@ -18,13 +18,15 @@
 // Timing is off until set_timing(true): the engine's set-up, evaluations and
 // checkpoints are not part of the profile.
 //
-// Counting (set_counting(true)), where the wrapped backend's device counts
-// (Backend::device_counts: the CUDA emulation): per name, what the calls asked
-// of the device (stream operations, host synchronisations, bytes read and
-// written, FLOPs by unit) and the least device memory they could have moved:
-// each operand of the call read once and each result written once (an
-// accumulated one read and written), at the dtypes and extents the call was
-// given. The roofline benchmark (benchmarks/roofline_bench.cpp) reads both.
+// Timed or counted, every name also sums the least device memory its calls
+// could have moved: each operand of the call read once and each result written
+// once (an accumulated one read and written), at the dtypes and extents the call
+// was given; over the time, a kernel's effective bandwidth (the kernel
+// profile's GB/s). Counting (set_counting(true)), where the wrapped backend's
+// device counts (Backend::device_counts: the CUDA emulation): per name, what the
+// calls asked of the device (stream operations, host synchronisations, bytes
+// read and written, FLOPs by unit). The roofline benchmark
+// (benchmarks/roofline_bench.cpp) reads both.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +51,7 @@ struct KernelTime {
   bool counted = false;
   int64_t launches = 0, host_syncs = 0;
   int64_t bytes = 0;      // device memory read and written
-  int64_t min_bytes = 0;  // operands read once, results written once
+  int64_t min_bytes = 0;  // operands read once, results written once (timing or counting)
   double tensor_flops = 0, simt_flops = 0;
 };
 
@@ -171,7 +173,7 @@ class ProfiledBackend final : public Backend {
   auto timed(const char* name, int64_t min_bytes, const Call& call);
   int slot(const std::string& name);
   // Adds what the device counted since `before` to slot s.
-  void count(int s, const DeviceCounts& before, int64_t min_bytes);
+  void count(int s, const DeviceCounts& before);
 
   // Declared before timer_: the timer's events belong to the inner backend's
   // stream and go first.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,13 @@ class KernelProfile {
   // and its calls to the profile; an uncounted one (the warm-up) drops them.
   void add_step(int64_t step, double step_ms, bool counted);
 
+  // After the last step (rank 0, before the profile is written at the end): the
+  // device's copy bandwidth, the reference for each kernel's GB/s. A same-dtype
+  // copy through the backend (cudaMemcpyAsync on CUDA, memcpy on the CPU) of
+  // kCopyBytes, read and written: the best of 5 after one to warm up. The
+  // profile's memory figures are taken before it allocates.
+  void measure_copy_bandwidth();
+
   // The whole profile (doc/metrics.md), kernels by total time, most first.
   nlohmann::ordered_json json() const;
   // The `rows` kernels that took longest, as a table for the console.
@@ -37,11 +45,14 @@ class KernelProfile {
     std::string op;
     int64_t calls = 0;
     double ms = 0;
+    int64_t min_bytes = 0;  // summed over the calls
   };
   backend::ProfiledBackend& be_;
   std::map<std::string, Total> totals_;  // by name
   std::vector<double> step_ms_;          // counted steps
   int64_t first_step_ = 0, last_step_ = 0;
+  double copy_gb_s_ = 0;                     // measure_copy_bandwidth's, 0 before
+  std::optional<backend::MemoryStats> mem_;  // taken before it
 
   struct Summary {
     double steps = 1;        // counted steps, at least 1 (a divisor)

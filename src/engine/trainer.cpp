@@ -936,10 +936,11 @@ TrainResult Run::finish() {
                           o.trace_path.c_str(), static_cast<long long>(trace_first),
                           static_cast<long long>(std::min(trace_last, o.steps)));
   }
-  write_profile(/*at_end=*/true);
   const double seconds = seconds_since(run_start);
   if (root) sink->finish(seconds, start_point.first_step, result.last_step, o.steps);
   write_run_record_end(seconds);
+  // Last: its reference copy allocates, which no memory figure above may count.
+  write_profile(/*at_end=*/true);
   return result;
 }
 
@@ -950,6 +951,7 @@ void Run::write_profile(bool at_end) {
   if (!profile) return;
   collectively([&] {
     if (!root) return;
+    if (at_end) profile->measure_copy_bandwidth();
     write_json_file(o.kernel_profile_path, profile->json(), "--kernel-profile");
     if (!at_end) return;
     std::printf("%skernel profile: %s\n", profile->table(15).c_str(), o.kernel_profile_path.c_str());

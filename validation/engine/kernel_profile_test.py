@@ -12,6 +12,9 @@ rank trains the tiny preset a few steps with two micro-batches per step, once wi
     the kernels sorted by time, shares summing to 1, and the kernels' time within the
     step's;
   - the table printed at the end names the steps and the top kernel;
+  - every kernel's least bytes a call (swiglu_forward's by hand), its GB/s (those bytes
+    over its time) and that against the device's copy bandwidth, measured after the
+    last step and printed;
   - every metrics line carries mem_peak_bytes > 0 and rss_peak_bytes > 0, and on cuda
     mem_reserved_bytes >= mem_peak_bytes (the caching allocator); the run record has
     the same maxima;
@@ -145,6 +148,24 @@ def check_profile(device, prof, stdout):
     top = prof["kernels"][0]["name"]
     check(f"kernel profile: steps 2-{STEPS} ({steps})" in stdout and top in stdout,
           f"{device}: the table is printed, naming the steps and the top kernel {top}")
+    check_bandwidth(device, prof, stdout)
+
+
+def check_bandwidth(device, prof, stdout):
+    """Each kernel's least bytes over its time, against the device's copy bandwidth."""
+    act = 2 if device == "cuda" else 4  # bf16 activations under --precision bf16, else fp32
+    sw = next((k for k in prof["kernels"] if k["name"] == "swiglu_forward"), {})
+    want = N * 3 * I * act  # gate and up read, the product written
+    copy = prof.get("copy_gb_per_s") or 0
+    consistent = all(abs(k["gb_per_s"] - k["min_bytes"] / (k["total_ms"] * 1e6))
+                     <= 1e-9 * k["gb_per_s"] and abs(k["of_copy"] - k["gb_per_s"] / copy) <= 1e-12
+                     for k in prof["kernels"]) if copy > 0 else False
+    got = sw.get("min_bytes", 0) / max(1, sw.get("calls", 1))
+    check(got == want and copy > 0 and consistent
+          and f"device copy {copy:.1f} GB/s" in stdout,
+          f"{device}: swiglu_forward's least bytes {got:.0f} a call (want {want}), "
+          f"every kernel's GB/s its least bytes over its time and of_copy that over the device's copy "
+          f"bandwidth ({copy:.1f} GB/s, printed)")
 
 
 def metrics(out):

@@ -87,8 +87,9 @@ set_tests_properties(engine_bytes_on_the_wire PROPERTIES FIXTURES_REQUIRED corpu
 
 # amsp train --kernel-profile on --device cpu and on --device cuda (the emulation), one
 # rank: every op the model runs, with exactly the calls per step it implies, timed; the
-# memory high-water marks in the metrics and the run record; and the same losses, bit
-# for bit, as without the option (about 10 s).
+# memory high-water marks in the metrics and the run record; each kernel's GB/s beside the
+# device's copy bandwidth; and the same losses, bit for bit, as without the option (about
+# 10 s).
 add_test(NAME engine_kernel_profile
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/engine/kernel_profile_test.py $<TARGET_FILE:amsp>
           ${AMSP_CORPUS} ${AMSP_TEST_WORK}/kernel_profile)

@@ -485,12 +485,19 @@ def report(c):
                   f"{h['whole']:.1f} ms |"]
     k = f.get("kernels")
     if k:
+        copy = k.get("copy_gb_per_s")
         lines += ["", f"amsp's time per kernel (CUDA events around each launch, {k.get('steps')} steps; "
-                      f"not attributed to a kernel: {k.get('unaccounted_ms_per_step', 0):.1f} ms/step):", "",
-                  "| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
+                      f"not attributed to a kernel: {k.get('unaccounted_ms_per_step', 0):.1f} ms/step). GB/s: the "
+                      "call's least bytes (operands read once, results written once) over its time, beside the "
+                      "device's copy bandwidth measured in the same run "
+                      f"({copy or 0:.0f} GB/s, cudaMemcpyAsync device to device); a measure for the memory-bound "
+                      "kernels, not for the products and attention:", "",
+                  "| kernel | calls/step | ms/step | share | GB/s | of copy |", "|---|---|---|---|---|---|"]
         steps = max(1, k.get("steps", 1))
         for row in k.get("kernels", [])[:15]:
-            lines.append(f"| {row['name']} | {row['calls'] / steps:.0f} | {row['ms_per_step']:.2f} | {row['share']:.1%} |")
+            of = f"{row['of_copy']:.0%}" if row.get("of_copy") is not None else ""
+            lines.append(f"| {row['name']} | {row['calls'] / steps:.0f} | {row['ms_per_step']:.2f} | {row['share']:.1%} "
+                         f"| {row.get('gb_per_s', 0):.0f} | {of} |")
     lines += torch_kernel_table(f)
     for name, run in f.get("cores", {}).items():
         lines += ["", f"CPU ranks, {name} ({os.cpu_count()} cores, {run['seconds']:.0f} s):", "", "```",

@@ -87,6 +87,10 @@ expect("--device cpu" in first and all(
 md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.join(out, "gpu-check.md")) else ""
 expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md and "CPU ranks, hidden" in md,
        "gpu-check.md has the results, the side-by-side, the kernel table and the CPU ranks' tables")
+kprof = figures.get("kernels") or {}
+expect((kprof.get("copy_gb_per_s") or 0) > 0 and "| GB/s | of copy |" in md
+       and all(r.get("gb_per_s", 0) > 0 for r in kprof.get("kernels", [])[:15]),
+       "the kernel table gives each kernel's GB/s beside the device's copy bandwidth, measured in the same run")
 torch_profile = (figures.get("torch_eager") or {}).get("profile") or {}
 expect(torch_profile.get("steps") == 2 and torch_profile.get("kernels") and "| operator (CPU) | calls/step" in md
        and "Attention, both sides: amsp" in md,
