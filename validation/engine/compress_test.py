@@ -33,12 +33,12 @@ usage: compress_test.py --amsp PATH --data CORPUS.h5 --work DIR --mpiexec PATH
 Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure.
 """
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
+
+from checks import Checks, job_args
 
 STEPS, SEQ, RANKS = 20, 32, 4
 
@@ -122,21 +122,8 @@ def op_bytes(run, group, op):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--amsp", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--mpiexec", required=True)
-    args = ap.parse_args()
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
-    passed = failed = 0
-
-    def check(ok, text):
-        nonlocal passed, failed
-        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
-        passed += ok
-        failed += not ok
+    args = job_args()
+    check = Checks()
 
     for precision, value_bytes in (("fp32", 4), ("bf16", 2)):
         try:
@@ -176,8 +163,7 @@ def main():
                 check_fallback(check, args, a_off)
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                 check(False, f"fallback: {e}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed or not passed else 0
+    return check.finish()
 
 
 if __name__ == "__main__":

@@ -19,12 +19,12 @@ usage: trace_test.py --amsp PATH --data CORPUS.h5 --work DIR --mpiexec PATH
 Prints one line per check and ends with "N passed, M failed"; exit 1 on any failure.
 """
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
+
+from checks import Checks, job_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks"))
@@ -125,30 +125,15 @@ def check_late_rank(check, trace):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--amsp", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--mpiexec", required=True)
-    args = ap.parse_args()
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
-    passed = failed = 0
-
-    def check(ok, text):
-        nonlocal passed, failed
-        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
-        passed += ok
-        failed += not ok
-
+    args = job_args()
+    check = Checks()
     check_by_hand(check, args.work)
     try:
         check_identities(check, train(args, "plain", PLAN))
         check_late_rank(check, train(args, "slowed", "zero3", {"AMSP_FAULT": "train.step@4:2,SLEEP=0.5"}))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         check(False, str(e))
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed or not passed else 0
+    return check.finish()
 
 
 if __name__ == "__main__":
