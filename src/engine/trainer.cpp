@@ -937,10 +937,10 @@ TrainResult Run::finish() {
                           static_cast<long long>(std::min(trace_last, o.steps)));
   }
   const double seconds = seconds_since(run_start);
-  if (root) sink->finish(seconds, start_point.first_step, result.last_step, o.steps);
   write_run_record_end(seconds);
-  // Last: its reference copy allocates, which no memory figure above may count.
+  // After the run record: its reference copy allocates, which no memory figure may count.
   write_profile(/*at_end=*/true);
+  if (root) sink->finish(seconds, start_point.first_step, result.last_step, o.steps);
   return result;
 }
 
