@@ -31,7 +31,8 @@ class KernelProfile {
   // After the last step (rank 0, before the profile is written at the end): the
   // device's copy bandwidth, the reference for each kernel's GB/s. A same-dtype
   // copy through the backend (cudaMemcpyAsync on CUDA, memcpy on the CPU) of
-  // kCopyBytes, read and written: the best of 5 after one to warm up. The
+  // 128 MiB (16 MiB on the CPU), read and written: the best of 5 after one to
+  // warm up; left out if the buffers do not fit. The
   // profile's memory figures are taken before it allocates.
   void measure_copy_bandwidth();
 

@@ -8,7 +8,7 @@
 // identity in their args, the same on every member of its group: the group
 // (the mesh position of its first member) and the op's sequence number on the
 // group's communicator. Those match one rank's spans with the others' for the
-// same collective (benchmarks/plan_validation.py, late_ranks).
+// same collective (benchmarks/plan_validation.py, `joined` and `late_ms`).
 #pragma once
 
 #include <mpi.h>
