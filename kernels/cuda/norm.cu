@@ -71,12 +71,13 @@ __global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::Fir
   }
 }
 
-// dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row.
+// dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row;
+// and dx16 = bf16(dx) where dx16 is not null (one test a block: uniform).
 // V: Sized<P, Dtypes<w's, dy's>>.
 template <typename V>
 __global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const float* x,
                                   const typename V::Type::First* w, const float* inv_rms, float* dx,
-                                  int64_t rows, int64_t dim) {
+                                  bf16* dx16, int64_t rows, int64_t dim) {
   constexpr int P = V::value;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
@@ -102,6 +103,11 @@ __global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const floa
       for (int k = 0; k < P; ++k)
         dxv.x[k] += rmsnorm_dx_element(xv.x[k], load(wv.x[k]), load(dyv.x[k]), inv, coef);
       store_pack<P>(dx + r * dim + j, dxv);
+      if (dx16 == nullptr) continue;
+      Pack<bf16, P> rounded;
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) store(&rounded.x[k], dxv.x[k]);
+      store_pack<P>(dx16 + r * dim + j, rounded);
     }
   }
 }
@@ -195,8 +201,9 @@ int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim) {
 }
 
 template <typename DY, typename W, typename DW>
-void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx, DW* dw,
-                      int64_t rows, int64_t dim, double* workspace, cudaStream_t s) {
+void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx,
+                      bf16* dx16, DW* dw, int64_t rows, int64_t dim, double* workspace,
+                      cudaStream_t s) {
   if (rows == 0 || dim == 0) return;
   const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
   with_pack(
@@ -206,24 +213,26 @@ void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv
         using V = Sized<P, Dtypes<W, DY>>;
         using VDY = Sized<P, DY>;
         AMSP_LAUNCH(rmsnorm_dx_kernel<V>, grid_for(rows, 1), kBlockThreads, 0, s)
-        (dy, x, w, inv_rms, dx, rows, dim);
+        (dy, x, w, inv_rms, dx, dx16, rows, dim);
         const dim3 grid(grid_for(dim / P), grid_for(chunks, 1, 65535));
         AMSP_LAUNCH(rmsnorm_dw_chunks_kernel<VDY>, grid, kBlockThreads, 0, s)
         (dy, x, inv_rms, workspace, rows, dim);
       },
-      dy, x, w, dx);
+      dy, x, w, dx, dx16);
   AMSP_LAUNCH(rmsnorm_dw_sum_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(workspace, dw, chunks, dim);
 }
 
 // Every combination of fp32 and bf16: w (and dw) a parameter's dtype, y and dy
 // the activations'.
-#define AMSP_RMSNORM(W, A)                                                                           \
-  template void rmsnorm_forward(const float*, const W*, A*, float*, int64_t, int64_t, float, cudaStream_t); \
-  template void rmsnorm_apply(const float*, const W*, const float*, A*, int64_t, int64_t, cudaStream_t);    \
-  template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, float*, int64_t,    \
-                                 int64_t, double*, cudaStream_t);                                           \
-  template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, bf16*, int64_t,     \
-                                 int64_t, double*, cudaStream_t);
+#define AMSP_RMSNORM(W, A)                                                                      \
+  template void rmsnorm_forward(const float*, const W*, A*, float*, int64_t, int64_t, float,    \
+                                cudaStream_t);                                                  \
+  template void rmsnorm_apply(const float*, const W*, const float*, A*, int64_t, int64_t,       \
+                              cudaStream_t);                                                    \
+  template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, bf16*, \
+                                 float*, int64_t, int64_t, double*, cudaStream_t);              \
+  template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, bf16*, \
+                                 bf16*, int64_t, int64_t, double*, cudaStream_t);
 AMSP_RMSNORM(float, float)
 AMSP_RMSNORM(float, bf16)
 AMSP_RMSNORM(bf16, float)

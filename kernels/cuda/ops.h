@@ -85,11 +85,13 @@ void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, Y* y, int64
 // dx += d(norm)/dx^T dy;  dw += sum over rows of dy * x * inv_rms, each column
 // summed in double in chunks of kRmsnormDwRows rows and the chunks in order
 // (kernels/common/math.h, as the CPU does), then added to dw and rounded once.
-// workspace: rmsnorm_backward_workspace(rows, dim) doubles.
+// workspace: rmsnorm_backward_workspace(rows, dim) doubles. dx16, unless
+// null, receives the updated dx rounded to bf16 (rows x dim, as dx).
 int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim);
 template <typename DY, typename W, typename DW>
-void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx, DW* dw,
-                      int64_t rows, int64_t dim, double* workspace, cudaStream_t s);
+void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx,
+                      bf16* dx16, DW* dw, int64_t rows, int64_t dim, double* workspace,
+                      cudaStream_t s);
 
 // ---- RoPE (tables from kernels/cpu rope_table, copied to the device) -----------------
 // A: float or bf16 values, rotated in place.

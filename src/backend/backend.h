@@ -233,6 +233,12 @@ class Backend {
   // rounded once, which a device's GEMM writes directly).
   virtual void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                               int64_t out, float beta) = 0;
+  // y[M, out] = r + x W^T, r and y fp32 (the residual stream's rows), the same
+  // matrix or disjoint ones: the bits of linear_forward with beta 1 into a
+  // copy of r. The CUDA backend reads r in the product's epilogue instead of
+  // copying it first.
+  virtual void linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
+                                       int64_t M, int64_t in, int64_t out) = 0;
   virtual void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
                                      int64_t in, int64_t out, float beta) = 0;
   virtual void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
@@ -241,14 +247,16 @@ class Backend {
   // RMSNorm (kernels/cpu/ops.h): forward keeps inv_rms [rows]; apply recomputes
   // y from it; backward: dx += ..., dw += ... . w, dw: fp32 or bf16; x, dx,
   // inv_rms fp32 (the residual stream); y and dy fp32 or bf16 (y computed in
-  // fp32 and rounded once, dy widened).
+  // fp32 and rounded once, dy widened). Backward's dx_bf16, unless empty,
+  // receives the updated dx rounded once to bf16, in the same pass: the input
+  // the next products of a bf16 model read (a copy of its own otherwise).
   virtual void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
                                int64_t rows, int64_t dim, float eps) = 0;
   virtual void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y,
                              int64_t rows, int64_t dim) = 0;
-  virtual void rmsnorm_backward(const View& dy, const View& x, const View& w,
-                                const View& inv_rms, const View& dx, const View& dw,
-                                int64_t rows, int64_t dim) = 0;
+  virtual void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
+                                const View& dx, const View& dw, int64_t rows, int64_t dim,
+                                const View& dx_bf16) = 0;
 
   // RoPE tables [max_T, head_dim/2] and the in-place rotation (backward: by
   // -angle) of fp32 or bf16 x (widened, rotated in fp32, stored rounded). The

@@ -121,6 +121,21 @@ void Checks::linear(const char* kn, int64_t M, int64_t in, int64_t out, const Vi
   need(kn, y_name, y, ny);
 }
 
+void Checks::linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
+                                     int64_t M, int64_t in, int64_t out) const {
+  const char* kn = "linear_forward_residual";
+  linear(kn, M, in, out, x, "x", in, w, y, "y", out);
+  expect(kn, "r", r, DType::kF32);
+  expect(kn, "y", y, DType::kF32);
+  const int64_t n = M * out;
+  need(kn, "r", r, n);
+  const auto* r0 = static_cast<const char*>(r.data);
+  const auto* y0 = static_cast<const char*>(y.data);
+  if (r0 != y0 && r0 < y0 + n * 4 && y0 < r0 + n * 4)
+    fail(kn,
+         ": r and y overlap without being the same matrix (expected one matrix, or disjoint ones)");
+}
+
 void Checks::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
                                     int64_t out) const {
   const char* kn = "linear_backward_weight";
@@ -150,7 +165,8 @@ void Checks::rmsnorm(const char* kn, const View& x, const View& w, const View& y
 }
 
 void Checks::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
-                              const View& dx, const View& dw, int64_t rows, int64_t dim) const {
+                              const View& dx, const View& dw, int64_t rows, int64_t dim,
+                              const View& dx_bf16) const {
   const char* kn = "rmsnorm_backward";
   expect(kn, "dx", dx, DType::kF32);  // the residual stream's gradient accumulates in fp32
   rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
@@ -158,6 +174,9 @@ void Checks::rmsnorm_backward(const View& dy, const View& x, const View& w, cons
   expect_float(kn, "dw", dw);
   need(kn, "dy", dy, rows * dim);
   need(kn, "dw", dw, dim);
+  if (dx_bf16.empty()) return;
+  expect(kn, "dx_bf16", dx_bf16, DType::kBF16);
+  need(kn, "dx_bf16", dx_bf16, rows * dim);
 }
 
 namespace {

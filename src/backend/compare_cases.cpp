@@ -159,6 +159,17 @@ void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient) {
     be.linear_forward(x.view(), w.view(), y.view(), M, in, out, beta);
     return Outputs{stored(product("y", get(be, y), in, beta, y0, bf16))};
   });
+  // The residual stream's product: y = r + x W^T, fp32 r and y apart (a device
+  // reads r in the product's epilogue); r left as it was.
+  if (beta == 1.0f)
+    c.compare("linear_forward_residual", shape, floor, [&](Backend& be) {
+      const Floats r0 = randn(M * out, 3);
+      Buffer r = put(be, r0), y = put(be, randn(M * out, 7));
+      Buffer x = put(be, randn(M * in, 1), act), w = put(be, randn(out * in, 2, 0.2f), wt);
+      be.linear_forward_residual(x.view(), w.view(), r.view(), y.view(), M, in, out);
+      return Outputs{product("y", get(be, y), in, 1.0f, r0, bf16),
+                     {"r (read only)", get(be, r), 0.0}};
+    });
   c.compare("linear_backward_input", shape, floor, [&](Backend& be) {
     Buffer dx = put(be, randn(M * in, 5), act);
     const Floats dx0 = get(be, dx);
@@ -204,14 +215,15 @@ void rmsnorm_cases(Checker& c, const RmsnormShape& s) {
     Buffer y = be.alloc(DType::kF32, rows * dim), inv = be.alloc(DType::kF32, rows);
     be.rmsnorm_forward(x.view(), w.view(), y.view(), inv.view(), rows, dim, 1e-5f);
     Buffer dy = put(be, randn(rows * dim, 3), act), dx = put(be, randn(rows * dim, 4));
-    Buffer dw = put(be, randn(dim, 5), wt);
-    be.rmsnorm_backward(dy.view(), x.view(), w.view(), inv.view(), dx.view(), dw.view(), rows,
-                        dim);
+    Buffer dw = put(be, randn(dim, 5), wt), rounded = be.alloc(DType::kBF16, rows * dim);
+    be.rmsnorm_backward(dy.view(), x.view(), w.view(), inv.view(), dx.view(), dw.view(), rows, dim,
+                        rounded.view());
     Floats dw_values = get(be, dw);
-    const double mx = max_abs(dw_values);
+    const double mx = max_abs(dw_values), t_dx = 3 * sum_of(dim) + kElementwise;
     double t_dw = sum_of(rows + 1) + sum_of(dim) + kElementwise;
     if (wt == DType::kBF16) t_dw = bf16_rounded(t_dw, mx, mx);
-    return Outputs{{"dx (accumulated)", get(be, dx), 3 * sum_of(dim) + kElementwise},
+    return Outputs{{"dx (accumulated)", get(be, dx), t_dx},
+                   {"dx rounded to bf16", get(be, rounded), bf16_rounded(t_dx)},
                    {"dw (accumulated)", std::move(dw_values), t_dw}};
   });
 }

@@ -68,6 +68,10 @@ class Forwarding : public Backend {
                       int64_t out, float beta) override {
     in_->linear_forward(x, w, y, M, in, out, beta);
   }
+  void linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
+                               int64_t M, int64_t in, int64_t out) override {
+    in_->linear_forward_residual(x, w, r, y, M, in, out);
+  }
   void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                              int64_t out, float beta) override {
     in_->linear_backward_input(dy, w, dx, M, in, out, beta);
@@ -85,8 +89,9 @@ class Forwarding : public Backend {
     in_->rmsnorm_apply(x, w, inv, y, rows, dim);
   }
   void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv,
-                        const View& dx, const View& dw, int64_t rows, int64_t dim) override {
-    in_->rmsnorm_backward(dy, x, w, inv, dx, dw, rows, dim);
+                        const View& dx, const View& dw, int64_t rows, int64_t dim,
+                        const View& dx_bf16) override {
+    in_->rmsnorm_backward(dy, x, w, inv, dx, dw, rows, dim, dx_bf16);
   }
   void rope_table(const View& c, const View& s, int64_t T, int64_t hd, double theta) override {
     in_->rope_table(c, s, T, hd, theta);

@@ -122,6 +122,8 @@ class CpuBackend final : public Backend {
 
   void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                       int64_t out, float beta) override;
+  void linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
+                               int64_t M, int64_t in, int64_t out) override;
   void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                              int64_t out, float beta) override;
   void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
@@ -132,7 +134,8 @@ class CpuBackend final : public Backend {
   void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y, int64_t rows,
                      int64_t dim) override;
   void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
-                        const View& dx, const View& dw, int64_t rows, int64_t dim) override;
+                        const View& dx, const View& dw, int64_t rows, int64_t dim,
+                        const View& dx_bf16) override;
 
   void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
                   double theta) override;

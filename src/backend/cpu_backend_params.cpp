@@ -194,6 +194,13 @@ void CpuBackend::linear_forward(const View& x, const View& w, const View& y, int
   linear_product(x, w, y, M, in, out, true, beta);
 }
 
+void CpuBackend::linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
+                                         int64_t M, int64_t in, int64_t out) {
+  check.linear_forward_residual(x, w, r, y, M, in, out);
+  if (r.data != y.data) copy(r.at(0, M * out), y.at(0, M * out));
+  linear_forward(x, w, y, M, in, out, 1.0f);
+}
+
 void CpuBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
                                        int64_t in, int64_t out, float beta) {
   const char* kn = "linear_backward_input";
@@ -248,8 +255,9 @@ void CpuBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms
 }
 
 void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
-                                  const View& dx, const View& dw, int64_t rows, int64_t dim) {
-  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim);
+                                  const View& dx, const View& dw, int64_t rows, int64_t dim,
+                                  const View& dx_bf16) {
+  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16);
   const float* wf = f32_values(w.at(0, dim), kSlotW);
   // An fp32 dw takes the sums directly; a bf16 one from a scratch, rounded once.
   float* c = dw.dtype == DType::kF32 ? dw.f32() : scratch_f32(kSlotOut, dim);
@@ -259,6 +267,7 @@ void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, 
   else
     k::rmsnorm_backward(dy.bf16(), x.f32(), wf, inv_rms.f32(), dx.f32(), c, rows, dim);
   if (dw.dtype != DType::kF32) accumulate_gradient(dw.at(0, dim), c, dim);
+  if (!dx_bf16.empty()) round_to_bf16(dx.f32(), dx_bf16.bf16(), rows * dim);
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------

@@ -425,7 +425,7 @@ TEST(CpuBackendF32, RmsNorm) {
     k::rmsnorm_apply(x.data(), w.data(), inv.data(), ya2.data(), rows, dim);
     EXPECT_TRUE(same_bits(ya, ya2));
     Floats dx = randn(rows * dim, 4), dx2 = dx, dw = randn(dim, 5), dw2 = dw;
-    be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim);
+    be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim, {});
     k::rmsnorm_backward(dy.data(), x.data(), w.data(), inv.data(), dx2.data(), dw2.data(), rows,
                         dim);
     EXPECT_TRUE(same_bits(dx, dx2));
@@ -451,7 +451,7 @@ TEST(CpuBackendF32, RmsNormWithBf16WeightAndGradient) {
   k::rmsnorm_backward(dy.data(), x.data(), wf.data(), inv.data(), dx2.data(), c.data(), rows, dim);
   Halves want(dim);
   for (int64_t j = 0; j < dim; ++j) want[j] = k::float_to_bf16(k::bf16_to_float(dw[j]) + c[j]);
-  be.rmsnorm_backward(fv(dy), fv(x), hv(w), fv(inv), fv(dx), hv(dw), rows, dim);
+  be.rmsnorm_backward(fv(dy), fv(x), hv(w), fv(inv), fv(dx), hv(dw), rows, dim, {});
   EXPECT_TRUE(same_bits(dx, dx2));
   EXPECT_TRUE(same_bits(dw, want));
 }
@@ -642,12 +642,12 @@ TEST(CpuBackendBf16, RmsnormOnBf16ActivationsRoundsYAndWidensDy) {
   EXPECT_EQ(y2, y);
   Halves dy = to_bf16(randn(n, 3));
   Floats dx = randn(n, 4), dw = randn(dim, 5), dx_want = dx, dw_want = dw, wide = widened(dy);
-  be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim);
+  be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim, {});
   k::rmsnorm_backward(wide.data(), x.data(), w.data(), inv.data(), dx_want.data(), dw_want.data(), rows, dim);
   EXPECT_TRUE(same_bits(dx, dx_want));
   EXPECT_TRUE(same_bits(dw, dw_want));
   Halves dx16(n);
-  EXPECT_ERROR(be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), hv(dx16), fv(dw), rows, dim),
+  EXPECT_ERROR(be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), hv(dx16), fv(dw), rows, dim, {}),
                "rmsnorm_backward", "dx is bf16, expected fp32");
 }
 
@@ -1099,7 +1099,7 @@ TEST(CpuBackendBf16, Bf16GradientsRoundOncePerCall) {
   Floats x(rows * dim, 1.0f), dy(rows * dim, std::ldexp(1.0f, -10)), inv(rows, 1.0f),
       dx(rows * dim), w(dim, 1.0f);
   Halves dw(dim, k::float_to_bf16(1.0f));
-  be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), hv(dw), rows, dim);
+  be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), hv(dw), rows, dim, {});
   for (uint16_t h : dw) EXPECT_EQ(k::bf16_to_float(h), 1.0625f);  // 1 + 64 * 2^-10
   Halves lw(dim * dim, k::float_to_bf16(1.0f));
   be.linear_backward_weight(fv(dy), fv(x), hv(lw), rows, dim, dim);

@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
 
   void linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in,
                       int64_t out, float beta) override;
+  void linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
+                               int64_t M, int64_t in, int64_t out) override;
   void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                              int64_t out, float beta) override;
   void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
@@ -138,7 +140,8 @@ class CudaBackend final : public Backend {
   void rmsnorm_apply(const View& x, const View& w, const View& inv_rms, const View& y, int64_t rows,
                      int64_t dim) override;
   void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
-                        const View& dx, const View& dw, int64_t rows, int64_t dim) override;
+                        const View& dx, const View& dw, int64_t rows, int64_t dim,
+                        const View& dx_bf16) override;
 
   void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
                   double theta) override;
@@ -237,13 +240,16 @@ class CudaBackend final : public Backend {
   // own memory if it has that dtype, else a converted copy in `s`.
   const float* as_f32(const View& v, Scratch& s);
   const uint16_t* as_bf16(const View& v, Scratch& s);
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
-            bool a_bf16, int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta,
-            void* C, bool c_bf16, int64_t ldc);
+  // C_in: where beta's term is read, C itself unless given (a matrix of C's
+  // layout and dtype, disjoint from it: cuBLASLt's C, with C its D).
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, bool a_bf16,
+            int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, void* C, bool c_bf16,
+            int64_t ldc, const void* C_in = nullptr);
   // y[M, n] = a[M, k] op(w) + beta y, op(w) = w^T for w[n, k] (w_transposed,
-  // linear_forward) or w for w[k, n] (linear_backward_input).
+  // linear_forward) or w for w[k, n] (linear_backward_input); beta's y read
+  // from y_in instead where given.
   void linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
-                      bool w_transposed, float beta);
+                      bool w_transposed, float beta, const View* y_in = nullptr);
   void accumulate(const View& dst, const float* contribution, int64_t n);
   // rope_forward (backward false) and rope_backward, on fp32 or bf16 x.
   void rope(const char* kn, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,

@@ -106,10 +106,11 @@ const bf16_t* CudaBackend::as_bf16(const View& v, Scratch& s) {
 // bf16 operands, bf16: computed in fp32 with beta C, stored once. cuBLASLt
 // declares its operands' accesses itself (in the emulation), so the callers do
 // not. An empty sum (k = 0) is C = beta C without the library: beta 0 zeroes
-// C, beta 1 leaves it (the only betas the kernels take).
-void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, bool a_bf16,
-                       int64_t lda, const void* B, bool b_bf16, int64_t ldb, float beta, void* C, bool c_bf16,
-                       int64_t ldc) {
+// C, beta 1 leaves it or copies C_in into it (the only betas the kernels take).
+void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
+                       bool a_bf16, int64_t lda, const void* B, bool b_bf16, int64_t ldb,
+                       float beta, void* C, bool c_bf16, int64_t ldc, const void* C_in) {
+  if (C_in == nullptr) C_in = C;
   const char* kn = "gemm";
   const int im = gemm_dim(kn, "m", m), in = gemm_dim(kn, "n", n), ik = gemm_dim(kn, "k", k);
   const int ia = gemm_dim(kn, "lda", lda), ib = gemm_dim(kn, "ldb", ldb), ic = gemm_dim(kn, "ldc", ldc);
@@ -120,14 +121,20 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   if (k == 0) {
     if (beta != 0.0f && beta != 1.0f) fail(kn, ": an empty product (k = 0) with beta ", beta, " (expected 0 or 1)");
     if (ldc != m) fail(kn, ": an empty product (k = 0) into C with ldc ", ldc, " != m ", m);
+    const int64_t bytes = m * n * (c_bf16 ? 2 : 4);
     if (beta == 0.0f) {
-      const int64_t bytes = m * n * (c_bf16 ? 2 : 4);
       writes(C, bytes);
       AMSP_CUDA_CHECK(cudaMemsetAsync(C, 0, static_cast<size_t>(bytes), stream_));
+    } else if (C_in != C) {
+      reads(C_in, bytes);
+      writes(C, bytes);
+      AMSP_CUDA_CHECK(
+          cudaMemcpyAsync(C, C_in, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_));
     }
     return;
   }
-  gemm_->run(stream_, trans_a, trans_b, im, in, ik, {A, a_bf16, ia}, {B, b_bf16, ib}, beta, C, c_bf16, ic);
+  gemm_->run(stream_, trans_a, trans_b, im, in, ik, {A, a_bf16, ia}, {B, b_bf16, ib}, beta, C_in, C,
+             c_bf16, ic);
 }
 
 // dst = dst + contribution, rounded once into dst's dtype.
@@ -148,8 +155,8 @@ void CudaBackend::accumulate(const View& dst, const float* c, int64_t n) {
 // is; a^T read as it is. One GEMM whose epilogue adds beta y in fp32 and
 // stores y in its dtype (rounded once into a bf16 y); under bf16 compute fp32
 // operands are rounded into scratch first.
-void CudaBackend::linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k, int64_t n,
-                                 bool w_transposed, float beta) {
+void CudaBackend::linear_product(const View& a, const View& w, const View& y, int64_t M, int64_t k,
+                                 int64_t n, bool w_transposed, float beta, const View* y_in) {
   if (M == 0 || n == 0) return;
   const View av = a.at(0, M * k), wv = w.at(0, n * k), yv = y.at(0, M * n);
   const bool bf = compute() == DType::kBF16;
@@ -159,7 +166,8 @@ void CudaBackend::linear_product(const View& a, const View& w, const View& y, in
   const void* A = bf ? static_cast<const void*>(as_bf16(wv, sw)) : as_f32(wv, sw);
   const void* B = bf ? static_cast<const void*>(as_bf16(av, sa)) : f32p(av);
   gemm(w_transposed, false, n, M, k, A, bf, w_transposed ? std::max<int64_t>(k, 1) : n, B, bf,
-       std::max<int64_t>(k, 1), beta, yv.data, yv.dtype == DType::kBF16, n);
+       std::max<int64_t>(k, 1), beta, yv.data, yv.dtype == DType::kBF16, n,
+       y_in ? y_in->data : nullptr);
 }
 
 void CudaBackend::linear_forward(const View& x, const View& w, const View& y, int64_t M, int64_t in, int64_t out,
@@ -167,6 +175,17 @@ void CudaBackend::linear_forward(const View& x, const View& w, const View& y, in
   check.linear("linear_forward", M, in, out, x, "x", in, w, y, "y", out);
   check.product_activations("linear_forward", compute(), {{"x", x}, {"y", y}});
   linear_product(x, w, y, M, in, out, true, beta);
+}
+
+// One product whose epilogue reads r and writes y (cuBLASLt's C and D): no
+// copy of r into y first.
+void CudaBackend::linear_forward_residual(const View& x, const View& w, const View& r,
+                                          const View& y, int64_t M, int64_t in, int64_t out) {
+  check.linear_forward_residual(x, w, r, y, M, in, out);
+  check.product_activations("linear_forward", compute(), {{"x", x}, {"y", y}});
+  if (r.data == y.data) return linear_product(x, w, y, M, in, out, true, 1.0f);
+  const View rv = r.at(0, M * out);
+  linear_product(x, w, y, M, in, out, true, 1.0f, &rv);
 }
 
 void CudaBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
@@ -237,10 +256,11 @@ void CudaBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rm
   AMSP_CUDA_CHECK_LAUNCH(kn);
 }
 
-void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
-                                   const View& dx, const View& dw, int64_t rows, int64_t dim) {
+void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
+                                   const View& inv_rms, const View& dx, const View& dw,
+                                   int64_t rows, int64_t dim, const View& dx_bf16) {
   const char* kn = "rmsnorm_backward";
-  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim);
+  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16);
   if (rows == 0 || dim == 0) return;
   const int64_t n = rows * dim * 4, wb = dim * dtype_bytes(w.dtype), dwb = dim * dtype_bytes(dw.dtype);
   reads(dy.data, rows * dim * dtype_bytes(dy.dtype));
@@ -249,6 +269,8 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   reads(inv_rms.data, rows * 4);
   reads(dx.data, n);
   writes(dx.data, n);
+  bf16_t* dx16 = dx_bf16.empty() ? nullptr : bf16w(dx_bf16);
+  if (dx16) writes(dx16, rows * dim * 2);
   reads(dw.data, dwb);
   writes(dw.data, dwb);
   const int64_t wsb = kc::rmsnorm_backward_workspace(rows, dim) * int64_t{sizeof(double)};
@@ -258,7 +280,8 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   typed(dy, [&](auto* dyp) {
     typed(w, [&](auto* wp) {
       typed(dw, [&](auto* dwp) {
-        kc::rmsnorm_backward(dyp, f32p(x), wp, f32p(inv_rms), f32w(dx), dwp, rows, dim, ws.as<double>(), stream_);
+        kc::rmsnorm_backward(dyp, f32p(x), wp, f32p(inv_rms), f32w(dx), dx16, dwp, rows, dim,
+                             ws.as<double>(), stream_);
       });
     });
   });

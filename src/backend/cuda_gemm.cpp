@@ -53,13 +53,13 @@ const LtGemm::Plan& LtGemm::plan(const Key& key) {
 }
 
 void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int m, int n, int k, Operand a,
-                 Operand b, float beta, void* c, bool c_bf16, int ldc) {
+                 Operand b, float beta, const void* c, void* d, bool c_bf16, int ldc) {
   if (m == 0 || n == 0) return;
   const Key key{trans_a, trans_b, m, n, k, static_cast<int>(a.ld), static_cast<int>(b.ld), ldc, a.bf16, c_bf16};
   const Plan& p = plan(key);
   const float alpha = 1.0f;
-  AMSP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, a.data, p.a, b.data, p.b, &beta, c, p.c, c, p.c,
-                                   &p.algo, workspace_, workspace_bytes_, stream));
+  AMSP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, a.data, p.a, b.data, p.b, &beta, c, p.c,
+                                   d, p.c, &p.algo, workspace_, workspace_bytes_, stream));
 }
 
 }  // namespace amsp::backend

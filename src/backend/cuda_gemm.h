@@ -36,10 +36,11 @@ class LtGemm {
     bool bf16;
     int64_t ld;
   };
-  // Enqueues C = op(A) op(B) + beta C on `stream`. Shapes, leading dimensions
-  // and dtypes must fit cuBLAS's int dimensions (the caller checks them).
+  // Enqueues D = op(A) op(B) + beta C on `stream`, C and D of one layout (the
+  // same matrix, or disjoint ones). Shapes, leading dimensions and dtypes must
+  // fit cuBLAS's int dimensions (the caller checks them).
   void run(cudaStream_t stream, bool trans_a, bool trans_b, int m, int n, int k, Operand a,
-           Operand b, float beta, void* c, bool c_bf16, int ldc);
+           Operand b, float beta, const void* c, void* d, bool c_bf16, int ldc);
   // How many shapes have a plan (one heuristic query each).
   size_t plans() const { return plans_.size(); }
 

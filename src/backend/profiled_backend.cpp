@@ -188,6 +188,14 @@ void ProfiledBackend::linear_forward(const View& x, const View& w, const View& y
            [&] { inner_->linear_forward(x, w, y, M, in, out, beta); });
 }
 
+// Named as linear_forward: the same product, its residual read from r.
+void ProfiledBackend::linear_forward_residual(const View& x, const View& w, const View& r,
+                                              const View& y, int64_t M, int64_t in, int64_t out) {
+  timed_as([&] { return linear_name("linear_forward", M, in, out); },
+           M * in * size(x) + out * in * size(w) + M * out * (size(r) + size(y)),
+           [&] { inner_->linear_forward_residual(x, w, r, y, M, in, out); });
+}
+
 void ProfiledBackend::linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
                                             int64_t in, int64_t out, float beta) {
   timed_as([&] { return linear_name("linear_backward_input", M, in, out); },
@@ -212,10 +220,14 @@ void ProfiledBackend::rmsnorm_apply(const View& x, const View& w, const View& in
   timed("rmsnorm_apply", rows * dim * (size(x) + size(y)) + dim * size(w) + rows * 4, [&] { inner_->rmsnorm_apply(x, w, inv_rms, y, rows, dim); });
 }
 
-void ProfiledBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
-                                       const View& dx, const View& dw, int64_t rows, int64_t dim) {
+void ProfiledBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
+                                       const View& inv_rms, const View& dx, const View& dw,
+                                       int64_t rows, int64_t dim, const View& dx_bf16) {
+  const int64_t rounded = dx_bf16.empty() ? 0 : rows * dim * 2;
   timed("rmsnorm_backward",
-        rows * dim * (size(dy) + size(x) + 2 * size(dx)) + dim * (size(w) + 2 * size(dw)) + rows * 4, [&] { inner_->rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim); });
+        rows * dim * (size(dy) + size(x) + 2 * size(dx)) + rounded +
+            dim * (size(w) + 2 * size(dw)) + rows * 4,
+        [&] { inner_->rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16); });
 }
 
 void ProfiledBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,

@@ -55,7 +55,8 @@ struct Llama::Impl {
   // RoPE, SwiGLU and loss around them read them, and under bf16 compute the
   // products and attention round what they read, and write, to bf16 anyway.
   // The residual stream (resid, each layer's h, dres) stays fp32; dres_p is
-  // dres rounded once for the two products that read it (under bf16 compute).
+  // dres rounded once for the two products that read it (under bf16 compute),
+  // by the RMSNorm backward that last added to dres.
   Buffer n, dn, dres, dres_p, dattn, dqkv, act, dgate_up;
   DType product_dtype = DType::kF32;
 
@@ -68,13 +69,15 @@ struct Llama::Impl {
   Buffer f32(int64_t count) { return be.alloc(DType::kF32, count); }
   Buffer product_side(int64_t count) { return be.alloc(product_dtype, count); }
   // A residual gradient as the products read it: itself, or under bf16
-  // compute rounded once into dres_p for both products (which would each
-  // round it to bf16 on the way in).
-  View product_input(const View& dr) {
-    if (product_dtype == DType::kF32) return dr;
-    const View d = dres_p.at(0, dr.count);
-    be.copy(dr, d);
-    return d;
+  // compute dres_p, which the RMSNorm backward that last added to it rounded
+  // once for both products (which would each round it to bf16 on the way in).
+  // Every writer of dres is one of rmsnorm_backward below, each given
+  // rounded_dres(dr).
+  View product_input(const View& dr) const {
+    return product_dtype == DType::kF32 ? dr : dres_p.at(0, dr.count);
+  }
+  View rounded_dres(const View& dr) const {
+    return product_dtype == DType::kF32 ? View{} : dres_p.at(0, dr.count);
   }
   // The first N rows of an activation buffer [rows, width].
   View rows(const Buffer& b, int64_t width) const { return b.at(0, N * width); }
@@ -260,16 +263,14 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   // Attention rotates q and k by RoPE as it reads them (and dq, dk back).
   be.linear_forward(nn, tensors(p, u, kQ, kV), qkv, N, hidden, qkv_dim, 0.0f);
   be.attention_forward(qkv, rope(), a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
-  be.copy(x, h);
-  be.linear_forward(attn, tensor(p, u, kO), h, N, hidden, hidden, 1.0f);
+  be.linear_forward_residual(attn, tensor(p, u, kO), x, h, N, hidden, hidden);
 
   // MLP block: out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h).
   be.rmsnorm_forward(h, tensor(p, u, kPostNorm), nn, inv2, N, hidden, eps);
   // One product over the adjacent gate and up weights: each row of gate_up is [gate | up].
   be.linear_forward(nn, tensors(p, u, kGate, kUp), gate_up, N, hidden, 2 * inter, 0.0f);
   be.swiglu_forward(gate_up, ac, N, inter);
-  be.copy(h, out);
-  be.linear_forward(ac, tensor(p, u, kDown), out, N, inter, hidden, 1.0f);
+  be.linear_forward_residual(ac, tensor(p, u, kDown), h, out, N, inter, hidden);
 }
 
 void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
@@ -297,8 +298,8 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   be.rmsnorm_apply(h, tensor(p, u, kPostNorm), inv2, nn, N, hidden);
   be.linear_backward_weight(dgu, nn, tensors(g, u, kGate, kUp), N, hidden, 2 * inter);
   be.linear_backward_input(dgu, tensors(p, u, kGate, kUp), dnn, N, hidden, 2 * inter, 0.0f);
-  be.rmsnorm_backward(dnn, h, tensor(p, u, kPostNorm), inv2, dr, tensor(g, u, kPostNorm), N,
-                      hidden);
+  be.rmsnorm_backward(dnn, h, tensor(p, u, kPostNorm), inv2, dr, tensor(g, u, kPostNorm), N, hidden,
+                      rounded_dres(dr));
 
   // Attention block; dres is now d(h).
   const View dh = product_input(dr);
@@ -308,7 +309,9 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   be.rmsnorm_apply(x, tensor(p, u, kInNorm), inv1, nn, N, hidden);
   be.linear_backward_weight(dq, nn, tensors(g, u, kQ, kV), N, hidden, qkv_dim);
   be.linear_backward_input(dq, tensors(p, u, kQ, kV), dnn, N, hidden, qkv_dim, 0.0f);
-  be.rmsnorm_backward(dnn, x, tensor(p, u, kInNorm), inv1, dr, tensor(g, u, kInNorm), N, hidden);
+  // d(x) of the first layer goes to the embedding, which reads it in fp32.
+  be.rmsnorm_backward(dnn, x, tensor(p, u, kInNorm), inv1, dr, tensor(g, u, kInNorm), N, hidden,
+                      l > 0 ? rounded_dres(dr) : View{});
 }
 
 void Llama::Impl::forward_head(int u, const View& p) {
@@ -336,7 +339,8 @@ void Llama::Impl::backward_head(int u, const View& p, const View& g) {
   be.linear_backward_weight(lg, nn, tensor(g, u, 1), N, hidden, vocab);
   be.linear_backward_input(lg, tensor(p, u, 1), dnn, N, hidden, vocab, 0.0f);
   be.fill_zero(dr);
-  be.rmsnorm_backward(dnn, x, tensor(p, u, 0), head_inv.at(0, N), dr, tensor(g, u, 0), N, hidden);
+  be.rmsnorm_backward(dnn, x, tensor(p, u, 0), head_inv.at(0, N), dr, tensor(g, u, 0), N, hidden,
+                      rounded_dres(dr));
 }
 
 double Llama::loss_sum() const { return impl_->loss_sum; }

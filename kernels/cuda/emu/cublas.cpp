@@ -84,6 +84,14 @@ struct Gemm {
   int m = 0, n = 0, k = 0;
   float alpha = 1, beta = 0;
   Matrix a, b, c;
+  // Where beta's C is read: c.data, or (cublasLtMatmul's C apart from its D)
+  // another matrix of c's layout.
+  const void* c_in = nullptr;
+  Matrix source() const {
+    Matrix s = c;
+    if (c_in) s.data = c_in;
+    return s;
+  }
 };
 
 cublasStatus_t validate(const Gemm& g) {
@@ -95,13 +103,20 @@ cublasStatus_t validate(const Gemm& g) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// C = alpha op(A) op(B) + beta C; beta == 0 does not read C (NaNs there vanish).
+// C = alpha op(A) op(B) + beta C_in (C_in: g.source()); beta == 0 does not
+// read it (NaNs there vanish).
 void compute(const Gemm& g) {
   std::vector<float> a_store, b_store, c_store;
   const float* a = widened(g.a, a_store);
   const float* b = widened(g.b, b_store);
+  const Matrix in = g.source();
   float* c = g.c.type == CUDA_R_32F ? static_cast<float*>(const_cast<void*>(g.c.data))
-                                    : const_cast<float*>(widened(g.c, c_store));
+                                    : const_cast<float*>(widened(in, c_store));
+  if (g.c.type == CUDA_R_32F && in.data != g.c.data && g.beta != 0)
+    for (int j = 0; j < g.n; ++j)
+      std::memcpy(c + static_cast<size_t>(j) * g.c.ld,
+                  static_cast<const float*>(in.data) + static_cast<size_t>(j) * g.c.ld,
+                  static_cast<size_t>(g.m) * sizeof(float));
   if (g.k == 0 || g.alpha == 0) {
     for (int j = 0; j < g.n; ++j)
       for (int i = 0; i < g.m; ++i) {
@@ -131,8 +146,8 @@ cublasStatus_t run(cudaStream_t s, const Gemm& g, const char* op, const char* fi
     access(s, g.a, false, op, "A", file, line);
     access(s, g.b, false, op, "B", file, line);
   }
-  if (g.beta != 0) access(s, g.c, false, op, "C", file, line);
-  access(s, g.c, true, op, "C", file, line);
+  if (g.beta != 0) access(s, g.source(), false, op, "C", file, line);
+  access(s, g.c, true, op, g.c_in ? "D" : "C", file, line);
   amsp::emu::count_launch();
   amsp::emu::count_flops(2.0 * g.m * g.n * g.k, g.a.type == CUDA_R_16BF);
   if (amsp::emu::dry_run()) return CUBLAS_STATUS_SUCCESS;
@@ -433,7 +448,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (!lt_valid(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!alpha || !beta || !algo || algo->data[0] != kAlgoTag) return CUBLAS_STATUS_INVALID_VALUE;
   if (!amsp::emu::stream_valid(stream)) return CUBLAS_STATUS_INVALID_VALUE;
-  if (C != D) return CUBLAS_STATUS_NOT_SUPPORTED;
   Gemm g;
   if (const cublasStatus_t rc = lt_gemm(desc, a, b, c, d, g); rc != CUBLAS_STATUS_SUCCESS) return rc;
   g.alpha = *static_cast<const float*>(alpha);
@@ -441,6 +455,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   g.a.data = A;
   g.b.data = B;
   g.c.data = D;
+  if (C != D) {
+    // Disjoint, as cuBLASLt requires of an out-of-place product.
+    const auto *c0 = static_cast<const char*>(C), *d0 = static_cast<const char*>(D);
+    const size_t span = g.c.span();
+    if (c0 < d0 + span && d0 < c0 + span) return CUBLAS_STATUS_INVALID_VALUE;
+    g.c_in = C;
+  }
   const size_t needed = algo->data[1];
   if (workspace_bytes < needed) return CUBLAS_STATUS_INVALID_VALUE;
   // The workspace: ordered and checked like an operand, its bytes not counted

@@ -49,12 +49,23 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return h;
 }
 
-enum class Kind { kSgemm, kGemmExF32, kGemmExBf16, kGemmExBf16Out, kLtF32, kLtBf16, kLtBf16Out };
+// kLt*Apart: cuBLASLt with C and D apart (D = alpha op(A) op(B) + beta C).
+enum class Kind {
+  kSgemm,
+  kGemmExF32,
+  kGemmExBf16,
+  kGemmExBf16Out,
+  kLtF32,
+  kLtBf16,
+  kLtBf16Out,
+  kLtF32Apart,
+  kLtBf16OutApart
+};
 
 // One product through cuBLASLt, as the CUDA backend calls it (backend/cuda_gemm.cpp):
-// descriptors, the heuristic's algorithm, its workspace, D = C.
+// descriptors, the heuristic's algorithm, its workspace, D = C or D apart.
 cublasStatus_t lt_matmul(const Case& c, float alpha, const void* a, int lda, const void* b, int ldb,
-                         void* dc, int ldc, cudaDataType in, cudaDataType out) {
+                         const void* dc, void* dd, int ldc, cudaDataType in, cudaDataType out) {
   const bool ta = c.ta == CUBLAS_OP_T, tb = c.tb == CUBLAS_OP_T;
   cublasLtHandle_t h = nullptr;
   EXPECT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
@@ -80,7 +91,8 @@ cublasStatus_t lt_matmul(const Case& c, float alpha, const void* a, int lda, con
   if (rc == CUBLAS_STATUS_SUCCESS) {
     EXPECT_EQ(found, 1);
     EXPECT_LE(r.workspaceSize, max_ws);
-    rc = cublasLtMatmul(h, desc, &alpha, a, la, b, lb, &c.beta, dc, lc, dc, lc, &r.algo, ws, max_ws, nullptr);
+    rc = cublasLtMatmul(h, desc, &alpha, a, la, b, lb, &c.beta, dc, lc, dd, lc, &r.algo, ws, max_ws,
+                        nullptr);
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaFree(ws), cudaSuccess);
@@ -91,18 +103,22 @@ cublasStatus_t lt_matmul(const Case& c, float alpha, const void* a, int lda, con
   return rc;
 }
 
-// Runs one product on the emulation and checks every element of C, and that
-// the padding rows of C are left alone.
+// Runs one product on the emulation and checks every element of C (D where it
+// is apart, C then unchanged), and that the padding rows are left alone.
 void check(const Case& c, Kind kind) {
   SCOPED_TRACE(::testing::Message()
                << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m << " n=" << c.n << " k=" << c.k
                << " beta=" << c.beta << " kind=" << static_cast<int>(kind));
   const bool ta = c.ta == CUBLAS_OP_T, tb = c.tb == CUBLAS_OP_T;
   const int lda = (ta ? c.k : c.m) + 2, ldb = (tb ? c.n : c.k) + 1, ldc = c.m + 3;
+  const bool apart = kind == Kind::kLtF32Apart || kind == Kind::kLtBf16OutApart;
   const bool bf16_in = kind == Kind::kGemmExBf16 || kind == Kind::kGemmExBf16Out ||
-                       kind == Kind::kLtBf16 || kind == Kind::kLtBf16Out;
-  const bool bf16_out = kind == Kind::kGemmExBf16Out || kind == Kind::kLtBf16Out;
-  const bool lt = kind == Kind::kLtF32 || kind == Kind::kLtBf16 || kind == Kind::kLtBf16Out;
+                       kind == Kind::kLtBf16 || kind == Kind::kLtBf16Out ||
+                       kind == Kind::kLtBf16OutApart;
+  const bool bf16_out =
+      kind == Kind::kGemmExBf16Out || kind == Kind::kLtBf16Out || kind == Kind::kLtBf16OutApart;
+  const bool lt =
+      kind == Kind::kLtF32 || kind == Kind::kLtBf16 || kind == Kind::kLtBf16Out || apart;
   auto a = random_values(static_cast<size_t>(lda) * (ta ? c.m : c.k), 1, bf16_in);
   auto b = random_values(static_cast<size_t>(ldb) * (tb ? c.k : c.n), 2, bf16_in);
   auto c0 = random_values(static_cast<size_t>(ldc) * c.n, 3, bf16_out);
@@ -115,10 +131,13 @@ void check(const Case& c, Kind kind) {
   void* da = bf16_in ? static_cast<void*>(to_device(to_bf16(a))) : to_device(a);
   void* db = bf16_in ? static_cast<void*>(to_device(to_bf16(b))) : to_device(b);
   void* dc = bf16_out ? static_cast<void*>(to_device(to_bf16(c0))) : to_device(c0);
+  // D apart starts with other values, which its padding must keep.
+  const auto d0 = apart ? random_values(c0.size(), 4, bf16_out) : c0;
+  void* dd = !apart ? dc : bf16_out ? static_cast<void*>(to_device(to_bf16(d0))) : to_device(d0);
   const cudaDataType in = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType out = bf16_out ? CUDA_R_16BF : CUDA_R_32F;
   const cublasStatus_t rc =
-      lt ? lt_matmul(c, alpha, da, lda, db, ldb, dc, ldc, in, out)
+      lt ? lt_matmul(c, alpha, da, lda, db, ldb, dc, dd, ldc, in, out)
       : kind == Kind::kSgemm
           ? cublasSgemm(h, c.ta, c.tb, c.m, c.n, c.k, &alpha, static_cast<float*>(da), lda,
                         static_cast<float*>(db), ldb, &c.beta, static_cast<float*>(dc), ldc)
@@ -126,20 +145,30 @@ void check(const Case& c, Kind kind) {
                          dc, out, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   ASSERT_EQ(rc, CUBLAS_STATUS_SUCCESS);
 
-  std::vector<float> got(c0.size());
-  if (bf16_out) {
-    std::vector<uint16_t> bits(c0.size());
-    ASSERT_EQ(cudaMemcpy(bits.data(), dc, bits.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 0; i < bits.size(); ++i) got[i] = bf16_to_float(bits[i]);
-  } else {
-    ASSERT_EQ(cudaMemcpy(got.data(), dc, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  auto read = [&](const void* p) {
+    std::vector<float> v(c0.size());
+    if (bf16_out) {
+      std::vector<uint16_t> bits(c0.size());
+      EXPECT_EQ(cudaMemcpy(bits.data(), p, bits.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < bits.size(); ++i) v[i] = bf16_to_float(bits[i]);
+    } else {
+      EXPECT_EQ(cudaMemcpy(v.data(), p, v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  };
+  const std::vector<float> got = read(dd);
+  if (apart) {  // C only read
+    const std::vector<float> c_after = read(dc);
+    for (size_t i = 0; i < c0.size(); ++i)
+      if (!std::isnan(c0[i]) || !std::isnan(c_after[i]))
+        ASSERT_EQ(c_after[i], c0[i]) << "C at " << i;
   }
   for (int j = 0; j < c.n; ++j) {
     for (int i = 0; i < ldc; ++i) {
       const size_t idx = static_cast<size_t>(j) * ldc + i;
       if (i >= c.m) {  // padding: untouched
-        if (!std::isnan(c0[idx]) || !std::isnan(got[idx])) {
-          ASSERT_EQ(got[idx], c0[idx]);
+        if (!std::isnan(d0[idx]) || !std::isnan(got[idx])) {
+          ASSERT_EQ(got[idx], d0[idx]);
         }
         continue;
       }
@@ -153,13 +182,15 @@ void check(const Case& c, Kind kind) {
   ASSERT_EQ(cudaFree(da), cudaSuccess);
   ASSERT_EQ(cudaFree(db), cudaSuccess);
   ASSERT_EQ(cudaFree(dc), cudaSuccess);
+  if (apart) ASSERT_EQ(cudaFree(dd), cudaSuccess);
   ASSERT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
 }
 
 TEST(CudaEmuCublas, ProductsMatchTheTripleLoop) {
   const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {17, 9, 13}, {4, 3, 0}, {33, 1, 65}};
-  for (auto kind : {Kind::kSgemm, Kind::kGemmExF32, Kind::kGemmExBf16, Kind::kGemmExBf16Out, Kind::kLtF32,
-                    Kind::kLtBf16, Kind::kLtBf16Out})
+  for (auto kind :
+       {Kind::kSgemm, Kind::kGemmExF32, Kind::kGemmExBf16, Kind::kGemmExBf16Out, Kind::kLtF32,
+        Kind::kLtBf16, Kind::kLtBf16Out, Kind::kLtF32Apart, Kind::kLtBf16OutApart})
     for (auto ta : {CUBLAS_OP_N, CUBLAS_OP_T})
       for (auto tb : {CUBLAS_OP_N, CUBLAS_OP_T})
         for (const auto& s : shapes)
@@ -191,8 +222,9 @@ TEST(CudaEmuCublas, RejectsBadArguments) {
 }
 
 // cuBLASLt's descriptors are checked against each other, as the library does:
-// a layout that does not fit the operation, D unlike C, a workspace smaller
-// than the algorithm asked for, an unknown attribute.
+// a layout that does not fit the operation, D unlike C, D overlapping C
+// without being C, a workspace smaller than the algorithm asked for, an
+// unknown attribute.
 TEST(CudaEmuCublasLt, RejectsBadArguments) {
   cublasLtHandle_t h = nullptr;
   ASSERT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
@@ -228,8 +260,12 @@ TEST(CudaEmuCublasLt, RejectsBadArguments) {
   for (float** p : {&da, &db, &dc, &dd}) ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(p), 64 * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
   const float one = 1, zero = 0;
-  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dd, c, &r.algo, ws, ws_bytes, nullptr),
-            CUBLAS_STATUS_NOT_SUPPORTED);  // D is not C
+  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dc + 1, c, &r.algo, ws,
+                           ws_bytes, nullptr),
+            CUBLAS_STATUS_INVALID_VALUE);  // D overlaps C
+  EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dd, c, &r.algo, ws,
+                           ws_bytes, nullptr),
+            CUBLAS_STATUS_SUCCESS);  // D apart from C
   EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dc, c, &r.algo, ws, ws_bytes - 1, nullptr),
             CUBLAS_STATUS_INVALID_VALUE);  // less workspace than the algorithm asked for
   EXPECT_EQ(cublasLtMatmul(h, desc, &one, da, a, db, b_ok, &zero, dc, c, dc, c, &r.algo, ws, ws_bytes, nullptr),
