@@ -78,6 +78,10 @@ expect_error "bad compress guard" "--compress-guard always: expected warn, fallb
   "${train[@]}" --compress on --compress-guard always
 expect_error "bad compress guard period" "--compress-guard-every 0: expected an integer >= 1" -- \
   "${train[@]}" --compress on --compress-guard-every 0
+expect_error "profiler step on the CPU" "--cuda-profiler-step 2: the CPU backend has no device profiler; expected --device cuda" -- \
+  "${train[@]}" --device cpu --cuda-profiler-step 2
+expect_error "negative profiler step" "--cuda-profiler-step -1: expected an integer >= 0" -- \
+  "${train[@]}" --cuda-profiler-step -1
 expect_error "missing input" "--input nosuch.txt: no such file, folder, or files matching it" -- \
   "$amsp" data prepare --input nosuch.txt --output x.h5
 expect_error "bad input format" "--input-format csv: expected auto, text or jsonl" -- \

@@ -17,6 +17,7 @@
 #if defined(AMSP_CUDA_REAL)
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #define AMSP_CUDA_EMULATION 0

@@ -150,6 +150,10 @@ class Backend {
   // through the staging buffer, wait, synchronize); 0 on the CPU, whose
   // compute is the host.
   virtual int64_t host_syncs() const { return 0; }
+  // Opens (true) or closes the device profiler's capture range
+  // (cudaProfilerStart/Stop), which `ncu --profile-from-start off` and `nsys
+  // --capture-range=cudaProfilerApi` honour. Nothing where there is no device.
+  virtual void profiler_capture(bool /*on*/) {}
   // Sets device memory aside for the run's working set at start-up, so that
   // the step allocates from it without asking the device (which would
   // synchronise); `predicted_peak` is the plan's prediction for this rank, which

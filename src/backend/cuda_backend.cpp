@@ -341,6 +341,14 @@ void CudaBackend::synchronize() {
   events_.clear();
 }
 
+void CudaBackend::profiler_capture(bool on) {
+  if (on) {
+    AMSP_CUDA_CHECK(cudaProfilerStart());
+  } else {
+    AMSP_CUDA_CHECK(cudaProfilerStop());
+  }
+}
+
 std::unique_ptr<comm::Communicator> CudaBackend::make_communicator(comm::Group group) {
   return std::make_unique<comm::NcclCommunicator>(std::move(group), stream_);
 }

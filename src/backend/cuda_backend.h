@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
   Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
   int64_t host_syncs() const override { return host_syncs_; }
+  void profiler_capture(bool on) override;
   DeviceCounts device_counts() const override;
   void reserve(int64_t predicted_peak) override;
   void to_host(const View& src, float* dst) override;

@@ -105,6 +105,20 @@ TEST(CudaBackend, EventsOrderTheHost) {
   be->synchronize();
 }
 
+// --cuda-profiler-step's capture range: one range per open, a second open
+// inside it none (as cudaProfilerStart inside a range has no effect).
+TEST(CudaBackend, ProfilerCaptureOpensOneRangeUntilClosed) {
+  auto be = make_cuda_backend(DType::kF32, 0);
+  const int64_t before = amsp::emu::profiler_ranges();
+  be->profiler_capture(true);
+  be->profiler_capture(true);
+  EXPECT_EQ(amsp::emu::profiler_ranges(), before + 1);
+  be->profiler_capture(false);
+  be->profiler_capture(true);
+  be->profiler_capture(false);
+  EXPECT_EQ(amsp::emu::profiler_ranges(), before + 2);
+}
+
 TEST(CudaBackend, CrossEntropyNamesATargetOutsideTheVocabulary) {
   auto be = make_cuda_backend(DType::kF32, 0);
   const int64_t rows = 3, V = 4;

@@ -74,6 +74,7 @@ class ProfiledBackend final : public Backend {
   Buffer alloc(DType dtype, int64_t count) override;
   MemoryStats memory() const override { return inner_->memory(); }
   int64_t host_syncs() const override { return inner_->host_syncs(); }
+  void profiler_capture(bool on) override { inner_->profiler_capture(on); }
   DeviceCounts device_counts() const override { return inner_->device_counts(); }
   void reserve(int64_t predicted_peak) override { inner_->reserve(predicted_peak); }
   Buffer alloc_host(int64_t count) override { return inner_->alloc_host(count); }

@@ -125,6 +125,10 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("kernel-profile", po::value<std::string>(&o.kernel_profile_path)->value_name("FILE.json"),
            "time every backend call (kernel) by name, every step but the first, and write the totals "
            "beside the step time to FILE.json (rank 0); waits for the device at the end of each step")
+      ("cuda-profiler-step", po::value<int64_t>(&o.profiler_step)->default_value(0)->value_name("INT"),
+           "on --device cuda, open the profiler's capture range (cudaProfilerStart/Stop) around "
+           "this step alone, for `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`; "
+           "0: none")
       ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0)->value_name("NUM"),
            "seconds a collective may take before the job is aborted, naming the rank and the "
            "operation; 0: AMSP_COMM_TIMEOUT or 600")
@@ -268,6 +272,7 @@ void set_run_options(TrainArgs& a) {
       fail_usage("--run-info ", o.run_info_path, ": no directory ", dir.string(), "; expected a file in an existing directory");
   }
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
+  require(o.profiler_step >= 0, "cuda-profiler-step", o.profiler_step, "an integer >= 0");
   require(o.comm_timeout_s >= 0, "comm-timeout", o.comm_timeout_s, "a number >= 0");
   require(o.straggler.every >= 0, "straggler-every", o.straggler.every, "an integer >= 0");
   require(o.straggler.threshold > 0, "straggler-threshold", o.straggler.threshold, "a fraction > 0");
@@ -289,6 +294,9 @@ engine::TrainOptions to_train_options(TrainArgs& a, const po::variables_map& vm)
   check_ranges(a);
   set_precision(a);
   set_device(a);
+  if (a.o.profiler_step > 0 && a.o.device != Device::kCuda)
+    fail_usage("--cuda-profiler-step ", a.o.profiler_step, ": the CPU backend has no device profiler; "
+               "expected --device cuda");
   a.o.compression = plan::parse_compression(a.compress);
   if (a.o.compression.choose && a.o.shard != "auto")
     fail_usage("--compress auto: the planner chooses the compression only with --shard auto; with --shard ",

@@ -771,7 +771,10 @@ StepMetrics Run::train_step(int64_t step) {
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_step);
   const BatchFn batch = prefetch->take(step);
   if (step < o.steps) prefetch->start(step + 1);
+  // The capture range holds the step's work, through its one synchronisation.
+  if (step == o.profiler_step) be->profiler_capture(true);
   const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr, batch);
+  if (step == o.profiler_step) be->profiler_capture(false);
   const double busy_s = busy_seconds(step, seconds_since(t0), compute_cpu_seconds() - cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);

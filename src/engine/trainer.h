@@ -67,6 +67,7 @@ struct TrainOptions {
   std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
   std::string kernel_profile_path;  // rank 0 writes the time of every backend call by name here
+  int64_t profiler_step = 0;        // the step inside the device profiler's capture range; 0: none
   double comm_timeout_s = 0;   // a collective not done after this aborts the job; 0: default
   StragglerOptions straggler;  // naming a persistently slow rank (engine/straggler.h)
   std::string checkpoint_dir;  // where checkpoints go (doc/checkpoints.md); empty: none

@@ -72,7 +72,7 @@ ucx_dir=$(dirname "$(ldconfig -p | awk '/libucs.so.0 /{print $NF; exit}')")/ucx
 # transports stay out: a multi-node run uses the site's own MPI.
 cp "$ucx_dir"/libuct_cma.so.0 "$root/lib/ucx/"
 cp -r "$repo/inputs" "$root/share/amsp/inputs"
-cp "$repo"/validation/gpu/{check.sh,check.py,torch_reference.py} "$root/share/amsp/"
+cp "$repo"/validation/gpu/{check.sh,check.py,ncu_table.py,torch_reference.py} "$root/share/amsp/"
 # The benchmarks the check runs on the machine's CPU cores, in their tree (they import
 # each other by relative path).
 for f in benchmarks/{hidden_bench,plan_validation,ckpt_stall}.py \

@@ -7,6 +7,7 @@ failing checks on the last line. doc/gpu.md explains the tolerances and the figu
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import ncu_table  # noqa: E402
 # Losses of runs that differ only in how bf16 sums are ordered (1 GPU against n, the
 # GPU against the CPU): one bf16 rounding flip in a gradient moves the next loss by
 # about 2^-8 of the update; over a few steps 2^-7 relative holds.
@@ -147,12 +150,13 @@ def sanitizers(c):
 
 # ---- training runs ----------------------------------------------------------------------
 
-def train(c, name, ranks, plan, model_args, steps, batch, seq, device="cuda", extra=(), timeout=600):
+def train(c, name, ranks, plan, model_args, steps, batch, seq, device="cuda", extra=(), timeout=600, tool=()):
+    """`tool`: a command that runs amsp (a profiler), between the launcher and amsp."""
     work = os.path.join(c.a.out, "runs", name)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     m = os.path.join(work, "metrics.jsonl")
-    cmd = c.launch(ranks) + [c.a.amsp, "train", "--device", device, "--precision", "bf16", *model_args,
+    cmd = c.launch(ranks) + list(tool) + [c.a.amsp, "train", "--device", device, "--precision", "bf16", *model_args,
                              "--data", c.a.data, "--steps", str(steps), "--batch-size", str(batch),
                              "--seq-len", str(seq), "--shard", plan, "--eval-every", "0", "--eval-windows", "1",
                              "--metrics", m, "--run-info", os.path.join(work, "run.json"), *extra]
@@ -295,6 +299,61 @@ def side_by_side(c):
         c.record("side-by-side", f"first loss, amsp vs PyTorch {mode}", "ok" if ok else "FAIL",
                  f"{amsp['losses'][0]:.5f} vs {res['losses'][0]:.5f}, relative {diff:.1e} "
                  f"(tolerance {FIRST_LOSS_TOLERANCE:.1e}; attention: {res['attention']}); {why}")
+
+
+# ---- counters: one step under Nsight Compute --------------------------------------------------
+# The kernel profile's events time each backend call, several kernels and any wait for the
+# host together; ncu times every kernel of one step alone and reads its counters: DRAM
+# traffic and throughput against the device's peak, SM throughput, occupancy, registers.
+# That says which memory-bound kernels are far from the memory and whether they are
+# short of warps or of bandwidth. ncu replays each kernel, so the step's own time under
+# it means nothing.
+
+def find_ncu():
+    for d in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        p = os.path.join(d, "bin", "ncu") if d else ""
+        if p and os.access(p, os.X_OK):
+            return p
+    found = shutil.which("ncu")
+    if found:
+        return found
+    versions = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
+    return versions[-1] if versions else None
+
+
+def counters(c):
+    print("== 4b. one training step under Nsight Compute: each kernel's time and counters", flush=True)
+    case = "llama-1b, step 3, every kernel"
+    tool = None if c.a.emulated else find_ncu()
+    if tool is None or c.left() < 150:
+        c.record("counters", case, "not run", "no GPU (emulation)" if c.a.emulated else
+                 "ncu not found" if tool is None else "time budget spent")
+        return
+    work = os.path.join(c.a.out, "counters")
+    os.makedirs(work, exist_ok=True)
+    report = os.path.join(work, "step3")
+    ncu = [tool, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
+           "--metrics", ",".join(ncu_table.METRICS), "--export", report, "--force-overwrite"]
+    runs, note, _ = train(c, "counters", 1, "ddp", ["--model", preset(c.a, "llama-1b")], 3, 2, 2048,
+                          extra=["--cuda-profiler-step", "3"], timeout=max(60, min(420, c.left() - 30)), tool=ncu)
+    if runs is None or not os.path.exists(report + ".ncu-rep"):
+        c.record("counters", case, "FAIL", f"{note} (logs/train-counters.log)")
+        return
+    rc, out, _ = c.run("counters-csv", [tool, "--import", report + ".ncu-rep", "--csv", "--page", "raw",
+                                        "--print-units", "base"], 120)
+    try:
+        rows = ncu_table.kernel_rows(out) if rc == 0 else []
+    except ValueError as e:
+        rows, out = [], str(e)
+    if not rows:
+        c.record("counters", case, "FAIL", f"no kernel read from the report: {last_line(out)} (logs/counters-csv.log)")
+        return
+    c.figures["counters"] = {"kernels": rows, "launches": sum(r["calls"] for r in rows),
+                             "ms": sum(r["ms"] for r in rows)}
+    top = rows[0]
+    c.record("counters", case, "ok", f"{c.figures['counters']['launches']} launches, "
+             f"{c.figures['counters']['ms']:.1f} ms of kernel time; the longest {top['name']} "
+             f"{top['ms']:.2f} ms ({top['dram_pct']:.0f}% of DRAM peak, {top['sm_pct']:.0f}% of SM peak); {note}")
 
 
 # ---- 5. several GPUs ------------------------------------------------------------------------
@@ -499,6 +558,11 @@ def report(c):
             lines.append(f"| {row['name']} | {row['calls'] / steps:.0f} | {row['ms_per_step']:.2f} | {row['share']:.1%} "
                          f"| {row.get('gb_per_s', 0):.0f} | {of} |")
     lines += torch_kernel_table(f)
+    n = f.get("counters")
+    if n:
+        lines += ["", f"amsp's kernels in one step under Nsight Compute (llama-1b, seq 2048, batch 2, step 3; "
+                      f"{n['launches']} launches, {n['ms']:.1f} ms of kernel time, each kernel timed alone; "
+                      "percentages of the device's peak, weighted by time):", ""] + ncu_table.table(n["kernels"])
     for name, run in f.get("cores", {}).items():
         lines += ["", f"CPU ranks, {name} ({os.cpu_count()} cores, {run['seconds']:.0f} s):", "", "```",
                   run["table"].strip(), "```"]
@@ -550,8 +614,8 @@ def main():
 
 
 # The parts after the preflight, in the order they run (the GPU's first).
-PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "sanitizers": sanitizers,
-         "gpus": several_gpus, "cores": cores}
+PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "counters": counters,
+         "sanitizers": sanitizers, "gpus": several_gpus, "cores": cores}
 
 
 if __name__ == "__main__":

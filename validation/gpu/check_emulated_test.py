@@ -6,8 +6,8 @@
 1. The whole check on the CPU emulation of CUDA must exit 0 and write gpu-check.md and
    gpu-check.json in which every part that can run without a GPU is "ok" (preflight,
    both kernel checks, the losses against the CPU, amsp beside PyTorch with the first
-   losses compared, zero3 on two emulated GPUs), the sanitizers are "not run" with
-   their reason, and the figures hold a per-kernel table whose call counts follow the
+   losses compared, zero3 on two emulated GPUs), the sanitizers and the counters
+   (ncu) are "not run" with their reason, and the figures hold a per-kernel table whose call counts follow the
    model; the CPU ranks' benchmarks (hidden communication, checkpoint stall) ran at
    tiny sizes and their tables are in the report.
 2. A wrong result must fail the check: with an amsp whose gpu-info exits 1, check.sh
@@ -52,6 +52,7 @@ for part, n in (("preflight", 1), ("kernels", 2), ("losses", 1), ("several GPUs"
 expect(by_part.get("side-by-side", [])[:2] == ["ok", "ok"],
        f"side-by-side: amsp and the first loss against PyTorch eager ok (got {by_part.get('side-by-side')})")
 expect(by_part.get("sanitizer") == ["not run"] * 4, "sanitizers: not run under the emulation, with a reason")
+expect(by_part.get("counters") == ["not run"], "counters (ncu): not run under the emulation")
 figures = doc.get("figures", {})
 kernels = {k["name"]: k for k in figures.get("kernels", {}).get("kernels", [])}
 steps = figures.get("kernels", {}).get("steps", 0)
@@ -132,8 +133,8 @@ ran = [r["part"] for r in json.load(open(parts_doc))["results"]] if os.path.exis
 expect(rc == 0 and ran == ["preflight", "several GPUs"], f"--parts gpus runs the preflight and that part (got {ran})")
 rc, text = check(os.path.join(work, "parts"), build, "--parts", "kernels,cpu")
 last = text.strip().splitlines()[-1] if text.strip() else ""
-expect(rc == 2 and last.endswith("--parts: no part cpu (expected some of kernels,losses,side-by-side,sanitizers,"
-                                  "gpus,cores)"), f"--parts with an unknown part refused (exit {rc}, {last!r})")
+expect(rc == 2 and last.endswith("--parts: no part cpu (expected some of kernels,losses,side-by-side,counters,"
+                                  "sanitizers,gpus,cores)"), f"--parts with an unknown part refused (exit {rc}, {last!r})")
 
 print(f"{len(passes)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -54,6 +54,11 @@ add_test(NAME gpu_check_emulated
 set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600 PROCESSORS ${AMSP_SHARE_2}
   FIXTURES_REQUIRED corpus ENVIRONMENT "MPIEXEC=${MPIEXEC_EXECUTABLE}")
 
+# The GPU check's part "counters": Nsight Compute's raw CSV read into a table per
+# kernel, from a CSV worked by hand (ncu itself runs only on a GPU machine).
+add_test(NAME gpu_ncu_table COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/ncu_table_test.py)
+set_tests_properties(gpu_ncu_table PROPERTIES LABELS unit TIMEOUT 30)
+
 # benchmarks/roofline_bench.cpp, sampled: the tiny preset's step counted twice, as a
 # dry run (kernels and cuBLAS checked and counted, not run) and executed; the
 # tables must be the same, since counts depend on shapes, not values, and the

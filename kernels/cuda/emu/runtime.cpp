@@ -114,6 +114,8 @@ struct State {
   int next_block = 1;
   std::map<int, size_t> used;  // device bytes allocated, per device
   int64_t checked = 0;
+  bool profiling = false;       // inside cudaProfilerStart/Stop
+  int64_t profiler_ranges = 0;  // capture ranges opened
 };
 
 // Never destroyed: static destructors elsewhere may still free memory.
@@ -357,6 +359,24 @@ cudaError_t cudaDeviceSynchronize() {
   clock_join(st.host, st.retired);
   for (auto& [h, s] : st.streams) clock_join(st.host, s->clock);
   return cudaSuccess;
+}
+
+cudaError_t cudaProfilerStart() {
+  std::lock_guard lock(state().mu);
+  if (!state().profiling) ++state().profiler_ranges;
+  state().profiling = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaProfilerStop() {
+  std::lock_guard lock(state().mu);
+  state().profiling = false;
+  return cudaSuccess;
+}
+
+int64_t amsp::emu::profiler_ranges() {
+  std::lock_guard lock(state().mu);
+  return state().profiler_ranges;
 }
 
 // ---- memory ----------------------------------------------------------------------------

@@ -63,6 +63,10 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaDeviceSynchronize();
+// The profiler's capture range (cuda_profiler_api.h): counted, nothing else;
+// a second start before a stop has no effect, as on a GPU.
+cudaError_t cudaProfilerStart();
+cudaError_t cudaProfilerStop();
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
@@ -106,6 +110,10 @@ namespace amsp::emu {
 
 // What the emulated cudaRuntimeGetVersion reports: 1000 * major + 10 * minor.
 inline constexpr int kEmulatedCudaVersion = 13000;
+
+// How many profiler capture ranges (cudaProfilerStart after a stop) the
+// process has opened.
+int64_t profiler_ranges();
 
 // Work about to be issued on `stream` reads or writes [ptr, ptr + bytes) of a
 // cudaMalloc'd block: checked against the happens-before order and recorded.

@@ -1,0 +1,97 @@
+"""Nsight Compute's raw CSV of one training step, as a table per kernel.
+
+`ncu --import REPORT --csv --page raw --print-units base` writes a header row of
+column names (the launch's fields, then one column per metric), a row of units, and a
+row per kernel launch. kernel_rows() reads it into one row per kernel (launches of the
+same function summed, whatever their template arguments and grid), with the time,
+the DRAM traffic and the throughputs that say how far each is from the machine's
+ceilings: the check's part "counters" (validation/gpu/check.py) prints them.
+"""
+
+import csv
+
+# What the check asks ncu for: one pass of counters on Hopper.
+METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+           "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+           "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+           "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread")
+
+
+def short_name(name):
+    """A kernel's function name without its return type, namespaces, template
+    arguments and parameters: 'void a::(anonymous namespace)::k<S<8, bf16>>(const
+    float *, int)' -> 'k'. Library kernels named by their template (CUTLASS's
+    'Kernel2<cutlass_80_...>') keep its first argument; names without any (cuBLASLt's
+    'nvjet_...') stay whole."""
+    plain = name.replace("(anonymous namespace)", "anonymous")
+    depth, out, first_arg = 0, [], []
+    for ch in plain:
+        if ch == "(" and depth == 0:
+            break
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+        elif depth == 1 and not (first_arg and first_arg[-1] is None):
+            first_arg.append(None if ch == "," else ch)
+    base = "".join(out).strip().split(" ")[-1].split("::")[-1]
+    arg = "".join(c for c in first_arg if c).strip()
+    if base in ("Kernel", "Kernel2", "device_kernel") and arg:
+        return arg.split("::")[-1]
+    return base or name
+
+
+def number(text):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def kernel_rows(csv_text):
+    """Rows per kernel function, the longest first: name, calls, ms (summed), mean_us,
+    gb_per_s (DRAM bytes read and written over the time), dram_pct, sm_pct and
+    warps_pct (each launch's percentage weighted by its time), registers (the most)."""
+    rows = list(csv.reader(line for line in csv_text.splitlines() if line.strip()))
+    head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if head is None:
+        return []
+    col = {name: i for i, name in enumerate(rows[head])}
+    missing = [m for m in ("Kernel Name",) + METRICS if m not in col]
+    if missing:
+        raise ValueError("ncu's CSV has no column " + ", ".join(missing))
+    by_name = {}
+    for r in rows[head + 1:]:
+        t = number(r[col["gpu__time_duration.sum"]]) if len(r) == len(rows[head]) else None
+        if t is None:  # the units row, or a launch without figures
+            continue
+        k = by_name.setdefault(short_name(r[col["Kernel Name"]]),
+                               {"calls": 0, "ns": 0.0, "bytes": 0.0, "dram": 0.0, "sm": 0.0, "warps": 0.0,
+                                "registers": 0})
+        k["calls"] += 1
+        k["ns"] += t
+        k["bytes"] += sum(number(r[col[m]]) or 0.0 for m in ("dram__bytes_read.sum", "dram__bytes_write.sum"))
+        for key, metric in (("dram", METRICS[3]), ("sm", METRICS[4]), ("warps", METRICS[5])):
+            k[key] += t * (number(r[col[metric]]) or 0.0)
+        k["registers"] = max(k["registers"], int(number(r[col[METRICS[6]]]) or 0))
+    out = []
+    for name, k in by_name.items():
+        ns = k["ns"] or 1.0
+        out.append({"name": name, "calls": k["calls"], "ms": k["ns"] / 1e6, "mean_us": k["ns"] / k["calls"] / 1e3,
+                    "gb_per_s": k["bytes"] / ns, "dram_pct": k["dram"] / ns, "sm_pct": k["sm"] / ns,
+                    "warps_pct": k["warps"] / ns, "registers": k["registers"]})
+    return sorted(out, key=lambda r: -r["ms"])
+
+
+def table(rows, limit=25):
+    """Markdown lines for the largest `limit` kernels."""
+    lines = ["| kernel | calls | ms | mean us | DRAM GB/s | DRAM % of peak | SM % of peak | warps active % | "
+             "registers |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows[:limit]:
+        name = r["name"] if len(r["name"]) <= 60 else r["name"][:57] + "..."
+        lines.append(f"| {name} | {r['calls']} | {r['ms']:.2f} | {r['mean_us']:.1f} | {r['gb_per_s']:.0f} | "
+                     f"{r['dram_pct']:.0f} | {r['sm_pct']:.0f} | {r['warps_pct']:.0f} | {r['registers']} |")
+    return lines
+
