@@ -167,8 +167,11 @@ void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient) {
       Buffer r = put(be, r0), y = put(be, randn(M * out, 7));
       Buffer x = put(be, randn(M * in, 1), act), w = put(be, randn(out * in, 2, 0.2f), wt);
       be.linear_forward_residual(x.view(), w.view(), r.view(), y.view(), M, in, out);
+      Buffer z = put(be, r0);  // and in place: r and y one matrix
+      be.linear_forward_residual(x.view(), w.view(), z.view(), z.view(), M, in, out);
       return Outputs{product("y", get(be, y), in, 1.0f, r0, bf16),
-                     {"r (read only)", get(be, r), 0.0}};
+                     {"r (read only)", get(be, r), 0.0},
+                     product("y in place", get(be, z), in, 1.0f, r0, bf16)};
     });
   c.compare("linear_backward_input", shape, floor, [&](Backend& be) {
     Buffer dx = put(be, randn(M * in, 5), act);
