@@ -115,5 +115,13 @@ fi
 if ls x.h5* >/dev/null 2>&1; then echo "FAIL: failed prepare left $(ls x.h5*)"; failures=$((failures + 1));
 else echo "ok   failed prepare leaves no file"; passed=$((passed + 1)); fi
 
+# Every command's help prints its defaults as written (0.1, not 0.10000000000000001).
+for cmd in train plan eval comm-bench "data prepare"; do
+  # shellcheck disable=SC2086
+  noisy=$("$amsp" $cmd --help 2>&1 | grep -E '\(=[0-9]*\.[0-9]{8,}') || true
+  if [ -n "$noisy" ]; then echo "FAIL $cmd --help prints a default with float noise: $noisy"; failures=$((failures + 1));
+  else echo "ok   $cmd --help: defaults as written"; passed=$((passed + 1)); fi
+done
+
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]

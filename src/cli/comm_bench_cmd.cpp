@@ -86,7 +86,7 @@ int run_comm_bench(int argc, char** argv) {
            "timed iterations per size")
       ("warmup", po::value<int>(&o.warmup)->default_value(5)->value_name("INT"),
            "untimed iterations before timing")
-      ("max-seconds", po::value<double>(&o.max_seconds_per_size)->default_value(1.0)->value_name("SEC"),
+      ("max-seconds", po::value<double>(&o.max_seconds_per_size)->default_value(1.0, "1.0")->value_name("SEC"),
            "time budget per size: fewer iterations for the large sizes (0: always --iters)")
       ("check", po::value<bool>(&o.check)->default_value(true)->value_name("BOOL"),
            "check every result in an untimed pass")

@@ -127,7 +127,7 @@ int run_data_prepare(int argc, char** argv) {
            ->value_name("byte|FILE.model|FILE.json"),
            "built-in byte-level tokenizer, a SentencePiece model (e.g. LLaMA-2's tokenizer.model) or a "
            "Hugging Face tokenizer.json with a BPE model (e.g. LLaMA-3's, Mistral's, Qwen2's)")
-      ("valid-fraction", po::value<double>(&opt.valid_fraction)->default_value(0.05)->value_name("NUM"),
+      ("valid-fraction", po::value<double>(&opt.valid_fraction)->default_value(0.05, "0.05")->value_name("NUM"),
            "share of tokens held out for validation, in [0, 0.5]")
       ("threads", po::value<int>(&opt.threads)->default_value(0)->value_name("N"),
            "tokenizer threads; 0: every core this process may run on (the dataset is the same for any N)");

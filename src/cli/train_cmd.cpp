@@ -63,20 +63,20 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "instead of --grad-accum")
       ("grad-accum", po::value<int64_t>(&o.grad_accum)->default_value(1)->value_name("INT"),
            "micro-batches per optimizer step")
-      ("lr", po::value<double>(&a.lr)->default_value(1e-3)->value_name("NUM"),
+      ("lr", po::value<double>(&a.lr)->default_value(1e-3, "1e-3")->value_name("NUM"),
            "peak learning rate")
       ("min-lr", po::value<double>(&a.min_lr)->value_name("NUM"),
            "learning rate at the last step (default: lr / 10)")
       ("warmup-steps", po::value<int64_t>(&a.warmup)->value_name("INT"),
            "linear warmup steps (default: 5% of steps)")
-      ("weight-decay", po::value<double>(&o.adamw.weight_decay)->default_value(0.1)->value_name("NUM"),
+      ("weight-decay", po::value<double>(&o.adamw.weight_decay)->default_value(0.1, "0.1")->value_name("NUM"),
            "AdamW decoupled weight decay")
       ("decay-norms-and-embeddings", po::bool_switch(&o.adamw.decay_norms_and_embeddings),
            "also decay RMSNorm weights and the token embedding")
-      ("beta1", po::value<double>(&o.adamw.beta1)->default_value(0.9)->value_name("NUM"), "AdamW beta1")
-      ("beta2", po::value<double>(&o.adamw.beta2)->default_value(0.95)->value_name("NUM"), "AdamW beta2")
-      ("adam-eps", po::value<double>(&o.adamw.eps)->default_value(1e-8)->value_name("NUM"), "AdamW epsilon")
-      ("grad-clip", po::value<double>(&o.grad_clip)->default_value(1.0)->value_name("NUM"),
+      ("beta1", po::value<double>(&o.adamw.beta1)->default_value(0.9, "0.9")->value_name("NUM"), "AdamW beta1")
+      ("beta2", po::value<double>(&o.adamw.beta2)->default_value(0.95, "0.95")->value_name("NUM"), "AdamW beta2")
+      ("adam-eps", po::value<double>(&o.adamw.eps)->default_value(1e-8, "1e-8")->value_name("NUM"), "AdamW epsilon")
+      ("grad-clip", po::value<double>(&o.grad_clip)->default_value(1.0, "1.0")->value_name("NUM"),
            "clip the global gradient norm to this; 0 disables")
       ("eval-every", po::value<int64_t>(&o.eval_every)->default_value(50)->value_name("INT"),
            "validation loss every N steps (and at the start and end); 0: start and end only")
@@ -84,7 +84,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "held-out windows per evaluation; 0: the whole split")
       ("metrics", po::value<std::string>(&o.metrics_path)->value_name("FILE"),
            "write one JSON line per step to FILE")
-      ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0)->value_name("NUM"),
+      ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0, "0")->value_name("NUM"),
            "peak TFLOP/s for MFU; 0 measures this machine's GEMM peak")
       ("precision", po::value<std::string>(&a.precision)->default_value("fp32")->value_name("fp32|bf16"),
            "fp32, or bf16 mixed precision: bf16 parameters and gradients on the wire, fp32 "
@@ -109,7 +109,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "fallback (also stop compressing that kind of collective for the rest of the run) or off")
       ("compress-guard-every", po::value<int64_t>(&o.compress_guard.every)->default_value(100)->value_name("INT"),
            "steps between the guard's measurements")
-      ("compress-guard-threshold", po::value<double>(&o.compress_guard.threshold)->default_value(0.05)->value_name("NUM"),
+      ("compress-guard-threshold", po::value<double>(&o.compress_guard.threshold)->default_value(0.05, "0.05")->value_name("NUM"),
            "relative error of the gradient (|compressed - exact| / |exact|) above which the guard acts")
       ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
@@ -129,13 +129,13 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "on --device cuda, open the profiler's capture range (cudaProfilerStart/Stop) around "
            "this step alone, for `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`; "
            "0: none")
-      ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0)->value_name("NUM"),
+      ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0, "0")->value_name("NUM"),
            "seconds a collective may take before the job is aborted, naming the rank and the "
            "operation; 0: AMSP_COMM_TIMEOUT or 600")
       ("straggler-every", po::value<int64_t>(&o.straggler.every)->default_value(50)->value_name("INT"),
            "steps per window in which the ranks compare their busy time (the step less the waits in "
            "collectives); 0: off")
-      ("straggler-threshold", po::value<double>(&o.straggler.threshold)->default_value(0.10)->value_name("NUM"),
+      ("straggler-threshold", po::value<double>(&o.straggler.threshold)->default_value(0.10, "0.10")->value_name("NUM"),
            "a rank busier than the median by more than this fraction ...")
       ("straggler-windows", po::value<int64_t>(&o.straggler.windows)->default_value(3)->value_name("INT"),
            "... in this many windows in a row is named as a straggler")
