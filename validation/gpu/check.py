@@ -114,18 +114,24 @@ def kernels(c):
 
 # ---- 2. sanitizers --------------------------------------------------------------------
 
-def find_sanitizer():
+def find_cuda_tool(name, *patterns):
+    """A CUDA tool: in $CUDA_HOME/bin, /usr/local/cuda/bin, on PATH, or the newest
+    match of `patterns` (where a tool installs apart from the toolkit)."""
     for d in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        p = os.path.join(d, "bin", "compute-sanitizer") if d else ""
+        p = os.path.join(d, "bin", name) if d else ""
         if p and os.access(p, os.X_OK):
             return p
-    return shutil.which("compute-sanitizer")
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(p for pattern in patterns for p in glob.glob(pattern))
+    return versions[-1] if versions else None
 
 
 def sanitizers(c):
     print("== 2. compute-sanitizer over a small backend-check", flush=True)
     tools = ("memcheck", "racecheck", "synccheck", "initcheck")
-    tool_path = None if c.a.emulated else find_sanitizer()
+    tool_path = None if c.a.emulated else find_cuda_tool("compute-sanitizer")
     if tool_path is None:
         why = "no GPU (emulation)" if c.a.emulated else "compute-sanitizer not found"
         for t in tools:
@@ -309,22 +315,10 @@ def side_by_side(c):
 # short of warps or of bandwidth. ncu replays each kernel, so the step's own time under
 # it means nothing.
 
-def find_ncu():
-    for d in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        p = os.path.join(d, "bin", "ncu") if d else ""
-        if p and os.access(p, os.X_OK):
-            return p
-    found = shutil.which("ncu")
-    if found:
-        return found
-    versions = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
-    return versions[-1] if versions else None
-
-
 def counters(c):
     print("== 4b. one training step under Nsight Compute: each kernel's time and counters", flush=True)
     case = "llama-1b, step 3, every kernel"
-    tool = None if c.a.emulated else find_ncu()
+    tool = None if c.a.emulated else find_cuda_tool("ncu", "/opt/nvidia/nsight-compute/*/ncu")
     if tool is None or c.left() < 150:
         c.record("counters", case, "not run", "no GPU (emulation)" if c.a.emulated else
                  "ncu not found" if tool is None else "time budget spent")

@@ -73,9 +73,11 @@ def kernel_rows(csv_text):
         k["calls"] += 1
         k["ns"] += t
         k["bytes"] += sum(number(r[col[m]]) or 0.0 for m in ("dram__bytes_read.sum", "dram__bytes_write.sum"))
-        for key, metric in (("dram", METRICS[3]), ("sm", METRICS[4]), ("warps", METRICS[5])):
+        for key, metric in (("dram", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                            ("sm", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                            ("warps", "sm__warps_active.avg.pct_of_peak_sustained_active")):
             k[key] += t * (number(r[col[metric]]) or 0.0)
-        k["registers"] = max(k["registers"], int(number(r[col[METRICS[6]]]) or 0))
+        k["registers"] = max(k["registers"], int(number(r[col["launch__registers_per_thread"]]) or 0))
     out = []
     for name, k in by_name.items():
         ns = k["ns"] or 1.0
