@@ -315,6 +315,28 @@ def side_by_side(c):
 # short of warps or of bandwidth. ncu replays each kernel, so the step's own time under
 # it means nothing.
 
+def profiled_step(c, name, tool, ncu_args, limit):
+    """llama-1b's third step under ncu with ncu_args; the report's path, or None and why not."""
+    report = os.path.join(c.a.out, "counters", name)
+    os.makedirs(os.path.dirname(report), exist_ok=True)
+    ncu = [tool, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
+           *ncu_args, "--export", report, "--force-overwrite"]
+    runs, note, _ = train(c, name, 1, "ddp", ["--model", preset(c.a, "llama-1b")], 3, 2, 2048,
+                          extra=["--cuda-profiler-step", "3"], timeout=max(60, min(limit, c.left() - 30)), tool=ncu)
+    if runs is None or not os.path.exists(report + ".ncu-rep"):
+        return None, f"{note} (logs/train-{name}.log)"
+    return report + ".ncu-rep", note
+
+
+def export_page(c, tool, report, page, name):
+    """ncu's `page` of the report as CSV, kept beside it; the text, or None."""
+    rc, out, _ = c.run(name, [tool, "--import", report, "--csv", "--page", page, "--print-units", "base"], 120)
+    if rc != 0:
+        return None
+    open(os.path.join(os.path.dirname(report), name + ".csv"), "w").write(out)
+    return out
+
+
 def counters(c):
     print("== 4b. one training step under Nsight Compute: each kernel's time and counters", flush=True)
     case = "llama-1b, step 3, every kernel"
@@ -323,20 +345,13 @@ def counters(c):
         c.record("counters", case, "not run", "no GPU (emulation)" if c.a.emulated else
                  "ncu not found" if tool is None else "time budget spent")
         return
-    work = os.path.join(c.a.out, "counters")
-    os.makedirs(work, exist_ok=True)
-    report = os.path.join(work, "step3")
-    ncu = [tool, "--clock-control", "none", "--target-processes", "all", "--profile-from-start", "off",
-           "--metrics", ",".join(ncu_table.METRICS), "--export", report, "--force-overwrite"]
-    runs, note, _ = train(c, "counters", 1, "ddp", ["--model", preset(c.a, "llama-1b")], 3, 2, 2048,
-                          extra=["--cuda-profiler-step", "3"], timeout=max(60, min(420, c.left() - 30)), tool=ncu)
-    if runs is None or not os.path.exists(report + ".ncu-rep"):
-        c.record("counters", case, "FAIL", f"{note} (logs/train-counters.log)")
+    report, note = profiled_step(c, "counters", tool, ["--metrics", ",".join(ncu_table.METRICS)], 420)
+    if report is None:
+        c.record("counters", case, "FAIL", note)
         return
-    rc, out, _ = c.run("counters-csv", [tool, "--import", report + ".ncu-rep", "--csv", "--page", "raw",
-                                        "--print-units", "base"], 120)
+    out = export_page(c, tool, report, "raw", "counters-csv") or ""
     try:
-        rows = ncu_table.kernel_rows(out) if rc == 0 else []
+        rows = ncu_table.kernel_rows(out)
     except ValueError as e:
         rows, out = [], str(e)
     if not rows:
@@ -348,6 +363,29 @@ def counters(c):
     c.record("counters", case, "ok", f"{c.figures['counters']['launches']} launches, "
              f"{c.figures['counters']['ms']:.1f} ms of kernel time; the longest {top['name']} "
              f"{top['ms']:.2f} ms ({top['dram_pct']:.0f}% of DRAM peak, {top['sm_pct']:.0f}% of SM peak); {note}")
+    attention_counters(c, tool)
+
+
+def attention_counters(c, tool):
+    """One launch of each attention kernel with ncu's full set: why the tensor-core
+    kernels run where they do (ncu_table.deep_rows). The CSVs stay in counters/."""
+    case = "llama-1b, step 3, attention kernels, full set"
+    if c.left() < 120:
+        c.record("counters", case, "not run", "time budget spent")
+        return
+    report, note = profiled_step(c, "counters-attention", tool, list(ncu_table.ATTENTION_FILTER), 240)
+    if report is None:
+        c.record("counters", case, "FAIL", note)
+        return
+    rows = ncu_table.deep_rows(export_page(c, tool, report, "raw", "attention-raw") or "")
+    export_page(c, tool, report, "details", "attention-details")
+    if not rows:
+        c.record("counters", case, "FAIL", "no kernel read from the report (logs/attention-raw.log)")
+        return
+    c.figures["counters_attention"] = rows
+    c.record("counters", case, "ok", "; ".join(
+        f"{r['name']} {r['us']:.0f} us, issue {r['issue_pct'] or 0:.0f}%, tensor {r['tensor_pct'] or 0:.0f}%"
+        for r in rows) + f"; {note}")
 
 
 # ---- 5. several GPUs ------------------------------------------------------------------------
@@ -557,6 +595,10 @@ def report(c):
         lines += ["", f"amsp's kernels in one step under Nsight Compute (llama-1b, seq 2048, batch 2, step 3; "
                       f"{n['launches']} launches, {n['ms']:.1f} ms of kernel time, each kernel timed alone; "
                       "percentages of the device's peak, weighted by time):", ""] + ncu_table.table(n["kernels"])
+    deep = f.get("counters_attention")
+    if deep:
+        lines += ["", "One launch of each attention kernel with ncu's full set (the same step; the whole CSV in "
+                      "counters/attention-raw.csv):", ""] + ncu_table.deep_table(deep)
     for name, run in f.get("cores", {}).items():
         lines += ["", f"CPU ranks, {name} ({os.cpu_count()} cores, {run['seconds']:.0f} s):", "", "```",
                   run["table"].strip(), "```"]

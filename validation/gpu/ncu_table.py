@@ -9,6 +9,7 @@ ceilings: the check's part "counters" (validation/gpu/check.py) prints them.
 """
 
 import csv
+import re
 
 # What the check asks ncu for: one pass of counters on Hopper.
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
@@ -97,3 +98,85 @@ def table(rows, limit=25):
                      f"{r['dram_pct']:.0f} | {r['sm_pct']:.0f} | {r['warps_pct']:.0f} | {r['registers']} |")
     return lines
 
+
+
+# ---- one launch of each attention kernel with ncu's full set ----------------------------------
+# The step's table says how long attention takes and how far it is from DRAM's and the
+# SMs' peaks; it cannot say why a tensor-core kernel runs at a tenth of its pipe. The full
+# set (every section, the warp states and the per-instruction samples included) says that:
+# whether the warps issue every cycle, how busy the tensor pipe is, how many warps are
+# resident, and what the warps wait for when they do not issue. The check keeps the whole
+# CSV for reading later; deep_rows picks these.
+
+ATTENTION_FILTER = ("--kernel-name", "regex:attention_(forward|dq|dkv)", "--filter-mode", "per-launch-config",
+                    "--launch-count", "1", "--set", "full")
+
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+
+
+def first_column(col, *patterns):
+    """The first column whose name matches one of the regular expressions, in order."""
+    for p in patterns:
+        for name in col:
+            if re.fullmatch(p, name):
+                return name
+    return None
+
+
+def deep_rows(csv_text, stalls=4):
+    """One row per profiled launch, in the report's order: name, us, issue_pct (issue
+    slots busy), tensor_pct (the busiest tensor pipe, of its peak while active), warps_pct
+    (achieved occupancy), registers, shared_kib (static and dynamic shared memory a
+    block), bank_conflicts (shared-memory loads and stores), cycles_per_issue (a warp's
+    cycles between two of its instructions) and stalls: the `stalls` largest reasons a
+    warp did not issue, in cycles per issued instruction, largest first. A figure the
+    report lacks is None."""
+    rows = list(csv.reader(line for line in csv_text.splitlines() if line.strip()))
+    head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if head is None:
+        return []
+    col = {name: i for i, name in enumerate(rows[head])}
+    pick = {
+        "us": first_column(col, r"gpu__time_duration\.sum"),
+        "issue_pct": first_column(col, r"smsp__issue_active\.avg\.pct_of_peak_sustained_active",
+                                  r"sm__inst_issued\.avg\.pct_of_peak_sustained_active"),
+        "warps_pct": first_column(col, r"sm__warps_active\.avg\.pct_of_peak_sustained_active"),
+        "registers": first_column(col, r"launch__registers_per_thread"),
+        "bank_conflicts": first_column(col, r"l1tex__data_bank_conflicts_pipe_lsu_mem_shared\.sum"),
+        "cycles_per_issue": first_column(col, r"smsp__average_warp_latency_per_inst_issued\.ratio"),
+    }
+    tensor = [n for n in col if "pipe_tensor" in n and n.endswith("pct_of_peak_sustained_active")]
+    shared = [n for n in col if n in ("launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic")]
+    stall_cols = {m.group(1): n for n in col for m in [STALL.match(n)] if m}
+    out = []
+    for r in rows[head + 1:]:
+        if len(r) != len(rows[head]):
+            continue
+        value = lambda name: number(r[col[name]]) if name else None  # noqa: E731
+        us = value(pick["us"])
+        if us is None:  # the units row
+            continue
+        tensors = [v for v in (value(n) for n in tensor) if v is not None]
+        reasons = sorted(((reason, value(n)) for reason, n in stall_cols.items() if value(n)),
+                         key=lambda x: -x[1])
+        out.append({"name": short_name(r[col["Kernel Name"]]), "us": us / 1e3,
+                    "issue_pct": value(pick["issue_pct"]), "tensor_pct": max(tensors) if tensors else None,
+                    "warps_pct": value(pick["warps_pct"]), "registers": value(pick["registers"]),
+                    "shared_kib": sum(value(n) or 0 for n in shared) / 1024 if shared else None,
+                    "bank_conflicts": value(pick["bank_conflicts"]),
+                    "cycles_per_issue": value(pick["cycles_per_issue"]), "stalls": reasons[:stalls]})
+    return out
+
+
+def deep_table(rows):
+    """Markdown lines for deep_rows."""
+    show = lambda v, f="{:.0f}": "?" if v is None else f.format(v)  # noqa: E731
+    lines = ["| kernel | us | issue slots busy % | tensor pipe % | warps active % | registers | shared KiB | "
+             "bank conflicts | cycles per issue | the largest stalls (cycles per issue) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        stalls = ", ".join(f"{reason} {v:.1f}" for reason, v in r["stalls"]) or "?"
+        lines.append(f"| {r['name']} | {show(r['us'], '{:.1f}')} | {show(r['issue_pct'])} | {show(r['tensor_pct'])} | "
+                     f"{show(r['warps_pct'])} | {show(r['registers'])} | {show(r['shared_kib'], '{:.1f}')} | "
+                     f"{show(r['bank_conflicts'])} | {show(r['cycles_per_issue'], '{:.1f}')} | {stalls} |")
+    return lines
