@@ -110,7 +110,9 @@ void BM_TrainStep(benchmark::State& state, const char* preset, int64_t batch) {
   for (auto _ : state) {
     llama.set_batch(tokens.data(), targets.data(), batch, T, 1.0f / (batch * T));
     for (int u = 0; u < llama.num_units(); ++u) llama.forward(u, backend::host_view(p[u].data(), units[u].numel));
-    for (int u = llama.num_units() - 1; u >= 0; --u) llama.backward(u, backend::host_view(p[u].data(), units[u].numel), backend::host_view(g[u].data(), units[u].numel));
+    for (int u = llama.num_units() - 1; u >= 0; --u)
+      llama.backward(u, backend::host_view(p[u].data(), units[u].numel),
+                     backend::host_view(g[u].data(), units[u].numel), model::Llama::Grads::kAdd);
     ++step;
     for (size_t u = 0; u < units.size(); ++u)
       engine::adamw_update_range(*be, units[u],

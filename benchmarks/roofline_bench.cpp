@@ -144,7 +144,6 @@ std::vector<Row> count_step(const Options& o, const model::LlamaConfig& one_laye
   Buffer pinned = be.alloc_host(2 * o.seq_len);
   std::memset(pinned.data(), 0, static_cast<size_t>(2 * o.seq_len) * sizeof(int32_t));
   const int32_t* ids = static_cast<const int32_t*>(pinned.data());
-  for (UnitState& s : st) be.fill_zero(s.grad.view());
 
   std::map<std::pair<int64_t, std::string>, Row> rows;
   const auto repeat = [&](int u) { return units[static_cast<size_t>(u)].layer >= 0 ? layers : int64_t{1}; };
@@ -158,7 +157,9 @@ std::vector<Row> count_step(const Options& o, const model::LlamaConfig& one_laye
     collect(be, repeat(u), rows);
   }
   for (int u = model.num_units() - 1; u >= 0; --u) {
-    model.backward(u, st[static_cast<size_t>(u)].params.view(), st[static_cast<size_t>(u)].grad.view());
+    // The step's first (here only) micro-batch writes the gradients, as the engine's does.
+    model.backward(u, st[static_cast<size_t>(u)].params.view(),
+                   st[static_cast<size_t>(u)].grad.view(), model::Llama::Grads::kWrite);
     collect(be, repeat(u), rows);
   }
   be.fill_zero(sumsq.view());

@@ -198,7 +198,8 @@ int run(const Options& o) {
   const double loss_sum = llama.loss_sum();
   const int64_t loss_count = llama.loss_count();
   if (loss_count != valid) fail("model counted ", loss_count, " valid targets, expected ", valid);
-  for (int u = num_units - 1; u >= 0; --u) llama.backward(u, host(params[u]), host(grads[u]));
+  for (int u = num_units - 1; u >= 0; --u)
+    llama.backward(u, host(params[u]), host(grads[u]), model::Llama::Grads::kAdd);
 
   // Write the dump.
   const h5::Handle file = checked(H5Fcreate(o.out.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),

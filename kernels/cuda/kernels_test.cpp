@@ -404,9 +404,9 @@ void check_rmsnorm_backward(const char* dtypes) {
     std::vector<DW> dw = weights<DW>(random_floats(s.dim, 18)), want_dw = dw;
     std::vector<double> work(static_cast<size_t>(cuda::rmsnorm_backward_workspace(s.rows, s.dim)) + 1, -7.0);
     cuda::rmsnorm_backward(dy.data(), x.data(), w.data(), inv.data(), dx.data(), nullptr, dw.data(),
-                           s.rows, s.dim, work.data(), nullptr);
+                           true, s.rows, s.dim, work.data(), nullptr);
     ref.rmsnorm_backward(f32_view(dy), f32_view(x), view_of(w), f32_view(inv), f32_view(want_dx),
-                         view_of(want_dw), s.rows, s.dim, {});
+                         view_of(want_dw), s.rows, s.dim, {}, 1.0f);
     const std::string sh = shape("rmsnorm_backward", {s.rows, s.dim}) + " " + dtypes;
     // The scale of dx's terms in each row: the old dx plus inv*|w dy| + |x coef|,
     // bounded by the largest |dx| and |inv * w * dy| of the row.
@@ -418,18 +418,19 @@ void check_rmsnorm_backward(const char* dtypes) {
     }
     expect_row_ulps(sh + " dx", dx, want_dx, std::max<int64_t>(s.dim, 1), scale, 8.0);
     expect_same(sh + " dw", dw, want_dw);
-    // A bf16 dy, widened on both sides: the same order and bits for dw. And
-    // the updated dx rounded to bf16 in the same pass, as a bf16 model asks:
-    // each side's own dx rounded once.
+    // A bf16 dy, widened on both sides: the same order and bits for dw, here
+    // written (what dw held before is not read). And the updated dx rounded
+    // to bf16 in the same pass, as a bf16 model asks: each side's own dx
+    // rounded once.
     std::vector<bf16> dy16 = to_bf16_host(dy), rounded(static_cast<size_t>(n)),
                       want_rounded = rounded;
     std::vector<float> dx16 = random_floats(n, 17), want_dx16 = dx16;
     std::vector<DW> dw16 = weights<DW>(random_floats(s.dim, 18)), want_dw16 = dw16;
     cuda::rmsnorm_backward(dy16.data(), x.data(), w.data(), inv.data(), dx16.data(), rounded.data(),
-                           dw16.data(), s.rows, s.dim, work.data(), nullptr);
+                           dw16.data(), false, s.rows, s.dim, work.data(), nullptr);
     ref.rmsnorm_backward(bf16_view(dy16), f32_view(x), view_of(w), f32_view(inv),
                          f32_view(want_dx16), view_of(want_dw16), s.rows, s.dim,
-                         bf16_view(want_rounded));
+                         bf16_view(want_rounded), 0.0f);
     expect_row_ulps(sh + " dx, dy bf16", dx16, want_dx16, std::max<int64_t>(s.dim, 1), scale, 8.0);
     expect_same(sh + " dw, dy bf16", dw16, want_dw16);
     expect_same(sh + " dx rounded", rounded, to_bf16_host(dx16));

@@ -117,10 +117,10 @@ AMSP_DEVICE_INLINE void add_to(bf16* dst, float c) {
   *dst = float_to_bf16(bf16_to_float(*dst) + c);
 }
 
-// dw[j] += sum over rows of dy * (x * inv), in two launches spread over the
+// dw[j] (+)= sum over rows of dy * (x * inv), in two launches spread over the
 // device: the sums of each chunk of kRmsnormDwRows rows (math.h) per column, a
 // block per (256 packs of columns, chunk), in double; then per column the
-// chunks in order, added to dw once. The CPU sums in the same order.
+// chunks in order, added to dw once (or written). The CPU sums in the same order.
 // V: Sized<P, dy's dtype>.
 template <typename V>
 __global__ void rmsnorm_dw_chunks_kernel(const typename V::Type* dy, const float* x,
@@ -146,12 +146,16 @@ __global__ void rmsnorm_dw_chunks_kernel(const typename V::Type* dy, const float
 }
 
 template <typename DW>
-__global__ void rmsnorm_dw_sum_kernel(const double* partials, DW* dw, int64_t chunks, int64_t dim) {
+__global__ void rmsnorm_dw_sum_kernel(const double* partials, DW* dw, bool add, int64_t chunks,
+                                      int64_t dim) {
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < dim;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     double acc = 0.0;
     for (int64_t c = 0; c < chunks; ++c) acc += partials[c * dim + j];
-    add_to(dw + j, static_cast<float>(acc));
+    if (add)
+      add_to(dw + j, static_cast<float>(acc));
+    else
+      store(dw + j, static_cast<float>(acc));
   }
 }
 
@@ -202,24 +206,26 @@ int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim) {
 
 template <typename DY, typename W, typename DW>
 void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx,
-                      bf16* dx16, DW* dw, int64_t rows, int64_t dim, double* workspace,
+                      bf16* dx16, DW* dw, bool add_dw, int64_t rows, int64_t dim, double* workspace,
                       cudaStream_t s) {
-  if (rows == 0 || dim == 0) return;
+  if (dim == 0 || (rows == 0 && add_dw)) return;  // no rows: dw written as zeros, or left
   const int64_t chunks = (rows + kRmsnormDwRows - 1) / kRmsnormDwRows;
-  with_pack(
-      dim,
-      [&](auto pack) {
-        constexpr int P = decltype(pack)::value;
-        using V = Sized<P, Dtypes<W, DY>>;
-        using VDY = Sized<P, DY>;
-        AMSP_LAUNCH(rmsnorm_dx_kernel<V>, grid_for(rows, 1), kBlockThreads, 0, s)
-        (dy, x, w, inv_rms, dx, dx16, rows, dim);
-        const dim3 grid(grid_for(dim / P), grid_for(chunks, 1, 65535));
-        AMSP_LAUNCH(rmsnorm_dw_chunks_kernel<VDY>, grid, kBlockThreads, 0, s)
-        (dy, x, inv_rms, workspace, rows, dim);
-      },
-      dy, x, w, dx, dx16);
-  AMSP_LAUNCH(rmsnorm_dw_sum_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)(workspace, dw, chunks, dim);
+  if (rows > 0)
+    with_pack(
+        dim,
+        [&](auto pack) {
+          constexpr int P = decltype(pack)::value;
+          using V = Sized<P, Dtypes<W, DY>>;
+          using VDY = Sized<P, DY>;
+          AMSP_LAUNCH(rmsnorm_dx_kernel<V>, grid_for(rows, 1), kBlockThreads, 0, s)
+          (dy, x, w, inv_rms, dx, dx16, rows, dim);
+          const dim3 grid(grid_for(dim / P), grid_for(chunks, 1, 65535));
+          AMSP_LAUNCH(rmsnorm_dw_chunks_kernel<VDY>, grid, kBlockThreads, 0, s)
+          (dy, x, inv_rms, workspace, rows, dim);
+        },
+        dy, x, w, dx, dx16);
+  AMSP_LAUNCH(rmsnorm_dw_sum_kernel<DW>, grid_for(dim), kBlockThreads, 0, s)
+  (workspace, dw, add_dw, chunks, dim);
 }
 
 // Every combination of fp32 and bf16: w (and dw) a parameter's dtype, y and dy
@@ -230,9 +236,9 @@ void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv
   template void rmsnorm_apply(const float*, const W*, const float*, A*, int64_t, int64_t,       \
                               cudaStream_t);                                                    \
   template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, bf16*, \
-                                 float*, int64_t, int64_t, double*, cudaStream_t);              \
+                                 float*, bool, int64_t, int64_t, double*, cudaStream_t);        \
   template void rmsnorm_backward(const A*, const float*, const W*, const float*, float*, bf16*, \
-                                 bf16*, int64_t, int64_t, double*, cudaStream_t);
+                                 bf16*, bool, int64_t, int64_t, double*, cudaStream_t);
 AMSP_RMSNORM(float, float)
 AMSP_RMSNORM(float, bf16)
 AMSP_RMSNORM(bf16, float)

@@ -82,15 +82,16 @@ void rmsnorm_forward(const float* x, const W* w, Y* y, float* inv_rms, int64_t r
 template <typename W, typename Y>
 void rmsnorm_apply(const float* x, const W* w, const float* inv_rms, Y* y, int64_t rows, int64_t dim,
                    cudaStream_t s);
-// dx += d(norm)/dx^T dy;  dw += sum over rows of dy * x * inv_rms, each column
+// dx += d(norm)/dx^T dy;  dw (+)= sum over rows of dy * x * inv_rms, each column
 // summed in double in chunks of kRmsnormDwRows rows and the chunks in order
-// (kernels/common/math.h, as the CPU does), then added to dw and rounded once.
+// (kernels/common/math.h, as the CPU does), then added to dw (add_dw) or
+// written, rounded once.
 // workspace: rmsnorm_backward_workspace(rows, dim) doubles. dx16, unless
 // null, receives the updated dx rounded to bf16 (rows x dim, as dx).
 int64_t rmsnorm_backward_workspace(int64_t rows, int64_t dim);
 template <typename DY, typename W, typename DW>
 void rmsnorm_backward(const DY* dy, const float* x, const W* w, const float* inv_rms, float* dx,
-                      bf16* dx16, DW* dw, int64_t rows, int64_t dim, double* workspace,
+                      bf16* dx16, DW* dw, bool add_dw, int64_t rows, int64_t dim, double* workspace,
                       cudaStream_t s);
 
 // ---- RoPE (tables from kernels/cpu rope_table, copied to the device) -----------------

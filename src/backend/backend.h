@@ -231,7 +231,7 @@ class Backend {
                                   int64_t rows, int64_t dim) = 0;
 
   // y[M, out] = x[M, in] W^T + beta * y;  dx[M, in] = dy W + beta * dx;
-  // dw[out, in] += dy^T x.  w, dw: fp32 or bf16; x, y, dy, dx: activations,
+  // dw[out, in] = dy^T x + beta * dw.  w, dw: fp32 or bf16; x, y, dy, dx: activations,
   // fp32, or under bf16 compute bf16 too: a bf16 y (dx) is the fp32 value
   // round(product) + beta * y rounded once more (with beta 0, the product
   // rounded once, which a device's GEMM writes directly).
@@ -246,10 +246,11 @@ class Backend {
   virtual void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M,
                                      int64_t in, int64_t out, float beta) = 0;
   virtual void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
-                                      int64_t in, int64_t out) = 0;
+                                      int64_t in, int64_t out, float beta) = 0;
 
   // RMSNorm (kernels/cpu/ops.h): forward keeps inv_rms [rows]; apply recomputes
-  // y from it; backward: dx += ..., dw += ... . w, dw: fp32 or bf16; x, dx,
+  // y from it; backward: dx += ..., dw = ... + dw_beta * dw (dw_beta 0 or 1:
+  // a gradient written or added to). w, dw: fp32 or bf16; x, dx,
   // inv_rms fp32 (the residual stream); y and dy fp32 or bf16 (y computed in
   // fp32 and rounded once, dy widened). Backward's dx_bf16, unless empty,
   // receives the updated dx rounded once to bf16, in the same pass: the input
@@ -260,7 +261,7 @@ class Backend {
                              int64_t rows, int64_t dim) = 0;
   virtual void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                                 const View& dx, const View& dw, int64_t rows, int64_t dim,
-                                const View& dx_bf16) = 0;
+                                const View& dx_bf16, float dw_beta) = 0;
 
   // RoPE tables [max_T, head_dim/2] and the in-place rotation (backward: by
   // -angle) of fp32 or bf16 x (widened, rotated in fp32, stored rounded). The

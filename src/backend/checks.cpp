@@ -136,10 +136,21 @@ void Checks::linear_forward_residual(const View& x, const View& w, const View& r
          ": r and y overlap without being the same matrix (expected one matrix, or disjoint ones)");
 }
 
-void Checks::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
-                                    int64_t out) const {
+namespace {
+
+// A gradient's beta: written (0) or added to (1), nothing else.
+void check_gradient_beta(const char* kernel, const char* name, float beta) {
+  if (beta != 0.0f && beta != 1.0f)
+    fail(kernel, ": ", name, " = ", beta, " (expected 0, the gradient written, or 1, added to)");
+}
+
+}  // namespace
+
+void Checks::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
+                                    int64_t in, int64_t out, float beta) const {
   const char* kn = "linear_backward_weight";
   sizes(kn, {{"M", M}, {"in", in}, {"out", out}});
+  check_gradient_beta(kn, "beta", beta);
   expect_float(kn, "dy", dy);
   expect_float(kn, "x", x);
   expect_float(kn, "dw", dw);
@@ -166,8 +177,9 @@ void Checks::rmsnorm(const char* kn, const View& x, const View& w, const View& y
 
 void Checks::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                               const View& dx, const View& dw, int64_t rows, int64_t dim,
-                              const View& dx_bf16) const {
+                              const View& dx_bf16, float dw_beta) const {
   const char* kn = "rmsnorm_backward";
+  check_gradient_beta(kn, "dw_beta", dw_beta);
   expect(kn, "dx", dx, DType::kF32);  // the residual stream's gradient accumulates in fp32
   rmsnorm(kn, x, w, dx, "dx", inv_rms, rows, dim);
   expect_float(kn, "dy", dy);

@@ -81,8 +81,9 @@ class Checks {
   // y = y) and linear_backward_input (a = dy, y = dx).
   void linear(const char* kernel, int64_t M, int64_t in, int64_t out, const View& a, const char* a_name,
               int64_t a_cols, const View& w, const View& y, const char* y_name, int64_t y_cols) const;
+  // beta: 0 (dw written) or 1 (added to).
   void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
-                              int64_t out) const;
+                              int64_t out, float beta) const;
   // linear(x -> y) with y = r + x W^T: r and y fp32 [M, out], one matrix or disjoint.
   void linear_forward_residual(const View& x, const View& w, const View& r, const View& y,
                                int64_t M, int64_t in, int64_t out) const;
@@ -90,7 +91,7 @@ class Checks {
                const View& inv_rms, int64_t rows, int64_t dim) const;
   void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                         const View& dx, const View& dw, int64_t rows, int64_t dim,
-                        const View& dx_bf16) const;
+                        const View& dx_bf16, float dw_beta) const;
   // Returns max_T * head_dim / 2, the elements of each table.
   int64_t rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim) const;
   void rope(const char* kernel, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,

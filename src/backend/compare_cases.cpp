@@ -181,12 +181,18 @@ void linear_cases(Checker& c, const LinearShape& s, bool weight_gradient) {
     return Outputs{stored(product("dx", get(be, dx), out, beta, dx0, bf16))};
   });
   if (!weight_gradient) return;
+  // Added to (a later micro-batch), and written over values it must not read
+  // (the first: beta 0).
   c.compare("linear_backward_weight", shape, wt == DType::kBF16 ? kBf16 : floor, [&](Backend& be) {
     const Floats dw0 = randn(out * in, 6);
     Buffer dy = put(be, randn(M * out, 4), act), x = put(be, randn(M * in, 1), act);
-    Buffer dw = put(be, dw0, wt);
-    be.linear_backward_weight(dy.view(), x.view(), dw.view(), M, in, out);
-    return Outputs{weight_gradient_output(get(be, dw), M, dw0, wt, bf16)};
+    Buffer dw = put(be, dw0, wt), written = put(be, randn(out * in, 8), wt);
+    be.linear_backward_weight(dy.view(), x.view(), dw.view(), M, in, out, 1.0f);
+    be.linear_backward_weight(dy.view(), x.view(), written.view(), M, in, out, 0.0f);
+    Output w = weight_gradient_output(get(be, written), M,
+                                      Floats(static_cast<size_t>(out * in), 0.0f), wt, bf16);
+    w.name = "dw (written)";
+    return Outputs{weight_gradient_output(get(be, dw), M, dw0, wt, bf16), std::move(w)};
   });
 }
 
@@ -220,14 +226,22 @@ void rmsnorm_cases(Checker& c, const RmsnormShape& s) {
     Buffer dy = put(be, randn(rows * dim, 3), act), dx = put(be, randn(rows * dim, 4));
     Buffer dw = put(be, randn(dim, 5), wt), rounded = be.alloc(DType::kBF16, rows * dim);
     be.rmsnorm_backward(dy.view(), x.view(), w.view(), inv.view(), dx.view(), dw.view(), rows, dim,
-                        rounded.view());
-    Floats dw_values = get(be, dw);
+                        rounded.view(), 1.0f);
+    // The weight gradient written (dw_beta 0) over values it must not read.
+    Buffer dx2 = put(be, randn(rows * dim, 4)), written = put(be, randn(dim, 9), wt);
+    be.rmsnorm_backward(dy.view(), x.view(), w.view(), inv.view(), dx2.view(), written.view(), rows,
+                        dim, View{}, 0.0f);
+    Floats dw_values = get(be, dw), written_values = get(be, written);
     const double mx = max_abs(dw_values), t_dx = 3 * sum_of(dim) + kElementwise;
     double t_dw = sum_of(rows + 1) + sum_of(dim) + kElementwise;
     if (wt == DType::kBF16) t_dw = bf16_rounded(t_dw, mx, mx);
+    double t_written = sum_of(rows) + sum_of(dim) + kElementwise;
+    if (wt == DType::kBF16)
+      t_written = bf16_rounded(t_written, max_abs(written_values), max_abs(written_values));
     return Outputs{{"dx (accumulated)", get(be, dx), t_dx},
                    {"dx rounded to bf16", get(be, rounded), bf16_rounded(t_dx)},
-                   {"dw (accumulated)", std::move(dw_values), t_dw}};
+                   {"dw (accumulated)", std::move(dw_values), t_dw},
+                   {"dw (written)", std::move(written_values), t_written}};
   });
 }
 

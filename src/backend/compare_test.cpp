@@ -77,8 +77,8 @@ class Forwarding : public Backend {
     in_->linear_backward_input(dy, w, dx, M, in, out, beta);
   }
   void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
-                              int64_t out) override {
-    in_->linear_backward_weight(dy, x, dw, M, in, out);
+                              int64_t out, float beta) override {
+    in_->linear_backward_weight(dy, x, dw, M, in, out, beta);
   }
   void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv, int64_t rows,
                        int64_t dim, float eps) override {
@@ -90,8 +90,8 @@ class Forwarding : public Backend {
   }
   void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv,
                         const View& dx, const View& dw, int64_t rows, int64_t dim,
-                        const View& dx_bf16) override {
-    in_->rmsnorm_backward(dy, x, w, inv, dx, dw, rows, dim, dx_bf16);
+                        const View& dx_bf16, float dw_beta) override {
+    in_->rmsnorm_backward(dy, x, w, inv, dx, dw, rows, dim, dx_bf16, dw_beta);
   }
   void rope_table(const View& c, const View& s, int64_t T, int64_t hd, double theta) override {
     in_->rope_table(c, s, T, hd, theta);

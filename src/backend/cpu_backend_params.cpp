@@ -210,9 +210,10 @@ void CpuBackend::linear_backward_input(const View& dy, const View& w, const View
 }
 
 void CpuBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
-                                        int64_t in, int64_t out) {
-  check.linear_backward_weight(dy, x, dw, M, in, out);
+                                        int64_t in, int64_t out, float beta) {
+  check.linear_backward_weight(dy, x, dw, M, in, out, beta);
   check.product_activations("linear_backward_weight", compute(), {{"dy", dy}, {"x", x}});
+  if (beta == 0.0f) fill_zero(dw.at(0, out * in));  // then added to: the bits of a GEMM's beta 0
   if (M == 0 || in == 0 || out == 0) return;
   // Under bf16 compute from bf16-rounded inputs; accumulated into dw in fp32
   // as a GEMM with beta = 1 does, rounded once into a bf16 dw.
@@ -256,8 +257,9 @@ void CpuBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rms
 
 void CpuBackend::rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                                   const View& dx, const View& dw, int64_t rows, int64_t dim,
-                                  const View& dx_bf16) {
-  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16);
+                                  const View& dx_bf16, float dw_beta) {
+  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16, dw_beta);
+  if (dw_beta == 0.0f) fill_zero(dw.at(0, dim));
   const float* wf = f32_values(w.at(0, dim), kSlotW);
   // An fp32 dw takes the sums directly; a bf16 one from a scratch, rounded once.
   float* c = dw.dtype == DType::kF32 ? dw.f32() : scratch_f32(kSlotOut, dim);

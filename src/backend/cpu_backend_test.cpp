@@ -382,9 +382,17 @@ TEST(CpuBackendF32, Linear) {
     EXPECT_TRUE(same_bits(dx, dx2)) << "backward input, beta " << beta;
   }
   Floats dw = randn(out * in, 6), dw2 = dw;
-  be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out);
+  be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out, 1.0f);
   k::linear_backward_weight(dy.data(), x.data(), dw2.data(), M, in, out);
   EXPECT_TRUE(same_bits(dw, dw2));
+  // beta 0: written, whatever dw held: the kernel's sum into zeros.
+  Floats written = randn(out * in, 7), zeros(out * in, 0.0f);
+  be.linear_backward_weight(fv(dy), fv(x), fv(written), M, in, out, 0.0f);
+  k::linear_backward_weight(dy.data(), x.data(), zeros.data(), M, in, out);
+  EXPECT_TRUE(same_bits(written, zeros));
+  EXPECT_ERROR(be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out, 0.5f),
+               "linear_backward_weight",
+               "beta = 0.5 (expected 0, the gradient written, or 1, added to)");
 }
 
 TEST(CpuBackendF32, LinearWithBf16WeightsRunsOnTheWidenedWeights) {
@@ -406,7 +414,11 @@ TEST(CpuBackendF32, LinearWithBf16WeightsRunsOnTheWidenedWeights) {
   k::linear_backward_weight(dy.data(), x.data(), c.data(), M, in, out);
   Halves want(out * in);
   for (int64_t i = 0; i < out * in; ++i) want[i] = k::float_to_bf16(k::bf16_to_float(dw[i]) + c[i]);
-  be.linear_backward_weight(fv(dy), fv(x), hv(dw), M, in, out);
+  be.linear_backward_weight(fv(dy), fv(x), hv(dw), M, in, out, 1.0f);
+  EXPECT_TRUE(same_bits(dw, want));
+  // Written (beta 0): the contribution rounded once, dw's old values unread.
+  for (int64_t i = 0; i < out * in; ++i) want[i] = k::float_to_bf16(c[i]);
+  be.linear_backward_weight(fv(dy), fv(x), hv(dw), M, in, out, 0.0f);
   EXPECT_TRUE(same_bits(dw, want));
 }
 
@@ -425,7 +437,7 @@ TEST(CpuBackendF32, RmsNorm) {
     k::rmsnorm_apply(x.data(), w.data(), inv.data(), ya2.data(), rows, dim);
     EXPECT_TRUE(same_bits(ya, ya2));
     Floats dx = randn(rows * dim, 4), dx2 = dx, dw = randn(dim, 5), dw2 = dw;
-    be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim, {});
+    be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim, {}, 1.0f);
     k::rmsnorm_backward(dy.data(), x.data(), w.data(), inv.data(), dx2.data(), dw2.data(), rows,
                         dim);
     EXPECT_TRUE(same_bits(dx, dx2));
@@ -451,7 +463,7 @@ TEST(CpuBackendF32, RmsNormWithBf16WeightAndGradient) {
   k::rmsnorm_backward(dy.data(), x.data(), wf.data(), inv.data(), dx2.data(), c.data(), rows, dim);
   Halves want(dim);
   for (int64_t j = 0; j < dim; ++j) want[j] = k::float_to_bf16(k::bf16_to_float(dw[j]) + c[j]);
-  be.rmsnorm_backward(fv(dy), fv(x), hv(w), fv(inv), fv(dx), hv(dw), rows, dim, {});
+  be.rmsnorm_backward(fv(dy), fv(x), hv(w), fv(inv), fv(dx), hv(dw), rows, dim, {}, 1.0f);
   EXPECT_TRUE(same_bits(dx, dx2));
   EXPECT_TRUE(same_bits(dw, want));
 }
@@ -642,13 +654,14 @@ TEST(CpuBackendBf16, RmsnormOnBf16ActivationsRoundsYAndWidensDy) {
   EXPECT_EQ(y2, y);
   Halves dy = to_bf16(randn(n, 3));
   Floats dx = randn(n, 4), dw = randn(dim, 5), dx_want = dx, dw_want = dw, wide = widened(dy);
-  be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim, {});
+  be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), fv(dx), fv(dw), rows, dim, {}, 1.0f);
   k::rmsnorm_backward(wide.data(), x.data(), w.data(), inv.data(), dx_want.data(), dw_want.data(), rows, dim);
   EXPECT_TRUE(same_bits(dx, dx_want));
   EXPECT_TRUE(same_bits(dw, dw_want));
   Halves dx16(n);
-  EXPECT_ERROR(be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), hv(dx16), fv(dw), rows, dim, {}),
-               "rmsnorm_backward", "dx is bf16, expected fp32");
+  EXPECT_ERROR(
+      be.rmsnorm_backward(hv(dy), fv(x), fv(w), fv(inv), hv(dx16), fv(dw), rows, dim, {}, 1.0f),
+      "rmsnorm_backward", "dx is bf16, expected fp32");
 }
 
 // The products on bf16 activations (bf16 compute): each output is what the same
@@ -673,8 +686,8 @@ TEST(CpuBackendBf16, LinearOnBf16ActivationsEqualsTheWidenedCallRounded) {
     be.linear_backward_input(fv(dyw), fv(wcopy), fv(dxw), M, in, out, beta);
     EXPECT_EQ(dx, to_bf16(dxw)) << "backward input, beta " << beta;
     Floats dw(out * in, 0.5f), dw2 = dw;
-    be.linear_backward_weight(hv(dy), hv(x), fv(dw), M, in, out);
-    be.linear_backward_weight(fv(dyw), fv(xw), fv(dw2), M, in, out);
+    be.linear_backward_weight(hv(dy), hv(x), fv(dw), M, in, out, 1.0f);
+    be.linear_backward_weight(fv(dyw), fv(xw), fv(dw2), M, in, out, 1.0f);
     EXPECT_TRUE(same_bits(dw, dw2)) << "backward weight";
   }
   CpuBackend f32(DType::kF32);
@@ -962,12 +975,12 @@ TEST(CpuBackendBf16, LinearExactAccumulationMatchesTheReference) {
   ASSERT_FALSE(same_bits(c, rounded(c)));  // the product is not a bf16 value
   Floats dw = randn(out * in, 6), want_dw = dw;
   for (int64_t i = 0; i < out * in; ++i) want_dw[i] += c[i];
-  be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out);
+  be.linear_backward_weight(fv(dy), fv(x), fv(dw), M, in, out, 1.0f);
   EXPECT_TRUE(same_bits(dw, want_dw));
   Halves hdw = to_bf16(randn(out * in, 7)), want_h(out * in);
   for (int64_t i = 0; i < out * in; ++i)
     want_h[i] = k::float_to_bf16(k::bf16_to_float(hdw[i]) + c[i]);
-  be.linear_backward_weight(fv(dy), fv(x), hv(hdw), M, in, out);
+  be.linear_backward_weight(fv(dy), fv(x), hv(hdw), M, in, out, 1.0f);
   EXPECT_TRUE(same_bits(hdw, want_h));
   // bf16 weights are the same values as their fp32 originals rounded.
   Halves hw = to_bf16(w);
@@ -1030,9 +1043,9 @@ TEST(CpuBackendBf16, LinearChecksViews) {
                "w holds 1");
   EXPECT_ERROR(be.linear_backward_input(fv(y), fv(w), fv(x).at(0, 3), M, in, out, 0.0f),
                "linear_backward_input", "dx holds 3");
-  EXPECT_ERROR(be.linear_backward_weight(fv(y), fv(x), iv(t), M, in, out), "linear_backward_weight",
-               "dw is int32");
-  EXPECT_ERROR(be.linear_backward_weight(fv(y), fv(x).at(0, 5), fv(w), M, in, out),
+  EXPECT_ERROR(be.linear_backward_weight(fv(y), fv(x), iv(t), M, in, out, 1.0f),
+               "linear_backward_weight", "dw is int32");
+  EXPECT_ERROR(be.linear_backward_weight(fv(y), fv(x).at(0, 5), fv(w), M, in, out, 1.0f),
                "linear_backward_weight", "x holds 5");
   EXPECT_ERROR(be.linear_forward(fv(x), fv(w), fv(y), -1, in, out, 0.0f), "linear_forward",
                "M = -1");
@@ -1099,10 +1112,10 @@ TEST(CpuBackendBf16, Bf16GradientsRoundOncePerCall) {
   Floats x(rows * dim, 1.0f), dy(rows * dim, std::ldexp(1.0f, -10)), inv(rows, 1.0f),
       dx(rows * dim), w(dim, 1.0f);
   Halves dw(dim, k::float_to_bf16(1.0f));
-  be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), hv(dw), rows, dim, {});
+  be.rmsnorm_backward(fv(dy), fv(x), fv(w), fv(inv), fv(dx), hv(dw), rows, dim, {}, 1.0f);
   for (uint16_t h : dw) EXPECT_EQ(k::bf16_to_float(h), 1.0625f);  // 1 + 64 * 2^-10
   Halves lw(dim * dim, k::float_to_bf16(1.0f));
-  be.linear_backward_weight(fv(dy), fv(x), hv(lw), rows, dim, dim);
+  be.linear_backward_weight(fv(dy), fv(x), hv(lw), rows, dim, dim, 1.0f);
   for (uint16_t h : lw) EXPECT_EQ(k::bf16_to_float(h), 1.0625f);
 }
 

@@ -134,7 +134,7 @@ class CudaBackend final : public Backend {
   void linear_backward_input(const View& dy, const View& w, const View& dx, int64_t M, int64_t in,
                              int64_t out, float beta) override;
   void linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
-                              int64_t out) override;
+                              int64_t out, float beta) override;
 
   void rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
                        int64_t rows, int64_t dim, float eps) override;
@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
                      int64_t dim) override;
   void rmsnorm_backward(const View& dy, const View& x, const View& w, const View& inv_rms,
                         const View& dx, const View& dw, int64_t rows, int64_t dim,
-                        const View& dx_bf16) override;
+                        const View& dx_bf16, float dw_beta) override;
 
   void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
                   double theta) override;

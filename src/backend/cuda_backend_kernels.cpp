@@ -194,28 +194,33 @@ void CudaBackend::linear_backward_input(const View& dy, const View& w, const Vie
   linear_product(dy, w, dx, M, out, in, false, beta);
 }
 
-// dw[out, in] += dy^T x is column-major dw^T += x^T dy.
-void CudaBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M, int64_t in,
-                                         int64_t out) {
-  check.linear_backward_weight(dy, x, dw, M, in, out);
+// dw[out, in] = dy^T x + beta dw is column-major dw^T = x^T dy + beta dw^T.
+void CudaBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
+                                         int64_t in, int64_t out, float beta) {
+  check.linear_backward_weight(dy, x, dw, M, in, out, beta);
   check.product_activations("linear_backward_weight", compute(), {{"dy", dy}, {"x", x}});
-  if (M == 0 || in == 0 || out == 0) return;
+  if (M == 0 || in == 0 || out == 0) {
+    if (beta == 0.0f) fill_zero(dw.at(0, out * in));  // an empty sum, written
+    return;
+  }
   const View dyv = dy.at(0, M * out), xv = x.at(0, M * in), dwv = dw.at(0, out * in);
   const int64_t n = out * in;
   const bool bf = compute() == DType::kBF16;
   if (bf) {
     // From bf16-rounded inputs, accumulated into dw by the product itself
-    // (beta = 1) in fp32 and rounded once into dw's dtype.
+    // (beta = 1) in fp32 and rounded once into dw's dtype, or written (beta 0).
     Scratch sx = scratch(xv.dtype == DType::kF32 ? M * in * 2 : 0);
     Scratch sdy = scratch(dyv.dtype == DType::kF32 ? M * out * 2 : 0);
-    gemm(false, true, in, out, M, as_bf16(xv, sx), true, in, as_bf16(dyv, sdy), true, out, 1.0f, dwv.data,
-         dwv.dtype == DType::kBF16, in);
+    gemm(false, true, in, out, M, as_bf16(xv, sx), true, in, as_bf16(dyv, sdy), true, out, beta,
+         dwv.data, dwv.dtype == DType::kBF16, in);
     return;
   }
   if (dwv.dtype == DType::kF32) {
-    gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, 1.0f, dwv.data, false, in);
+    gemm(false, true, in, out, M, f32p(xv), false, in, f32p(dyv), false, out, beta, dwv.data, false,
+         in);
     return;
   }
+  if (beta == 0.0f) fill_zero(dwv);
   // fp32 products into a bf16 gradient: the contribution in fp32 scratch, then
   // added into dw with one rounding per element.
   Scratch sc = scratch(n * 4);
@@ -257,10 +262,13 @@ void CudaBackend::rmsnorm_apply(const View& x, const View& w, const View& inv_rm
 
 void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
                                    const View& inv_rms, const View& dx, const View& dw,
-                                   int64_t rows, int64_t dim, const View& dx_bf16) {
+                                   int64_t rows, int64_t dim, const View& dx_bf16, float dw_beta) {
   const char* kn = "rmsnorm_backward";
-  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16);
-  if (rows == 0 || dim == 0) return;
+  check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16, dw_beta);
+  if (rows == 0 || dim == 0) {
+    if (dw_beta == 0.0f) fill_zero(dw.at(0, dim));  // an empty sum, written
+    return;
+  }
   const int64_t n = rows * dim * 4, wb = dim * dtype_bytes(w.dtype), dwb = dim * dtype_bytes(dw.dtype);
   reads(dy.data, rows * dim * dtype_bytes(dy.dtype));
   reads(x.data, n);
@@ -270,7 +278,7 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   writes(dx.data, n);
   bf16_t* dx16 = dx_bf16.empty() ? nullptr : bf16w(dx_bf16);
   if (dx16) writes(dx16, rows * dim * 2);
-  reads(dw.data, dwb);
+  if (dw_beta != 0.0f) reads(dw.data, dwb);
   writes(dw.data, dwb);
   const int64_t wsb = kc::rmsnorm_backward_workspace(rows, dim) * int64_t{sizeof(double)};
   Scratch ws = scratch(wsb);
@@ -279,8 +287,8 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
   typed(dy, [&](auto* dyp) {
     typed(w, [&](auto* wp) {
       typed(dw, [&](auto* dwp) {
-        kc::rmsnorm_backward(dyp, f32p(x), wp, f32p(inv_rms), f32w(dx), dx16, dwp, rows, dim,
-                             ws.as<double>(), stream_);
+        kc::rmsnorm_backward(dyp, f32p(x), wp, f32p(inv_rms), f32w(dx), dx16, dwp, dw_beta != 0.0f,
+                             rows, dim, ws.as<double>(), stream_);
       });
     });
   });

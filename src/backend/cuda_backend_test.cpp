@@ -273,7 +273,7 @@ TEST(CudaBackend, ProductsPlanOncePerShapeAndThenOnlyLaunch) {
   EXPECT_EQ(be->memory().in_use, mem.in_use);
   EXPECT_EQ(be->memory().reserved, mem.reserved);
   be->linear_forward(x.view(), w.view(), yb.view(), M, in, out, 1.0f);  // bf16 C: a new plan
-  be->linear_backward_weight(y.view(), x.view(), dw.view(), M, in, out);
+  be->linear_backward_weight(y.view(), x.view(), dw.view(), M, in, out, 1.0f);
   EXPECT_EQ(emu::lt_heuristic_queries() - q0, 3);
 }
 

@@ -203,11 +203,11 @@ void ProfiledBackend::linear_backward_input(const View& dy, const View& w, const
            [&] { inner_->linear_backward_input(dy, w, dx, M, in, out, beta); });
 }
 
-void ProfiledBackend::linear_backward_weight(const View& dy, const View& x, const View& dw, int64_t M,
-                                             int64_t in, int64_t out) {
+void ProfiledBackend::linear_backward_weight(const View& dy, const View& x, const View& dw,
+                                             int64_t M, int64_t in, int64_t out, float beta) {
   timed_as([&] { return linear_name("linear_backward_weight", M, in, out); },
-           M * out * size(dy) + M * in * size(x) + 2 * out * in * size(dw),
-           [&] { inner_->linear_backward_weight(dy, x, dw, M, in, out); });
+           M * out * size(dy) + M * in * size(x) + out * in * size(dw) * (beta != 0.0f ? 2 : 1),
+           [&] { inner_->linear_backward_weight(dy, x, dw, M, in, out, beta); });
 }
 
 void ProfiledBackend::rmsnorm_forward(const View& x, const View& w, const View& y, const View& inv_rms,
@@ -222,12 +222,13 @@ void ProfiledBackend::rmsnorm_apply(const View& x, const View& w, const View& in
 
 void ProfiledBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
                                        const View& inv_rms, const View& dx, const View& dw,
-                                       int64_t rows, int64_t dim, const View& dx_bf16) {
+                                       int64_t rows, int64_t dim, const View& dx_bf16,
+                                       float dw_beta) {
   const int64_t rounded = dx_bf16.empty() ? 0 : rows * dim * 2;
   timed("rmsnorm_backward",
         rows * dim * (size(dy) + size(x) + 2 * size(dx)) + rounded +
-            dim * (size(w) + 2 * size(dw)) + rows * 4,
-        [&] { inner_->rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16); });
+            dim * (size(w) + size(dw) * (dw_beta != 0.0f ? 2 : 1)) + rows * 4,
+        [&] { inner_->rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16, dw_beta); });
 }
 
 void ProfiledBackend::rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,

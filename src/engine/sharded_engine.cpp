@@ -6,6 +6,7 @@
 
 #include "comm/traffic.h"
 #include "core/error.h"
+#include "core/mpi_check.h"
 #include "plan/memory.h"
 #include "plan/schedule.h"
 
@@ -108,6 +109,7 @@ struct ShardedEngine::Impl {
   void traced(const char* what, int u, F&& f);
   void forward(const plan::Action& a);
   void backward(const plan::Action& a);
+  void zero_gradients();
   void reduce(const plan::Action& a, int64_t micro_batches);
 
   // The optimizer.
@@ -368,17 +370,32 @@ void ShardedEngine::Impl::forward(const plan::Action& a) {
   traced("fwd", a.unit, [&] { model.forward(a.unit, params); });
 }
 
+// The first micro-batch writes a unit's gradient, the later ones add to it,
+// so no pass zeroes the gradients first (a full pass over every parameter's
+// fp32 gradient, about 1% of a GPU step). Without direct gradients each
+// micro-batch writes a slot's full buffer, whose padding past the unit's
+// parameters (the unit's size up to a multiple of the OS group) is zeroed:
+// the reduction sums it, and a slot served other units before.
 void ShardedEngine::Impl::backward(const plan::Action& a) {
   const int u = a.unit;
   const View params = params_at(a);
   if (direct_gradients()) {
-    traced("bwd", u, [&] { model.backward(u, params, st(u).g.view()); });
+    const auto mode = a.micro == 0 ? model::Llama::Grads::kWrite : model::Llama::Grads::kAdd;
+    traced("bwd", u, [&] { model.backward(u, params, st(u).g.view(), mode); });
   } else {
     backward_slot = take_slot();
     const View grad = buffer(plan::Buf::kFull, u, backward_slot);
-    be.fill_zero(grad);
-    traced("bwd", u, [&] { model.backward(u, params, grad); });
+    const int64_t numel = model.units()[static_cast<size_t>(u)].numel;
+    if (grad.count > numel) be.fill_zero(grad.at(numel, grad.count - numel));
+    traced("bwd", u, [&] { model.backward(u, params, grad, model::Llama::Grads::kWrite); });
   }
+}
+
+// The G-shards a step's reductions add into start at zero; with direct
+// gradients, backward writes them instead (above).
+void ShardedEngine::Impl::zero_gradients() {
+  if (direct_gradients()) return;
+  for (auto& s : state) be.fill_zero(s.g.view());
 }
 
 // Right after the unit's backward: its chain, in the slot backward wrote.
@@ -606,7 +623,7 @@ StepResult ShardedEngine::step(int64_t step, int64_t micro_batches, float grad_s
   const double t_start = comm::now_seconds();
   const std::vector<plan::Action> program = plan::step_program(im.schedule, micro_batches);
   im.start_program(program);
-  for (auto& s : im.state) im.be.fill_zero(s.g.view());
+  im.zero_gradients();
   im.be.fill_zero(im.scalars.view());
   // Every micro-batch's data first, into page-locked memory the copies read
   // while the step runs.
@@ -659,7 +676,7 @@ std::vector<float> ShardedEngine::reduced_gradient(float grad_scale, const int32
   Impl& im = *impl_;
   const std::vector<plan::Action> program = plan::step_program(im.schedule, 1);
   im.start_program(program);
-  for (auto& s : im.state) im.be.fill_zero(s.g.view());
+  im.zero_gradients();
   const int64_t N = batch_ * seq_len_;
   for (const plan::Action& a : program) {
     switch (a.kind) {
@@ -749,6 +766,27 @@ std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchF
   }
   set_compression(chosen);
   return {loss, count};
+}
+
+// The gradient's padding (a unit's size up to a multiple of the OS group) in
+// this rank's OS ranges: zero, as the norm that sums it assumes, unless a
+// slot's padding went into a reduction with what an earlier unit left there,
+// or a reduction wrote past a unit. A few elements a unit, once; a rank that
+// finds one ends the job (the others may be in a collective).
+void ShardedEngine::check_gradient_padding() {
+  Impl& im = *impl_;
+  for (int u = 0; u < im.U; ++u) {
+    const UnitShards& sh = shards_[static_cast<size_t>(u)];
+    const int64_t lo = std::max(sh.os.begin, sh.numel), hi = sh.os.end();
+    if (lo >= hi) continue;
+    std::vector<float> tail(static_cast<size_t>(hi - lo));
+    im.be.to_host(im.g_os(u).at(lo - sh.os.begin, hi - lo), tail.data());
+    for (size_t i = 0; i < tail.size(); ++i)
+      if (tail[i] != 0.0f)
+        comm::abort_job(cat("engine: unit ", u, "'s gradient padding holds ", tail[i],
+                            " at element ", lo + static_cast<int64_t>(i), " (expected 0 past its ",
+                            sh.numel, " parameters)"));
+  }
 }
 
 // The parameters the model computes with (bf16 values widened, in bf16).

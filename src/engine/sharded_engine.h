@@ -187,6 +187,10 @@ class ShardedEngine {
   // model states and temporaries (plan/memory.h) and the activations as the
   // model allocates them.
   int64_t predicted_peak_bytes() const { return predicted_peak_; }
+  // Fails naming the unit unless the gradient's padding in this rank's OS
+  // ranges is zero (after a step; the trainer checks at the end of a run).
+  void check_gradient_padding();
+
   // Per group (those with more than one rank), plus "world" for the norm.
   std::vector<comm::Stats> comm_stats() const;
   // Host waits on this engine's communicators so far (comm::Communicator::host_waits).

@@ -928,6 +928,7 @@ void Run::finish_checkpoints() {
 
 TrainResult Run::finish() {
   finish_checkpoints();
+  engine->check_gradient_padding();
   result.val_loss = val_loss;
   if (!o.final_params_path.empty()) {
     const auto params = engine->full_parameters();

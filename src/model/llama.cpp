@@ -98,11 +98,11 @@ struct Llama::Impl {
   void allocate();
   LayerActs& layer_acts(int layer) { return acts[recompute ? 0 : static_cast<size_t>(layer)]; }
   void forward_decoder(int u, const View& p);
-  void backward_decoder(int u, const View& p, const View& g);
+  void backward_decoder(int u, const View& p, const View& g, float beta);
   void set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                  float grad_scale, bool pinned);
   void forward_head(int u, const View& p);
-  void backward_head(int u, const View& p, const View& g);
+  void backward_head(int u, const View& p, const View& g, float beta);
 };
 
 void Llama::Impl::allocate() {
@@ -230,20 +230,25 @@ void Llama::forward(int unit, const View& params) {
   }
 }
 
-void Llama::backward(int unit, const View& params, const View& grads) {
+void Llama::backward(int unit, const View& params, const View& grads, Grads mode) {
   Impl& m = *impl_;
   if (!m.has_batch) fail("model: backward before set_batch");
   if (unit < 0 || unit >= num_units()) fail("model: no unit ", unit);
+  // Every gradient of a unit but the embedding's is one product or one norm's
+  // sum, written by it (beta 0) or added (beta 1); the embedding adds rows.
+  const float beta = mode == Grads::kAdd ? 1.0f : 0.0f;
   switch (m.units[unit].kind) {
-    case UnitKind::kEmbedding:
-      m.be.embedding_backward(m.tokens.at(0, m.N), m.rows(m.dres, m.hidden),
-                              grads.at(0, m.units[unit].numel), m.N, m.hidden);
+    case UnitKind::kEmbedding: {
+      const View table = grads.at(0, m.units[unit].numel);
+      if (mode == Grads::kWrite) m.be.fill_zero(table);
+      m.be.embedding_backward(m.tokens.at(0, m.N), m.rows(m.dres, m.hidden), table, m.N, m.hidden);
       break;
+    }
     case UnitKind::kDecoder:
-      m.backward_decoder(unit, params, grads);
+      m.backward_decoder(unit, params, grads, beta);
       break;
     case UnitKind::kHead:
-      m.backward_head(unit, params, grads);
+      m.backward_head(unit, params, grads, beta);
       break;
   }
 }
@@ -273,7 +278,7 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   be.linear_forward_residual(ac, tensor(p, u, kDown), h, out, N, inter, hidden);
 }
 
-void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
+void Llama::Impl::backward_decoder(int u, const View& p, const View& g, float beta) {
   const int l = units[u].layer;
   // Recomputation: rebuild the layer's activations from its kept input. It
   // also rewrites resid[l + 1] with the same bits, which no later backward reads.
@@ -291,27 +296,27 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g) {
   // MLP block.
   be.swiglu_forward(gate_up, ac, N, inter);
   const View dout = product_input(dr);
-  be.linear_backward_weight(dout, ac, tensor(g, u, kDown), N, inter, hidden);
+  be.linear_backward_weight(dout, ac, tensor(g, u, kDown), N, inter, hidden, beta);
   // act is no longer needed: d(act) goes into it.
   be.linear_backward_input(dout, tensor(p, u, kDown), ac, N, inter, hidden, 0.0f);
   be.swiglu_backward(gate_up, ac, dgu, N, inter);
   be.rmsnorm_apply(h, tensor(p, u, kPostNorm), inv2, nn, N, hidden);
-  be.linear_backward_weight(dgu, nn, tensors(g, u, kGate, kUp), N, hidden, 2 * inter);
+  be.linear_backward_weight(dgu, nn, tensors(g, u, kGate, kUp), N, hidden, 2 * inter, beta);
   be.linear_backward_input(dgu, tensors(p, u, kGate, kUp), dnn, N, hidden, 2 * inter, 0.0f);
   be.rmsnorm_backward(dnn, h, tensor(p, u, kPostNorm), inv2, dr, tensor(g, u, kPostNorm), N, hidden,
-                      rounded_dres(dr));
+                      rounded_dres(dr), beta);
 
   // Attention block; dres is now d(h).
   const View dh = product_input(dr);
-  be.linear_backward_weight(dh, attn, tensor(g, u, kO), N, hidden, hidden);
+  be.linear_backward_weight(dh, attn, tensor(g, u, kO), N, hidden, hidden, beta);
   be.linear_backward_input(dh, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);
   be.attention_backward(qkv, rope(), a.saved.view(), attn, da, dq, B, T, heads, kv_heads, head_dim);
   be.rmsnorm_apply(x, tensor(p, u, kInNorm), inv1, nn, N, hidden);
-  be.linear_backward_weight(dq, nn, tensors(g, u, kQ, kV), N, hidden, qkv_dim);
+  be.linear_backward_weight(dq, nn, tensors(g, u, kQ, kV), N, hidden, qkv_dim, beta);
   be.linear_backward_input(dq, tensors(p, u, kQ, kV), dnn, N, hidden, qkv_dim, 0.0f);
   // d(x) of the first layer goes to the embedding, which reads it in fp32.
   be.rmsnorm_backward(dnn, x, tensor(p, u, kInNorm), inv1, dr, tensor(g, u, kInNorm), N, hidden,
-                      l > 0 ? rounded_dres(dr) : View{});
+                      l > 0 ? rounded_dres(dr) : View{}, beta);
 }
 
 void Llama::Impl::forward_head(int u, const View& p) {
@@ -330,17 +335,17 @@ void Llama::Impl::forward_head(int u, const View& p) {
   }
 }
 
-void Llama::Impl::backward_head(int u, const View& p, const View& g) {
+void Llama::Impl::backward_head(int u, const View& p, const View& g, float beta) {
   if (!has_targets) fail("model: backward of a batch without targets");
   const View x = rows(resid[layers], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
              dr = rows(dres, hidden), lg = rows(logits, vocab);
   be.cross_entropy_backward(lg, targets.at(0, N), lse.at(0, N), N, vocab, grad_scale);
   be.rmsnorm_apply(x, tensor(p, u, 0), head_inv.at(0, N), nn, N, hidden);
-  be.linear_backward_weight(lg, nn, tensor(g, u, 1), N, hidden, vocab);
+  be.linear_backward_weight(lg, nn, tensor(g, u, 1), N, hidden, vocab, beta);
   be.linear_backward_input(lg, tensor(p, u, 1), dnn, N, hidden, vocab, 0.0f);
   be.fill_zero(dr);
   be.rmsnorm_backward(dnn, x, tensor(p, u, 0), head_inv.at(0, N), dr, tensor(g, u, 0), N, hidden,
-                      rounded_dres(dr));
+                      rounded_dres(dr), beta);
 }
 
 double Llama::loss_sum() const { return impl_->loss_sum; }

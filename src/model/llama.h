@@ -10,8 +10,9 @@
 // A micro-batch step is:
 //   set_batch(tokens, targets, B, T, grad_scale);
 //   for u in 0..num_units-1:       forward(u, params[u]);     // head's forward computes the loss
-//   for u in num_units-1..0:       backward(u, params[u], grads[u]);
-// backward accumulates (+=) into grads, so micro-batches sum; grad_scale
+//   for u in num_units-1..0:       backward(u, params[u], grads[u], Grads::kAdd);
+// backward accumulates (+=) into grads, so micro-batches sum, or with
+// Grads::kWrite writes them (the first micro-batch: no zeroing pass); grad_scale
 // multiplies d(loss)/d(logits), so with grad_scale = 1 / (tokens in the whole
 // optimizer step) the summed gradients are those of the mean loss.
 #pragma once
@@ -58,9 +59,11 @@ class Llama {
   void accumulate_loss_into(const backend::View& acc);
 
   // params: the unit's flat buffer; grads: its gradient buffer, which backward
-  // accumulates into. Either dtype the backend takes (fp32 or bf16).
+  // adds into (kAdd) or writes whole, never reading what was there (kWrite).
+  // Either dtype the backend takes (fp32 or bf16).
+  enum class Grads { kAdd, kWrite };
   void forward(int unit, const backend::View& params);
-  void backward(int unit, const backend::View& params, const backend::View& grads);
+  void backward(int unit, const backend::View& params, const backend::View& grads, Grads mode);
 
   // After the head's forward: sum of per-token cross-entropy over valid
   // targets, and how many targets were valid.

@@ -81,7 +81,8 @@ double run_forward(Llama& m, const Buffers& p, const std::vector<int32_t>& tok,
 void run_step(Llama& m, const Buffers& p, Buffers& g, const std::vector<int32_t>& tok,
               const std::vector<int32_t>& tgt, int64_t B, int64_t T, float scale = 1.0f) {
   run_forward(m, p, tok, tgt, B, T, scale);
-  for (int u = m.num_units() - 1; u >= 0; --u) m.backward(u, hv(p[u]), hv(g[u]));
+  for (int u = m.num_units() - 1; u >= 0; --u)
+    m.backward(u, hv(p[u]), hv(g[u]), model::Llama::Grads::kAdd);
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t stream) {
@@ -296,7 +297,8 @@ TEST(Llama, ForwardWithoutTargetsGivesTheSameLogits) {
   EXPECT_EQ(std::vector<float>(model.logits().f32(), model.logits().f32() + B * T * c.vocab_size), with);
   EXPECT_EQ(model.loss_count(), 0);
   Buffers g = zeros_like(p);
-  EXPECT_ANY_THROW(model.backward(model.num_units() - 1, hv(p.back()), hv(g.back())));
+  EXPECT_ANY_THROW(
+      model.backward(model.num_units() - 1, hv(p.back()), hv(g.back()), model::Llama::Grads::kAdd));
 }
 
 TEST(Llama, BitIdenticalAcrossRuns) {
@@ -315,7 +317,8 @@ TEST(Llama, BitIdenticalAcrossRuns) {
     g = zeros_like(p);
     const double loss = run_forward(model, p, tok, tgt, B, T, 1.0f / (B * T));
     logits.assign(model.logits().f32(), model.logits().f32() + B * T * c.vocab_size);
-    for (int u = model.num_units() - 1; u >= 0; --u) model.backward(u, hv(p[u]), hv(g[u]));
+    for (int u = model.num_units() - 1; u >= 0; --u)
+      model.backward(u, hv(p[u]), hv(g[u]), model::Llama::Grads::kAdd);
     return loss;
   };
   Buffers g1, g2;

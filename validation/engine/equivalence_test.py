@@ -160,7 +160,7 @@ def run(cmd, env, timeout=RUN_TIMEOUT):
     return p.returncode, out, err, time.time() - t0
 
 
-# --- the parameter layout of the tiny preset (src/model/layout.h) -------------
+# --- the parameter layout of a model (src/model/layout.h) ----------------------
 def tensor_layout(config_path):
     """[(name, numel)] in the order of --final-params: embed, layers.0.., head."""
     c = json.load(open(config_path))
@@ -250,10 +250,10 @@ class Runner:
         self.refs = {}
         # The issue log needs mpiexec's PMI_RANK and the schedule of one node.
         self.check_order = slurm_env is None
-        self.layout = tensor_layout(os.path.join(REPO, "inputs", "models", "tiny.json"))
+        self.layout = tensor_layout(self.args.model)
 
     def train_args(self, batch, accum, shard, tag, steps=STEPS):
-        return [self.args.amsp, "train", "--model", "tiny", "--data", self.args.data,
+        return [self.args.amsp, "train", "--model", self.args.model, "--data", self.args.data,
                 "--precision", self.args.precision,
                 "--steps", str(steps), "--seq-len", str(SEQ), "--batch-size", str(batch),
                 "--grad-accum", str(accum), "--shard", shard, "--eval-every", "0",
@@ -285,7 +285,7 @@ class Runner:
     def issue_order_setup(self, per_node, plan, accum, batch, tag):
         """(schedule's step, log folder, (env, prefix)) for a case whose issue order is checked."""
         expected = issue_order.schedule_issues(lambda c: run(c, clean_env()), self.args.amsp, per_node,
-                                               plan, accum, batch, SEQ, self.args.precision)
+                                               plan, accum, batch, SEQ, self.args.precision, self.args.model)
         logdir = os.path.join(self.args.work, tag + "-issues")
         shutil.rmtree(logdir, ignore_errors=True)
         os.makedirs(logdir)
@@ -407,13 +407,18 @@ def main():
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="both sides train in this precision (bf16: the bf16 cases and tolerances)")
     ap.add_argument("--cluster-scripts", default=os.path.join(REPO, "slurm", "local-cluster"))
+    ap.add_argument("--model", default=os.path.join(REPO, "inputs", "models", "tiny.json"),
+                    help="the model's config (default: the tiny preset)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the checks whose description contains TEXT, e.g. \"'zero3'\" (repeatable)")
     args = ap.parse_args()
     args.amsp = os.path.abspath(args.amsp)
     args.data = os.path.abspath(args.data)
     args.cluster_scripts = os.path.abspath(args.cluster_scripts)
-    args.work = os.path.abspath(os.path.join(args.work, args.mode + ("-bf16" if args.precision == "bf16" else "")))
+    args.model = os.path.abspath(args.model)
+    stem = os.path.splitext(os.path.basename(args.model))[0]
+    args.work = os.path.abspath(os.path.join(args.work, args.mode + ("-bf16" if args.precision == "bf16" else "") +
+                                             ("" if stem == "tiny" else "-" + stem)))
     if args.precision == "bf16":
         global LOSS_TOL, FIRST_NORM_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL
         LOSS_TOL, FIRST_NORM_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL = BF16_TOLS

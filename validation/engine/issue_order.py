@@ -33,10 +33,10 @@ def env_and_wrapper(logdir, ranks, seed):
     return env, wrapper
 
 
-def schedule_issues(run, amsp, per_node, plan, accum, batch, seq, precision):
+def schedule_issues(run, amsp, per_node, plan, accum, batch, seq, precision, model="tiny"):
     """The step's issue order from `amsp plan --schedule`, as log lines without dtype.
     run(cmd) -> (rc, out, err, seconds). Raises ValueError naming a failure."""
-    cmd = [amsp, "plan", "--model", "tiny", "--gpus-per-node", str(per_node),
+    cmd = [amsp, "plan", "--model", model, "--gpus-per-node", str(per_node),
            "--seq-len", str(seq), "--micro-batch", str(batch), "--precision", precision,
            "--global-batch", str(seq * batch * accum * per_node), "--shard", plan, "--schedule"]
     rc, out, err, _ = run(cmd)

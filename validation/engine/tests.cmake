@@ -31,6 +31,18 @@ add_test(NAME engine_equivalence_mpi_bf16
 set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 600 PROCESSORS ${AMSP_SHARE_4})
 
+# A model whose units are not multiples of the OS group (validation/engine/padded.json:
+# hidden 18, intermediate 85), so every sharded plan pads them: the first micro-batch
+# writes the gradients (nothing zeroes them), the slots' padding is zeroed, and a run
+# ends by checking that the gradient's padding is zero. Three cases, about 10 s.
+add_test(NAME engine_equivalence_mpi_padded
+  COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS}
+          --model ${CMAKE_CURRENT_SOURCE_DIR}/engine/padded.json
+          --only "(4, 1, 'zero3', 3, 1)" --only "(4, 1, 'p=1,g=2x1,os=4x1', 3, 1)"
+          --only "(4, 1, 'zero1', 2, 2)")
+set_tests_properties(engine_equivalence_mpi_padded PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_4})
+
 # Its cluster runs on ports found free at start (validation/slurm/local_cluster.py);
 # 8 ranks on 4 virtual nodes of 2 CPUs take every core, so it runs alone.
 add_test(NAME engine_equivalence_slurm
