@@ -12,7 +12,10 @@ The last run of the last binary per plan is also traced, and a second line gives
 rank's compute, blocked time, time in flight and share hidden, and the share on the rank
 that computed longest: the one the others wait for at the reductions. Each rank's share
 is also given net of the time it waited for a collective that another member had not
-yet issued (a late rank, not the schedule), with whom the ranks waited for.
+yet issued (a late rank, not the schedule), with whom the ranks waited for. Beside them,
+"at most": the share the plan's schedule lets compute hide at all (plan_validation's
+schedule_bound, a model): the last decoder layer's and the embedding's reductions of the
+last micro-batch have only the embedding's backward beside them.
 
 The default workload is one where backward compute exceeds communication (the small
 preset, seq 128, two micro-batches per rank): everything could hide, so what does not is
@@ -101,9 +104,10 @@ def run_layout(args, layout, plans):
     work = os.path.join(args.work, layout.name)
     os.makedirs(work, exist_ok=True)
     sides = [s for s in ("before", "after") if getattr(args, s)]
-    print(f"\n{layout.name}: {layout.world} ranks; per step, ms (medians); hidden = 1 - exposed / comm")
+    print(f"\n{layout.name}: {layout.world} ranks; per step, ms (medians); hidden = 1 - exposed / comm; "
+          "at most: the share the schedule lets compute hide (plan_validation.schedule_bound, a model)")
     head = f"{'step':>6s} {'comm':>7s} {'exposed':>8s} {'hidden':>7s}"
-    print(f"{'plan':22s} | " + " | ".join(head for _ in sides))
+    print(f"{'plan':22s} | " + " | ".join(head for _ in sides) + " | at most")
     print(f"{'':22s} | " + " | ".join(f"{'--- ' + side + ' ---':>31s}" for side in sides))
     rows = []
     for i, plan in enumerate(plans):
@@ -118,14 +122,15 @@ def run_layout(args, layout, plans):
                                                           f"{i}-{side}-{r}", run_trace)):
                     acc.extend(values)
         line, slowest, on_time = ranks_line(trace, args.warmup)
+        bound = pv.schedule_bound(pv.plan_schedule(args.after, args, layout, plan), args.grad_accum)
         cells = []
         for side in sides:
             step, comm, exposed = (statistics.median(x) for x in got[side])
             share = hidden(exposed, comm)
             cells.append(f"{step:6.0f} {comm:7.1f} {exposed:8.1f} {100 * share:6.1f}%")
             rows.append((layout.name, plan, side, step, comm, exposed, share,
-                         *((slowest, on_time) if side == sides[-1] else (None, None))))
-        print(f"{plan:22s} | " + " | ".join(cells), flush=True)
+                         *((slowest, on_time) if side == sides[-1] else (None, None)), bound))
+        print(f"{plan:22s} | " + " | ".join(cells) + f" | {100 * bound:6.1f}%", flush=True)
         print(f"{'':22s}   {sides[-1]}, last run: {line}", flush=True)
     return rows
 
@@ -151,7 +156,7 @@ def main():
     ap.add_argument("--device", help="amsp's --device (default: amsp's own, cuda where it has a GPU)")
     ap.add_argument("--json", help="also write the rows here: layout, plan, side, step, comm, exposed, hidden, "
                     "the share hidden on the rank that computed longest and the least share over the ranks "
-                    "net of waiting for late ranks (its last run, traced)")
+                    "net of waiting for late ranks (its last run, traced), and the schedule's bound")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     # Copies, so that a rebuild meanwhile changes nothing; a script (the GPU bundle's
@@ -187,7 +192,7 @@ def main():
                 rows += run_layout(args, layout, plans)
     if args.json:
         keys = ("layout", "plan", "side", "step_ms", "comm_ms", "exposed_ms", "hidden", "slowest_rank_hidden",
-                "hidden_net_of_late_ranks")
+                "hidden_net_of_late_ranks", "schedule_bound")
         with open(args.json, "w") as f:
             json.dump([dict(zip(keys, r)) for r in rows], f, indent=1)
     return code

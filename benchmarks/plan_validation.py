@@ -45,6 +45,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -131,6 +132,64 @@ def train_args(args, shard, metrics=None, trace=None, steps=None):
     if trace:  # every step after the first
         cmd += ["--trace", trace, "--trace-steps", str(args.steps - 1)]
     return cmd
+
+
+# --- the share a schedule can hide at most ---------------------------------------
+STAGE = re.compile(r"^\s+(P|G|OS|replica|gather|world) (all_gather|reduce_scatter|all_reduce) (\d+) (\w+), "
+                   r".*?(every micro-batch|last micro-batch|once)")
+GROUP = re.compile(r"^plan p=(\d+)x(\d+),g=(\d+)x(\d+),os=(\d+)x(\d+) on (\d+) nodes x (\d+) ranks")
+
+
+def schedule_bound(text, micro_batches):
+    """The largest share of a step's communication that `amsp plan --schedule`'s `text`
+    lets compute hide: 1 - tail / all, in elements each rank moves (a reduce-scatter or
+    all-gather of a count c per rank over n ranks moves (n - 1) c, an all-reduce of c
+    2 (n - 1) / n c). The tail is what nothing computes beside: the reductions of the last
+    micro-batch of the last two units in backward order (unit 1, the first decoder layer,
+    whose backward only the embedding's follows, and unit 0, the embedding) and the norm.
+    A P all-gather runs twice a micro-batch (forward, backward) but for the head's. A
+    model with all collectives at one bandwidth: on the 8-layer small preset, ddp's eight
+    equal all-reduces leave the last one, an eighth, exposed whatever the engine does."""
+    lines = text.splitlines()
+    m = next((GROUP.match(x) for x in lines if GROUP.match(x)), None)
+    if m is None:
+        raise ValueError("no 'plan p=...' line in the schedule")
+    f = [int(x) for x in m.groups()]
+    p, g, os_, world = f[0] * f[1], f[2] * f[3], f[4] * f[5], f[6] * f[7]
+    size = {"P": p, "G": g // p, "OS": os_ // g, "replica": world // os_, "gather": os_ // p, "world": world}
+    units = [int(x.split()[1].rstrip(":")) for x in lines if x.startswith("unit ")]
+    head = max(units) if units else -1
+    total = tail = 0.0
+    unit = None
+    for x in lines:
+        if x.startswith("unit "):
+            unit = int(x.split()[1].rstrip(":"))
+            continue
+        st = STAGE.match(x)
+        if not st or unit is None:
+            continue
+        group, op, count, runs = st.group(1), st.group(2), int(st.group(3)), st.group(5)
+        n = size[group]
+        moved = 2 * (n - 1) / n * count if op == "all_reduce" else (n - 1) * count
+        times = micro_batches if runs == "every micro-batch" else 1
+        if op == "all_gather" and group == "P":
+            times *= 1 if unit == head else 2
+        total += moved * times
+        if unit in (0, 1) and op != "all_gather":
+            tail += moved
+    return 1 - tail / total if total > 0 else float("nan")
+
+
+def plan_schedule(amsp, args, layout, shard):
+    """`amsp plan --schedule` (amsp: the binary) for the run train_args describes, on this layout."""
+    cmd = [amsp, "plan", "--model", args.model, "--gpus-per-node", str(layout.per_node),
+           "--nodes", str(layout.nodes), "--seq-len", str(args.seq_len), "--micro-batch", str(args.batch_size),
+           "--global-batch", str(args.seq_len * args.batch_size * args.grad_accum * layout.world),
+           "--shard", shard, "--precision", getattr(args, "precision", None) or "fp32", "--schedule"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"amsp plan --schedule failed: {p.stderr.strip()[:400]}")
+    return p.stdout
 
 
 def read_metrics(path, warmup):
