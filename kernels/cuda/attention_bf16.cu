@@ -257,26 +257,38 @@ AMSP_DEVICE_INLINE float probability(float s, float lse2, const Shape& sh) {
 }
 
 // acc[n] (16 x 8 tiles along kD) += a (16 x 16) times rows [0, 16) of the
-// [16][kD] bf16 block at m (row stride kD + kPad).
-template <int kD>
+// [16][kD] bf16 block at m (row stride kD + kPad). kPairs: the fragments two
+// tiles at a time (kD / 8 is even), one ldmatrix.x4 each; dk/dv takes them one
+// at a time, as with its two accumulators pairs would spill at 128 registers.
+template <int kD, bool kPairs = true>
 AMSP_DEVICE_INLINE void mma_rows(float (&acc)[kD / 8][4], const uint32_t (&a)[4],
                                  const uint16_t* m) {
-  for (int n = 0; n < kD / 8; ++n) {
-    uint32_t b[2];
-    load_b_kn(b, m + 8 * n, kD + kPad);
-    mma_bf16_16x8x16(acc[n], a, b);
+  for (int n = 0; n < kD / 8; n += kPairs ? 2 : 1) {
+    if constexpr (kPairs) {
+      uint32_t b[2][2];
+      load_b_kn_n2(b, m + 8 * n, kD + kPad);
+      mma_bf16_16x8x16(acc[n], a, b[0]);
+      mma_bf16_16x8x16(acc[n + 1], a, b[1]);
+    } else {
+      uint32_t b[2];
+      load_b_kn(b, m + 8 * n, kD + kPad);
+      mma_bf16_16x8x16(acc[n], a, b);
+    }
   }
 }
 
-// s (16 x 8) += a-rows (kD/16 fragments) dotted with the 8 rows of the
-// [8][kD] bf16 block at m: the scores of 16 rows against 8 others.
+// s0 and s1 (16 x 8 each) += a-rows (kD/16 fragments) dotted with the 16 rows
+// of the [16][kD] bf16 block at m: the scores of 16 rows against 16 others,
+// rows 0-7 of m into s0 and 8-15 into s1, both fragments of a step in one
+// ldmatrix.x4.
 template <int kD>
-AMSP_DEVICE_INLINE void mma_dots(float (&s)[4], const uint32_t (&a)[kD / 16][4],
+AMSP_DEVICE_INLINE void mma_dots(float (&s0)[4], float (&s1)[4], const uint32_t (&a)[kD / 16][4],
                                  const uint16_t* m) {
   for (int c = 0; c < kD / 16; ++c) {
-    uint32_t b[2];
-    load_b_nk(b, m + 16 * c, kD + kPad);
-    mma_bf16_16x8x16(s, a[c], b);
+    uint32_t b[2][2];
+    load_b_nk_n2(b, m + 16 * c, kD + kPad);
+    mma_bf16_16x8x16(s0, a[c], b[0]);
+    mma_bf16_16x8x16(s1, a[c], b[1]);
   }
 }
 
@@ -477,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
   for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
     if (k0 > row0 + kRows - 1) return;  // causal: none of these keys for this warp
     float s[kKeys / 8][4] = {}, rescale[2];
-    for (int n = 0; n < kKeys / 8; ++n) mma_dots<kD>(s[n], qa, kv.k + 8 * n * kLd);
+    for (int n = 0; n < kKeys / 8; n += 2) mma_dots<kD>(s[n], s[n + 1], qa, kv.k + 8 * n * kLd);
     softmax_tile(s, m, l, rescale, k0, row0, sh);
     for (int n = 0; n < kD / 8; ++n)
       for (int i = 0; i < 4; ++i) o[n][i] *= rescale[i / 2];
@@ -530,10 +542,8 @@ __global__ void __launch_bounds__(kThreads)
   for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
     for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
       float s[2][4] = {}, dp[2][4] = {};
-      for (int half = 0; half < 2; ++half) {
-        mma_dots<kD>(s[half], qa, kv.k + (16 * c + 8 * half) * kLd);
-        mma_dots<kD>(dp[half], da, kv.v + (16 * c + 8 * half) * kLd);
-      }
+      mma_dots<kD>(s[0], s[1], qa, kv.k + 16 * c * kLd);
+      mma_dots<kD>(dp[0], dp[1], da, kv.v + 16 * c * kLd);
       // Warp-uniform: whether some of these keys are past a row, past T, or rows past T.
       const int64_t kc = k0 + 16 * c;
       const bool edge = kc + 15 > row0 || kc + 16 > sh.T || row0 + kRows > sh.T;
@@ -683,14 +693,14 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
   const uint16_t* dout_t = tile.dout + at0 * kLd;
   float st[2][4] = {}, dpt[2][4] = {};
   for (int c = 0; c < kD / 16; ++c) {
-    uint32_t ka[4], va[4], bq[2], bd[2];
+    uint32_t ka[4], va[4], bq[2][2], bd[2][2];  // [half]: query rows 0-7, 8-15
     load_a(ka, k_w + 16 * c, kLd);
     load_a(va, v_w + 16 * c, kLd);
+    load_b_nk_n2(bq, q_t + 16 * c, kLd);
+    load_b_nk_n2(bd, dout_t + 16 * c, kLd);
     for (int half = 0; half < 2; ++half) {
-      load_b_nk(bq, q_t + 8 * half * kLd + 16 * c, kLd);
-      load_b_nk(bd, dout_t + 8 * half * kLd + 16 * c, kLd);
-      mma_bf16_16x8x16(st[half], ka, bq);
-      mma_bf16_16x8x16(dpt[half], va, bd);
+      mma_bf16_16x8x16(st[half], ka, bq[half]);
+      mma_bf16_16x8x16(dpt[half], va, bd[half]);
     }
   }
   const bool edge = key0 + kRows - 1 > r0 || r0 + 15 >= sh.T;  // past a row, or rows past T
@@ -708,8 +718,8 @@ AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD 
   uint32_t pa[4], dsa[4];
   a_from_c(pa, st[0], st[1]);
   a_from_c(dsa, dpt[0], dpt[1]);
-  mma_rows<kD>(dv_acc, pa, dout_t);
-  mma_rows<kD>(dk_acc, dsa, q_t);
+  mma_rows<kD, false>(dv_acc, pa, dout_t);
+  mma_rows<kD, false>(dk_acc, dsa, q_t);
 }
 
 // Where the dk/dv kernel writes: dk and dv themselves (row stride ldkv) when

@@ -115,7 +115,10 @@ template <int kCount, bool kTrans>
 AMSP_DEVICE_INLINE void ldmatrix(uint32_t (&w)[kCount], const uint16_t* row) {
 #if defined(__CUDACC__)
   const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  if constexpr (kCount == 4)
+  if constexpr (kCount == 4 && kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(at));
+  else if constexpr (kCount == 4)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(at));
   else if constexpr (kTrans)
@@ -137,20 +140,42 @@ AMSP_DEVICE_INLINE void load_a(uint32_t (&a)[4], const uint16_t* m, int ld) {
   ldmatrix<4, false>(a, m + (lane % 16) * ld + 8 * (lane / 16));
 }
 
-// The B fragment of a 16 x 8 block stored transposed, as 8 rows of 16 (row n
-// holds column n of B: "k-major", as keys are stored for q k^T). Blocks:
-// columns 0-7 and 8-15 of the 8 rows.
-AMSP_DEVICE_INLINE void load_b_nk(uint32_t (&b)[2], const uint16_t* m, int ld) {
-  const int lane = threadIdx.x % 32;
-  ldmatrix<2, false>(b, m + (lane % 8) * ld + 8 * ((lane / 8) % 2));
-}
-
 // The B fragment of a 16 x 8 block stored as it is, 16 rows of 8 (as values
 // are stored for p v): each word gathers two rows. Blocks, transposed: rows
 // 0-7, then 8-15.
 AMSP_DEVICE_INLINE void load_b_kn(uint32_t (&b)[2], const uint16_t* m, int ld) {
   const int lane = threadIdx.x % 32;
   ldmatrix<2, true>(b, m + (lane % 16) * ld);
+}
+
+// Two B fragments in one ldmatrix.x4, half the load instructions of two
+// ldmatrix.x2 (as FlashAttention-2 takes its fragments). The lanes name the
+// rows of four 8 x 8 blocks; words 0-1 are the first fragment's, 2-3 the
+// second's.
+AMSP_DEVICE_INLINE void split_pair(uint32_t (&b)[2][2], const uint32_t (&w)[4]) {
+  b[0][0] = w[0];
+  b[0][1] = w[1];
+  b[1][0] = w[2];
+  b[1][1] = w[3];
+}
+
+// The B fragments of two 16 x 8 blocks stored transposed, as 16 rows of 16
+// (row n holds column n of B: "k-major", as keys are stored for q k^T): rows
+// 0-7 (b[0]) and 8-15 (b[1]), each from its columns 0-7 and 8-15.
+AMSP_DEVICE_INLINE void load_b_nk_n2(uint32_t (&b)[2][2], const uint16_t* m, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t w[4];
+  ldmatrix<4, false>(w, m + (lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2));
+  split_pair(b, w);
+}
+
+// load_b_kn's fragments of the 16 rows at m for two blocks of 8 columns along
+// n: columns 0-7 (b[0]) and 8-15 (b[1]).
+AMSP_DEVICE_INLINE void load_b_kn_n2(uint32_t (&b)[2][2], const uint16_t* m, int ld) {
+  const int lane = threadIdx.x % 32;
+  uint32_t w[4];
+  ldmatrix<4, true>(w, m + (lane % 16) * ld + 8 * (lane / 16));
+  split_pair(b, w);
 }
 
 // The A fragment of the 16 x 16 block formed by C tiles c0 (columns 0-7) and
