@@ -123,6 +123,29 @@ def first_column(col, *patterns):
     return None
 
 
+def deep_columns(col):
+    """The columns deep_rows reads, by what they measure: single columns (None where the
+    report lacks one) and the lists it sums or takes the largest of."""
+    one = lambda *patterns: first_column(col, *patterns)  # noqa: E731
+    pick = {"us": one(r"gpu__time_duration\.sum"),
+            "issue_pct": one(r"smsp__issue_active\.avg\.pct_of_peak_sustained_active",
+                             r"sm__inst_issued\.avg\.pct_of_peak_sustained_active"),
+            "warps_pct": one(r"sm__warps_active\.avg\.pct_of_peak_sustained_active"),
+            "registers": one(r"launch__registers_per_thread"),
+            "cycles_per_issue": one(r"smsp__average_warp_latency_per_inst_issued\.ratio")}
+    # Bank conflicts: the shared-memory total where the report has it, else its loads' and stores'.
+    total = one(r"l1tex__data_bank_conflicts_pipe_lsu_mem_shared\.sum")
+    pick["conflicts"] = [total] if total else [n for n in (
+        one(r"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld\.sum"),
+        one(r"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st\.sum")) if n]
+    pick["tensor"] = [n for n in col if "pipe_tensor" in n and n.endswith("pct_of_peak_sustained_active")]
+    pick["shared"] = [n for n in col if n in ("launch__shared_mem_per_block_static",
+                                              "launch__shared_mem_per_block_dynamic")]
+    # "selected" is the cycle a warp issues (1 per issue by definition), not a stall.
+    pick["stalls"] = {m.group(1): n for n in col for m in [STALL.match(n)] if m and m.group(1) != "selected"}
+    return pick
+
+
 def deep_rows(csv_text, stalls=4):
     """One row per profiled launch, in the report's order: name, us, issue_pct (issue
     slots busy), tensor_pct (the busiest tensor pipe, of its peak while active), warps_pct
@@ -136,35 +159,25 @@ def deep_rows(csv_text, stalls=4):
     if head is None:
         return []
     col = {name: i for i, name in enumerate(rows[head])}
-    pick = {
-        "us": first_column(col, r"gpu__time_duration\.sum"),
-        "issue_pct": first_column(col, r"smsp__issue_active\.avg\.pct_of_peak_sustained_active",
-                                  r"sm__inst_issued\.avg\.pct_of_peak_sustained_active"),
-        "warps_pct": first_column(col, r"sm__warps_active\.avg\.pct_of_peak_sustained_active"),
-        "registers": first_column(col, r"launch__registers_per_thread"),
-        "bank_conflicts": first_column(col, r"l1tex__data_bank_conflicts_pipe_lsu_mem_shared\.sum"),
-        "cycles_per_issue": first_column(col, r"smsp__average_warp_latency_per_inst_issued\.ratio"),
-    }
-    tensor = [n for n in col if "pipe_tensor" in n and n.endswith("pct_of_peak_sustained_active")]
-    shared = [n for n in col if n in ("launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic")]
-    stall_cols = {m.group(1): n for n in col for m in [STALL.match(n)] if m}
+    c = deep_columns(col)
     out = []
     for r in rows[head + 1:]:
         if len(r) != len(rows[head]):
             continue
         value = lambda name: number(r[col[name]]) if name else None  # noqa: E731
-        us = value(pick["us"])
+        total = lambda names: sum(value(n) or 0 for n in names) if names else None  # noqa: E731
+        us = value(c["us"])
         if us is None:  # the units row
             continue
-        tensors = [v for v in (value(n) for n in tensor) if v is not None]
-        reasons = sorted(((reason, value(n)) for reason, n in stall_cols.items() if value(n)),
-                         key=lambda x: -x[1])
+        tensors = [v for v in (value(n) for n in c["tensor"]) if v is not None]
+        reasons = sorted(((reason, value(n)) for reason, n in c["stalls"].items() if value(n)), key=lambda x: -x[1])
+        shared = total(c["shared"])
         out.append({"name": short_name(r[col["Kernel Name"]]), "us": us / 1e3,
-                    "issue_pct": value(pick["issue_pct"]), "tensor_pct": max(tensors) if tensors else None,
-                    "warps_pct": value(pick["warps_pct"]), "registers": value(pick["registers"]),
-                    "shared_kib": sum(value(n) or 0 for n in shared) / 1024 if shared else None,
-                    "bank_conflicts": value(pick["bank_conflicts"]),
-                    "cycles_per_issue": value(pick["cycles_per_issue"]), "stalls": reasons[:stalls]})
+                    "issue_pct": value(c["issue_pct"]), "tensor_pct": max(tensors) if tensors else None,
+                    "warps_pct": value(c["warps_pct"]), "registers": value(c["registers"]),
+                    "shared_kib": None if shared is None else shared / 1024,
+                    "bank_conflicts": total(c["conflicts"]), "cycles_per_issue": value(c["cycles_per_issue"]),
+                    "stalls": reasons[:stalls]})
     return out
 
 

@@ -78,8 +78,9 @@ except ValueError as e:
     expect("gpu__time_duration.sum" in str(e), f"the missing metric named: {e}")
 
 # The full set's CSV: one row per launch (not summed), the stall reasons largest first,
-# the busiest tensor pipe, shared memory static and dynamic together, and a figure the
-# report lacks shown as "?".
+# the busiest tensor pipe, shared memory static and dynamic together, bank conflicts of
+# loads and stores together where the report lacks their total, "selected" (the
+# issue itself) not a stall, and a figure the report lacks shown as "?".
 DEEP = ["gpu__time_duration.sum", "smsp__issue_active.avg.pct_of_peak_sustained_active",
         "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
         "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
@@ -91,7 +92,10 @@ DEEP = ["gpu__time_duration.sum", "smsp__issue_active.avg.pct_of_peak_sustained_
         "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
         "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
         "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
-        "smsp__average_warps_issue_stalled_barrier_per_warp_active.pct"]
+        "smsp__average_warps_issue_stalled_barrier_per_warp_active.pct",
+        "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"]
 FORWARD = ("void amsp::kernels::cuda::(anonymous namespace)::attention_forward_bf16_kernel<amsp::kernels::cuda::"
            "Sized<64, __nv_bfloat16>>(const T1::Type *, float *, amsp::kernels::cuda::Shape)")
 
@@ -102,8 +106,9 @@ def deep_row(i, name, figures):
 
 deep = ncu_table.deep_rows(csv_text([
     deep_row(0, FORWARD, ["570,000", "41.5", "22.0", "0", "48.0", "128", "36,864", "0", "9.6", "2.5", "0.4", "1.1",
-                          "3.0", "0.2", "88"]),
-    deep_row(1, "void k2(int)", ["10,000", "5", "", "", "90", "32", "0", "1,024", "", "", "", "", "", "", ""]),
+                          "3.0", "0.2", "88", "1.0", "1,200", "34"]),
+    deep_row(1, "void k2(int)", ["10,000", "5", "", "", "90", "32", "0", "1,024", "", "", "", "", "", "", "", "",
+                                 "", ""]),
 ], fields=FIELDS + DEEP))
 expect(len(deep) == 2 and deep[0]["name"] == "attention_forward_bf16_kernel" and near(deep[0]["us"], 570.0),
        f"one row per launch, in order, time in us: {deep}")
@@ -112,13 +117,14 @@ expect(near(f.get("issue_pct", 0), 41.5) and near(f.get("tensor_pct", 0), 22.0) 
        f"issue, the busiest tensor pipe, warps: {f}")
 expect(near(f.get("shared_kib", 0), 36.0) and near(f.get("cycles_per_issue", 0), 9.6) and f.get("registers") == 128,
        f"shared memory in KiB, cycles per issue, registers: {f}")
+expect(near(f.get("bank_conflicts", 0), 1234.0), f"bank conflicts of loads and stores together, 1234: {f}")
 expect(f.get("stalls") == [("short_scoreboard", 3.0), ("barrier", 2.5), ("math_pipe_throttle", 1.1),
                            ("long_scoreboard", 0.4)], f"the four largest stalls per issue, largest first: {f}")
 k2 = deep[1] if len(deep) > 1 else {}
 expect(k2.get("tensor_pct") is None and k2.get("stalls") == [] and near(k2.get("shared_kib", 0), 1.0),
        f"figures a launch lacks are None: {k2}")
 dt = "\n".join(ncu_table.deep_table(deep))
-expect("| attention_forward_bf16_kernel | 570.0 | 42 | 22 | 48 | 128 | 36.0 | ? | 9.6 | short_scoreboard 3.0, barrier "
+expect("| attention_forward_bf16_kernel | 570.0 | 42 | 22 | 48 | 128 | 36.0 | 1234 | 9.6 | short_scoreboard 3.0, barrier "
        "2.5, math_pipe_throttle 1.1, long_scoreboard 0.4 |" in dt and "| k2 | 10.0 | 5 | ? |" in dt,
        "the deep table's lines:\n" + dt)
 
