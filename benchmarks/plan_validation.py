@@ -58,6 +58,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "validation", "engine"))
 sys.path.insert(0, os.path.join(REPO, "validation", "slurm"))
 import equivalence_test as eq  # noqa: E402  (the plans, run(), clean_env())
+import issue_order             # noqa: E402  (amsp plan --schedule's command)
 import local_cluster as lc     # noqa: E402  (the local Slurm cluster, deadline())
 
 RUN_TIMEOUT = 300
@@ -151,19 +152,18 @@ def schedule_bound(text, micro_batches):
     model with all collectives at one bandwidth: on the 8-layer small preset, ddp's eight
     equal all-reduces leave the last one, an eighth, exposed whatever the engine does."""
     lines = text.splitlines()
-    m = next((GROUP.match(x) for x in lines if GROUP.match(x)), None)
+    m = next(filter(None, map(GROUP.match, lines)), None)
     if m is None:
         raise ValueError("no 'plan p=...' line in the schedule")
     f = [int(x) for x in m.groups()]
     p, g, os_, world = f[0] * f[1], f[2] * f[3], f[4] * f[5], f[6] * f[7]
     size = {"P": p, "G": g // p, "OS": os_ // g, "replica": world // os_, "gather": os_ // p, "world": world}
-    units = [int(x.split()[1].rstrip(":")) for x in lines if x.startswith("unit ")]
-    head = max(units) if units else -1
     total = tail = 0.0
-    unit = None
+    unit = head = None  # the schedule lists the units in backward order: the head first
     for x in lines:
         if x.startswith("unit "):
             unit = int(x.split()[1].rstrip(":"))
+            head = unit if head is None else head
             continue
         st = STAGE.match(x)
         if not st or unit is None:
@@ -182,10 +182,8 @@ def schedule_bound(text, micro_batches):
 
 def plan_schedule(amsp, args, layout, shard):
     """`amsp plan --schedule` (amsp: the binary) for the run train_args describes, on this layout."""
-    cmd = [amsp, "plan", "--model", args.model, "--gpus-per-node", str(layout.per_node),
-           "--nodes", str(layout.nodes), "--seq-len", str(args.seq_len), "--micro-batch", str(args.batch_size),
-           "--global-batch", str(args.seq_len * args.batch_size * args.grad_accum * layout.world),
-           "--shard", shard, "--precision", getattr(args, "precision", None) or "fp32", "--schedule"]
+    cmd = issue_order.schedule_command(amsp, args.model, layout.per_node, layout.nodes, shard, args.grad_accum,
+                                       args.batch_size, args.seq_len, getattr(args, "precision", None) or "fp32")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     if p.returncode != 0:
         raise RuntimeError(f"amsp plan --schedule failed: {p.stderr.strip()[:400]}")

@@ -199,10 +199,7 @@ void CudaBackend::linear_backward_weight(const View& dy, const View& x, const Vi
                                          int64_t in, int64_t out, float beta) {
   check.linear_backward_weight(dy, x, dw, M, in, out, beta);
   check.product_activations("linear_backward_weight", compute(), {{"dy", dy}, {"x", x}});
-  if (M == 0 || in == 0 || out == 0) {
-    if (beta == 0.0f) fill_zero(dw.at(0, out * in));  // an empty sum, written
-    return;
-  }
+  if (in == 0 || out == 0) return;  // M = 0: gemm's empty sum (k = 0) zeroes dw for beta 0
   const View dyv = dy.at(0, M * out), xv = x.at(0, M * in), dwv = dw.at(0, out * in);
   const int64_t n = out * in;
   const bool bf = compute() == DType::kBF16;
@@ -265,10 +262,7 @@ void CudaBackend::rmsnorm_backward(const View& dy, const View& x, const View& w,
                                    int64_t rows, int64_t dim, const View& dx_bf16, float dw_beta) {
   const char* kn = "rmsnorm_backward";
   check.rmsnorm_backward(dy, x, w, inv_rms, dx, dw, rows, dim, dx_bf16, dw_beta);
-  if (rows == 0 || dim == 0) {
-    if (dw_beta == 0.0f) fill_zero(dw.at(0, dim));  // an empty sum, written
-    return;
-  }
+  if (dim == 0) return;  // no rows: the kernels write dw's empty sums for dw_beta 0
   const int64_t n = rows * dim * 4, wb = dim * dtype_bytes(w.dtype), dwb = dim * dtype_bytes(dw.dtype);
   reads(dy.data, rows * dim * dtype_bytes(dy.dtype));
   reads(x.data, n);

@@ -277,6 +277,33 @@ TEST(CudaBackend, ProductsPlanOncePerShapeAndThenOnlyLaunch) {
   EXPECT_EQ(emu::lt_heuristic_queries() - q0, 3);
 }
 
+// An empty sum (no rows) written (beta 0) is zeros and added (beta 1) leaves the
+// gradient as it was, on both backends, for a product's and a norm's weight gradient.
+TEST(Backends, EmptyWeightGradientsWrittenAreZeros) {
+  const std::vector<float> old{1, -2, 3, -4, 5, 6};
+  for (int k = 0; k < 2; ++k) {
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      auto be = k == 0 ? make_cpu_backend(compute) : make_cuda_backend(compute, 0);
+      Buffer x = be->alloc(compute, 3), dy = be->alloc(compute, 2), inv = be->alloc(DType::kF32, 1);
+      Buffer dx = be->alloc(DType::kF32, 6), w = be->alloc(DType::kF32, 6);
+      for (float beta : {1.0f, 0.0f}) {
+        Buffer dw = be->alloc(DType::kF32, 6), nw = be->alloc(DType::kF32, 6);
+        be->from_host(old.data(), dw.view());
+        be->from_host(old.data(), nw.view());
+        be->linear_backward_weight(dy.view(), x.view(), dw.view(), 0, 3, 2, beta);
+        be->rmsnorm_backward(dx.view(), dx.view(), w.view(), inv.view(), dx.view(), nw.view(), 0, 6,
+                             View{}, beta);
+        std::vector<float> got(6), norm(6);
+        be->to_host(dw.view(), got.data());
+        be->to_host(nw.view(), norm.data());
+        const std::vector<float> want = beta == 0.0f ? std::vector<float>(6, 0.0f) : old;
+        EXPECT_EQ(got, want) << "linear_backward_weight, backend " << k << ", beta " << beta;
+        EXPECT_EQ(norm, want) << "rmsnorm_backward, backend " << k << ", beta " << beta;
+      }
+    }
+  }
+}
+
 // A checkpoint's snapshot (Backend::begin_snapshot), on both backends: the
 // destinations receive the sources as the compute stream left them at the call
 // (after a kernel that wrote one, with no host wait between), and keep them

@@ -385,7 +385,7 @@ void ShardedEngine::Impl::backward(const plan::Action& a) {
   } else {
     backward_slot = take_slot();
     const View grad = buffer(plan::Buf::kFull, u, backward_slot);
-    const int64_t numel = model.units()[static_cast<size_t>(u)].numel;
+    const int64_t numel = sh(u).numel;
     if (grad.count > numel) be.fill_zero(grad.at(numel, grad.count - numel));
     traced("bwd", u, [&] { model.backward(u, params, grad, model::Llama::Grads::kWrite); });
   }

@@ -33,12 +33,18 @@ def env_and_wrapper(logdir, ranks, seed):
     return env, wrapper
 
 
+def schedule_command(amsp, model, per_node, nodes, plan, accum, batch, seq, precision):
+    """`amsp plan --schedule` for a training run of `nodes` x `per_node` ranks, each with
+    `accum` micro-batches of `batch` sequences of `seq` tokens a step."""
+    return [amsp, "plan", "--model", model, "--gpus-per-node", str(per_node), "--nodes", str(nodes),
+            "--seq-len", str(seq), "--micro-batch", str(batch), "--precision", precision,
+            "--global-batch", str(seq * batch * accum * per_node * nodes), "--shard", plan, "--schedule"]
+
+
 def schedule_issues(run, amsp, per_node, plan, accum, batch, seq, precision, model="tiny"):
     """The step's issue order from `amsp plan --schedule`, as log lines without dtype.
     run(cmd) -> (rc, out, err, seconds). Raises ValueError naming a failure."""
-    cmd = [amsp, "plan", "--model", model, "--gpus-per-node", str(per_node),
-           "--seq-len", str(seq), "--micro-batch", str(batch), "--precision", precision,
-           "--global-batch", str(seq * batch * accum * per_node), "--shard", plan, "--schedule"]
+    cmd = schedule_command(amsp, model, per_node, 1, plan, accum, batch, seq, precision)
     rc, out, err, _ = run(cmd)
     if rc != 0:
         raise ValueError(f"amsp plan --schedule failed: {err.strip()}")
