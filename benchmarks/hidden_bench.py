@@ -14,8 +14,9 @@ that computed longest: the one the others wait for at the reductions. Each rank'
 is also given net of the time it waited for a collective that another member had not
 yet issued (a late rank, not the schedule), with whom the ranks waited for. Beside them,
 "at most": the share the plan's schedule lets compute hide at all (plan_validation's
-schedule_bound, a model): the last decoder layer's and the embedding's reductions of the
-last micro-batch have only the embedding's backward beside them.
+schedule_bound, a model): what the first decoder layer issues after its backward's last
+part and the embedding's reductions, on the last micro-batch, have only the embedding's
+backward beside them.
 
 The default workload is one where backward compute exceeds communication (the small
 preset, seq 128, two micro-batches per rank): everything could hide, so what does not is

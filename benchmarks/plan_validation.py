@@ -138,6 +138,7 @@ def train_args(args, shard, metrics=None, trace=None, steps=None):
 # --- the share a schedule can hide at most ---------------------------------------
 STAGE = re.compile(r"^\s+(P|G|OS|replica|gather|world) (all_gather|reduce_scatter|all_reduce) (\d+) (\w+), "
                    r".*?(every micro-batch|last micro-batch|once)")
+PART = re.compile(r"after backward part (\d+)")
 GROUP = re.compile(r"^plan p=(\d+)x(\d+),g=(\d+)x(\d+),os=(\d+)x(\d+) on (\d+) nodes x (\d+) ranks")
 
 
@@ -146,11 +147,13 @@ def schedule_bound(text, micro_batches):
     lets compute hide: 1 - tail / all, in elements each rank moves (a reduce-scatter or
     all-gather of a count c per rank over n ranks moves (n - 1) c, an all-reduce of c
     2 (n - 1) / n c). The tail is what nothing computes beside: the reductions of the last
-    micro-batch of the last two units in backward order (unit 1, the first decoder layer,
-    whose backward only the embedding's follows, and unit 0, the embedding) and the norm.
-    A P all-gather runs twice a micro-batch (forward, backward) but for the head's. A
-    model with all collectives at one bandwidth: on the 8-layer small preset, ddp's eight
-    equal all-reduces leave the last one, an eighth, exposed whatever the engine does."""
+    micro-batch that the first decoder layer (unit 1) issues after its backward's last part
+    (only the embedding's backward follows), the embedding's (unit 0) and the norm. A unit
+    that reduces in buckets issues each after one part of its backward ("after backward
+    part k"); the others issue all after the whole. A P all-gather runs twice a micro-batch
+    (forward, backward) but for the head's. A model with all collectives at one bandwidth:
+    on the 8-layer small preset, ddp's all-reduce of the first layer's attention block, a
+    third of a layer, and the embedding's stay exposed whatever the engine does."""
     lines = text.splitlines()
     m = next(filter(None, map(GROUP.match, lines)), None)
     if m is None:
@@ -158,7 +161,8 @@ def schedule_bound(text, micro_batches):
     f = [int(x) for x in m.groups()]
     p, g, os_, world = f[0] * f[1], f[2] * f[3], f[4] * f[5], f[6] * f[7]
     size = {"P": p, "G": g // p, "OS": os_ // g, "replica": world // os_, "gather": os_ // p, "world": world}
-    total = tail = 0.0
+    total = 0.0
+    reductions = []  # (unit, part, elements moved) of the last micro-batch
     unit = head = None  # the schedule lists the units in backward order: the head first
     for x in lines:
         if x.startswith("unit "):
@@ -175,8 +179,11 @@ def schedule_bound(text, micro_batches):
         if op == "all_gather" and group == "P":
             times *= 1 if unit == head else 2
         total += moved * times
-        if unit in (0, 1) and op != "all_gather":
-            tail += moved
+        if op != "all_gather":
+            part = PART.search(x)
+            reductions.append((unit, int(part.group(1)) if part else 1, moved))
+    last_part = max((k for u, k, _ in reductions if u == 1), default=1)
+    tail = sum(moved for u, k, moved in reductions if u == 0 or (u == 1 and k == last_part))
     return 1 - tail / total if total > 0 else float("nan")
 
 

@@ -101,7 +101,8 @@ struct ShardedEngine::Impl {
   View buffer(plan::Buf b, int u, int s);
   comm::Local local(const plan::Stage& stage, const plan::LocalStep& l, int u, int s);
   int take_slot();
-  void issue_reduction(int u, int s, bool last_micro);
+  View stage_buffer(const plan::Stage& stage, plan::Buf b, int u, int s);
+  void issue_reduction(int u, int s, bool last_micro, int part);
   void drain();
 
   // Compute.
@@ -285,9 +286,15 @@ View ShardedEngine::Impl::buffer(plan::Buf b, int u, int s) {
   fail("engine: the schedule names buffer ", plan::buf_name(b), " for a reduction");
 }
 
+// Buffer b as `stage` works on it: a bucket's range of it, or all of it.
+View ShardedEngine::Impl::stage_buffer(const plan::Stage& stage, plan::Buf b, int u, int s) {
+  const View v = buffer(b, u, s);
+  return stage.bucket ? v.at(stage.offset, stage.count) : v;
+}
+
 comm::Local ShardedEngine::Impl::local(const plan::Stage& stage, const plan::LocalStep& l, int u, int s) {
   if (l.kind == plan::LocalStep::kNone) return {};
-  const View src = buffer(l.src, u, s), dst = buffer(l.dst, u, s);
+  const View src = stage_buffer(stage, l.src, u, s), dst = stage_buffer(stage, l.dst, u, s);
   if (l.kind == plan::LocalStep::kQuantize || l.kind == plan::LocalStep::kDequantizeSum)
     return {l.kind == plan::LocalStep::kQuantize ? comm::Local::kQuantize : comm::Local::kDequantizeSum,
             src.data, src.dtype, dst.data, dst.dtype, stage.values, l.records, stage.quant};
@@ -323,16 +330,17 @@ bool touches(const plan::Stage& st, plan::Buf b) {
 // communicators, so it starts when that completes while compute goes on. The
 // first stage is chained to the end of the slot's previous chain, whose later
 // stages may still be using the slot's other buffers.
-void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro) {
+void ShardedEngine::Impl::issue_reduction(int u, int s, bool last_micro, int part) {
   Slot& slot = slots[static_cast<size_t>(s)];
   comm::Handle last = slot.busy, full;
-  for (const plan::Stage* stage : plan::stages_for(schedule, u, last_micro)) {
+  for (const plan::Stage* stage : plan::stages_for(schedule, u, last_micro, part)) {
     comm::OpArgs a;
     a.op = stage->op;
     a.count = stage->count;
     a.dtype = stage->dtype;
-    a.recv = buffer(stage->recv, u, s).data;
-    a.send = stage->op == comm::Op::kAllReduce ? a.recv : buffer(stage->send, u, s).data;
+    a.recv = stage_buffer(*stage, stage->recv, u, s).data;
+    a.send =
+        stage->op == comm::Op::kAllReduce ? a.recv : stage_buffer(*stage, stage->send, u, s).data;
     a.after = last;
     a.before = local(*stage, stage->before, u, s);
     a.then = local(*stage, stage->after, u, s);
@@ -381,7 +389,7 @@ void ShardedEngine::Impl::backward(const plan::Action& a) {
   const View params = params_at(a);
   if (direct_gradients()) {
     const auto mode = a.micro == 0 ? model::Llama::Grads::kWrite : model::Llama::Grads::kAdd;
-    traced("bwd", u, [&] { model.backward(u, params, st(u).g.view(), mode); });
+    traced("bwd", u, [&] { model.backward(u, params, st(u).g.view(), mode, a.part); });
   } else {
     backward_slot = take_slot();
     const View grad = buffer(plan::Buf::kFull, u, backward_slot);
@@ -402,7 +410,7 @@ void ShardedEngine::Impl::zero_gradients() {
 void ShardedEngine::Impl::reduce(const plan::Action& a, int64_t micro_batches) {
   const int s = direct_gradients() ? take_slot() : backward_slot;
   backward_slot = -1;
-  issue_reduction(a.unit, s, a.micro == micro_batches - 1);
+  issue_reduction(a.unit, s, a.micro == micro_batches - 1, a.part);
 }
 
 // --- the optimizer -------------------------------------------------------------------

@@ -51,4 +51,10 @@ std::vector<UnitSpec> build_layout(const LlamaConfig& config) {
   return units;
 }
 
+std::vector<BackwardPart> backward_parts(const UnitSpec& unit) {
+  if (unit.kind != UnitKind::kDecoder) return {{0, unit.numel}};
+  const int64_t mlp = unit.tensors.at(5).offset;  // post_attention_layernorm
+  return {{mlp, unit.numel}, {0, mlp}};
+}
+
 }  // namespace amsp::model

@@ -38,4 +38,16 @@ struct UnitSpec {
 // Head tensor order: model.norm.weight, lm_head.weight.
 std::vector<UnitSpec> build_layout(const LlamaConfig& config);
 
+// A unit's backward in parts, in the order they run, each the range of the
+// unit's buffer whose gradients are final once it returns. A decoder layer's
+// MLP block (post_attention_layernorm .. down_proj, the buffer's tail) runs
+// before its attention block (input_layernorm .. o_proj, the head), so a
+// reduction of the tail can start while the attention block computes, as
+// PyTorch's DDP buckets gradients in the order backward produces them. The
+// embedding and the head are one part each.
+struct BackwardPart {
+  int64_t begin = 0, end = 0;  // elements of the unit's buffer
+};
+std::vector<BackwardPart> backward_parts(const UnitSpec& unit);
+
 }  // namespace amsp::model

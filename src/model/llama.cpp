@@ -98,7 +98,8 @@ struct Llama::Impl {
   void allocate();
   LayerActs& layer_acts(int layer) { return acts[recompute ? 0 : static_cast<size_t>(layer)]; }
   void forward_decoder(int u, const View& p);
-  void backward_decoder(int u, const View& p, const View& g, float beta);
+  void backward_mlp(int u, const View& p, const View& g, float beta);
+  void backward_attention(int u, const View& p, const View& g, float beta);
   void set_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                  float grad_scale, bool pinned);
   void forward_head(int u, const View& p);
@@ -230,10 +231,13 @@ void Llama::forward(int unit, const View& params) {
   }
 }
 
-void Llama::backward(int unit, const View& params, const View& grads, Grads mode) {
+void Llama::backward(int unit, const View& params, const View& grads, Grads mode, int part) {
   Impl& m = *impl_;
   if (!m.has_batch) fail("model: backward before set_batch");
   if (unit < 0 || unit >= num_units()) fail("model: no unit ", unit);
+  const int parts = static_cast<int>(backward_parts(m.units[unit]).size());
+  if (part != kAllParts && (part < 0 || part >= parts))
+    fail("model: backward of ", m.units[unit].name, " has ", parts, " parts, not part ", part);
   // Every gradient of a unit but the embedding's is one product or one norm's
   // sum, written by it (beta 0) or added (beta 1); the embedding adds rows.
   const float beta = mode == Grads::kAdd ? 1.0f : 0.0f;
@@ -245,7 +249,9 @@ void Llama::backward(int unit, const View& params, const View& grads, Grads mode
       break;
     }
     case UnitKind::kDecoder:
-      m.backward_decoder(unit, params, grads, beta);
+      // Its parts (layout.h: backward_parts): 0 the MLP block, 1 the attention block.
+      if (part == kAllParts || part == 0) m.backward_mlp(unit, params, grads, beta);
+      if (part == kAllParts || part == 1) m.backward_attention(unit, params, grads, beta);
       break;
     case UnitKind::kHead:
       m.backward_head(unit, params, grads, beta);
@@ -278,22 +284,16 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   be.linear_forward_residual(ac, tensor(p, u, kDown), h, out, N, inter, hidden);
 }
 
-void Llama::Impl::backward_decoder(int u, const View& p, const View& g, float beta) {
-  const int l = units[u].layer;
+// The MLP block's backward, the first of a decoder layer's two parts
+// (layout.h: backward_parts); dres holds d(out) on entry and d(h) on exit.
+void Llama::Impl::backward_mlp(int u, const View& p, const View& g, float beta) {
   // Recomputation: rebuild the layer's activations from its kept input. It
   // also rewrites resid[l + 1] with the same bits, which no later backward reads.
   if (recompute) forward_decoder(u, p);
-  LayerActs& a = layer_acts(l);
-  const View x = rows(resid[l], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
-             dr = rows(dres, hidden), h = rows(a.h, hidden), gate_up = rows(a.gate_up, 2 * inter),
-             dgu = rows(dgate_up, 2 * inter), ac = rows(act, inter),
-             attn = rows(a.attn, hidden), da = rows(dattn, hidden);
-  const int64_t qkv_dim = hidden + 2 * kv_dim;
-  const View qkv = rows(a.qkv, qkv_dim), dq = rows(dqkv, qkv_dim);
-  const View inv1 = a.inv1.at(0, N), inv2 = a.inv2.at(0, N);
-  // dres holds d(out) on entry and d(x) on exit.
-
-  // MLP block.
+  LayerActs& a = layer_acts(units[u].layer);
+  const View nn = rows(n, hidden), dnn = rows(dn, hidden), dr = rows(dres, hidden),
+             h = rows(a.h, hidden), gate_up = rows(a.gate_up, 2 * inter),
+             dgu = rows(dgate_up, 2 * inter), ac = rows(act, inter), inv2 = a.inv2.at(0, N);
   be.swiglu_forward(gate_up, ac, N, inter);
   const View dout = product_input(dr);
   be.linear_backward_weight(dout, ac, tensor(g, u, kDown), N, inter, hidden, beta);
@@ -305,8 +305,17 @@ void Llama::Impl::backward_decoder(int u, const View& p, const View& g, float be
   be.linear_backward_input(dgu, tensors(p, u, kGate, kUp), dnn, N, hidden, 2 * inter, 0.0f);
   be.rmsnorm_backward(dnn, h, tensor(p, u, kPostNorm), inv2, dr, tensor(g, u, kPostNorm), N, hidden,
                       rounded_dres(dr), beta);
+}
 
-  // Attention block; dres is now d(h).
+// The attention block's backward, the second part: dres holds d(h) on entry
+// and d(x) on exit.
+void Llama::Impl::backward_attention(int u, const View& p, const View& g, float beta) {
+  const int l = units[u].layer;
+  LayerActs& a = layer_acts(l);
+  const int64_t qkv_dim = hidden + 2 * kv_dim;
+  const View x = rows(resid[l], hidden), nn = rows(n, hidden), dnn = rows(dn, hidden),
+             dr = rows(dres, hidden), attn = rows(a.attn, hidden), da = rows(dattn, hidden),
+             qkv = rows(a.qkv, qkv_dim), dq = rows(dqkv, qkv_dim), inv1 = a.inv1.at(0, N);
   const View dh = product_input(dr);
   be.linear_backward_weight(dh, attn, tensor(g, u, kO), N, hidden, hidden, beta);
   be.linear_backward_input(dh, tensor(p, u, kO), da, N, hidden, hidden, 0.0f);

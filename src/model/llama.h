@@ -61,9 +61,14 @@ class Llama {
   // params: the unit's flat buffer; grads: its gradient buffer, which backward
   // adds into (kAdd) or writes whole, never reading what was there (kWrite).
   // Either dtype the backend takes (fp32 or bf16).
+  // part: one of the unit's backward parts (layout.h: backward_parts), run
+  // in their order (a later part reads what the earlier left in the model's
+  // activation gradients), or all of them; the same kernels either way.
   enum class Grads { kAdd, kWrite };
+  static constexpr int kAllParts = -1;
   void forward(int unit, const backend::View& params);
-  void backward(int unit, const backend::View& params, const backend::View& grads, Grads mode);
+  void backward(int unit, const backend::View& params, const backend::View& grads, Grads mode,
+                int part = kAllParts);
 
   // After the head's forward: sum of per-token cross-entropy over valid
   // targets, and how many targets were valid.

@@ -4,14 +4,14 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "core/rng.h"
 
 namespace amsp::model {
@@ -242,6 +242,49 @@ TEST(Llama, RecomputationGivesTheSameBits) {
   for (size_t u = 0; u < p.size(); ++u)
     ASSERT_EQ(0, std::memcmp(g_keep[u].data(), g_rebuild[u].data(), g_keep[u].size() * sizeof(float)))
         << "unit " << u;
+}
+
+// Backward in parts (layout.h: backward_parts), as the engine runs a layer
+// that reduces in buckets: the same kernels, the same bits, with and without
+// recomputation; each part writes exactly its range of the unit's gradient
+// (Grads::kWrite over NaN: the rest stays NaN), and a part it does not have is
+// refused.
+TEST(Llama, BackwardInPartsGivesTheSameBits) {
+  const LlamaConfig c = micro_config();
+  const int64_t B = 2, T = 5;
+  const auto tok = random_tokens(B * T, c.vocab_size, 60),
+             tgt = random_tokens(B * T, c.vocab_size, 61);
+  for (bool recompute : {false, true}) {
+    Llama model(c, *cpu(), B, T, recompute);
+    const Buffers p = make_params(model, 13, 1.0f);
+    Buffers whole = zeros_like(p), parts = zeros_like(p);
+    run_step(model, p, whole, tok, tgt, B, T);
+    run_forward(model, p, tok, tgt, B, T);
+    for (int u = model.num_units() - 1; u >= 0; --u) {
+      const auto ranges = backward_parts(model.units()[static_cast<size_t>(u)]);
+      for (size_t k = 0; k < ranges.size(); ++k) {
+        std::fill(parts[u].begin(), parts[u].end(), std::nanf(""));
+        model.backward(u, hv(p[u]), hv(parts[u]), model::Llama::Grads::kWrite, static_cast<int>(k));
+        for (int64_t i = 0; i < static_cast<int64_t>(parts[u].size()); ++i) {
+          const bool inside = i >= ranges[k].begin && i < ranges[k].end;
+          ASSERT_EQ(inside, !std::isnan(parts[u][i]))
+              << "unit " << u << " part " << k << " element " << i;
+          if (inside) ASSERT_EQ(parts[u][i], whole[u][i]) << "unit " << u << " element " << i;
+        }
+      }
+    }
+  }
+  Llama model(c, *cpu(), B, T);
+  const Buffers p = make_params(model, 13, 1.0f);
+  Buffers g = zeros_like(p);
+  run_forward(model, p, tok, tgt, B, T);
+  ASSERT_EQ(backward_parts(model.units()[1]).size(), 2u);
+  try {
+    model.backward(1, hv(p[1]), hv(g[1]), model::Llama::Grads::kAdd, 2);
+    FAIL() << "part 2 of a decoder layer accepted";
+  } catch (const amsp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 2 parts, not part 2"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Llama, IgnoredTargetsContributeNothing) {

@@ -114,6 +114,7 @@ std::vector<Collective> step_collectives(const Workload& w, const ShardPlan& pla
     Collective c;
     c.phase = phase;
     c.unit = s.unit;
+    c.part = s.part;
     c.op = s.op;
     c.group = s.group;
     c.count = s.count;
@@ -248,41 +249,58 @@ double window_excess(double comm, double comp, const Schedule& schedule, const E
 namespace {
 
 // Seconds of forward and backward per unit and micro-batch (backward twice
-// the forward; with full recomputation, each layer's forward once more).
+// the forward; with full recomputation, each layer's forward once more), and
+// a decoder layer's backward in its two parts (model/layout.h:
+// backward_parts): the MLP block's (with the recomputation), then the
+// attention block's.
 struct UnitTimes {
   std::vector<double> forward, backward;
+  std::vector<std::vector<double>> backward_parts;
   double executed_flops = 0;  // per micro-batch, recomputation included
 };
 
 UnitTimes unit_times(const Workload& w, const Compute& compute) {
   const std::vector<double> flops = unit_forward_flops(w);
   const size_t U = flops.size();
+  const model::LlamaConfig& m = w.model;
+  const double mlp_flops = 6.0 * static_cast<double>(m.hidden_size) *
+                           static_cast<double>(m.intermediate_size) *
+                           static_cast<double>(w.tokens_per_micro_batch());
   UnitTimes t;
   t.forward.resize(U);
   t.backward.resize(U);
+  t.backward_parts.resize(U);
   for (size_t u = 0; u < U; ++u) {
     t.forward[u] = flops[u] / compute.flops_per_s;
     t.backward[u] = 2 * t.forward[u];
     t.executed_flops += 3 * flops[u];
-    if (w.recompute == Recompute::kFull && u > 0 && u + 1 < U) {
+    const bool decoder = u > 0 && u + 1 < U;
+    if (w.recompute == Recompute::kFull && decoder) {
       t.backward[u] += t.forward[u];
       t.executed_flops += flops[u];
     }
+    if (!decoder) continue;
+    const double mlp = 2 * mlp_flops / compute.flops_per_s + (t.backward[u] - 2 * t.forward[u]);
+    t.backward_parts[u] = {mlp, t.backward[u] - mlp};
   }
   return t;
 }
 
-// Communication seconds per unit and phase (one occurrence each).
+// Communication seconds per unit and phase (one occurrence each); the last
+// micro-batch's reductions per backward part they follow (one part unless
+// the unit reduces in buckets: plan/schedule.h, Stage::part).
 struct PhaseTimes {
-  std::vector<double> fg, bg, br, lr, og;  // forward gather .. optimizer gather
+  std::vector<double> fg, bg, br, og;  // forward gather .. optimizer gather
+  std::vector<std::vector<double>> lr;
   double norm = 0;
 };
 
 // Sorts the timed collectives into PhaseTimes and adds their totals (time,
 // bytes per rank and per node) to `s`.
 PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s) {
-  PhaseTimes p{std::vector<double>(units), std::vector<double>(units), std::vector<double>(units),
-               std::vector<double>(units), std::vector<double>(units), 0};
+  PhaseTimes p;
+  for (std::vector<double>* v : {&p.fg, &p.bg, &p.br, &p.og}) v->assign(units, 0.0);
+  p.lr.assign(units, {0.0});
   for (const Collective& c : timed) {
     const double t = c.seconds;
     s.comm_s += static_cast<double>(c.per_step) * t;
@@ -295,7 +313,12 @@ PhaseTimes tally(const std::vector<Collective>& timed, size_t units, StepCost& s
       case Phase::kForwardGather: p.fg[c.unit] += t; break;
       case Phase::kBackwardGather: p.bg[c.unit] += t; break;
       case Phase::kBackwardReduce: p.br[c.unit] += t; break;
-      case Phase::kLastReduce: p.lr[c.unit] += t; break;
+      case Phase::kLastReduce: {
+        std::vector<double>& lr = p.lr[c.unit];
+        if (lr.size() <= static_cast<size_t>(c.part)) lr.resize(c.part + 1, 0.0);
+        lr[c.part] += t;
+        break;
+      }
       case Phase::kGradNorm: p.norm += t; break;
       case Phase::kOptimizerGather: p.og[c.unit] += t; break;
     }
@@ -320,17 +343,25 @@ double exposed_micro_batch(const UnitTimes& c, const PhaseTimes& p, bool first, 
     const double comm = u + 1 < U ? p.fg[u + 1] + (first ? p.og[u + 1] : 0) : 0;
     e += over(comm, c.forward[u]);
   }
-  // Backward, head first: unit u's backward hides the gather of unit u-1
-  // and the reductions of unit u+1 (issued when its backward finished; the
-  // chained stages start as their predecessors complete, on the
-  // communicators, while compute goes on).
+  // Backward, head first: each stretch of compute hides the reductions
+  // issued when the one before finished (the chained stages start as their
+  // predecessors complete, on the communicators, while compute goes on) and,
+  // first in unit u, the gather of unit u-1. A stretch is a unit's backward,
+  // or on the last micro-batch one part of a unit that reduces in buckets.
+  double issued = 0;
   for (int u = U - 1; u >= 0; --u) {
-    double comm = u > 0 ? p.bg[u - 1] : 0;
-    if (u + 1 < U) comm += p.br[u + 1] + (last ? p.lr[u + 1] : 0);
-    e += over(comm, c.backward[u]);
+    const size_t parts = last ? p.lr[u].size() : 1;
+    if (parts > 1 && c.backward_parts[u].size() != parts)
+      fail("cost: unit ", u, " reduces in ", parts, " buckets, its backward has ",
+           c.backward_parts[u].size(), " parts");
+    for (size_t k = 0; k < parts; ++k) {
+      const double comm = issued + (k == 0 && u > 0 ? p.bg[u - 1] : 0);
+      e += over(comm, parts > 1 ? c.backward_parts[u][k] : c.backward[u]);
+      issued = (k + 1 == parts ? p.br[u] : 0) + (last ? p.lr[u][k] : 0);
+    }
   }
   // Then the embedding's reductions and the norm, with nothing to hide behind.
-  return e + p.br[0] + (last ? p.lr[0] + p.norm : 0);
+  return e + issued + (last ? p.norm : 0);
 }
 
 }  // namespace

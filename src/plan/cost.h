@@ -38,6 +38,7 @@ struct Schedule {
 struct Collective {
   Phase phase = Phase::kForwardGather;
   int unit = -1;  // unit index, -1 for the gradient norm
+  int part = 0;   // the unit's backward part it is issued after (plan/schedule.h: Stage::part)
   comm::Op op = comm::Op::kAllGather;
   GroupKind group = GroupKind::kP;
   int64_t group_size = 1;

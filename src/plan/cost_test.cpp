@@ -289,6 +289,38 @@ TEST(Cost, ChainedReductionStagesHideBehindBackward) {
     EXPECT_FALSE(c.chained);
 }
 
+// ddp's buckets by hand, one micro-batch: a decoder layer's backward takes
+// 1 s, its MLP block's part 1440/4128 of it (6·h·I = 720 of the layer's 2064
+// forward FLOPs, h 6, I 5, 4 tokens); the head's all-reduce 0.2 s, every other
+// collective 0.5 s. Backward runs head, layer 2 (MLP, attention), layer 1
+// (MLP, attention), embedding (no time). The head's all-reduce hides behind
+// layer 2's MLP block, layer 2's MLP bucket behind its attention block, its
+// attention bucket behind layer 1's MLP block (0.5 - 0.349 s exposed), layer
+// 1's MLP bucket behind its attention block; layer 1's attention bucket, the
+// embedding's all-reduce and the norm are exposed. Unsplit, layer 2's whole
+// all-reduce hid behind layer 1, and layer 1's was exposed.
+TEST(Cost, DdpBucketsHideBehindTheRestOfTheLayer) {
+  const Workload w = odd_workload();
+  auto list = step_collectives(w, parse_shard_plan("ddp", k2x2), k2x2, 1);
+  ASSERT_EQ(list.size(), 7u);  // head, 2 x 2 buckets, embedding, norm
+  for (Collective& c : list) c.seconds = c.unit == 3 ? 0.2 : 0.5;
+  Compute compute;
+  compute.flops_per_s = 2 * unit_forward_flops(w)[1];  // a layer's backward: 1 s
+  compute.peak_flops_per_s = compute.flops_per_s;
+  const double mlp = 1440.0 / 4128.0;
+  ASSERT_NEAR(unit_forward_flops(w)[1], 2064.0, 1e-9);
+  EXPECT_NEAR(step_cost(w, list, 1, compute).exposed_s, (0.5 - mlp) + 3 * 0.5, 1e-12);
+  // Recomputation runs the layer's forward (0.5 s) in its first part, which
+  // then hides the 0.5 s before it: only the tail is exposed.
+  Workload r = w;
+  r.recompute = Recompute::kFull;
+  EXPECT_NEAR(step_cost(r, list, 1, compute).exposed_s, 3 * 0.5, 1e-12);
+  // Merged back into one all-reduce a layer (every part 0): layer 2's hides
+  // behind layer 1, and layer 1's 1 s is exposed with the embedding's and the norm.
+  for (Collective& c : list) c.part = 0;
+  EXPECT_NEAR(step_cost(w, list, 1, compute).exposed_s, 1.0 + 0.5 + 0.5, 1e-12);
+}
+
 TEST(Cost, OptimizerStreamsTheOsShard) {
   Workload w = odd_workload();
   Effects effects;

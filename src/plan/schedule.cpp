@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/layout.h"
 #include "plan/compression.h"
 
 namespace amsp::plan {
@@ -195,6 +196,30 @@ void compress_chain(std::vector<Stage>& chain, const Compression& c, const Shard
   }
 }
 
+// A unit whose last micro-batch sums its whole gradient with one all-reduce
+// (s_p = s_g = s_os = 1: ddp) sums it in buckets instead, one a backward
+// part, each issued as its part returns, over the range that part finalised:
+// a decoder layer's MLP gradients then travel while its attention block
+// computes. Sums are elementwise, so a range summed alone is summed as in the
+// whole. Other chains start with a reduce-scatter, whose split would change
+// which rank holds which part of the unit; they are left whole.
+int bucket_reductions(std::vector<Stage>& chain, const model::UnitSpec& unit, int64_t phi) {
+  const std::vector<model::BackwardPart> parts = model::backward_parts(unit);
+  if (parts.size() < 2 || chain.size() != 1 || phi != unit.numel) return 1;
+  const Stage whole = chain.front();
+  if (whole.op != Op::kAllReduce || whole.compressed || whole.count != phi) return 1;
+  chain.clear();
+  for (size_t k = 0; k < parts.size(); ++k) {
+    Stage b = whole;
+    b.bucket = true;
+    b.part = static_cast<int>(k);
+    b.offset = parts[k].begin;
+    b.count = parts[k].end - parts[k].begin;
+    chain.push_back(b);
+  }
+  return static_cast<int>(parts.size());
+}
+
 }  // namespace
 
 StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshShape& shape) {
@@ -205,7 +230,8 @@ StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshS
   s.direct_gradients = sp == 1 && sg == 1;
   // A P group spans plan.p.s1 nodes (plan/shard_plan.h: Factor).
   const auto pspec = compression_spec(w.compression, Compressed::kParams, plan.p.s1);
-  for (int64_t numel : unit_numels(w.model)) s.padded.push_back(padded_numel(numel, sos));
+  const std::vector<model::UnitSpec> layout = model::build_layout(w.model);
+  for (const model::UnitSpec& unit : layout) s.padded.push_back(padded_numel(unit.numel, sos));
   s.units = static_cast<int>(s.padded.size());
   int64_t largest = 0;
   for (int u = 0; u < s.units; ++u) {
@@ -221,6 +247,7 @@ StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshS
       }
     }
     s.reduction.push_back(reduction_chain(u, phi, sp, sg, sos, d / sos, s.wire));
+    s.parts.push_back(bucket_reductions(s.reduction.back(), layout[static_cast<size_t>(u)], phi));
     if (sos > sp)
       s.optimizer_gather.push_back(make_stage(Phase::kOptimizerGather, u, Op::kAllGather,
                                               GroupKind::kGather, phi / sos, s.wire, Buf::kPShardOS,
@@ -240,10 +267,12 @@ StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshS
   return s;
 }
 
-std::vector<const Stage*> stages_for(const StepSchedule& s, int unit, bool last_micro) {
+std::vector<const Stage*> stages_for(const StepSchedule& s, int unit, bool last_micro, int part) {
   std::vector<const Stage*> out;
   for (const Stage& st : s.reduction[static_cast<size_t>(unit)])
-    if (last_micro || st.runs == Runs::kEveryMicroBatch) out.push_back(&st);
+    if ((last_micro || st.runs == Runs::kEveryMicroBatch) &&
+        (part == Action::kWhole || st.part == part))
+      out.push_back(&st);
   return out;
 }
 
@@ -274,8 +303,13 @@ std::vector<Action> step_program(const StepSchedule& s, int64_t M) {
     for (int u = U - 1; u >= 0; --u) {
       const int64_t pos = u == U - 1 ? base + U - 1 : base + U + (U - 2 - u);
       gathers_upto(pos + 1 + s.prefetch);
-      out.push_back({Action::kBackward, u, m, pos});
-      if (s.reduces(u, m == M - 1)) out.push_back({Action::kReduce, u, m, pos});
+      const bool last = m == M - 1;
+      const int parts = last ? s.parts[static_cast<size_t>(u)] : 1;
+      for (int k = 0; k < parts; ++k) {
+        const int part = parts > 1 ? k : Action::kWhole;
+        out.push_back({Action::kBackward, u, m, pos, part});
+        if (s.reduces(u, last)) out.push_back({Action::kReduce, u, m, pos, part});
+      }
     }
   }
   out.push_back({Action::kNorm, -1, M - 1, 0});
@@ -309,7 +343,8 @@ std::vector<Issue> issue_sequence(const StepSchedule& s, int64_t M) {
     switch (a.kind) {
       case Action::kGather: out.push_back(issue_of(s.gather[static_cast<size_t>(a.unit)])); break;
       case Action::kReduce:
-        for (const Stage* st : stages_for(s, a.unit, a.micro == M - 1)) out.push_back(issue_of(*st));
+        for (const Stage* st : stages_for(s, a.unit, a.micro == M - 1, a.part))
+          out.push_back(issue_of(*st));
         break;
       case Action::kNorm:
         if (!s.norm.empty()) out.push_back(issue_of(s.norm.front()));
@@ -353,6 +388,8 @@ std::string stage_line(const Stage& s) {
                                                        : "once";
   std::string io = s.op == Op::kAllReduce ? cat(buf_name(s.recv), " in place")
                                           : cat(buf_name(s.send), " -> ", buf_name(s.recv));
+  if (s.bucket)
+    io += cat(" [", s.offset, ", ", s.offset + s.count, ") after backward part ", s.part + 1);
   return cat(s.phase == Phase::kGradNorm ? "world" : group_name(s.group), " ",
              comm::op_name(s.op), " ", s.count, " ", dtype_name(s.dtype), ", ", io, ", ", runs,
              s.chained ? ", chained after the stage above" : "", local_text("before:", s.before),

@@ -86,6 +86,13 @@ struct Stage {
   bool compressed = false;
   kernels::quant::Spec quant;
   int64_t values = 0;
+  // A bucket (bucket_reductions in schedule.cpp): issued once backward part
+  // `part` of the unit has returned (model/layout.h: backward_parts), over
+  // elements [offset, offset + count) of its buffers. Otherwise the whole
+  // buffers, after the unit's whole backward.
+  bool bucket = false;
+  int part = 0;
+  int64_t offset = 0;
 };
 
 // Elements of each buffer of a reduction slot, sized for the largest unit (0:
@@ -103,6 +110,10 @@ struct StepSchedule {
   DType wire = DType::kF32;             // parameters and gradients on the wire
   bool direct_gradients = false;        // backward adds into the G-shard (s_p = s_g = 1)
   std::vector<int64_t> padded;          // Φu per unit
+  // Per unit: the backward parts its last micro-batch runs in, each followed
+  // by the reduction of what it finalised (1: the whole backward, then the
+  // chain).
+  std::vector<int> parts;
   std::vector<Stage> gather;            // per unit: the P all-gather (empty when s_p = 1)
   std::vector<std::vector<Stage>> reduction;  // per unit, in chain order
   std::vector<Stage> norm;              // the world's all-reduce (empty on one rank)
@@ -124,14 +135,16 @@ struct Action {
   enum Kind {
     kGather,    // issue the P all-gather of gather position `pos` (its unit: `unit`)
     kForward,   // forward of `unit` with the parameters of position `pos`
-    kBackward,  // backward of `unit` with the parameters of position `pos`
-    kReduce,    // issue `unit`'s reduction chain for micro-batch `micro`
+    kBackward,  // backward of `unit` (its `part`) with the parameters of position `pos`
+    kReduce,    // issue `unit`'s reduction chain (its `part`'s stages) for micro-batch `micro`
     kNorm,      // every reduction done; the gradient norm (its all-reduce on > 1 rank)
     kUpdate,    // AdamW on `unit`'s OS-shard, then issue its optimizer gather
   } kind = kForward;
   int unit = -1;
   int64_t micro = 0;
   int64_t pos = 0;
+  int part = kWhole;  // kBackward, kReduce: a part of a unit split in parts, or the whole
+  static constexpr int kWhole = -1;
 };
 std::vector<Action> step_program(const StepSchedule& s, int64_t micro_batches);
 // Forward only over `batches` micro-batches (evaluation): gathers and forwards.
@@ -149,8 +162,10 @@ struct Issue {
 std::vector<Issue> issue_sequence(const StepSchedule& s, int64_t micro_batches);
 std::string format_issue(const Issue& i);  // "P all_gather 1024"
 
-// The stages of one unit's chain that run on this micro-batch.
-std::vector<const Stage*> stages_for(const StepSchedule& s, int unit, bool last_micro);
+// The stages of one unit's chain that run on this micro-batch (and are
+// issued after backward part `part`, unless it is Action::kWhole).
+std::vector<const Stage*> stages_for(const StepSchedule& s, int unit, bool last_micro,
+                                     int part = Action::kWhole);
 
 // The schedule as text for `amsp plan --schedule`: one line per stage, per
 // unit in backward order, then the program's issue order for one micro-batch.

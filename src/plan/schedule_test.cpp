@@ -31,6 +31,7 @@ std::string brief(const Stage& s) {
   };
   local("before", s.before);
   local("then", s.after);
+  if (s.bucket) t += cat(" [", s.offset, ",", s.offset + s.count, ") part ", s.part);
   return t;
 }
 
@@ -55,6 +56,19 @@ TEST(Schedule, ReductionChainsByHand) {
   EXPECT_EQ(chain("ddp", Precision::kFp32, 3), (V{"replica all_reduce 48 ->G-shard[OS] last"}));
   EXPECT_EQ(chain("ddp", Precision::kBf16, 3),
             (V{"replica all_reduce 48 ->slot.os last before:slot.os=G-shard[OS] then:G-shard[OS]=slot.os"}));
+  // A decoder layer (unit 1: 246 elements, post_attention_layernorm at 150)
+  // in ddp: two buckets, its MLP block's gradients after that block's
+  // backward, then its attention block's; zero1 scatters it whole.
+  EXPECT_EQ(chain("ddp", Precision::kFp32, 1),
+            (V{"replica all_reduce 96 ->G-shard[OS] last [150,246) part 0",
+               "replica all_reduce 150 ->G-shard[OS] last [0,150) part 1"}));
+  EXPECT_EQ(chain("ddp", Precision::kBf16, 1),
+            (V{"replica all_reduce 96 ->slot.os last before:slot.os=G-shard[OS] "
+               "then:G-shard[OS]=slot.os [150,246) part 0",
+               "replica all_reduce 150 ->slot.os last before:slot.os=G-shard[OS] "
+               "then:G-shard[OS]=slot.os [0,150) part 1"}));
+  EXPECT_EQ(chain("zero1", Precision::kFp32, 1),
+            (V{"OS reduce_scatter 62 G-shard>slot.os last then:G-shard[OS]=slot.os"}));
   // P then G, every micro-batch, the G part added into the G-shard; the G
   // reduce-scatter is chained after the P one.
   EXPECT_EQ(chain("p=2x1,g=2x2,os=2x2", Precision::kFp32, 3),
@@ -139,17 +153,24 @@ TEST(Schedule, ProgramOrder) {
     EXPECT_EQ(program[program.size() - 1 - static_cast<size_t>(s.units)].kind, Action::kNorm);
     EXPECT_EQ(program.back().kind, Action::kUpdate);
   }
-  // ddp gathers nothing and reduces only on the last micro-batch.
+  // ddp gathers nothing and reduces only on the last micro-batch, where a
+  // decoder layer's backward runs in two parts, each followed by its bucket.
   const StepSchedule ddp = step_schedule(w, parse_shard_plan("ddp", k2x2), k2x2);
-  int reduces = 0;
+  std::vector<std::string> last;
   for (const Action& a : step_program(ddp, 3)) {
     EXPECT_NE(a.kind, Action::kGather);
-    if (a.kind == Action::kReduce) {
-      EXPECT_EQ(a.micro, 2);
-      ++reduces;
-    }
+    if (a.kind == Action::kReduce) EXPECT_EQ(a.micro, 2);
+    if (a.kind == Action::kBackward && a.micro < 2) EXPECT_EQ(a.part, Action::kWhole);
+    if ((a.kind == Action::kBackward || a.kind == Action::kReduce) && a.micro == 2)
+      last.push_back(cat(a.kind == Action::kBackward ? "B" : "R", a.unit,
+                         a.part == Action::kWhole ? "" : cat(".", a.part)));
   }
-  EXPECT_EQ(reduces, ddp.units);
+  EXPECT_EQ(last, (std::vector<std::string>{"B3", "R3", "B2.0", "R2.0", "B2.1", "R2.1", "B1.0",
+                                            "R1.0", "B1.1", "R1.1", "B0", "R0"}));
+  // Nothing else splits.
+  for (const ShardPlan& plan : enumerate_plans(k2x2))
+    if (to_string(plan) != to_string(parse_shard_plan("ddp", k2x2)))
+      EXPECT_EQ(step_schedule(w, plan, k2x2).parts, std::vector<int>(4, 1)) << to_string(plan);
 }
 
 TEST(Schedule, FormatNamesStagesAndTheIssueOrder) {

@@ -144,14 +144,15 @@ def closed_form(plan):
     """Per step on 4 ranks with M = 1: {(group, op): (calls, elements)} from the plan's
     definition: every unit is padded to a multiple of s_os, gathered over P before each use
     (forward, then backward except the head, which keeps its copy), its gradient
-    reduce-scattered over P (then G), over OS, all-reduced over the replicas, the
+    reduce-scattered over P (then G), over OS, all-reduced over the replicas (ddp: a decoder
+    layer in two buckets, its MLP block's and its attention block's gradients), the
     updated OS-shards all-gathered over the gather group; the gradient norm is one double
     all-reduced over the world."""
     units = tiny_units()
-    U, n = len(units), 4
+    U, L, n = len(units), len(units) - 2, 4
     norm = {("world", "all_reduce"): (1, 1)}
-    if plan == "ddp":   # p = g = os = 1: one all-reduce of each unit over the 4 replicas
-        return {("replica", "all_reduce"): (U, sum(units)), **norm}
+    if plan == "ddp":   # p = g = os = 1: each unit all-reduced over the 4 replicas, a decoder
+        return {("replica", "all_reduce"): (U + L, sum(units)), **norm}  # layer in 2 buckets
     if plan == "zero3":  # p = g = os = 4: gathers and reduce-scatters of quarter units over P
         pad = [math.ceil(u / n) * n for u in units]
         return {("P", "all_gather"): (2 * U - 1, sum(pad) // n + sum(pad[:-1]) // n),
