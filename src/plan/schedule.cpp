@@ -303,6 +303,8 @@ std::vector<Action> step_program(const StepSchedule& s, int64_t M) {
     for (int u = U - 1; u >= 0; --u) {
       const int64_t pos = u == U - 1 ? base + U - 1 : base + U + (U - 2 - u);
       gathers_upto(pos + 1 + s.prefetch);
+      // A unit that reduces in buckets runs its last micro-batch's backward
+      // in parts, each followed by its bucket's reduction.
       const bool last = m == M - 1;
       const int parts = last ? s.parts[static_cast<size_t>(u)] : 1;
       for (int k = 0; k < parts; ++k) {
