@@ -235,9 +235,11 @@ void Llama::backward(int unit, const View& params, const View& grads, Grads mode
   Impl& m = *impl_;
   if (!m.has_batch) fail("model: backward before set_batch");
   if (unit < 0 || unit >= num_units()) fail("model: no unit ", unit);
-  const int parts = static_cast<int>(backward_parts(m.units[unit]).size());
-  if (part != kAllParts && (part < 0 || part >= parts))
-    fail("model: backward of ", m.units[unit].name, " has ", parts, " parts, not part ", part);
+  if (part != kAllParts) {
+    const int parts = static_cast<int>(backward_parts(m.units[unit]).size());
+    if (part < 0 || part >= parts)
+      fail("model: backward of ", m.units[unit].name, " has ", parts, " parts, not part ", part);
+  }
   // Every gradient of a unit but the embedding's is one product or one norm's
   // sum, written by it (beta 0) or added (beta 1); the embedding adds rows.
   const float beta = mode == Grads::kAdd ? 1.0f : 0.0f;

@@ -204,16 +204,27 @@ void time_collectives(std::vector<Collective>& list, const BandwidthTable& table
   }
 }
 
+namespace {
+
+// A decoder layer's MLP block, forward, per micro-batch: gate, up and down.
+double mlp_forward_flops(const Workload& w) {
+  return 2.0 * 3 * static_cast<double>(w.model.hidden_size) *
+         static_cast<double>(w.model.intermediate_size) *
+         static_cast<double>(w.tokens_per_micro_batch());
+}
+
+}  // namespace
+
 std::vector<double> unit_forward_flops(const Workload& w) {
   const model::LlamaConfig& c = w.model;
   const double h = static_cast<double>(c.hidden_size), kv = static_cast<double>(c.kv_dim()),
-               I = static_cast<double>(c.intermediate_size), V = static_cast<double>(c.vocab_size),
-               T = static_cast<double>(w.seq_len),
+               V = static_cast<double>(c.vocab_size), T = static_cast<double>(w.seq_len),
                tokens = static_cast<double>(w.tokens_per_micro_batch());
-  const double layer = 2.0 * (2 * h * h + 2 * kv * h + 3 * h * I) + 2.0 * h * T;
+  const double layer =
+      (2.0 * (2 * h * h + 2 * kv * h) + 2.0 * h * T) * tokens + mlp_forward_flops(w);
   std::vector<double> flops;
   flops.push_back(0.0);  // the embedding is a lookup
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) flops.push_back(layer * tokens);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) flops.push_back(layer);
   flops.push_back(2.0 * V * h * tokens);
   return flops;
 }
@@ -262,10 +273,7 @@ struct UnitTimes {
 UnitTimes unit_times(const Workload& w, const Compute& compute) {
   const std::vector<double> flops = unit_forward_flops(w);
   const size_t U = flops.size();
-  const model::LlamaConfig& m = w.model;
-  const double mlp_flops = 6.0 * static_cast<double>(m.hidden_size) *
-                           static_cast<double>(m.intermediate_size) *
-                           static_cast<double>(w.tokens_per_micro_batch());
+  const double mlp_flops = mlp_forward_flops(w);
   UnitTimes t;
   t.forward.resize(U);
   t.backward.resize(U);
