@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/test_temp_dir.h"
 
 namespace amsp::ckpt {
 namespace {
 namespace fs = std::filesystem;
 
 std::string fresh_dir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("amsp-lock-" + std::to_string(::getpid())) / name;
+  const auto d = test::process_temp_dir().path() / "lock" / name;
   fs::remove_all(d);
   return d.string();
 }

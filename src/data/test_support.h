@@ -1,42 +1,17 @@
 // Helpers shared by the data tests (header-only; not part of amsp_core).
 #pragma once
 
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <string>
-#include <system_error>
+
+#include "core/test_temp_dir.h"
 
 namespace amsp::data::testing {
 
-// A fresh directory under the system temp directory, removed with its
-// contents on destruction.
-class TempDir {
+// A fresh directory, removed with its contents on destruction.
+class TempDir : public amsp::test::TempDir {
  public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    path_ = std::filesystem::temp_directory_path() /
-            ("amsp-data-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-             std::to_string(now));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  // path()/name as a string.
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : amsp::test::TempDir("amsp-data-test") {}
 };
 
 inline void write_text(const std::string& path, const std::string& text) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/test_temp_dir.h"
 #include "model/layout.h"
 
 namespace amsp::hf {
@@ -29,7 +30,7 @@ model::LlamaConfig small_config() {
 }
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("amsp-md-" + std::to_string(::getpid())) / name;
+  const fs::path d = test::process_temp_dir().path() / "model_dir" / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/test_temp_dir.h"
 #include "kernels/common/math.h"
 
 namespace amsp::hf {
@@ -22,7 +23,7 @@ namespace {
 // A file of this header text and data bytes, in the safetensors layout.
 std::string write_file(const std::string& name, const std::string& header, const std::string& data,
                        uint64_t claimed_len = 0) {
-  const auto dir = std::filesystem::temp_directory_path() / ("amsp-st-" + std::to_string(::getpid()));
+  const auto dir = test::process_temp_dir().path() / "safetensors";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / name).string();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -119,7 +120,7 @@ TEST(SafetensorsTest, ReadOutsideTheTensorFails) {
 // ------------------------------------------------------------------ writing
 
 std::string temp_path(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("amsp-st-" + std::to_string(::getpid()));
+  const auto dir = test::process_temp_dir().path() / "safetensors";
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }
