@@ -80,6 +80,10 @@ expect_error "bad compress guard period" "--compress-guard-every 0: expected an 
   "${train[@]}" --compress on --compress-guard-every 0
 expect_error "profiler step on the CPU" "--cuda-profiler-step 2: the CPU backend has no device profiler; expected --device cuda" -- \
   "${train[@]}" --device cpu --cuda-profiler-step 2
+expect_error "no reduction slot" "--reduction-slots 0: expected an integer >= 1" -- \
+  "${train[@]}" --reduction-slots 0
+expect_error "no prefetched unit" "--prefetch-units 0: expected an integer >= 1" -- \
+  "${train[@]}" --prefetch-units 0
 expect_error "negative profiler step" "--cuda-profiler-step -1: expected an integer >= 0" -- \
   "${train[@]}" --cuda-profiler-step -1
 expect_error "missing input" "--input nosuch.txt: no such file, folder, or files matching it" -- \

@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/mpi_check.h"
+#include "plan/memory.h"
 
 namespace amsp::cli {
 
@@ -109,6 +110,26 @@ bool parse_command(const std::string& command, const std::string& summary,
     fail_usage(e.what(), "; see amsp ", command, " --help");
   }
   return true;
+}
+
+po::options_description in_flight_options(InFlight& f) {
+  po::options_description desc(
+      "Work in flight (the engine's temporaries; doc/engine.md, \"Reduction slots\")");
+  desc.add_options()(
+      "prefetch-units",
+      po::value<int>(&f.prefetch)->default_value(plan::kDefaultPrefetch)->value_name("INT"),
+      "with sharded parameters: units all-gathered ahead of the one computing, each in a "
+      "gathered-unit buffer of its own")(
+      "reduction-slots",
+      po::value<int>(&f.slots)->default_value(plan::kDefaultReductionSlots)->value_name("INT"),
+      "gradient reductions in flight, each in a slot of a unit's gradient and its shards; "
+      "backward waits for a slot when all are busy (fewer: less memory, more waiting)");
+  return desc;
+}
+
+void check_in_flight(const InFlight& f) {
+  require(f.prefetch >= 1, "prefetch-units", f.prefetch, "an integer >= 1");
+  require(f.slots >= 1, "reduction-slots", f.slots, "an integer >= 1");
 }
 
 po::options_description model_field_options() {

@@ -35,6 +35,17 @@ void require(bool ok, const std::string& option, const T& value, const std::stri
 po::options_description model_field_options();
 void apply_model_fields(const po::variables_map& vm, model::LlamaConfig& config);
 
+// The engine's bounds on work in flight, which size its temporaries (amsp
+// train runs with them, amsp plan predicts with them): --prefetch-units and
+// --reduction-slots, into `prefetch` and `slots`; check_in_flight refuses
+// values below 1.
+struct InFlight {
+  int prefetch = 0;
+  int slots = 0;
+};
+po::options_description in_flight_options(InFlight& f);
+void check_in_flight(const InFlight& f);
+
 // Runs a command's work under MPI (comm::MpiSession) and returns its exit
 // code. Errors that every rank raised alike (setup checks run collectively)
 // are printed by rank 0 only.

@@ -144,6 +144,7 @@ struct PlanArgs {
       global_batch, shard, overlap, sweep, plot, compress;
   int64_t nodes = 1, gpus_per_node = 0, ranks_per_node = 0, seq_len = 0, micro_batch = 0, top = 0;
   double peak_tflops = 0, achievable = 0, memory_margin = 0;
+  InFlight in_flight;
   bool json = false;
 };
 
@@ -198,6 +199,7 @@ po::options_description plan_options(PlanArgs& a) {
       ("schedule", "print the step's schedule for --shard PLAN (or the chosen plan): every "
                    "stage of every unit and the order every rank issues them in")
       ("json", "print one JSON object instead of tables");
+  desc.add(in_flight_options(a.in_flight));
   desc.add(model_field_options());
   return desc;
 }
@@ -211,6 +213,7 @@ void check_args(const PlanArgs& a, const po::variables_map& vm) {
   require(a.precision == "bf16" || a.precision == "fp32", "precision", a.precision, "bf16 or fp32");
   require(a.recompute == "none" || a.recompute == "full", "recompute", a.recompute, "none or full");
   require(a.overlap == "on" || a.overlap == "off", "overlap", a.overlap, "on or off");
+  check_in_flight(a.in_flight);
   require(a.memory_margin >= 0 && a.memory_margin < 1, "memory-margin", a.memory_margin,
           "a fraction in [0, 1)");
   if (vm.count("peak-tflops")) require(a.peak_tflops > 0, "peak-tflops", a.peak_tflops, "a number > 0");
@@ -260,6 +263,8 @@ PlanSetup plan_setup(const PlanArgs& a, const po::variables_map& vm) {
   w.precision = a.precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   w.recompute = a.recompute == "none" ? Recompute::kNone : Recompute::kFull;
   w.compression = plan::parse_compression(a.compress);
+  w.prefetch = a.in_flight.prefetch;
+  w.max_reductions = a.in_flight.slots;
 
   s.cluster = load_cluster(a.cluster_name, "cluster");
   in.mesh.nodes = a.nodes;
@@ -295,6 +300,8 @@ ordered_json input_json(const PlanArgs& a, const PlanSetup& s) {
   input["memory_margin"] = s.in.memory_margin;
   input["usable_memory_bytes"] = s.in.usable_memory();
   input["overlap"] = s.in.schedule.overlap;
+  input["prefetch_units"] = w.prefetch;
+  input["reduction_slots"] = w.max_reductions;
   input["cluster"] = s.cluster.name;
   input["bandwidth"] = s.measured ? a.bandwidth_path : s.cluster.source;
   input["bandwidth_modelled"] = !s.measured && s.cluster.modelled;

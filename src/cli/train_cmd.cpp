@@ -33,6 +33,7 @@ struct TrainArgs {
   int64_t warmup = -1, seed = 0;
   std::string memory;
   bool no_overlap = false;
+  InFlight in_flight;
   std::string checkpoint_io;
   std::string checkpoint_mode;
 };
@@ -178,6 +179,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("data-order", po::value<std::string>(&o.data_order_path)->value_name("FILE"),
            "write one JSON line per step: where each of its training windows starts in the "
            "train split, in global row order");
+  desc.add(in_flight_options(a.in_flight));
   desc.add(model_field_options());
 }
 
@@ -256,6 +258,9 @@ void set_schedule(TrainArgs& a) {
 void set_run_options(TrainArgs& a) {
   engine::TrainOptions& o = a.o;
   o.overlap = !a.no_overlap;
+  check_in_flight(a.in_flight);
+  o.prefetch_units = a.in_flight.prefetch;
+  o.reduction_slots = a.in_flight.slots;
   require(o.checkpoint_every >= 0, "checkpoint-every", o.checkpoint_every, "an integer >= 0");
   o.checkpoint_io = ckpt::parse_transfer(a.checkpoint_io, "--checkpoint-io");
   if (a.checkpoint_mode != "sync" && a.checkpoint_mode != "background")

@@ -39,9 +39,10 @@
 #include "comm/communicator.h"
 #include "engine/optimizer.h"
 #include "engine/plan_groups.h"
-#include "plan/shards.h"
 #include "engine/trace.h"
 #include "model/llama.h"
+#include "plan/memory.h"
+#include "plan/shards.h"
 
 namespace amsp::engine {
 
@@ -50,8 +51,8 @@ using plan::UnitShards;
 
 struct EngineOptions {
   DType precision = DType::kF32;  // the parameters' dtype: kF32, or kBF16 (mixed precision)
-  int prefetch = 2;          // gathered units in flight ahead of the one computing
-  int max_reductions = 2;    // outstanding gradient reductions
+  int prefetch = plan::kDefaultPrefetch;  // gathered units in flight ahead of the one computing
+  int max_reductions = plan::kDefaultReductionSlots;  // outstanding gradient reductions (slots)
   plan::Compression compression;  // block-quantized collectives (doc/compression.md); off
   bool overlap = true;       // false: wait for every collective as soon as it is issued
   int64_t micro_batches = 1; // per step, to size the page-locked batch buffer at start-up

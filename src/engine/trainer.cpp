@@ -173,6 +173,8 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   in.workload.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
   in.workload.recompute = o.recompute == "full" ? plan::Recompute::kFull : plan::Recompute::kNone;
   in.workload.compression = o.compression;
+  in.workload.prefetch = o.prefetch_units;
+  in.workload.max_reductions = o.reduction_slots;
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
   in.memory_per_rank = o.memory_per_rank > 0 ? o.memory_per_rank
@@ -554,6 +556,8 @@ void Run::set_up_engine() {
   eo.grad_clip = o.grad_clip;
   eo.micro_batches = o.grad_accum;
   eo.overlap = o.overlap;
+  eo.prefetch = o.prefetch_units;
+  eo.max_reductions = o.reduction_slots;
   eo.recompute = recompute;
   eo.comm_timeout_s = o.comm_timeout_s;
   eo.compression = o.compression;

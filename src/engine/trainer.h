@@ -13,6 +13,7 @@
 #include "engine/straggler.h"
 #include "model/config.h"
 #include "plan/compression.h"
+#include "plan/memory.h"
 
 namespace amsp::engine {
 
@@ -55,6 +56,8 @@ struct TrainOptions {
   std::string bandwidth_path;  // table for --shard auto (comm-bench output); empty: built-in
   int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
   bool overlap = true;         // false: every collective is waited for when issued
+  int prefetch_units = plan::kDefaultPrefetch;  // units gathered ahead (EngineOptions::prefetch)
+  int reduction_slots = plan::kDefaultReductionSlots;  // reductions in flight (::max_reductions)
   std::string run_info_path;    // rank 0 writes what the run is and how it ended (run_info.h)
   std::string run_id;           // the run's identity in the run record (job scripts give one)
   std::string final_params_path;  // rank 0 writes every parameter here after the last step

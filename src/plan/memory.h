@@ -27,6 +27,15 @@ enum class Recompute { kNone, kFull };
 const char* precision_name(Precision p);  // "bf16", "fp32"
 const char* recompute_name(Recompute r);  // "none", "full"
 
+// The sharding engine's bounds on work in flight, by default (its options
+// `prefetch` and `max_reductions`; amsp train and plan's --prefetch-units and
+// --reduction-slots): units gathered ahead of the one computing, and gradient
+// reductions outstanding, each in a slot of its own. Four slots, not two: with
+// two, a unit's backward waited for the reduction two units back whenever the
+// communication ran late (doc/engine.md, "Reduction slots").
+inline constexpr int kDefaultPrefetch = 2;
+inline constexpr int kDefaultReductionSlots = 4;
+
 // What one rank computes: the model and its micro-batch.
 struct Workload {
   model::LlamaConfig model;
@@ -34,11 +43,10 @@ struct Workload {
   int64_t micro_batch = 1;  // sequences per micro-batch
   Precision precision = Precision::kBf16;
   Recompute recompute = Recompute::kNone;
-  // The sharding engine's bounds on work in flight (its options of the same
-  // names, default 2): units gathered ahead of the one computing, and
-  // gradient reductions outstanding. They size the temporaries.
-  int prefetch = 2;
-  int max_reductions = 2;
+  // The sharding engine's bounds on work in flight (above); they size the
+  // temporaries.
+  int prefetch = kDefaultPrefetch;
+  int max_reductions = kDefaultReductionSlots;
   // Which collectives travel block-quantized (plan/compression.h; off by default).
   Compression compression;
   int64_t tokens_per_micro_batch() const { return seq_len * micro_batch; }

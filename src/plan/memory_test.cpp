@@ -60,7 +60,7 @@ TEST(Memory, ModelStatesByHand) {
 }
 
 // The temporaries the sharding engine allocates, on 2 nodes x 2 ranks (world
-// 4), prefetch 2 and 2 reduction slots, worked out by hand. maxΦ is the
+// 4), the engine's defaults (prefetch 2, 4 reduction slots), worked out by hand. maxΦ is the
 // largest padded unit: 248 when s_os = 4, 246 when s_os is 1 or 2. Replica
 // group R = 4 / s_os. Per slot, in elements:
 //   full = maxΦ         unless s_p = s_g = 1
@@ -77,27 +77,29 @@ TEST(Memory, TemporariesByHand) {
     const char* plan;
     int64_t gathered_bf16, buckets_bf16, gathered_fp32, buckets_fp32;
   };
+  ASSERT_EQ(bf16.prefetch, 2);
+  ASSERT_EQ(bf16.max_reductions, 4);
   const Case cases[] = {
       // ddp, R = 4: fp32 all-reduces the G-shard in place, nothing; bf16
       // needs os = 246, the bf16 copy the all-reduce sums in place.
-      {"ddp", 0, 2 * 246 * 2, 0, 0},
+      {"ddp", 0, 4 * 246 * 2, 0, 0},
       // zero1, R = 1: os = 62 (the OS reduce-scatter's output); bf16 adds
       // g = 248, the bf16 copy of the fp32 accumulator it scatters.
-      {"zero1", 0, 2 * (248 + 62) * 2, 0, 2 * 62 * 4},
+      {"zero1", 0, 4 * (248 + 62) * 2, 0, 4 * 62 * 4},
       // p=1, g=1, os=2x1, R = 2: os = 123; bf16 g = 246.
-      {"p=1x1,g=1x1,os=2x1", 0, 2 * (246 + 123) * 2, 0, 2 * 123 * 4},
+      {"p=1x1,g=1x1,os=2x1", 0, 4 * (246 + 123) * 2, 0, 4 * 123 * 4},
       // zero2: full 248, g 62; os = 0 (s_os = s_g, R = 1).
-      {"zero2", 0, 2 * (248 + 62) * 2, 0, 2 * (248 + 62) * 4},
+      {"zero2", 0, 4 * (248 + 62) * 2, 0, 4 * (248 + 62) * 4},
       // zero3: three gathered units of 248; full 248, g 62.
-      {"zero3", 3 * 248 * 2, 2 * (248 + 62) * 2, 3 * 248 * 4, 2 * (248 + 62) * 4},
+      {"zero3", 3 * 248 * 2, 4 * (248 + 62) * 2, 3 * 248 * 4, 4 * (248 + 62) * 4},
       // mics:2 (2x1 everywhere), R = 2: gathered 3 x 246; full 246, g 123; bf16
       // os = 123 for the replica all-reduce.
-      {"mics:2", 3 * 246 * 2, 2 * (246 + 123 + 123) * 2, 3 * 246 * 4, 2 * (246 + 123) * 4},
+      {"mics:2", 3 * 246 * 2, 4 * (246 + 123 + 123) * 2, 3 * 246 * 4, 4 * (246 + 123) * 4},
       // p=2x1, g=2x2, os=2x2, R = 1: full 248, p 124, g 62.
-      {"p=2x1,g=2x2,os=2x2", 3 * 248 * 2, 2 * (248 + 124 + 62) * 2, 3 * 248 * 4,
-       2 * (248 + 124 + 62) * 4},
+      {"p=2x1,g=2x2,os=2x2", 3 * 248 * 2, 4 * (248 + 124 + 62) * 2, 3 * 248 * 4,
+       4 * (248 + 124 + 62) * 4},
       // AMSP-style p=1, g=2x1, os=2x2, R = 1: full 248, g 124, os 62.
-      {"p=1x1,g=2x1,os=2x2", 0, 2 * (248 + 124 + 62) * 2, 0, 2 * (248 + 124 + 62) * 4},
+      {"p=1x1,g=2x1,os=2x2", 0, 4 * (248 + 124 + 62) * 2, 0, 4 * (248 + 124 + 62) * 4},
   };
   for (const Case& c : cases) {
     const ShardPlan plan = parse_shard_plan(c.plan, mesh);

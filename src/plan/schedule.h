@@ -106,7 +106,7 @@ struct SlotElems {
 
 struct StepSchedule {
   int units = 0;
-  int prefetch = 2;
+  int prefetch = kDefaultPrefetch;
   DType wire = DType::kF32;             // parameters and gradients on the wire
   bool direct_gradients = false;        // backward adds into the G-shard (s_p = s_g = 1)
   std::vector<int64_t> padded;          // Φu per unit

@@ -95,12 +95,15 @@ TEST(Search, MemoryIsTheModelsWithTheEngineOptions) {
   EXPECT_EQ(e.memory.total(), memory_per_rank(in.workload, zero3, 4).total());
   EXPECT_GT(e.memory.gathered, 0);
   EXPECT_GT(e.memory.buckets, 0);
-  // One more gathered unit and one more reduction slot: +1/3 and +1/2.
+  // One more gathered unit and one reduction slot fewer than the defaults (2
+  // and 4): +1/3 and -1/4.
+  ASSERT_EQ(in.workload.prefetch, 2);
+  ASSERT_EQ(in.workload.max_reductions, 4);
   in.workload.prefetch = 3;
   in.workload.max_reductions = 3;
   const Evaluation more = evaluate(in, zero3);
   EXPECT_EQ(more.memory.gathered, e.memory.gathered / 3 * 4);
-  EXPECT_EQ(more.memory.buckets, e.memory.buckets / 2 * 3);
+  EXPECT_EQ(more.memory.buckets, e.memory.buckets / 4 * 3);
   EXPECT_EQ(more.memory.model_states(), e.memory.model_states());
 }
 

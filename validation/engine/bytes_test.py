@@ -7,7 +7,8 @@ For each plan and precision, `amsp train` runs on N ranks under mpiexec with
 the byte, the sum of the collectives `amsp plan --shard PLAN --json` lists for the same
 model, mesh, batch and precision; model_state_bytes (counted from the buffers the
 engine allocated) must equal the planner's params + grads + optimizer, and
-temporary_bytes its gathered + buckets.
+temporary_bytes its gathered + buckets, also with the work in flight set by
+--prefetch-units and --reduction-slots (given to both commands).
 
 usage: bytes_test.py AMSP MPIEXEC DATA WORKDIR
 """
@@ -25,16 +26,20 @@ PLANS = ["ddp", "zero1", "zero2", "zero3", "mics:2", "p=1,g=2x1,os=4x1", "p=2x1,
 # buffers (doc/compression.md).
 COMPRESSED = [("fp32", "zero3", "p=int8"), ("bf16", "mics:2", "p=int4,block=64"),
               ("bf16", "p=2x1,g=2x1,os=4x1", "on")]
+# (precision, plan, options of both commands): the engine's work in flight, away from its
+# defaults (the temporaries are sized by them).
+IN_FLIGHT = [("fp32", "zero3", ["--prefetch-units", "1", "--reduction-slots", "1"]),
+             ("bf16", "mics:2", ["--prefetch-units", "3", "--reduction-slots", "3"])]
 
 
-def predicted(amsp, plan, precision, compress="off"):
+def predicted(amsp, plan, precision, compress="off", extra=()):
     out = subprocess.run(
         [amsp, "plan", "--model", "tiny", "--nodes", "1", "--gpus-per-node", str(RANKS),
          "--precision", precision, "--seq-len", str(SEQ), "--micro-batch", str(BATCH),
          "--global-batch", str(SEQ * BATCH * ACCUM * RANKS), "--gpu-memory", "16GiB",
          "--bandwidth", os.path.join(os.path.dirname(__file__), "..", "..", "inputs", "bandwidth",
                                      "localcluster-2x4.json"),
-         "--shard", plan, "--compress", compress, "--json"], check=True, stdout=subprocess.PIPE, text=True).stdout
+         "--shard", plan, "--compress", compress, "--json", *extra], check=True, stdout=subprocess.PIPE, text=True).stdout
     p = json.loads(out)["plan"]
     sent = defaultdict(int)
     for c in p["collectives"]:
@@ -44,13 +49,13 @@ def predicted(amsp, plan, precision, compress="off"):
     return dict(sent), (m["params"] + m["grads"] + m["optimizer"], m["gathered"] + m["buckets"])
 
 
-def measured(amsp, mpiexec, data, work, plan, precision, compress="off"):
+def measured(amsp, mpiexec, data, work, plan, precision, compress="off", extra=()):
     metrics = os.path.join(work, "bytes.jsonl")
     subprocess.run([mpiexec, "-n", str(RANKS), amsp, "train", "--model", "tiny", "--data", data,
                     "--steps", "2", "--seq-len", str(SEQ), "--batch-size", str(BATCH),
                     "--grad-accum", str(ACCUM), "--shard", plan, "--precision", precision, "--eval-every", "0",
                     "--eval-windows", "4", "--peak-tflops", "1", "--threads", "1", "--compress", compress,
-                    "--metrics", metrics], check=True, stdout=subprocess.DEVNULL, timeout=120)
+                    "--metrics", metrics, *extra], check=True, stdout=subprocess.DEVNULL, timeout=120)
     rows = [json.loads(line) for line in open(metrics)]
     last = rows[-1]  # a whole step: every collective it issued, nothing else
     sent = {(g, op): s["bytes_sent"] for g, ops in last["comm"].items() for op, s in ops.items()
@@ -62,12 +67,14 @@ def main():
     amsp, mpiexec, data, work = sys.argv[1:5]
     os.makedirs(work, exist_ok=True)
     passed = failed = 0
-    for precision, plan, compress in [(p, plan, "off") for p in ("fp32", "bf16") for plan in PLANS] + COMPRESSED:
-        want, want_mem = predicted(amsp, plan, precision, compress)
-        got, got_mem = measured(amsp, mpiexec, data, work, plan, precision, compress)
+    cases = ([(p, plan, "off", []) for p in ("fp32", "bf16") for plan in PLANS] +
+             [(p, plan, c, []) for p, plan, c in COMPRESSED] + [(p, plan, "off", x) for p, plan, x in IN_FLIGHT])
+    for precision, plan, compress, extra in cases:
+        want, want_mem = predicted(amsp, plan, precision, compress, extra)
+        got, got_mem = measured(amsp, mpiexec, data, work, plan, precision, compress, extra)
         ok = want == got and want_mem == got_mem
-        label = plan if compress == "off" else f"{plan} --compress {compress}"
-        print(f"{'ok  ' if ok else 'FAIL'} {precision} {label:20s} bytes {sum(got.values()):>10} "
+        label = " ".join([plan] + ([f"--compress {compress}"] if compress != "off" else []) + extra)
+        print(f"{'ok  ' if ok else 'FAIL'} {precision} {label:28s} bytes {sum(got.values()):>10} "
               f"(predicted {sum(want.values()):>10}), model states {got_mem[0]} (predicted {want_mem[0]}), "
               f"temporaries {got_mem[1]} (predicted {want_mem[1]})")
         if not ok:

@@ -40,6 +40,7 @@ See doc/engine-tests.md.
 import argparse
 import json
 import math
+import re
 import os
 import shutil
 import signal
@@ -260,7 +261,7 @@ class Runner:
                 "--eval-windows", "8", "--peak-tflops", "1", "--threads", "1",
                 "--comm-timeout", "60",
                 "--metrics", os.path.join(self.args.work, f"{tag}.jsonl"),
-                "--final-params", os.path.join(self.args.work, f"{tag}.bin")]
+                "--final-params", os.path.join(self.args.work, f"{tag}.bin"), *self.args.engine_arg]
 
     def launcher(self, per_node, nodes):
         if self.slurm_env is None:
@@ -285,7 +286,8 @@ class Runner:
     def issue_order_setup(self, per_node, plan, accum, batch, tag):
         """(schedule's step, log folder, (env, prefix)) for a case whose issue order is checked."""
         expected = issue_order.schedule_issues(lambda c: run(c, clean_env()), self.args.amsp, per_node,
-                                               plan, accum, batch, SEQ, self.args.precision, self.args.model)
+                                               plan, accum, batch, SEQ, self.args.precision, self.args.model,
+                                               self.args.engine_arg)
         logdir = os.path.join(self.args.work, tag + "-issues")
         shutil.rmtree(logdir, ignore_errors=True)
         os.makedirs(logdir)
@@ -411,6 +413,9 @@ def main():
                     help="the model's config (default: the tiny preset)")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the checks whose description contains TEXT, e.g. \"'zero3'\" (repeatable)")
+    ap.add_argument("--engine-arg", action="append", default=[],
+                    help="an option of both amsp train and amsp plan for every run and schedule, "
+                         "e.g. --engine-arg=--reduction-slots=1 (repeatable)")
     args = ap.parse_args()
     args.amsp = os.path.abspath(args.amsp)
     args.data = os.path.abspath(args.data)
@@ -418,7 +423,8 @@ def main():
     args.model = os.path.abspath(args.model)
     stem = os.path.splitext(os.path.basename(args.model))[0]
     args.work = os.path.abspath(os.path.join(args.work, args.mode + ("-bf16" if args.precision == "bf16" else "") +
-                                             ("" if stem == "tiny" else "-" + stem)))
+                                             ("" if stem == "tiny" else "-" + stem) +
+                                             "".join("-" + re.sub(r"[^A-Za-z0-9]+", "", a) for a in args.engine_arg)))
     if args.precision == "bf16":
         global LOSS_TOL, FIRST_NORM_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL
         LOSS_TOL, FIRST_NORM_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL = BF16_TOLS

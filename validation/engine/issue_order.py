@@ -33,18 +33,19 @@ def env_and_wrapper(logdir, ranks, seed):
     return env, wrapper
 
 
-def schedule_command(amsp, model, per_node, nodes, plan, accum, batch, seq, precision):
+def schedule_command(amsp, model, per_node, nodes, plan, accum, batch, seq, precision, extra=()):
     """`amsp plan --schedule` for a training run of `nodes` x `per_node` ranks, each with
-    `accum` micro-batches of `batch` sequences of `seq` tokens a step."""
+    `accum` micro-batches of `batch` sequences of `seq` tokens a step; `extra`: options both
+    commands take (--prefetch-units, --reduction-slots)."""
     return [amsp, "plan", "--model", model, "--gpus-per-node", str(per_node), "--nodes", str(nodes),
             "--seq-len", str(seq), "--micro-batch", str(batch), "--precision", precision,
-            "--global-batch", str(seq * batch * accum * per_node * nodes), "--shard", plan, "--schedule"]
+            "--global-batch", str(seq * batch * accum * per_node * nodes), "--shard", plan, "--schedule", *extra]
 
 
-def schedule_issues(run, amsp, per_node, plan, accum, batch, seq, precision, model="tiny"):
+def schedule_issues(run, amsp, per_node, plan, accum, batch, seq, precision, model="tiny", extra=()):
     """The step's issue order from `amsp plan --schedule`, as log lines without dtype.
     run(cmd) -> (rc, out, err, seconds). Raises ValueError naming a failure."""
-    cmd = schedule_command(amsp, model, per_node, 1, plan, accum, batch, seq, precision)
+    cmd = schedule_command(amsp, model, per_node, 1, plan, accum, batch, seq, precision, extra)
     rc, out, err, _ = run(cmd)
     if rc != 0:
         raise ValueError(f"amsp plan --schedule failed: {err.strip()}")

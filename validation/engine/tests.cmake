@@ -43,6 +43,18 @@ add_test(NAME engine_equivalence_mpi_padded
 set_tests_properties(engine_equivalence_mpi_padded PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_4})
 
+# The fewest buffers in flight the engine allows (--prefetch-units 1 --reduction-slots 1:
+# every gather and every reduction waits for the one before in its buffer), on the plans
+# whose chains use every kind of slot buffer; the schedule and the issue order with the
+# same options (about 15 s).
+add_test(NAME engine_equivalence_mpi_in_flight
+  COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS}
+          --engine-arg=--prefetch-units=1 --engine-arg=--reduction-slots=1
+          --only "(4, 1, 'ddp', 1, 1)" --only "(4, 1, 'zero2', 3, 1)" --only "(4, 1, 'zero3', 3, 1)"
+          --only "(4, 1, 'mics:2', 3, 1)" --only "(4, 1, 'p=1,g=2x1,os=4x1', 3, 1)")
+set_tests_properties(engine_equivalence_mpi_in_flight PROPERTIES
+  FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS ${AMSP_SHARE_4})
+
 # Its cluster runs on ports found free at start (validation/slurm/local_cluster.py);
 # 8 ranks on 4 virtual nodes of 2 CPUs take every core, so it runs alone.
 add_test(NAME engine_equivalence_slurm

@@ -103,25 +103,47 @@ for where, x in [(f"candidates[{i}]", c) for i, c in enumerate(cands)] + \
         check(sum(mem[k] for k in PARTS) == x["memory_bytes"], f"{where}: memory parts add up")
 # The sharding engine's temporaries, by hand. LLaMA-13B's largest unit is a
 # layer: 2h + 4h^2 + 3hI = 317,204,480 (h 5120, I 13824), a multiple of 1024, so
-# maxPhi is that under every plan. bf16 (2 bytes), prefetch 2, 2 reduction slots.
+# maxPhi is that under every plan. bf16 (2 bytes); by default 2 units prefetched
+# (3 gathered-unit buffers) and 4 reduction slots.
 phi = 2 * 5120 + 4 * 5120 * 5120 + 3 * 5120 * 13824
-temporaries = {
-    # gathered: 3 units; slots: the full gradient + its G-shard part (1/1024).
-    "zero3": (3 * phi * 2, 2 * (phi + phi // 1024) * 2),
-    # no gathers; slots: a bf16 copy of the fp32 G-shard (the whole unit) for
-    # the OS reduce-scatter, and its output (1/1024).
-    "zero1": (0, 2 * (phi + phi // 1024) * 2),
-    # no gathers; the replica all-reduce over 1024 sums a bf16 copy of the
-    # G-shard in place (plan/schedule.h: slot.os).
-    "ddp": (0, 2 * phi * 2),
-    # 8x1: gathered 3 units; full + G part (1/8) + the replica all-reduce's
-    # bf16 buffer (1/8), the replica group being 128 ranks.
-    "mics:8": (3 * phi * 2, 2 * (phi + phi // 8 + phi // 8) * 2),
-}
-for name, (gathered, buckets) in temporaries.items():
-    mem = named[name]["memory"]
-    check((mem["gathered"], mem["buckets"]) == (gathered, buckets),
-          f"{name}: gathered, buckets = {gathered}, {buckets} (got {mem['gathered']}, {mem['buckets']})")
+
+
+def temporaries(units, slots):
+    return {
+        # gathered units; slots: the full gradient + its G-shard part (1/1024).
+        "zero3": (units * phi * 2, slots * (phi + phi // 1024) * 2),
+        # no gathers; slots: a bf16 copy of the fp32 G-shard (the whole unit) for
+        # the OS reduce-scatter, and its output (1/1024).
+        "zero1": (0, slots * (phi + phi // 1024) * 2),
+        # no gathers; the replica all-reduce over 1024 sums a bf16 copy of the
+        # G-shard in place (plan/schedule.h: slot.os).
+        "ddp": (0, slots * phi * 2),
+        # 8x1: gathered units; full + G part (1/8) + the replica all-reduce's
+        # bf16 buffer (1/8), the replica group being 128 ranks.
+        "mics:8": (units * phi * 2, slots * (phi + phi // 8 + phi // 8) * 2),
+    }
+
+
+def check_temporaries(plans, units, slots, how):
+    for name, (gathered, buckets) in temporaries(units, slots).items():
+        mem = plans[name]["memory"]
+        check((mem["gathered"], mem["buckets"]) == (gathered, buckets),
+              f"{name}{how}: gathered, buckets = {gathered}, {buckets} (got {mem['gathered']}, {mem['buckets']})")
+
+
+check_temporaries(named, 3, 4, "")
+# --prefetch-units and --reduction-slots size them (amsp train runs with the same options).
+r = run(ISSUE + ["--prefetch-units", "1", "--reduction-slots", "2", "--json"])
+check(r.returncode == 0, "--prefetch-units 1 --reduction-slots 2 exits 0")
+if r.returncode == 0:
+    j2 = json.loads(r.stdout)
+    check((j2["input"]["prefetch_units"], j2["input"]["reduction_slots"]) == (1, 2),
+          "the input echoes --prefetch-units and --reduction-slots")
+    check_temporaries(j2["named"], 2, 2, " with --prefetch-units 1 --reduction-slots 2")
+for bad in (["--reduction-slots", "0"], ["--prefetch-units", "-1"]):
+    r = run(ISSUE + bad)
+    check(r.returncode != 0 and r.stderr.strip().count("\n") == 0 and bad[0] in r.stderr
+          and "expected an integer >= 1" in r.stderr, f"{' '.join(bad)}: one line naming the option")
 check(named["zero3"]["memory"]["grads"] * 2 == named["zero3"]["memory"]["params"] * 4,
       "bf16: 4-byte gradient accumulator beside 2-byte parameters")
 check("paper" in j and j["paper"]["step_time_s"] >= cands[0]["step_time_s"],
