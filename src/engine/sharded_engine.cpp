@@ -16,6 +16,27 @@ using backend::Buffer;
 using backend::View;
 using plan::GroupKind;
 
+namespace {
+
+// What the planner is told this engine runs: the same model, batch, precision,
+// recomputation, work in flight and compression, so that its schedule and its
+// memory are the engine's.
+plan::Workload engine_workload(const model::LlamaConfig& config, int64_t batch, int64_t seq_len,
+                               const EngineOptions& o) {
+  plan::Workload w;
+  w.model = config;
+  w.seq_len = seq_len;
+  w.micro_batch = batch;
+  w.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
+  w.recompute = o.recompute ? plan::Recompute::kFull : plan::Recompute::kNone;
+  w.prefetch = o.prefetch;
+  w.max_reductions = o.max_reductions;
+  w.compression = o.compression;
+  return w;
+}
+
+}  // namespace
+
 struct ShardedEngine::Impl {
   // A reduction slot: the unit's full gradient and its P-, G- and OS-shard
   // parts, in the wire dtype (the parameters' dtype).
@@ -71,7 +92,7 @@ struct ShardedEngine::Impl {
   std::vector<Staged> staging;
 
   Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s, PlanGroups& pg,
-       const EngineOptions& o);
+       int64_t batch, int64_t seq_len, const EngineOptions& o);
 
   bool bf16() const { return opt.precision == DType::kBF16; }
   bool on_host() const { return be.device() == Device::kCpu; }
@@ -136,7 +157,7 @@ struct ShardedEngine::Impl {
 };
 
 ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s,
-                          PlanGroups& pg, const EngineOptions& o)
+                          PlanGroups& pg, int64_t batch, int64_t seq_len, const EngineOptions& o)
     : be(b), model(m), shards(s), opt(o), wire(o.precision), U(m.num_units()) {
   if (opt.precision != DType::kF32 && opt.precision != DType::kBF16)
     fail_usage("engine: precision ", dtype_name(opt.precision), " is not fp32 or bf16");
@@ -146,11 +167,7 @@ ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vecto
   sos = plan.os.size();
   replicas = pg.mesh.group_size(GroupKind::kReplica);
   replica = pg.mesh.coords(pg.position).r;
-  workload.model = m.config();
-  workload.precision = bf16() ? plan::Precision::kBf16 : plan::Precision::kFp32;
-  workload.prefetch = opt.prefetch;
-  workload.max_reductions = opt.max_reductions;
-  workload.compression = opt.compression;
+  workload = engine_workload(m.config(), batch, seq_len, opt);
   shard_plan = plan;
   shape = pg.mesh.shape();
   schedule = plan::step_schedule(workload, shard_plan, shape);
@@ -560,15 +577,7 @@ namespace {
 // own allocation (fp32 on every backend), not the planner's bf16 GPU estimate.
 int64_t reserve_working_set(backend::Backend& be, const model::LlamaConfig& config, const PlanGroups& pg,
                             int64_t batch, int64_t seq_len, const EngineOptions& o) {
-  plan::Workload w;
-  w.model = config;
-  w.seq_len = seq_len;
-  w.micro_batch = batch;
-  w.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
-  w.recompute = o.recompute ? plan::Recompute::kFull : plan::Recompute::kNone;
-  w.prefetch = o.prefetch;
-  w.max_reductions = o.max_reductions;
-  w.compression = o.compression;
+  const plan::Workload w = engine_workload(config, batch, seq_len, o);
   plan::MemoryBreakdown m = plan::memory_per_rank(w, pg.mesh.plan(), pg.mesh.shape());
   m.activations = plan::cpu_activation_bytes(config, batch, seq_len, o.recompute, be.compute());
   be.reserve(m.total());
@@ -592,7 +601,7 @@ ShardedEngine::ShardedEngine(const model::LlamaConfig& config, backend::Backend&
   if (backend.compute() != options.precision)
     fail_usage("engine: the backend computes in ", dtype_name(backend.compute()),
                " but the engine was asked for ", dtype_name(options.precision));
-  impl_ = std::make_unique<Impl>(backend, model_, shards_, groups, options);
+  impl_ = std::make_unique<Impl>(backend, model_, shards_, groups, batch, seq_len, options);
   // Staging sized now, not in a step: the batch buffer for the expected
   // micro-batches, and the backend's read-back buffer (one read of the scalars).
   impl_->pinned_batch(std::max<int64_t>(1, options.micro_batches), batch * seq_len);
