@@ -8,8 +8,9 @@
 // Events come from a pool and are reused. Their times are read
 // (cudaEventElapsedTime) only once the device has passed them: at take(),
 // which waits for the last one, and whenever kMaxPending pairs are
-// outstanding. Only a run with --kernel-profile makes a timer; nothing here
-// runs otherwise.
+// outstanding. The last resolved end event is kept until the next resolve,
+// so that the idle time before the first pair of a batch is read too. Only a
+// run with --kernel-profile makes a timer; nothing here runs otherwise.
 #include <utility>
 
 #include "backend/cuda_backend.h"
@@ -26,6 +27,7 @@ class CudaStreamTimer final : public StreamTimer {
   ~CudaStreamTimer() override {
     for (const Pending& p : pending_) free_.insert(free_.end(), {p.start, p.end});
     if (open_) free_.push_back(open_);
+    if (last_end_) free_.push_back(last_end_);
     for (cudaEvent_t e : free_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
   }
   CudaStreamTimer(const CudaStreamTimer&) = delete;
@@ -45,6 +47,8 @@ class CudaStreamTimer final : public StreamTimer {
 
   std::vector<Stretch> take() override {
     resolve();
+    if (last_end_)
+      free_.push_back(std::exchange(last_end_, nullptr));  // the next chain starts afresh
     return std::exchange(done_, {});
   }
 
@@ -74,16 +78,27 @@ class CudaStreamTimer final : public StreamTimer {
     if (pending_.empty()) return;
     AMSP_CUDA_CHECK(cudaEventSynchronize(pending_.back().end));
     for (const Pending& p : pending_) {
-      float ms = 0;
-      AMSP_CUDA_CHECK(cudaEventElapsedTime(&ms, p.start, p.end));
-      done_.push_back({p.slot, static_cast<double>(ms)});
-      free_.insert(free_.end(), {p.start, p.end});
+      Stretch s{p.slot, elapsed_ms(p.start, p.end)};
+      if (last_end_) {
+        s.idle_ms = elapsed_ms(last_end_, p.start);
+        free_.push_back(last_end_);
+      }
+      done_.push_back(s);
+      free_.push_back(p.start);
+      last_end_ = p.end;
     }
     pending_.clear();
   }
 
+  static double elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    AMSP_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+
   cudaStream_t stream_;
-  cudaEvent_t open_ = nullptr;  // recorded by start(), not yet stopped
+  cudaEvent_t open_ = nullptr;      // recorded by start(), not yet stopped
+  cudaEvent_t last_end_ = nullptr;  // the last resolved stretch's end, since the last take
   std::vector<Pending> pending_;
   std::vector<Stretch> done_;
   std::vector<cudaEvent_t> free_;

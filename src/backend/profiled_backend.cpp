@@ -1,5 +1,6 @@
 #include "backend/profiled_backend.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/error.h"
@@ -94,13 +95,34 @@ std::vector<KernelTime> ProfiledBackend::take() {
   std::vector<KernelTime> by_slot(names_.size());
   by_slot.swap(counts_);
   counts_.resize(names_.size());
-  for (const StreamTimer::Stretch& s : timer_->take()) by_slot[static_cast<size_t>(s.slot)].ms += s.ms;
+  const std::vector<StreamTimer::Stretch> stretches = timer_->take();
+  for (const StreamTimer::Stretch& s : stretches) by_slot[static_cast<size_t>(s.slot)].ms += s.ms;
+  idle_ = idle_by_pair(stretches);
   std::vector<KernelTime> out;
   for (size_t i = 0; i < by_slot.size(); ++i) {
     if (by_slot[i].calls == 0) continue;
     by_slot[i].name = names_[i];
     by_slot[i].op = names_[i].substr(0, names_[i].find('['));
     out.push_back(std::move(by_slot[i]));
+  }
+  return out;
+}
+
+std::vector<IdleTime> ProfiledBackend::idle_by_pair(
+    const std::vector<StreamTimer::Stretch>& stretches) const {
+  const auto name = [this](int slot) { return names_[static_cast<size_t>(slot)]; };
+  std::vector<IdleTime> out;
+  std::map<std::pair<int, int>, size_t> at;  // (after, before) slots -> index in out
+  for (size_t i = 1; i < stretches.size(); ++i) {
+    const StreamTimer::Stretch& s = stretches[i];
+    if (s.idle_ms < 0) continue;  // a new chain
+    const int after = stretches[i - 1].slot;
+    const auto [it, added] = at.try_emplace({after, s.slot}, out.size());
+    if (added) out.push_back({name(after), name(s.slot)});
+    IdleTime& gap = out[it->second];
+    gap.gaps += 1;
+    gap.ms += s.idle_ms;
+    gap.max_ms = std::max(gap.max_ms, s.idle_ms);
   }
   return out;
 }

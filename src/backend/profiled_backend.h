@@ -18,6 +18,11 @@
 // Timing is off until set_timing(true): the engine's set-up, evaluations and
 // checkpoints are not part of the profile.
 //
+// Between two timed calls, the time nothing timed ran (the timer's idle_ms:
+// the device's between its events, the host's on the CPU) is kept by the pair
+// of names around it (idle()): where a device sat waiting for its host to
+// enqueue, or for another stream, and after and before what.
+//
 // Timed or counted, every name also sums the least device memory its calls
 // could have moved: each operand of the call read once and each result written
 // once (an accumulated one read and written), at the dtypes and extents the call
@@ -55,6 +60,17 @@ struct KernelTime {
   double tensor_flops = 0, simt_flops = 0;
 };
 
+// The time nothing timed ran between two consecutive timed calls, by the pair
+// of names: on a device, the time its stream sat empty (waiting for the host
+// to enqueue, or for another stream) after a call of `after` and before one of
+// `before`; on the CPU, the host's own work between the two calls.
+struct IdleTime {
+  std::string after, before;
+  int64_t gaps = 0;
+  double ms = 0;      // summed
+  double max_ms = 0;  // the longest one
+};
+
 class ProfiledBackend final : public Backend {
  public:
   explicit ProfiledBackend(std::unique_ptr<Backend> inner);
@@ -66,6 +82,10 @@ class ProfiledBackend final : public Backend {
   // The calls timed since the last take, one entry per name that had any
   // (first-call order); waits for the device to finish them.
   std::vector<KernelTime> take();
+  // The idle time between the calls the last take() returned, by pair of names
+  // (in the order of each pair's first gap). The first call after a take has no
+  // gap before it: a take ends a chain.
+  const std::vector<IdleTime>& idle() const { return idle_; }
 
   Device device() const override { return inner_->device(); }
   std::string describe() const override { return inner_->describe(); }
@@ -176,6 +196,8 @@ class ProfiledBackend final : public Backend {
   template <typename Call>
   auto timed(const char* name, int64_t min_bytes, const Call& call);
   int slot(const std::string& name);
+  // The idle time between consecutive stretches, by the pair of names around it.
+  std::vector<IdleTime> idle_by_pair(const std::vector<StreamTimer::Stretch>& stretches) const;
   // Adds what the device counted since `before` to slot s.
   void count(int s, const DeviceCounts& before);
 
@@ -187,6 +209,7 @@ class ProfiledBackend final : public Backend {
   std::map<std::string, int> slots_;
   std::vector<std::string> names_;  // by slot
   std::vector<KernelTime> counts_;  // by slot: calls and, while counting, counts
+  std::vector<IdleTime> idle_;      // the last take's
 };
 
 }  // namespace amsp::backend

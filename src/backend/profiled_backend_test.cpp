@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace amsp::backend {
@@ -59,6 +61,62 @@ TEST_P(ProfiledBackendTest, KeepsEveryCallOfALongStep) {
   const std::vector<KernelTime> times = be.take();
   ASSERT_EQ(times.size(), 1u);
   EXPECT_EQ(times[0].calls, 5000);
+  ASSERT_EQ(be.idle().size(), 1u);
+  EXPECT_EQ(be.idle()[0].gaps, 4999)
+      << "a gap before every call but the first, also across the timer's reads";
+}
+
+// The time between timed calls, by the pair of names around it: a host pause
+// between two calls is idle time on either device (the CUDA stream is empty
+// while the host sleeps), and a take ends the chain.
+TEST_P(ProfiledBackendTest, IdleBetweenCallsByPairOfNames) {
+  ProfiledBackend be(make(GetParam()));
+  Buffer x = be.alloc(DType::kF32, 16), y = be.alloc(DType::kF32, 16);
+  be.set_timing(true);
+  be.fill_zero(x.view());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  be.copy(x.view(), y.view());
+  be.fill_zero(x.view());
+  be.copy(x.view(), y.view());
+  EXPECT_EQ(be.take().size(), 2u);
+  const std::vector<IdleTime> idle = be.idle();
+  ASSERT_EQ(idle.size(), 2u);
+  EXPECT_EQ(idle[0].after, "fill_zero");
+  EXPECT_EQ(idle[0].before, "copy");
+  EXPECT_EQ(idle[0].gaps, 2);
+  EXPECT_GE(idle[0].max_ms, 19.9) << "the pause";
+  EXPECT_GE(idle[0].ms, idle[0].max_ms);
+  EXPECT_EQ(idle[1].after, "copy");
+  EXPECT_EQ(idle[1].before, "fill_zero");
+  EXPECT_EQ(idle[1].gaps, 1);
+  EXPECT_GE(idle[1].ms, 0.0);
+  EXPECT_LT(idle[1].ms, idle[0].ms);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  be.copy(x.view(), y.view());
+  be.take();
+  EXPECT_TRUE(be.idle().empty()) << "a take ends the chain: the next call has no gap before it";
+}
+
+// The device's own timer: a take ends a chain, so the first stretch after it
+// has no idle time before it (the time between two steps is not a gap).
+TEST_P(ProfiledBackendTest, TimerEndsItsChainAtATake) {
+  const std::unique_ptr<Backend> be = make(GetParam());
+  const std::unique_ptr<StreamTimer> timer = be->make_stream_timer();
+  for (int slot = 0; slot < 2; ++slot) {
+    timer->start();
+    timer->stop(slot);
+  }
+  const std::vector<StreamTimer::Stretch> first = timer->take();
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].idle_ms, -1.0);
+  EXPECT_GE(first[1].idle_ms, 0.0);
+  timer->start();
+  timer->stop(2);
+  const std::vector<StreamTimer::Stretch> second = timer->take();
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].slot, 2);
+  EXPECT_EQ(second[0].idle_ms, -1.0) << "the first stretch after a take";
 }
 
 // Counting: per name, what the device did and the call's least traffic. On

@@ -11,13 +11,23 @@ class HostTimer final : public StreamTimer {
  public:
   void start() override { t0_ = Clock::now(); }
   void stop(int slot) override {
-    done_.push_back({slot, std::chrono::duration<double, std::milli>(Clock::now() - t0_).count()});
+    const Clock::time_point t1 = Clock::now();
+    done_.push_back({slot, ms(t0_, t1), chained_ ? ms(last_stop_, t0_) : -1});
+    last_stop_ = t1;
+    chained_ = true;
   }
-  std::vector<Stretch> take() override { return std::exchange(done_, {}); }
+  std::vector<Stretch> take() override {
+    chained_ = false;
+    return std::exchange(done_, {});
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
-  Clock::time_point t0_;
+  static double ms(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+  Clock::time_point t0_, last_stop_;
+  bool chained_ = false;  // a stretch was stopped since the last take
   std::vector<Stretch> done_;
 };
 

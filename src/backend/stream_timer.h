@@ -16,9 +16,13 @@ class StreamTimer {
   virtual ~StreamTimer() = default;
 
   // What one call's work took: `slot` is the caller's name for the call.
+  // `idle_ms`: the time from the previous stretch's end to this one's start,
+  // on the same clock (the device's between events, the host's between
+  // calls), where nothing timed ran: -1 for the first stretch after a take.
   struct Stretch {
     int slot = 0;
     double ms = 0;
+    double idle_ms = -1;
   };
 
   // start() just before a call and stop(slot) just after it returned; pairs
@@ -26,7 +30,8 @@ class StreamTimer {
   virtual void start() = 0;
   virtual void stop(int slot) = 0;
   // Every stretch stopped since the last take, in stop order; waits for the
-  // device to finish the work they cover.
+  // device to finish the work they cover. The next stretch starts a new
+  // chain: its idle_ms is -1.
   virtual std::vector<Stretch> take() = 0;
 };
 

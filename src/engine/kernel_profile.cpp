@@ -41,6 +41,12 @@ void KernelProfile::add_step(int64_t step, double step_ms, bool counted) {
     t.ms += k.ms;
     t.min_bytes += k.min_bytes;
   }
+  for (const backend::IdleTime& g : be_.idle()) {
+    Idle& i = idle_[{g.after, g.before}];
+    i.gaps += g.gaps;
+    i.ms += g.ms;
+    i.max_ms = std::max(i.max_ms, g.max_ms);
+  }
   if (step_ms_.empty()) first_step_ = step;
   last_step_ = step;
   step_ms_.push_back(step_ms);
@@ -72,6 +78,10 @@ KernelProfile::Summary KernelProfile::summary() const {
   Summary s;
   s.steps = static_cast<double>(std::max<size_t>(1, step_ms_.size()));
   for (const auto& [name, t] : totals_) s.kernel_ms += t.ms;
+  for (const auto& [pair, i] : idle_) {
+    s.idle_ms += i.ms;
+    s.idle_gaps += i.gaps;
+  }
   s.step_mean = std::accumulate(step_ms_.begin(), step_ms_.end(), 0.0) / s.steps;
   s.step_median = median(step_ms_);
   return s;
@@ -80,6 +90,26 @@ KernelProfile::Summary KernelProfile::summary() const {
 std::vector<std::pair<std::string, KernelProfile::Total>> KernelProfile::ranked() const {
   std::vector<std::pair<std::string, Total>> out(totals_.begin(), totals_.end());
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  return out;
+}
+
+std::vector<std::pair<std::pair<std::string, std::string>, KernelProfile::Idle>>
+KernelProfile::ranked_idle() const {
+  std::vector<std::pair<std::pair<std::string, std::string>, Idle>> out(idle_.begin(), idle_.end());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  return out;
+}
+
+nlohmann::ordered_json KernelProfile::idle_json(const Summary& s) const {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& [pair, i] : ranked_idle())
+    out.push_back({{"after", pair.first},
+                   {"before", pair.second},
+                   {"gaps", i.gaps},
+                   {"total_ms", i.ms},
+                   {"ms_per_step", i.ms / s.steps},
+                   {"max_ms", i.max_ms}});
   return out;
 }
 
@@ -109,11 +139,14 @@ nlohmann::ordered_json KernelProfile::json() const {
       {"step_ms_mean", s.step_mean},
       {"kernel_ms_per_step", s.kernel_ms / s.steps},
       {"unaccounted_ms_per_step", s.step_mean - s.kernel_ms / s.steps},
+      {"idle_ms_per_step", s.idle_ms / s.steps},
+      {"idle_gaps_per_step", static_cast<double>(s.idle_gaps) / s.steps},
       {"copy_gb_per_s", copy_gb_s_ > 0 ? nlohmann::ordered_json(copy_gb_s_) : nullptr},
       {"mem_peak_bytes", mem.peak},
       {"mem_reserved_bytes", be_.device() == Device::kCpu ? nlohmann::ordered_json()
                                                           : nlohmann::ordered_json(mem.reserved)},
-      {"kernels", kernels}};
+      {"kernels", kernels},
+      {"idle", idle_json(s)}};
 }
 
 std::string KernelProfile::table(int rows) const {
@@ -140,6 +173,21 @@ std::string KernelProfile::table(int rows) const {
   }
   if (all.size() > static_cast<size_t>(rows))
     out += std::to_string(all.size() - static_cast<size_t>(rows)) + " more in the file\n";
+  return out + idle_table(s, 3);
+}
+
+std::string KernelProfile::idle_table(const Summary& s, int rows) const {
+  char line[512];
+  std::snprintf(line, sizeof line, "idle between calls: %.2f ms per step over %.0f gaps%s\n",
+                s.idle_ms / s.steps, static_cast<double>(s.idle_gaps) / s.steps,
+                idle_.empty() ? "" : "; the most by pair (ms/step, after -> before):");
+  std::string out = line;
+  const auto idle = ranked_idle();
+  for (size_t i = 0; i < idle.size() && i < static_cast<size_t>(rows); ++i) {
+    std::snprintf(line, sizeof line, "%10.3f  %s -> %s\n", idle[i].second.ms / s.steps,
+                  idle[i].first.first.c_str(), idle[i].first.second.c_str());
+    out += line;
+  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/profiled_backend.h"
@@ -48,8 +49,13 @@ class KernelProfile {
     double ms = 0;
     int64_t min_bytes = 0;  // summed over the calls
   };
+  struct Idle {
+    int64_t gaps = 0;
+    double ms = 0, max_ms = 0;
+  };
   backend::ProfiledBackend& be_;
   std::map<std::string, Total> totals_;  // by name
+  std::map<std::pair<std::string, std::string>, Idle> idle_;  // by (after, before)
   std::vector<double> step_ms_;          // counted steps
   int64_t first_step_ = 0, last_step_ = 0;
   double copy_gb_s_ = 0;                     // measure_copy_bandwidth's, 0 before
@@ -58,11 +64,18 @@ class KernelProfile {
   struct Summary {
     double steps = 1;        // counted steps, at least 1 (a divisor)
     double kernel_ms = 0;    // summed over kernels and steps
+    double idle_ms = 0;      // between calls, summed over pairs and steps
+    int64_t idle_gaps = 0;
     double step_mean = 0, step_median = 0;
   };
   Summary summary() const;
   // Names by total time, most first.
   std::vector<std::pair<std::string, Total>> ranked() const;
+  // Pairs by total idle time, most first.
+  std::vector<std::pair<std::pair<std::string, std::string>, Idle>> ranked_idle() const;
+  nlohmann::ordered_json idle_json(const Summary& s) const;
+  // The idle time's line and its `rows` largest pairs, for the console.
+  std::string idle_table(const Summary& s, int rows) const;
 };
 
 }  // namespace amsp::engine

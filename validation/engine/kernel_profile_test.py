@@ -18,6 +18,9 @@ rank trains the tiny preset a few steps with two micro-batches per step, once wi
   - every metrics line carries mem_peak_bytes > 0 and rss_peak_bytes > 0, and on cuda
     mem_reserved_bytes >= mem_peak_bytes (the caching allocator); the run record has
     the same maxima;
+  - the idle time between calls, by the pair of names around each gap: one gap before
+    every call of a step but its first, the pairs summing to the totals, within the
+    step's unaccounted time, and the line and the longest pair printed;
   - the losses, gradient norms and validation loss of the two runs are bit-identical:
     profiling times the calls but changes none of their results.
 
@@ -151,6 +154,44 @@ def check_profile(device, prof, stdout):
     check(f"kernel profile: steps 2-{STEPS} ({steps})" in stdout and top in stdout,
           f"{device}: the table is printed, naming the steps and the top kernel {top}")
     check_bandwidth(device, prof, stdout)
+    check_idle(device, prof, stdout)
+
+
+def check_idle(device, prof, stdout):
+    """The time between calls, by the pair of names around each gap: a gap before every
+    call of a step but its first, the pairs adding up to the totals, and each name as
+    often `before` (`after`) a gap as it is called, but for the step's first (last) call."""
+    steps = prof["steps"]
+    calls = {k["name"]: k["calls"] for k in prof["kernels"]}
+    idle = prof["idle"]
+    gaps = sum(i["gaps"] for i in idle)
+    check(prof["idle_gaps_per_step"] * steps == gaps == sum(calls.values()) - steps,
+          f"{device}: a gap before every call but each step's first ({gaps} gaps, "
+          f"{sum(calls.values())} calls, {steps} steps)")
+    idle_ms = sum(i["total_ms"] for i in idle)
+    check(abs(prof["idle_ms_per_step"] * steps - idle_ms) <= 1e-9 * max(1, idle_ms) and
+          0 <= prof["idle_ms_per_step"] <= prof["unaccounted_ms_per_step"] + 1e-6,
+          f"{device}: idle {prof['idle_ms_per_step']:.3f} ms per step, the pairs' sum, within the unaccounted "
+          f"{prof['unaccounted_ms_per_step']:.3f} ms")
+    times = [i["total_ms"] for i in idle]
+    check(times == sorted(times, reverse=True) and
+          all(0 <= i["max_ms"] <= i["total_ms"] and abs(i["ms_per_step"] * steps - i["total_ms"]) <= 1e-9 * max(1, i["total_ms"])
+              for i in idle) and all(i["after"] in calls and i["before"] in calls for i in idle),
+          f"{device}: idle pairs sorted by time, each naming two profiled calls, max within total")
+    # The step ends with its one read of the loss and the norm (to_host), and starts with
+    # something else.
+    for side, edge in (("before", "first"), ("after", "last")):
+        seen = collections.Counter()
+        for i in idle:
+            seen[i[side]] += i["gaps"]
+        short = {name: n - seen[name] for name, n in calls.items() if n != seen[name]}
+        ends = list(short) == ["to_host"]
+        check(list(short.values()) == [steps] and ends == (edge == "last"),
+              f"{device}: every call is {side} a gap but the step's {edge} ({short})")
+    top = idle[0]
+    check(f"idle between calls: {prof['idle_ms_per_step']:.2f} ms per step" in stdout and
+          f"{top['after']} -> {top['before']}" in stdout,
+          f"{device}: the idle line and the longest pair are printed ({top['after']} -> {top['before']})")
 
 
 def check_bandwidth(device, prof, stdout):

@@ -537,6 +537,25 @@ def torch_kernel_table(f):
     return lines
 
 
+def idle_table(k, rows=12):
+    """Where the compute stream sat empty between two calls (the kernel profile's `idle`):
+    the pairs of calls around the most idle time. Many short gaps everywhere say the host
+    enqueues slower than the device runs; a few long ones name what the device waited for."""
+    idle = k.get("idle") or []
+    if not idle:
+        return []
+    steps = max(1, k.get("steps", 1))
+    out = ["", f"Where the device sat idle between calls (the kernel profile's events: from one call's "
+               f"end to the next one's start; {k.get('idle_ms_per_step', 0):.1f} ms a step over "
+               f"{k.get('idle_gaps_per_step', 0):.0f} gaps, the pairs with the most):", "",
+           "| after | before | gaps/step | ms/step | mean gap us | longest us |", "|---|---|---|---|---|---|"]
+    for row in idle[:rows]:
+        mean_us = 1e3 * row["total_ms"] / max(1, row["gaps"])
+        out.append(f"| {row['after']} | {row['before']} | {row['gaps'] / steps:.0f} | {row['ms_per_step']:.2f} | "
+                   f"{mean_us:.1f} | {1e3 * row['max_ms']:.1f} |")
+    return out
+
+
 def report(c):
     a, f = c.a, c.figures
     info = f.get("gpu_info", {})
@@ -592,6 +611,7 @@ def report(c):
             of = f"{row['of_copy']:.0%}" if row.get("of_copy") is not None else ""
             lines.append(f"| {row['name']} | {row['calls'] / steps:.0f} | {row['ms_per_step']:.2f} | {row['share']:.1%} "
                          f"| {row.get('gb_per_s', 0):.0f} | {of} |")
+        lines += idle_table(k)
     lines += torch_kernel_table(f)
     n = f.get("counters")
     if n:

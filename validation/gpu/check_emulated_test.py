@@ -8,7 +8,7 @@
    both kernel checks, the losses against the CPU, amsp beside PyTorch with the first
    losses compared, zero3 on two emulated GPUs), the sanitizers and the counters
    (ncu) are "not run" with their reason, and the figures hold a per-kernel table whose call counts follow the
-   model; the CPU ranks' benchmarks (hidden communication, checkpoint stall) ran at
+   model and the device's idle time between calls by pair; the CPU ranks' benchmarks (hidden communication, checkpoint stall) ran at
    tiny sizes and their tables are in the report.
 2. A wrong result must fail the check: with an amsp whose gpu-info exits 1, check.sh
    must exit non-zero and name the failing check on its last line.
@@ -89,6 +89,11 @@ md = open(os.path.join(out, "gpu-check.md")).read() if os.path.exists(os.path.jo
 expect("| amsp |" in md and "| PyTorch eager" in md and "| kernel | calls/step" in md and "CPU ranks, hidden" in md,
        "gpu-check.md has the results, the side-by-side, the kernel table and the CPU ranks' tables")
 kprof = figures.get("kernels") or {}
+idle = kprof.get("idle") or [{}]
+expect(kprof.get("idle_gaps_per_step", 0) > 0 and "| after | before | gaps/step |" in md and
+       f"| {idle[0].get('after')} | {idle[0].get('before')} |" in md,
+       f"gpu-check.md has the device's idle time between calls by pair, the largest first "
+       f"({idle[0].get('after')} -> {idle[0].get('before')})")
 expect((kprof.get("copy_gb_per_s") or 0) > 0 and "| GB/s | of copy |" in md
        and all(r.get("gb_per_s", 0) > 0 for r in kprof.get("kernels", [])[:15]),
        "the kernel table gives each kernel's GB/s beside the device's copy bandwidth, measured in the same run")
