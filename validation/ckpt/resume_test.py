@@ -106,10 +106,6 @@ class Failure(Exception):
     pass
 
 
-class Interrupted(Exception):
-    pass
-
-
 # --- processes -----------------------------------------------------------------
 def rank_pids(tag):
     """PIDs of the amsp processes whose command line holds tag (a path unique to a run).
@@ -989,12 +985,11 @@ def main():
     args.work = os.path.abspath(os.path.join(args.work, args.mode))
 
     if args.mode == "slurm":
-        missing = [t for t in ("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged")
-                   if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
-        if missing or os.geteuid() != 0:
-            print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+        lacking = eq.lc.missing(("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged"))
+        if lacking:
+            print(f"SKIP: needs root and Slurm + munge (missing: {lacking})")
             return SKIP
-        os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+        os.environ["PATH"] = os.environ.get("PATH", "") + eq.lc.SBIN
     cluster_dir = os.path.join(args.work, "cluster")
     if args.mode == "slurm" and os.path.isdir(cluster_dir):
         # A run killed before its cleanup may have left daemons in this directory.
@@ -1003,46 +998,35 @@ def main():
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work, exist_ok=True)
 
-    def on_signal(signum, frame):
-        raise Interrupted(f"interrupted by signal {signum}" if signum != signal.SIGALRM
-                          else f"took longer than {DEADLINE} s")
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(s, on_signal)
-    signal.alarm(DEADLINE)
-
     t0 = time.time()
-    code = 0
     tests = None
     try:
-        if args.mode == "mpi":
-            tests = Tests(args)
-            run_checks(tests, [("same_plan_4", tests.same_plan_4), ("same_plan_1", tests.same_plan_1),
-                               ("reshard_4_to_1", tests.reshard_4_to_1),
-                               ("reshard_8_to_4", tests.reshard_8_to_4), ("kills", tests.kills),
-                               ("flipped_byte", tests.flipped_byte), ("other_model", tests.other_model),
-                               ("keep_last", tests.keep_last), ("changed_options", tests.changed_options),
-                               ("directory_lock", tests.directory_lock), ("background", tests.background)],
-                       args.only)
-        else:
-            with eq.lc.local_cluster(args.cluster_scripts, cluster_dir) as conf:
-                try:
-                    tests = Tests(args, eq.clean_env({"SLURM_CONF": conf}))
-                    run_checks(tests, [("slurm_resume", tests.slurm_resume)], args.only)
-                finally:
-                    kill_all_jobs()  # before the cluster stops
+        with eq.lc.deadline(DEADLINE):  # the signals are ignored once it ends: the cleanup finishes
+            if args.mode == "mpi":
+                tests = Tests(args)
+                run_checks(tests, [("same_plan_4", tests.same_plan_4), ("same_plan_1", tests.same_plan_1),
+                                   ("reshard_4_to_1", tests.reshard_4_to_1),
+                                   ("reshard_8_to_4", tests.reshard_8_to_4), ("kills", tests.kills),
+                                   ("flipped_byte", tests.flipped_byte), ("other_model", tests.other_model),
+                                   ("keep_last", tests.keep_last), ("changed_options", tests.changed_options),
+                                   ("directory_lock", tests.directory_lock), ("background", tests.background)],
+                           args.only)
+            else:
+                with eq.lc.local_cluster(args.cluster_scripts, cluster_dir) as conf:
+                    try:
+                        tests = Tests(args, eq.clean_env({"SLURM_CONF": conf}))
+                        run_checks(tests, [("slurm_resume", tests.slurm_resume)], args.only)
+                    finally:
+                        kill_all_jobs()  # before the cluster stops
         print(f"{tests.passed} passed, {tests.failed} failed ({time.time() - t0:.0f} s)")
-        code = 1 if tests.failed else 0
-    except (Failure, Interrupted, eq.lc.ClusterError, subprocess.TimeoutExpired) as e:
+        return 1 if tests.failed else 0
+    except (Failure, eq.lc.Interrupted, eq.lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", flush=True)
         if tests:
             print(f"{tests.passed} passed, {tests.failed + 1} failed ({time.time() - t0:.0f} s)")
-        code = 1
+        return 1
     finally:
-        signal.alarm(0)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)  # let the cleanup finish
         kill_all_jobs()
-    return code
 
 
 if __name__ == "__main__":

@@ -124,10 +124,6 @@ class Failure(Exception):
     pass
 
 
-class Interrupted(Exception):
-    """A signal or the deadline: ends the whole script (the cluster is stopped)."""
-
-
 def clean_env(extra=None):
     """This environment without Slurm or PMI variables (the test may run inside a job)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_", "PMI_", "HYDRA_"))}
@@ -430,41 +426,28 @@ def main():
         LOSS_TOL, FIRST_NORM_TOL, NORM_TOL, PARAM_MAX_TOL, PARAM_L2_TOL = BF16_TOLS
 
     if args.mode == "slurm":
-        missing = [t for t in ("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged")
-                   if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
-        if missing or os.geteuid() != 0:
-            print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+        lacking = lc.missing(("srun", "sinfo", "scontrol", "slurmctld", "slurmd", "munged"))
+        if lacking:
+            print(f"SKIP: needs root and Slurm + munge (missing: {lacking})")
             return SKIP
-        os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+        os.environ["PATH"] = os.environ.get("PATH", "") + lc.SBIN
     os.makedirs(args.work, exist_ok=True)
 
-    def on_signal(signum, frame):
-        raise Interrupted(f"interrupted by signal {signum}" if signum != signal.SIGALRM
-                      else f"took longer than {DEADLINE} s")
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(s, on_signal)
-    signal.alarm(DEADLINE)
-
     t0 = time.time()
-    code = 0
     try:
-        if args.mode == "mpi":
-            cases = BF16_CASES if args.precision == "bf16" else MPI_CASES
-            passed, failed = run_all(Runner(args), cases, 4, 1, args.only)
-        else:
-            with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, "cluster")) as conf:
-                runner = Runner(args, clean_env({"SLURM_CONF": conf}))
-                passed, failed = run_all(runner, SLURM_CASES, 2, 4, args.only)
+        with lc.deadline(DEADLINE):
+            if args.mode == "mpi":
+                cases = BF16_CASES if args.precision == "bf16" else MPI_CASES
+                passed, failed = run_all(Runner(args), cases, 4, 1, args.only)
+            else:
+                with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, "cluster")) as conf:
+                    runner = Runner(args, clean_env({"SLURM_CONF": conf}))
+                    passed, failed = run_all(runner, SLURM_CASES, 2, 4, args.only)
         print(f"{passed} passed, {failed} failed ({time.time() - t0:.0f} s)")
-        code = 1 if failed else 0
-    except (Failure, Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:
+        return 1 if failed else 0
+    except (Failure, lc.Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", flush=True)
-        code = 1
-    finally:
-        signal.alarm(0)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
-    return code
+        return 1
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ Slurm, munge or root is missing.
 import argparse
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -329,36 +327,24 @@ def main():
         print("PASS")
         return 0
 
-    missing = [t for t in ("srun", "salloc", "scontrol", "sinfo", "slurmctld", "slurmd", "munged")
-               if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
-    if missing or os.geteuid() != 0:
-        print(f"SKIP: needs root and Slurm + munge (missing: {' '.join(missing) or 'root'})")
+    lacking = lc.missing(("srun", "salloc", "scontrol", "sinfo", "slurmctld", "slurmd", "munged"))
+    if lacking:
+        print(f"SKIP: needs root and Slurm + munge (missing: {lacking})")
         return SKIP
-    os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    os.environ["PATH"] = os.environ.get("PATH", "") + lc.SBIN
 
     os.makedirs(args.work, exist_ok=True)
 
-    def on_signal(signum, frame):
-        raise Failure(f"interrupted by signal {signum}" if signum != signal.SIGALRM
-                      else f"case took longer than {DEADLINE} s")
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(s, on_signal)
-    signal.alarm(DEADLINE)
-
-    code = 0
+    case = {"hostlist": case_hostlist, "srun-4x2": case_srun_4x2, "srun-2nodes": case_srun_2nodes,
+            "mpiexec-alloc": case_mpiexec_alloc, "mesh-groups": case_mesh_groups}[args.case]
     try:
-        with lc.local_cluster(args.cluster_scripts, os.path.join(args.work, "cluster")) as conf:
-            {"hostlist": case_hostlist, "srun-4x2": case_srun_4x2, "srun-2nodes": case_srun_2nodes,
-             "mpiexec-alloc": case_mpiexec_alloc, "mesh-groups": case_mesh_groups}[args.case](args, Cluster(conf))
+        with lc.deadline(DEADLINE), lc.local_cluster(args.cluster_scripts, os.path.join(args.work, "cluster")) as conf:
+            case(args, Cluster(conf))
         print("PASS")
-    except (Failure, lc.ClusterError, subprocess.TimeoutExpired) as e:
+        return 0
+    except (Failure, lc.Interrupted, lc.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", file=sys.stderr)
-        code = 1
-    finally:
-        signal.alarm(0)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
-    return code
+        return 1
 
 
 if __name__ == "__main__":
