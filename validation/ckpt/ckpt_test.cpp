@@ -23,6 +23,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/test_rank_checks.h"
 #include "engine/plan_groups.h"
 #include "engine/sharded_engine.h"
 #include "model/config.h"
@@ -35,19 +36,9 @@ namespace fs = std::filesystem;
 namespace {
 
 int g_rank = 0, g_world = 1;
-int g_passed = 0, g_failed = 0;
+test::RankChecks g_checks;
 
-// A check passes only if it passes on every rank.
-void check(bool ok, const std::string& what) {
-  int all = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (all) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    if (!ok) std::fprintf(stderr, "FAIL (rank %d): %s\n", g_rank, what.c_str());
-  }
-}
+void check(bool ok, const std::string& what) { g_checks.check(ok, what); }
 
 // The value of element x of unit u for state kind (0 params, 1 m, 2 v) in
 // checkpoint `tag`: any rank can compute any element.
@@ -317,11 +308,7 @@ int main(int argc, char** argv) {
       check(true, "");
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", g_rank, e.what());
-    ++g_failed;
+    g_checks.fail_here(e.what());
   }
-  int failed = g_failed;
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (g_rank == 0) std::printf("%d passed, %d failed\n", g_passed, failed);
-  return failed ? 1 : 0;
+  return g_checks.finish();
 }

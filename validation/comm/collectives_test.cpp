@@ -19,8 +19,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -34,6 +34,7 @@
 #include "comm/traffic.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/test_rank_checks.h"
 #include "engine/plan_groups.h"
 #include "plan/mesh.h"
 #include "plan/shard_plan.h"
@@ -44,19 +45,9 @@ using comm::Op;
 namespace {
 
 int g_rank = 0, g_world = 1;
-int g_passed = 0, g_failed = 0;
+test::RankChecks g_checks;
 
-// A check passes only if it passes on every rank.
-void check(bool ok, const std::string& what) {
-  int all = ok ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (all) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    if (!ok) std::fprintf(stderr, "FAIL (rank %d): %s\n", g_rank, what.c_str());
-  }
-}
+void check(bool ok, const std::string& what) { g_checks.check(ok, what); }
 
 // The data group rank r contributes for a given case: reproducible anywhere.
 std::vector<float> data_of(uint64_t seed, int r, int64_t n) {
@@ -780,7 +771,5 @@ int main(int argc, char** argv) {
     }
     cudaStreamDestroy(compute);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (g_rank == 0) std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed ? 1 : 0;
+  return g_checks.finish();
 }
