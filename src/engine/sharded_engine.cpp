@@ -64,8 +64,9 @@ struct ShardedEngine::Impl {
   plan::MeshShape shape;
   plan::StepSchedule schedule;  // what every step issues, in which order (plan/schedule.h)
   DType wire = DType::kF32;
-  int U = 0;
-  int64_t sp = 1, sg = 1, sos = 1, replicas = 1, replica = 0;
+  int units = 0;
+  int64_t p_ranks = 1;  // the P group's size: 1 means every rank holds whole units
+  int64_t replicas = 1, replica = 0;
   std::array<std::unique_ptr<comm::Communicator>, 5> comms;
   std::unique_ptr<comm::Communicator> world;  // the gradient norm's all-reduce
 
@@ -103,12 +104,16 @@ struct ShardedEngine::Impl {
     if (!opt.overlap) h.wait();
     return h;
   }
-  const UnitShards& sh(int u) const { return shards[static_cast<size_t>(u)]; }
-  State& st(int u) { return state[static_cast<size_t>(u)]; }
+  const UnitShards& shards_of(int u) const { return shards[static_cast<size_t>(u)]; }
+  State& state_of(int u) { return state[static_cast<size_t>(u)]; }
   // Views of a unit's OS range inside its P-shard and G-shard.
-  View p_os(int u) { return st(u).p.at(sh(u).os.begin - sh(u).p.begin, sh(u).os.size); }
-  View g_os(int u) { return st(u).g.at(sh(u).os.begin - sh(u).g.begin, sh(u).os.size); }
-  View master(int u) { return bf16() ? st(u).master.view() : p_os(u); }
+  View p_os(int u) {
+    return state_of(u).p.at(shards_of(u).os.begin - shards_of(u).p.begin, shards_of(u).os.size);
+  }
+  View g_os(int u) {
+    return state_of(u).g.at(shards_of(u).os.begin - shards_of(u).g.begin, shards_of(u).os.size);
+  }
+  View master(int u) { return bf16() ? state_of(u).master.view() : p_os(u); }
 
   void make_communicators(PlanGroups& pg);
   void allocate();
@@ -158,23 +163,21 @@ struct ShardedEngine::Impl {
 
 ShardedEngine::Impl::Impl(backend::Backend& b, model::Llama& m, const std::vector<UnitShards>& s,
                           PlanGroups& pg, int64_t batch, int64_t seq_len, const EngineOptions& o)
-    : be(b), model(m), shards(s), opt(o), wire(o.precision), U(m.num_units()) {
+    : be(b), model(m), shards(s), opt(o), wire(o.precision), units(m.num_units()) {
   if (opt.precision != DType::kF32 && opt.precision != DType::kBF16)
     fail_usage("engine: precision ", dtype_name(opt.precision), " is not fp32 or bf16");
   const plan::ShardPlan& plan = pg.mesh.plan();
-  sp = plan.p.size();
-  sg = plan.g.size();
-  sos = plan.os.size();
+  p_ranks = plan.p.size();
   replicas = pg.mesh.group_size(GroupKind::kReplica);
   replica = pg.mesh.coords(pg.position).r;
   workload = engine_workload(m.config(), batch, seq_len, opt);
   shard_plan = plan;
   shape = pg.mesh.shape();
   schedule = plan::step_schedule(workload, shard_plan, shape);
-  for (int u = 0; u < U; ++u)
-    if (schedule.padded[static_cast<size_t>(u)] != sh(u).padded)
+  for (int u = 0; u < units; ++u)
+    if (schedule.padded[static_cast<size_t>(u)] != shards_of(u).padded)
       fail("engine: the schedule pads unit ", u, " to ", schedule.padded[static_cast<size_t>(u)],
-           " elements, its shards to ", sh(u).padded);
+           " elements, its shards to ", shards_of(u).padded);
   make_communicators(pg);
   allocate();
 }
@@ -215,11 +218,11 @@ void ShardedEngine::Impl::allocate() {
     state.push_back(std::move(x));
     max_padded = std::max(max_padded, s.padded);
   }
-  param_update.resize(static_cast<size_t>(U));
+  param_update.resize(static_cast<size_t>(units));
   scalars = be.alloc(DType::kF64, 5);
   clip = be.alloc(DType::kF32, 1);
 
-  if (sp > 1)
+  if (p_ranks > 1)
     for (int i = 0; i <= opt.prefetch; ++i) {
       gather_slots.push_back(be.alloc(wire, max_padded));
       if (schedule.gather_qsend > 0) {
@@ -253,19 +256,25 @@ void ShardedEngine::Impl::issue_gather(const plan::Action& a) {
   const size_t b = static_cast<size_t>(a.pos) % gather_slots.size();
   comm::OpArgs args;
   args.op = g.op;
-  args.send = st(u).p.data();
+  args.send = state_of(u).p.data();
   args.recv = gather_slots[b].data();
   args.count = g.count;
   args.dtype = g.dtype;
   args.after = param_update[static_cast<size_t>(u)];  // the P-shard is final
   if (g.compressed) {
-    // Records travel: the P-shard quantized into one, the s_p gathered ones
+    // Records travel: the P-shard quantized into one, the P group's gathered ones
     // dequantized into the unit (plan/schedule.cpp, compress_gather).
-    const DType pd = st(u).p.dtype();
+    const DType pd = state_of(u).p.dtype();
     args.send = gather_qsend[b].data();
     args.recv = gather_qrecv[b].data();
-    args.before = {comm::Local::kQuantize, st(u).p.data(), pd, gather_qsend[b].data(),
-                   DType::kI32, g.values, 1, g.quant};
+    args.before = {comm::Local::kQuantize,
+                   state_of(u).p.data(),
+                   pd,
+                   gather_qsend[b].data(),
+                   DType::kI32,
+                   g.values,
+                   1,
+                   g.quant};
     args.then = {comm::Local::kDequantize, gather_qrecv[b].data(), DType::kI32, gather_slots[b].data(), pd,
                  g.values, g.after.records, g.quant};
   }
@@ -275,12 +284,12 @@ void ShardedEngine::Impl::issue_gather(const plan::Action& a) {
 // Full parameters of the unit of action a.
 View ShardedEngine::Impl::params_at(const plan::Action& a) {
   const int u = a.unit;
-  if (sp == 1) {
+  if (p_ranks == 1) {
     param_update[static_cast<size_t>(u)].compute_wait();
-    return st(u).p.view();
+    return state_of(u).p.view();
   }
   gather_handles[static_cast<size_t>(a.pos)].compute_wait();
-  return gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()].at(0, sh(u).padded);
+  return gather_slots[static_cast<size_t>(a.pos) % gather_slots.size()].at(0, shards_of(u).padded);
 }
 
 // --- gradients ------------------------------------------------------------------
@@ -288,13 +297,19 @@ View ShardedEngine::Impl::params_at(const plan::Action& a) {
 View ShardedEngine::Impl::buffer(plan::Buf b, int u, int s) {
   const Slot& slot = slots[static_cast<size_t>(s)];
   switch (b) {
-    case plan::Buf::kFull: return slot.full.at(0, sh(u).padded);
-    case plan::Buf::kSlotP: return slot.p.at(0, sh(u).p.size);
-    case plan::Buf::kSlotG: return slot.g.at(0, sh(u).g.size);
-    case plan::Buf::kSlotOS: return slot.os.at(0, sh(u).os.size);
-    case plan::Buf::kGShard: return st(u).g.view();
+    case plan::Buf::kFull:
+      return slot.full.at(0, shards_of(u).padded);
+    case plan::Buf::kSlotP:
+      return slot.p.at(0, shards_of(u).p.size);
+    case plan::Buf::kSlotG:
+      return slot.g.at(0, shards_of(u).g.size);
+    case plan::Buf::kSlotOS:
+      return slot.os.at(0, shards_of(u).os.size);
+    case plan::Buf::kGShard:
+      return state_of(u).g.view();
     case plan::Buf::kGShardOS: return g_os(u);
-    case plan::Buf::kPShard: return st(u).p.view();
+    case plan::Buf::kPShard:
+      return state_of(u).p.view();
     case plan::Buf::kPShardOS: return p_os(u);
     case plan::Buf::kQSend: return slot.qsend.view();
     case plan::Buf::kQRecv: return slot.qrecv.view();
@@ -406,11 +421,11 @@ void ShardedEngine::Impl::backward(const plan::Action& a) {
   const View params = params_at(a);
   if (direct_gradients()) {
     const auto mode = a.micro == 0 ? model::Llama::Grads::kWrite : model::Llama::Grads::kAdd;
-    traced("bwd", u, [&] { model.backward(u, params, st(u).g.view(), mode, a.part); });
+    traced("bwd", u, [&] { model.backward(u, params, state_of(u).g.view(), mode, a.part); });
   } else {
     backward_slot = take_slot();
     const View grad = buffer(plan::Buf::kFull, u, backward_slot);
-    const int64_t numel = sh(u).numel;
+    const int64_t numel = shards_of(u).numel;
     if (grad.count > numel) be.fill_zero(grad.at(numel, grad.count - numel));
     traced("bwd", u, [&] { model.backward(u, params, grad, model::Llama::Grads::kWrite); });
   }
@@ -437,7 +452,7 @@ void ShardedEngine::Impl::reduce(const plan::Action& a, int64_t micro_batches) {
 // nothing is read back (each OS-shard is held once per replica, hence the
 // division by the replicas).
 void ShardedEngine::Impl::norm_and_clip_scale() {
-  for (int u = 0; u < U; ++u) be.sum_squares_into(g_os(u), sumsq());
+  for (int u = 0; u < units; ++u) be.sum_squares_into(g_os(u), sumsq());
   if (world->size() > 1) {
     const double t0 = comm::now_seconds();
     comm::Handle h = world->all_reduce(sumsq().data, 1, DType::kF64);
@@ -468,7 +483,7 @@ void ShardedEngine::Impl::gated_update(const model::UnitSpec& unit, int u, doubl
   if (!out) return update(unit, u, lr, step, nullptr);
   if (!on_host()) fail("engine: states exchanged with a gate must be host memory");
   update(unit, u, lr, step, &*out);
-  State& x = st(u);
+  State& x = state_of(u);
   if (bf16()) std::swap(x.master, *out->master);
   std::swap(x.exp_avg, *out->exp_avg);
   std::swap(x.exp_avg_sq, *out->exp_avg_sq);
@@ -477,9 +492,17 @@ void ShardedEngine::Impl::gated_update(const model::UnitSpec& unit, int u, doubl
 
 void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, int64_t step,
                                  const OsBuffers* out) {
-  const plan::Range os = sh(u).os;
-  OsShard shard{os.begin, os.end(), master(u), g_os(u), st(u).exp_avg.view(),
-                st(u).exp_avg_sq.view(), bf16() ? p_os(u) : View{}, {}, {}, {}};
+  const plan::Range os = shards_of(u).os;
+  OsShard shard{os.begin,
+                os.end(),
+                master(u),
+                g_os(u),
+                state_of(u).exp_avg.view(),
+                state_of(u).exp_avg_sq.view(),
+                bf16() ? p_os(u) : View{},
+                {},
+                {},
+                {}};
   if (out) {
     shard.master_out = bf16() ? out->master->view() : master(u);  // fp32: in place (gated_update)
     shard.exp_avg_out = out->exp_avg->view();
@@ -491,7 +514,7 @@ void ShardedEngine::Impl::update(const model::UnitSpec& unit, int u, double lr, 
   if (!schedule.optimizer_gather.empty()) {
     const plan::Stage& g = schedule.optimizer_gather[static_cast<size_t>(u)];
     param_update[static_cast<size_t>(u)] =
-        issued(comm(g.group).all_gather(p_os(u).data, g.count, st(u).p.data(), g.dtype));
+        issued(comm(g.group).all_gather(p_os(u).data, g.count, state_of(u).p.data(), g.dtype));
   }
 }
 
@@ -501,18 +524,19 @@ std::vector<ckpt::StateView> ShardedEngine::Impl::state_views() {
   take_staged_state();
   for (auto& h : param_update) h.wait();
   std::vector<ckpt::StateView> views;
-  if (bf16() || !on_host()) staging.resize(static_cast<size_t>(U));
-  for (int u = 0; u < U; ++u) {
-    State& x = st(u);
+  if (bf16() || !on_host()) staging.resize(static_cast<size_t>(units));
+  for (int u = 0; u < units; ++u) {
+    State& x = state_of(u);
     if (staging.empty()) {
       views.push_back({x.p.f32(), x.exp_avg.f32(), x.exp_avg_sq.f32()});
       continue;
     }
     // The P range in fp32; in bf16 its OS part is the fp32 master.
     Staged& s = staging[static_cast<size_t>(u)];
-    s.params.resize(static_cast<size_t>(sh(u).p.size));
+    s.params.resize(static_cast<size_t>(shards_of(u).p.size));
     be.to_host(x.p.view(), s.params.data());
-    if (bf16()) be.to_host(x.master.view(), s.params.data() + (sh(u).os.begin - sh(u).p.begin));
+    if (bf16())
+      be.to_host(x.master.view(), s.params.data() + (shards_of(u).os.begin - shards_of(u).p.begin));
     if (on_host()) {
       views.push_back({s.params.data(), x.exp_avg.f32(), x.exp_avg_sq.f32()});
       continue;
@@ -531,12 +555,14 @@ std::vector<ckpt::StateView> ShardedEngine::Impl::state_views() {
 // on a device the moments too.
 void ShardedEngine::Impl::take_staged_state() {
   if (staging.empty()) return;
-  for (int u = 0; u < U; ++u) {
+  for (int u = 0; u < units; ++u) {
     const Staged& s = staging[static_cast<size_t>(u)];
-    be.from_host(s.params.data(), st(u).p.view());
-    if (bf16()) be.from_host(s.params.data() + (sh(u).os.begin - sh(u).p.begin), st(u).master.view());
-    if (!s.exp_avg.empty()) be.from_host(s.exp_avg.data(), st(u).exp_avg.view());
-    if (!s.exp_avg_sq.empty()) be.from_host(s.exp_avg_sq.data(), st(u).exp_avg_sq.view());
+    be.from_host(s.params.data(), state_of(u).p.view());
+    if (bf16())
+      be.from_host(s.params.data() + (shards_of(u).os.begin - shards_of(u).p.begin),
+                   state_of(u).master.view());
+    if (!s.exp_avg.empty()) be.from_host(s.exp_avg.data(), state_of(u).exp_avg.view());
+    if (!s.exp_avg_sq.empty()) be.from_host(s.exp_avg_sq.data(), state_of(u).exp_avg_sq.view());
   }
   staging.clear();
   staging.shrink_to_fit();
@@ -546,11 +572,11 @@ void ShardedEngine::Impl::begin_os_snapshot(const std::vector<ckpt::StateView>& 
   take_staged_state();
   for (auto& h : param_update) h.wait();
   std::vector<backend::Backend::HostCopy> copies;
-  for (int u = 0; u < U; ++u) {
+  for (int u = 0; u < units; ++u) {
     const ckpt::StateView& d = dst[static_cast<size_t>(u)];
     copies.push_back({master(u), d.params});
-    copies.push_back({st(u).exp_avg.view(), d.exp_avg});
-    copies.push_back({st(u).exp_avg_sq.view(), d.exp_avg_sq});
+    copies.push_back({state_of(u).exp_avg.view(), d.exp_avg});
+    copies.push_back({state_of(u).exp_avg_sq.view(), d.exp_avg_sq});
   }
   be.begin_snapshot(copies);
 }
@@ -709,7 +735,7 @@ std::vector<float> ShardedEngine::reduced_gradient(float grad_scale, const int32
     }
   }
   std::vector<float> out;
-  for (int u = 0; u < im.U; ++u) {
+  for (int u = 0; u < im.units; ++u) {
     const View g = im.g_os(u);
     const size_t at = out.size();
     out.resize(at + static_cast<size_t>(g.count));
@@ -776,7 +802,7 @@ std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchF
       model_.set_batch(tokens_.data(), targets_.data(), batch_, seq_len_, 0.0f);
     }
     im.forward(a);
-    if (a.unit == im.U - 1) {
+    if (a.unit == im.units - 1) {
       loss += model_.loss_sum();
       count += model_.loss_count();
     }
@@ -792,7 +818,7 @@ std::pair<double, int64_t> ShardedEngine::evaluate(int64_t batches, const BatchF
 // finds one ends the job (the others may be in a collective).
 void ShardedEngine::check_gradient_padding() {
   Impl& im = *impl_;
-  for (int u = 0; u < im.U; ++u) {
+  for (int u = 0; u < im.units; ++u) {
     const UnitShards& sh = shards_[static_cast<size_t>(u)];
     const int64_t lo = std::max(sh.os.begin, sh.numel), hi = sh.os.end();
     if (lo >= hi) continue;
@@ -816,7 +842,7 @@ std::vector<std::vector<float>> ShardedEngine::full_parameters() {
     im.param_update[u].wait();
     Buffer full;
     View src = im.state[u].p.view();
-    if (im.sp > 1) {
+    if (im.p_ranks > 1) {
       full = im.be.alloc(im.wire, sh.padded);
       im.comm(GroupKind::kP).all_gather(src.data, sh.p.size, full.data(), im.wire).wait();
       src = full.view();
@@ -847,7 +873,7 @@ void ShardedEngine::copy_os_state(int u, const ckpt::StateView& dst) const {
     fail("engine: copy_os_state needs settled host states (", im.on_host() ? "a resume's views not taken back"
                                                                           : "the states are on a device", ")");
   // In fp32 the master is the P-shard's OS part; bf16 keeps a separate fp32 master.
-  auto& x = im.st(u);
+  auto& x = im.state_of(u);
   copy_os_state_host(im.master(u), x.exp_avg.view(), x.exp_avg_sq.view(), dst);
 }
 

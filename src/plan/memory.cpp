@@ -89,15 +89,15 @@ MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_
 
 MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, const MeshShape& shape) {
   const StateBytes b = state_bytes(w.precision);
-  const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size();
+  const int64_t p_ranks = plan.p.size(), g_ranks = plan.g.size(), os_ranks = plan.os.size();
   MemoryBreakdown m;
   int64_t largest = 0;  // max Φu
   for (int64_t numel : unit_numels(w.model)) {
-    const int64_t phi = padded_numel(numel, sos);
+    const int64_t phi = padded_numel(numel, os_ranks);
     largest = std::max(largest, phi);
-    m.params += phi / sp * b.p;
-    m.grads += phi / sg * b.g;
-    m.optimizer += phi / sos * b.os;
+    m.params += phi / p_ranks * b.p;
+    m.grads += phi / g_ranks * b.g;
+    m.optimizer += phi / os_ranks * b.os;
   }
   m.activations = activation_bytes(w);
 
@@ -108,7 +108,7 @@ MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, const 
   // all-gathers over the P group are in flight, each a full unit.
   // A compressed all-gather adds its records, sent and received, per buffer.
   const StepSchedule steps = step_schedule(w, plan, shape);
-  if (sp > 1)
+  if (p_ranks > 1)
     m.gathered = (w.prefetch + 1) * (largest * b.p + 4 * (steps.gather_qsend + steps.gather_qrecv));
   // Reduction slots: `max_reductions` reductions can be outstanding, each
   // holding its unit's gradient on the way from backward to the OS-shard in

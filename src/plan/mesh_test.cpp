@@ -75,13 +75,14 @@ void check_partition(const Mesh& mesh) {
 // and a replica group holds one OS slice.
 void check_shards(const Mesh& mesh) {
   const int64_t d = mesh.shape().world();
-  const int64_t sp = mesh.plan().p.size(), sg = mesh.plan().g.size(), sos = mesh.plan().os.size();
+  const int64_t p_ranks = mesh.plan().p.size(), g_ranks = mesh.plan().g.size(),
+                os_ranks = mesh.plan().os.size();
   for (int64_t pos = 0; pos < d; ++pos) {
     const int64_t os = mesh.os_shard_index(pos);
-    const int64_t g_lo = mesh.g_shard_index(pos) * (sos / sg);
-    const int64_t p_lo = mesh.p_shard_index(pos) * (sos / sp);
-    EXPECT_TRUE(os >= g_lo && os < g_lo + sos / sg);
-    EXPECT_TRUE(g_lo >= p_lo && g_lo + sos / sg <= p_lo + sos / sp);
+    const int64_t g_lo = mesh.g_shard_index(pos) * (os_ranks / g_ranks);
+    const int64_t p_lo = mesh.p_shard_index(pos) * (os_ranks / p_ranks);
+    EXPECT_TRUE(os >= g_lo && os < g_lo + os_ranks / g_ranks);
+    EXPECT_TRUE(g_lo >= p_lo && g_lo + os_ranks / g_ranks <= p_lo + os_ranks / p_ranks);
 
     const auto gather = mesh.group_members(GroupKind::kGather, pos);
     for (size_t j = 0; j < gather.size(); ++j)

@@ -64,9 +64,9 @@ Stage make_stage(Phase phase, int unit, Op op, GroupKind group, int64_t count, D
 // it must be summed over. Each stage after the first is chained to the one
 // before; the local work moves the gradient between the wire dtype and the
 // fp32 G-shard.
-std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t sp, int64_t sg, int64_t sos,
-                                   int64_t replicas, DType wire) {
-  const bool bf16 = wire == DType::kBF16, direct = sp == 1 && sg == 1;
+std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t p_ranks, int64_t g_ranks,
+                                   int64_t os_ranks, int64_t replicas, DType wire) {
+  const bool bf16 = wire == DType::kBF16, direct = p_ranks == 1 && g_ranks == 1;
   std::vector<Stage> c;
   auto add = [&](Phase phase, Op op, GroupKind group, int64_t count, Buf send, Buf recv,
                  Runs runs) -> Stage& {
@@ -76,26 +76,26 @@ std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t sp, int64_t sg, i
   };
   // Every micro-batch: the full gradient over P, then its P part over G; the
   // G part is added into the G-shard.
-  if (sp > 1)
-    add(Phase::kBackwardReduce, Op::kReduceScatter, GroupKind::kP, phi / sp, Buf::kFull,
-        sg > sp ? Buf::kSlotP : Buf::kSlotG, Runs::kEveryMicroBatch);
-  if (sg > sp)
-    add(Phase::kBackwardReduce, Op::kReduceScatter, GroupKind::kG, phi / sg,
-        sp > 1 ? Buf::kSlotP : Buf::kFull, Buf::kSlotG, Runs::kEveryMicroBatch);
+  if (p_ranks > 1)
+    add(Phase::kBackwardReduce, Op::kReduceScatter, GroupKind::kP, phi / p_ranks, Buf::kFull,
+        g_ranks > p_ranks ? Buf::kSlotP : Buf::kSlotG, Runs::kEveryMicroBatch);
+  if (g_ranks > p_ranks)
+    add(Phase::kBackwardReduce, Op::kReduceScatter, GroupKind::kG, phi / g_ranks,
+        p_ranks > 1 ? Buf::kSlotP : Buf::kFull, Buf::kSlotG, Runs::kEveryMicroBatch);
   if (!direct) c.back().after = {LocalStep::kAdd, Buf::kSlotG, Buf::kGShard};
   // The last micro-batch: the G-shard over OS, then its OS part over the
   // replicas. In bf16 the fp32 G-shard travels as a bf16 copy in the slot.
   bool in_os_slot = false;
-  if (sos > sg) {
-    Stage& s = add(Phase::kLastReduce, Op::kReduceScatter, GroupKind::kOS, phi / sos,
+  if (os_ranks > g_ranks) {
+    Stage& s = add(Phase::kLastReduce, Op::kReduceScatter, GroupKind::kOS, phi / os_ranks,
                    bf16 ? Buf::kSlotG : Buf::kGShard, Buf::kSlotOS, Runs::kLastMicroBatch);
     if (bf16) s.before = {LocalStep::kCopy, Buf::kGShard, Buf::kSlotG};
     in_os_slot = true;
   }
   if (replicas > 1) {
     const bool slot = in_os_slot || bf16;
-    Stage& s = add(Phase::kLastReduce, Op::kAllReduce, GroupKind::kReplica, phi / sos, Buf::kNone,
-                   slot ? Buf::kSlotOS : Buf::kGShardOS, Runs::kLastMicroBatch);
+    Stage& s = add(Phase::kLastReduce, Op::kAllReduce, GroupKind::kReplica, phi / os_ranks,
+                   Buf::kNone, slot ? Buf::kSlotOS : Buf::kGShardOS, Runs::kLastMicroBatch);
     if (slot && !in_os_slot) s.before = {LocalStep::kCopy, Buf::kGShardOS, Buf::kSlotOS};
     in_os_slot = slot;
   }
@@ -104,21 +104,24 @@ std::vector<Stage> reduction_chain(int u, int64_t phi, int64_t sp, int64_t sg, i
 }
 
 // Elements of slot buffer b for a unit of phi elements (0: not a slot buffer).
-int64_t slot_elems(Buf b, int64_t phi, int64_t sp, int64_t sg, int64_t sos) {
+int64_t slot_elems(Buf b, int64_t phi, int64_t p_ranks, int64_t g_ranks, int64_t os_ranks) {
   switch (b) {
     case Buf::kFull: return phi;
-    case Buf::kSlotP: return phi / sp;
-    case Buf::kSlotG: return phi / sg;
-    case Buf::kSlotOS: return phi / sos;
+    case Buf::kSlotP:
+      return phi / p_ranks;
+    case Buf::kSlotG:
+      return phi / g_ranks;
+    case Buf::kSlotOS:
+      return phi / os_ranks;
     default: return 0;
   }
 }
 
-SlotElems slot_sizes(const std::vector<std::vector<Stage>>& chains, int64_t largest, int64_t sp,
-                     int64_t sg, int64_t sos) {
+SlotElems slot_sizes(const std::vector<std::vector<Stage>>& chains, int64_t largest,
+                     int64_t p_ranks, int64_t g_ranks, int64_t os_ranks) {
   SlotElems e;
   auto use = [&](Buf b) {
-    const int64_t n = slot_elems(b, largest, sp, sg, sos);
+    const int64_t n = slot_elems(b, largest, p_ranks, g_ranks, os_ranks);
     if (b == Buf::kFull) e.full = n;
     if (b == Buf::kSlotP) e.p = n;
     if (b == Buf::kSlotG) e.g = n;
@@ -156,11 +159,11 @@ void move_records(Stage& st, const kernels::quant::Spec& spec) {
 
 // A P all-gather of c values per rank made a compressed one: each rank
 // quantizes its P-shard into one record, the records are gathered as int32
-// words, and each of the s_p records is dequantized into its part of the
-// gathered unit.
-void compress_gather(Stage& g, const kernels::quant::Spec& spec, int64_t sp) {
+// words, and each of the P group's records is dequantized into its part of
+// the gathered unit.
+void compress_gather(Stage& g, const kernels::quant::Spec& spec, int64_t p_ranks) {
   g.before = {LocalStep::kQuantize, Buf::kPShard, Buf::kQSend, 1};
-  g.after = {LocalStep::kDequantize, Buf::kQRecv, Buf::kGathered, sp};
+  g.after = {LocalStep::kDequantize, Buf::kQRecv, Buf::kGathered, p_ranks};
   move_records(g, spec);
 }
 
@@ -197,7 +200,7 @@ void compress_chain(std::vector<Stage>& chain, const Compression& c, const Shard
 }
 
 // A unit whose last micro-batch sums its whole gradient with one all-reduce
-// (s_p = s_g = s_os = 1: ddp) sums it in buckets instead, one a backward
+// (P, G and OS groups of one rank: ddp) sums it in buckets instead, one a backward
 // part, each issued as its part returns, over the range that part finalised:
 // a decoder layer's MLP gradients then travel while its attention block
 // computes. Sums are elementwise, so a range summed alone is summed as in the
@@ -223,35 +226,38 @@ int bucket_reductions(std::vector<Stage>& chain, const model::UnitSpec& unit, in
 }  // namespace
 
 StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshShape& shape) {
-  const int64_t sp = plan.p.size(), sg = plan.g.size(), sos = plan.os.size(), d = shape.world();
+  const int64_t p_ranks = plan.p.size(), g_ranks = plan.g.size(), os_ranks = plan.os.size(),
+                d = shape.world();
   StepSchedule s;
   s.wire = w.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   s.prefetch = w.prefetch;
-  s.direct_gradients = sp == 1 && sg == 1;
+  s.direct_gradients = p_ranks == 1 && g_ranks == 1;
   // A P group spans plan.p.s1 nodes (plan/shard_plan.h: Factor).
   const auto pspec = compression_spec(w.compression, Compressed::kParams, plan.p.s1);
   const std::vector<model::UnitSpec> layout = model::build_layout(w.model);
-  for (const model::UnitSpec& unit : layout) s.padded.push_back(padded_numel(unit.numel, sos));
+  for (const model::UnitSpec& unit : layout) s.padded.push_back(padded_numel(unit.numel, os_ranks));
   s.units = static_cast<int>(s.padded.size());
   int64_t largest = 0;
   for (int u = 0; u < s.units; ++u) {
     const int64_t phi = s.padded[static_cast<size_t>(u)];
     largest = std::max(largest, phi);
-    if (sp > 1) {
-      s.gather.push_back(make_stage(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP, phi / sp,
-                                    s.wire, Buf::kPShard, Buf::kGathered, Runs::kEveryMicroBatch));
+    if (p_ranks > 1) {
+      s.gather.push_back(make_stage(Phase::kForwardGather, u, Op::kAllGather, GroupKind::kP,
+                                    phi / p_ranks, s.wire, Buf::kPShard, Buf::kGathered,
+                                    Runs::kEveryMicroBatch));
       if (pspec) {
-        compress_gather(s.gather.back(), *pspec, sp);
+        compress_gather(s.gather.back(), *pspec, p_ranks);
         s.gather_qsend = std::max(s.gather_qsend, s.gather.back().count);
-        s.gather_qrecv = std::max(s.gather_qrecv, sp * s.gather.back().count);
+        s.gather_qrecv = std::max(s.gather_qrecv, p_ranks * s.gather.back().count);
       }
     }
-    s.reduction.push_back(reduction_chain(u, phi, sp, sg, sos, d / sos, s.wire));
+    s.reduction.push_back(
+        reduction_chain(u, phi, p_ranks, g_ranks, os_ranks, d / os_ranks, s.wire));
     s.parts.push_back(bucket_reductions(s.reduction.back(), layout[static_cast<size_t>(u)], phi));
-    if (sos > sp)
+    if (os_ranks > p_ranks)
       s.optimizer_gather.push_back(make_stage(Phase::kOptimizerGather, u, Op::kAllGather,
-                                              GroupKind::kGather, phi / sos, s.wire, Buf::kPShardOS,
-                                              Buf::kPShard, Runs::kOnce));
+                                              GroupKind::kGather, phi / os_ranks, s.wire,
+                                              Buf::kPShardOS, Buf::kPShard, Runs::kOnce));
   }
   if (d > 1) {
     // The squared norm, summed in fp64 over one replica: every rank takes part
@@ -261,7 +267,7 @@ StepSchedule step_schedule(const Workload& w, const ShardPlan& plan, const MeshS
   }
   SlotElems records;
   for (auto& chain : s.reduction) compress_chain(chain, w.compression, plan, records);
-  s.slot = slot_sizes(s.reduction, largest, sp, sg, sos);
+  s.slot = slot_sizes(s.reduction, largest, p_ranks, g_ranks, os_ranks);
   s.slot.qsend = records.qsend;
   s.slot.qrecv = records.qrecv;
   return s;
