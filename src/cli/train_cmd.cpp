@@ -36,6 +36,7 @@ struct TrainArgs {
   InFlight in_flight;
   std::string checkpoint_io;
   std::string checkpoint_mode;
+  std::string recompute;
 };
 
 // The option table; parse_command stores the values given into `a`.
@@ -169,7 +170,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "after the last step, write every parameter as raw float32 in layout order (tests)")
       ("param-trace", po::value<std::string>(&o.param_trace_path)->value_name("FILE"),
            "after every step, append every parameter as raw float32 in layout order (tests)")
-      ("recompute", po::value<std::string>(&o.recompute)->default_value("auto")->value_name("none|full|auto"),
+      ("recompute", po::value<std::string>(&a.recompute)->default_value("auto")->value_name("none|full|auto"),
            "activation recomputation: keep only each layer's input and rebuild the layer in "
            "backward (the same gradients, less memory, a third more compute); auto: with --shard "
            "auto the planner weighs it, otherwise none")
@@ -187,8 +188,8 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
 // before a model config or an --init-from directory is read.
 void check_ranges(const TrainArgs& a) {
   const engine::TrainOptions& o = a.o;
-  require(o.recompute == "none" || o.recompute == "full" || o.recompute == "auto", "recompute",
-          o.recompute, "none, full or auto");
+  require(a.recompute == "none" || a.recompute == "full" || a.recompute == "auto", "recompute",
+          a.recompute, "none, full or auto");
   require(o.steps >= 0, "steps", o.steps, "an integer >= 0");
   require(o.batch_size >= 1, "batch-size", o.batch_size, "an integer >= 1");
   require(o.seq_len >= 2, "seq-len", o.seq_len, "an integer >= 2");
@@ -266,6 +267,8 @@ void set_run_options(TrainArgs& a) {
   if (a.checkpoint_mode != "sync" && a.checkpoint_mode != "background")
     fail_usage("--checkpoint-mode ", a.checkpoint_mode, ": expected sync or background");
   o.checkpoint_background = a.checkpoint_mode == "background";
+  if (a.recompute != "auto")
+    o.recompute = a.recompute == "full" ? plan::Recompute::kFull : plan::Recompute::kNone;
   require(o.keep_last >= 0, "keep-last", o.keep_last, "an integer >= 0");
   if (o.resume == "auto" && o.checkpoint_dir.empty())
     fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");

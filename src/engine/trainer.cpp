@@ -120,28 +120,36 @@ struct PlanChoice {
   plan::Compression compression;  // --compress, or what the planner chose for auto
 };
 
+// The best plan that fits for one choice of recomputation, and why that choice.
+struct Weighed {
+  plan::Evaluation best;
+  plan::Recompute recompute = plan::Recompute::kNone;
+  std::string why;
+};
+
 // With --recompute auto, the planner weighs recomputation: its extra forward
 // against the memory it frees. Recompute only when no plan fits without it,
 // or when the plan it makes room for is faster even after paying for it.
-std::pair<plan::Evaluation, std::string> weigh_recompute(plan::PlanInput in) {
-  auto best_of = [&](plan::Recompute r) {
+Weighed weigh_recompute(plan::PlanInput in) {
+  using plan::Recompute;
+  auto best_of = [&](Recompute r) {
     in.workload.recompute = r;
     const std::vector<plan::Evaluation> ranked = plan::search(in);
     return !ranked.empty() && ranked.front().fits ? std::optional(ranked.front()) : std::nullopt;
   };
-  const auto none = best_of(plan::Recompute::kNone), full = best_of(plan::Recompute::kFull);
-  if (!none && !full) return {plan::choose_plan(in), ""};  // throws: nothing fits
-  if (!none) return {*full, "recompute full: no plan fits without it"};
+  const auto none = best_of(Recompute::kNone), full = best_of(Recompute::kFull);
+  if (!none && !full) return {plan::choose_plan(in), Recompute::kNone, ""};  // throws: nothing fits
+  if (!none) return {*full, Recompute::kFull, "recompute full: no plan fits without it"};
   char why[200];
   if (full && full->cost.step_s < none->cost.step_s * (1 - plan::kTieResolution)) {
     std::snprintf(why, sizeof why, "recompute full: the plan it makes room for is faster, step %.1f ms "
                   "against %.1f ms without", full->cost.step_s * 1e3, none->cost.step_s * 1e3);
-    return {*full, why};
+    return {*full, Recompute::kFull, why};
   }
-  if (!full) return {*none, "recompute none"};
+  if (!full) return {*none, Recompute::kNone, "recompute none"};
   std::snprintf(why, sizeof why, "recompute none: a plan fits without it, step %.1f ms against %.1f ms "
                 "with it", none->cost.step_s * 1e3, full->cost.step_s * 1e3);
-  return {*none, why};
+  return {*none, Recompute::kNone, why};
 }
 
 // One line when the bandwidth table --shard auto plans with was measured on another
@@ -162,16 +170,17 @@ void warn_if_measured_elsewhere(const plan::BandwidthTable& table, const std::st
 }
 
 PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops) {
+  const bool full = o.recompute == plan::Recompute::kFull;
   if (o.shard != "auto")
-    return {o.shard, o.recompute == "full",
-            o.recompute == "full" ? "given with --shard; recompute full" : "given with --shard", o.compression};
+    return {o.shard, full, full ? "given with --shard; recompute full" : "given with --shard",
+            o.compression};
   topo.require_equal_tasks_per_node("--shard auto");
   plan::PlanInput in;
   in.workload.model = o.model;
   in.workload.seq_len = o.seq_len;
   in.workload.micro_batch = o.batch_size;
   in.workload.precision = o.precision == DType::kBF16 ? plan::Precision::kBf16 : plan::Precision::kFp32;
-  in.workload.recompute = o.recompute == "full" ? plan::Recompute::kFull : plan::Recompute::kNone;
+  in.workload.recompute = o.recompute.value_or(plan::Recompute::kNone);
   in.workload.compression = o.compression;
   in.workload.prefetch = o.prefetch_units;
   in.workload.max_reductions = o.reduction_slots;
@@ -186,24 +195,26 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   if (topo.rank == 0) warn_if_measured_elsewhere(in.bandwidth, table, topo);
   in.compute.peak_flops_per_s = peak_flops;
   in.compute.flops_per_s = peak_flops * kAssumedMatmulEfficiency;
-  std::string recompute_why = cat("recompute ", o.recompute);
-  plan::Evaluation best;
-  if (o.recompute == "auto") {
-    std::tie(best, recompute_why) = weigh_recompute(in);
+  Weighed w;
+  if (!o.recompute) {
+    w = weigh_recompute(in);
   } else {
     // search ranks the plans that fit first, best first; choose_plan is only
     // called for its error when none fits.
     const std::vector<plan::Evaluation> ranked = plan::search(in);
-    best = !ranked.empty() && ranked.front().fits ? ranked.front() : plan::choose_plan(in);
+    w = {!ranked.empty() && ranked.front().fits ? ranked.front() : plan::choose_plan(in),
+         *o.recompute, cat("recompute ", plan::recompute_name(*o.recompute))};
   }
+  const plan::Evaluation& best = w.best;
   char why[640];
-  std::snprintf(why, sizeof why,
-                "auto: least exposed communication of the plans that fit %.1f MiB per rank: "
-                "step %.1f ms, exposed communication %.1f ms, bandwidth from %s; %s%s",
-                in.usable_memory() / double(1 << 20), best.cost.step_s * 1e3,
-                best.cost.exposed_s * 1e3, table.c_str(), recompute_why.c_str(),
-                o.compression.choose ? cat("; compress ", plan::to_string(best.compression)).c_str() : "");
-  return {plan::to_string(best.plan), recompute_why.rfind("recompute full", 0) == 0, why, best.compression};
+  std::snprintf(
+      why, sizeof why,
+      "auto: least exposed communication of the plans that fit %.1f MiB per rank: "
+      "step %.1f ms, exposed communication %.1f ms, bandwidth from %s; %s%s",
+      in.usable_memory() / double(1 << 20), best.cost.step_s * 1e3, best.cost.exposed_s * 1e3,
+      table.c_str(), w.why.c_str(),
+      o.compression.choose ? cat("; compress ", plan::to_string(best.compression)).c_str() : "");
+  return {plan::to_string(best.plan), w.recompute == plan::Recompute::kFull, why, best.compression};
 }
 
 // Every rank's backend description, gathered on rank 0 (empty elsewhere).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ckpt/checkpoint.h"
@@ -63,9 +64,9 @@ struct TrainOptions {
   std::string final_params_path;  // rank 0 writes every parameter here after the last step
   std::string param_trace_path;   // rank 0 appends every parameter here after every step
   std::string init_from;          // Hugging Face model directory the weights start from
-  // Activation recomputation: "none", "full", or "auto" (with --shard auto the
-  // planner weighs it; with a given plan, none). Gradients are the same bits.
-  std::string recompute = "auto";
+  // Activation recomputation, none or full; unset (auto): with --shard auto the
+  // planner weighs it, with a given plan none. Gradients are the same bits.
+  std::optional<plan::Recompute> recompute;
   std::string data_order_path;    // rank 0 writes each step's training windows here (JSON lines)
   std::string trace_path;      // Chrome trace of a few steps (doc/engine.md)
   int64_t trace_steps = 2;     // steps traced, from the second (the first warms up)
