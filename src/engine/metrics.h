@@ -70,6 +70,7 @@ class MetricsSink {
   bool status_shown_ = false;
   double elapsed_ms_ = 0;
   void clear_status();
+  void draw_progress(const StepMetrics& m);
 };
 
 }  // namespace amsp::engine

@@ -463,7 +463,8 @@ class Run {
   double busy_seconds(int64_t step, double engine_s, double engine_cpu_s);
   void add_memory(StepMetrics& m);
   void write_profile(bool at_end);
-  void report(StepMetrics& m, bool eval_now);
+  void validate(StepMetrics& m);
+  void report(const StepMetrics& m, bool eval_now);
   bool stop_agreed();
   void say_stopping(const std::string& when);
   bool checkpoint_due(int64_t step, bool stopping) const;
@@ -736,6 +737,7 @@ void Run::train_steps() {
     // The save comes before the report, so that the step's line carries its stall.
     if (checkpoint_due(step, stopping)) m.ckpt_stall_ms = save_checkpoint(step);
     report_written(&m);
+    if (eval_now) validate(m);
     report(m, eval_now);
     if (stopping) {
       result.preempted = true;
@@ -870,12 +872,15 @@ void Run::add_memory(StepMetrics& m) {
   m.rss_peak_bytes = peak_rss_bytes();
 }
 
-void Run::report(StepMetrics& m, bool eval_now) {
-  if (eval_now) {
-    val_loss = evaluate();
-    m.val_loss = val_loss;
-    m.val_loss_sources = by_source(*data, val_losses);
-  }
+// The validation pass (collective): the held-out loss into the step's metrics.
+void Run::validate(StepMetrics& m) {
+  val_loss = evaluate();
+  m.val_loss = val_loss;
+  m.val_loss_sources = by_source(*data, val_losses);
+}
+
+// The step's line, metrics and data order (rank 0), and its parameters with --param-trace.
+void Run::report(const StepMetrics& m, bool eval_now) {
   if (root) {
     sink->step(m);
     if (eval_now) sink->eval(m.step, val_loss, windows, m.val_loss_sources);
