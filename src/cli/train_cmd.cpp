@@ -39,54 +39,61 @@ struct TrainArgs {
   std::string recompute;
 };
 
+// A number option defaulting to `fallback`, which --help prints as written (0.1,
+// not 0.10000000000000001).
+po::typed_value<double>* number(double* target, double fallback) {
+  return po::value<double>(target)->default_value(fallback, cat(fallback));
+}
+
 // The option table; parse_command stores the values given into `a`.
 void declare_options(po::options_description& desc, TrainArgs& a) {
   engine::TrainOptions& o = a.o;
+  const engine::TrainOptions d;  // the defaults, written once there
   desc.add_options()
       ("model", po::value<std::string>(&a.model_name)->default_value("tiny")->value_name("NAME|FILE"),
            "model preset (inputs/models/NAME.json) or a Hugging Face config.json")
       ("data", po::value<std::string>(&o.data_path)->required()->value_name("FILE.h5[:W],..."),
            "token dataset from `amsp data prepare`, or a mixture a.h5:0.7,b.h5:0.3 that draws each "
            "sequence from one dataset by weight (doc/data.md, \"Mixtures\")")
-      ("steps", po::value<int64_t>(&o.steps)->default_value(300)->value_name("INT"),
+      ("steps", po::value<int64_t>(&o.steps)->default_value(d.steps)->value_name("INT"),
            "optimizer steps; 0 trains none: evaluates the initial weights and, with "
            "--checkpoint-dir, saves them as the checkpoint of step 0 (e.g. --init-from weights "
            "as an amsp checkpoint)")
-      ("seed", po::value<int64_t>(&a.seed)->default_value(1337)->value_name("INT"),
+      ("seed", po::value<int64_t>(&a.seed)->default_value(static_cast<int64_t>(d.seed))->value_name("INT"),
            "seed for initialisation and data sampling")
-      ("batch-size", po::value<int64_t>(&o.batch_size)->default_value(8)->value_name("INT"),
+      ("batch-size", po::value<int64_t>(&o.batch_size)->default_value(d.batch_size)->value_name("INT"),
            "sequences per micro-batch (per rank)")
-      ("seq-len", po::value<int64_t>(&o.seq_len)->default_value(128)->value_name("INT"),
+      ("seq-len", po::value<int64_t>(&o.seq_len)->default_value(d.seq_len)->value_name("INT"),
            "tokens per sequence")
       ("global-batch", po::value<std::string>(&a.global_batch)->value_name("TOKENS"),
            "tokens per optimizer step over all ranks (e.g. 196608, 64K, 1M = 2^20): each attempt "
            "splits them for the ranks it has into micro-batches of at most --batch-size sequences "
            "and micro-batches per step, so a run requeued on other nodes trains the same batch; "
            "instead of --grad-accum")
-      ("grad-accum", po::value<int64_t>(&o.grad_accum)->default_value(1)->value_name("INT"),
+      ("grad-accum", po::value<int64_t>(&o.grad_accum)->default_value(d.grad_accum)->value_name("INT"),
            "micro-batches per optimizer step")
-      ("lr", po::value<double>(&a.lr)->default_value(1e-3, "1e-3")->value_name("NUM"),
+      ("lr", number(&a.lr, d.schedule.lr)->value_name("NUM"),
            "peak learning rate")
       ("min-lr", po::value<double>(&a.min_lr)->value_name("NUM"),
            "learning rate at the last step (default: lr / 10)")
       ("warmup-steps", po::value<int64_t>(&a.warmup)->value_name("INT"),
            "linear warmup steps (default: 5% of steps)")
-      ("weight-decay", po::value<double>(&o.adamw.weight_decay)->default_value(0.1, "0.1")->value_name("NUM"),
+      ("weight-decay", number(&o.adamw.weight_decay, d.adamw.weight_decay)->value_name("NUM"),
            "AdamW decoupled weight decay")
       ("decay-norms-and-embeddings", po::bool_switch(&o.adamw.decay_norms_and_embeddings),
            "also decay RMSNorm weights and the token embedding")
-      ("beta1", po::value<double>(&o.adamw.beta1)->default_value(0.9, "0.9")->value_name("NUM"), "AdamW beta1")
-      ("beta2", po::value<double>(&o.adamw.beta2)->default_value(0.95, "0.95")->value_name("NUM"), "AdamW beta2")
-      ("adam-eps", po::value<double>(&o.adamw.eps)->default_value(1e-8, "1e-8")->value_name("NUM"), "AdamW epsilon")
-      ("grad-clip", po::value<double>(&o.grad_clip)->default_value(1.0, "1.0")->value_name("NUM"),
+      ("beta1", number(&o.adamw.beta1, d.adamw.beta1)->value_name("NUM"), "AdamW beta1")
+      ("beta2", number(&o.adamw.beta2, d.adamw.beta2)->value_name("NUM"), "AdamW beta2")
+      ("adam-eps", number(&o.adamw.eps, d.adamw.eps)->value_name("NUM"), "AdamW epsilon")
+      ("grad-clip", number(&o.grad_clip, d.grad_clip)->value_name("NUM"),
            "clip the global gradient norm to this; 0 disables")
-      ("eval-every", po::value<int64_t>(&o.eval_every)->default_value(50)->value_name("INT"),
+      ("eval-every", po::value<int64_t>(&o.eval_every)->default_value(d.eval_every)->value_name("INT"),
            "validation loss every N steps (and at the start and end); 0: start and end only")
-      ("eval-windows", po::value<int64_t>(&o.eval_windows)->default_value(64)->value_name("INT"),
+      ("eval-windows", po::value<int64_t>(&o.eval_windows)->default_value(d.eval_windows)->value_name("INT"),
            "held-out windows per evaluation; 0: the whole split")
       ("metrics", po::value<std::string>(&o.metrics_path)->value_name("FILE"),
            "write one JSON line per step to FILE")
-      ("peak-tflops", po::value<double>(&o.peak_tflops)->default_value(0, "0")->value_name("NUM"),
+      ("peak-tflops", number(&o.peak_tflops, d.peak_tflops)->value_name("NUM"),
            "peak TFLOP/s for MFU; 0 measures this machine's GEMM peak")
       ("precision", po::value<std::string>(&a.precision)->default_value("fp32")->value_name("fp32|bf16"),
            "fp32, or bf16 mixed precision: bf16 parameters and gradients on the wire, fp32 "
@@ -95,9 +102,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("device", po::value<std::string>(&a.device)->value_name("cpu|cuda"),
            "compute backend: cpu, or cuda (rank i of a node on its GpuInfo device); default cuda "
            "when this build has CUDA and a GPU is visible, else cpu")
-      ("threads", po::value<int>(&o.threads)->default_value(0)->value_name("INT"),
+      ("threads", po::value<int>(&o.threads)->default_value(d.threads)->value_name("INT"),
            "OpenMP threads per rank; 0 keeps OMP_NUM_THREADS or the core count")
-      ("shard", po::value<std::string>(&o.shard)->default_value("auto")->value_name("PLAN"),
+      ("shard", po::value<std::string>(&o.shard)->default_value(d.shard)->value_name("PLAN"),
            "shard plan: ddp, zero1, zero2, zero3, fsdp, mics:K, factors such as "
            "p=2x1,g=2x1,os=8x1, or auto (the planner's choice for this topology)")
       ("compress", po::value<std::string>(&a.compress)->default_value("off")->value_name("SPEC"),
@@ -109,9 +116,9 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "with --compress: measure how far compression moves one micro-batch's gradient at step "
            "1 and every --compress-guard-every steps; warn (above the threshold, one line), "
            "fallback (also stop compressing that kind of collective for the rest of the run) or off")
-      ("compress-guard-every", po::value<int64_t>(&o.compress_guard.every)->default_value(100)->value_name("INT"),
+      ("compress-guard-every", po::value<int64_t>(&o.compress_guard.every)->default_value(d.compress_guard.every)->value_name("INT"),
            "steps between the guard's measurements")
-      ("compress-guard-threshold", po::value<double>(&o.compress_guard.threshold)->default_value(0.05, "0.05")->value_name("NUM"),
+      ("compress-guard-threshold", number(&o.compress_guard.threshold, d.compress_guard.threshold)->value_name("NUM"),
            "relative error of the gradient (|compressed - exact| / |exact|) above which the guard acts")
       ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
@@ -122,30 +129,30 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "wait for every collective as soon as it is issued (for measuring what overlap hides)")
       ("trace", po::value<std::string>(&o.trace_path)->value_name("FILE"),
            "write a Chrome trace (chrome://tracing, Perfetto) of steps 2-3: compute, waits, collectives")
-      ("trace-steps", po::value<int64_t>(&o.trace_steps)->default_value(2)->value_name("INT"),
+      ("trace-steps", po::value<int64_t>(&o.trace_steps)->default_value(d.trace_steps)->value_name("INT"),
            "how many steps --trace records")
       ("kernel-profile", po::value<std::string>(&o.kernel_profile_path)->value_name("FILE.json"),
            "time every backend call (kernel) by name, every step but the first, and write the totals "
            "beside the step time to FILE.json (rank 0); waits for the device at the end of each step")
-      ("cuda-profiler-step", po::value<int64_t>(&o.profiler_step)->default_value(0)->value_name("INT"),
+      ("cuda-profiler-step", po::value<int64_t>(&o.profiler_step)->default_value(d.profiler_step)->value_name("INT"),
            "on --device cuda, open the profiler's capture range (cudaProfilerStart/Stop) around "
            "this step alone, for `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`; "
            "0: none")
-      ("comm-timeout", po::value<double>(&o.comm_timeout_s)->default_value(0, "0")->value_name("NUM"),
+      ("comm-timeout", number(&o.comm_timeout_s, d.comm_timeout_s)->value_name("NUM"),
            "seconds a collective may take before the job is aborted, naming the rank and the "
            "operation; 0: AMSP_COMM_TIMEOUT or 600")
-      ("straggler-every", po::value<int64_t>(&o.straggler.every)->default_value(50)->value_name("INT"),
+      ("straggler-every", po::value<int64_t>(&o.straggler.every)->default_value(d.straggler.every)->value_name("INT"),
            "steps per window in which the ranks compare their busy time (the step less the waits in "
            "collectives); 0: off")
-      ("straggler-threshold", po::value<double>(&o.straggler.threshold)->default_value(0.10, "0.10")->value_name("NUM"),
+      ("straggler-threshold", number(&o.straggler.threshold, d.straggler.threshold)->value_name("NUM"),
            "a rank busier than the median by more than this fraction ...")
-      ("straggler-windows", po::value<int64_t>(&o.straggler.windows)->default_value(3)->value_name("INT"),
+      ("straggler-windows", po::value<int64_t>(&o.straggler.windows)->default_value(d.straggler.windows)->value_name("INT"),
            "... in this many windows in a row is named as a straggler")
       ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir)->value_name("DIR"),
            "write sharded HDF5 checkpoints here (doc/checkpoints.md)")
-      ("checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(0)->value_name("INT"),
+      ("checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(d.checkpoint_every)->value_name("INT"),
            "steps between checkpoints; 0: only at the end and when stopped by SIGUSR1/SIGTERM")
-      ("resume", po::value<std::string>(&o.resume)->default_value("none")->value_name("auto|FILE|none"),
+      ("resume", po::value<std::string>(&o.resume)->default_value(d.resume)->value_name("auto|FILE|none"),
            "continue from the newest verified checkpoint in --checkpoint-dir (auto), a file, or not")
       ("force-resume", po::bool_switch(&o.force_resume),
            "resume even when the dataset's tokens or a model field other than the shapes "
@@ -158,7 +165,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "background (default): a writer thread copies the shards to host memory while the "
            "next step computes (each update waits for its unit's copy) and writes the file while "
            "the next steps train; sync: training waits for the write")
-      ("keep-last", po::value<int>(&o.keep_last)->default_value(0)->value_name("INT"),
+      ("keep-last", po::value<int>(&o.keep_last)->default_value(d.keep_last)->value_name("INT"),
            "keep only the newest K checkpoints (pruned after a new one is complete); 0: all")
       ("run-info", po::value<std::string>(&o.run_info_path)->value_name("FILE"),
            "write a JSON record of the run (plan, topology, Slurm job, options) at the start and "

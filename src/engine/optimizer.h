@@ -19,6 +19,10 @@ struct AdamWOptions {
   bool decay_norms_and_embeddings = false;
 };
 
+// The global gradient norm's clipping threshold by default (TrainOptions and
+// EngineOptions::grad_clip; 0 disables clipping).
+inline constexpr double kDefaultGradClip = 1.0;
+
 // Weight decay for one tensor under these options.
 double tensor_weight_decay(const model::TensorSpec& tensor, const AdamWOptions& options);
 

@@ -58,7 +58,7 @@ struct EngineOptions {
   int64_t micro_batches = 1; // per step, to size the page-locked batch buffer at start-up
   bool recompute = false;    // rebuild each layer's activations in backward (model/llama.h)
   AdamWOptions adamw;
-  double grad_clip = 1.0;    // 0: no clipping
+  double grad_clip = kDefaultGradClip;  // 0: no clipping
   double comm_timeout_s = 0; // a collective waited on longer ends the job; 0: the comm default
   Trace* trace = nullptr;    // records compute and communication spans when set
 };

@@ -45,7 +45,7 @@ struct TrainOptions {
   int64_t global_batch_tokens = 0;
   LrSchedule schedule;         // total_steps is filled from steps
   AdamWOptions adamw;
-  double grad_clip = 1.0;      // max global gradient norm; 0 disables clipping
+  double grad_clip = kDefaultGradClip;  // max global gradient norm; 0 disables clipping
   int64_t eval_every = 50;     // 0: only at the start and the end
   int64_t eval_windows = 64;   // held-out windows per evaluation (0: all)
   std::string metrics_path;
