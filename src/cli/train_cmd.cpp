@@ -128,7 +128,8 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("no-overlap", po::bool_switch(&a.no_overlap),
            "wait for every collective as soon as it is issued (for measuring what overlap hides)")
       ("trace", po::value<std::string>(&o.trace_path)->value_name("FILE"),
-           "write a Chrome trace (chrome://tracing, Perfetto) of steps 2-3: compute, waits, collectives")
+           "write a Chrome trace (chrome://tracing, Perfetto) of --trace-steps steps from step 2 (the "
+           "first warms up): compute, waits, collectives")
       ("trace-steps", po::value<int64_t>(&o.trace_steps)->default_value(d.trace_steps)->value_name("INT"),
            "how many steps --trace records")
       ("kernel-profile", po::value<std::string>(&o.kernel_profile_path)->value_name("FILE.json"),

@@ -31,7 +31,7 @@ inline const char* dtype_name(DType t) {
   }
   return "?";
 }
-// "fp32" / "bf16" / "int32"; nullopt otherwise.
+// The inverse of dtype_name ("fp32", "bf16", "int32", "fp64"); nullopt otherwise.
 inline std::optional<DType> parse_dtype(const std::string& s) {
   if (s == "fp32") return DType::kF32;
   if (s == "bf16") return DType::kBF16;

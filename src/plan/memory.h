@@ -21,7 +21,9 @@
 
 namespace amsp::plan {
 
-enum class Precision { kBf16, kFp32 };  // bf16 mixed precision on GPU; fp32 on CPU
+// bf16 mixed precision (bf16 parameters and gradients on the wire, fp32 master
+// weights and moments) or fp32 throughout, on either device (--precision).
+enum class Precision { kBf16, kFp32 };
 enum class Recompute { kNone, kFull };
 
 const char* precision_name(Precision p);  // "bf16", "fp32"
