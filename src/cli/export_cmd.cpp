@@ -36,7 +36,7 @@ int run_export(int argc, char** argv) {
     return 0;
   require(format == "hf", "format", format, "hf (a Hugging Face model directory)");
   require(dtype == "fp32" || dtype == "bf16", "dtype", dtype, "fp32 or bf16");
-  o.dtype = dtype == "bf16" ? hf::DType::kBF16 : hf::DType::kF32;
+  o.dtype = dtype == "bf16" ? hf::StoredType::kBF16 : hf::StoredType::kF32;
   o.max_shard_bytes = plan::parse_memory_size(max_shard, "max-shard-size");
 
   const engine::ExportReport r = engine::export_hf(o);

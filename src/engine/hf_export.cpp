@@ -212,8 +212,8 @@ fs::path swap_in(const fs::path& fresh, const fs::path& target) {
 }  // namespace
 
 ExportReport export_hf(const ExportOptions& o) {
-  if (o.dtype != hf::DType::kF32 && o.dtype != hf::DType::kBF16)
-    fail_usage("--dtype ", hf::dtype_name(o.dtype), ": expected fp32 or bf16");
+  if (o.dtype != hf::StoredType::kF32 && o.dtype != hf::StoredType::kBF16)
+    fail_usage("--dtype ", hf::stored_type_name(o.dtype), ": expected fp32 or bf16");
   if (!fs::is_regular_file(o.checkpoint)) fail_usage("--checkpoint ", o.checkpoint, ": no such file");
   fs::path target = fs::path(o.output).lexically_normal();
   if (target.has_filename() == false) target = target.parent_path();  // "dir/" -> "dir"

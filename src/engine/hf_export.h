@@ -16,7 +16,7 @@ namespace amsp::engine {
 struct ExportOptions {
   std::string checkpoint;                  // step-*.h5 of any plan and world size
   std::string output;                      // the directory to create
-  hf::DType dtype = hf::DType::kF32;       // F32 or BF16 (rounded to nearest even)
+  hf::StoredType dtype = hf::StoredType::kF32;  // F32 or BF16 (rounded to nearest even)
   int64_t max_shard_bytes = 5'000'000'000; // transformers' default "5GB"
   bool force = false;                      // replace a non-empty output
 };

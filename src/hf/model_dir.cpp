@@ -225,10 +225,12 @@ std::vector<std::string> WeightsWriter::close() {
   return names_;
 }
 
-void write_config(const std::string& dir, const model::LlamaConfig& config, DType dtype, int64_t bos_id,
-                  int64_t eos_id) {
+void write_config(const std::string& dir, const model::LlamaConfig& config, StoredType dtype,
+                  int64_t bos_id, int64_t eos_id) {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(model::config_to_json(config));
-  j["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kBF16 ? "bfloat16" : "float16";
+  j["torch_dtype"] = dtype == StoredType::kF32    ? "float32"
+                     : dtype == StoredType::kBF16 ? "bfloat16"
+                                                  : "float16";
   j["rope_scaling"] = nullptr;
   if (bos_id >= 0) j["bos_token_id"] = bos_id;
   if (eos_id >= 0) j["eos_token_id"] = eos_id;

@@ -55,8 +55,8 @@ class WeightsWriter {
 
 // config.json for this config (model::config_to_json) with torch_dtype and,
 // when given (>= 0), the tokenizer's bos/eos ids.
-void write_config(const std::string& dir, const model::LlamaConfig& config, DType dtype, int64_t bos_id = -1,
-                  int64_t eos_id = -1);
+void write_config(const std::string& dir, const model::LlamaConfig& config, StoredType dtype,
+                  int64_t bos_id = -1, int64_t eos_id = -1);
 
 class ModelDir {
  public:

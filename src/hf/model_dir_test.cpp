@@ -43,7 +43,8 @@ float value(size_t i, int64_t k) {
 }
 
 // The layout of `config` written by WeightsWriter, then read by ModelDir.
-void write_and_read_back(const fs::path& dir, DType dtype, int64_t max_shard, size_t expect_files) {
+void write_and_read_back(const fs::path& dir, StoredType dtype, int64_t max_shard,
+                         size_t expect_files) {
   const auto config = small_config();
   const auto units = model::build_layout(config);
   std::vector<TensorDecl> decls;
@@ -71,7 +72,7 @@ void write_and_read_back(const fs::path& dir, DType dtype, int64_t max_shard, si
 
 TEST(ModelDirWriterTest, OneFileBelowTheLimit) {
   const fs::path d = fresh_dir("one");
-  write_and_read_back(d, DType::kF32, 5'000'000'000, 1);
+  write_and_read_back(d, StoredType::kF32, 5'000'000'000, 1);
   EXPECT_TRUE(fs::exists(d / kWeightsFile));
   EXPECT_FALSE(fs::exists(d / kIndexFile));
   const auto cfg = nlohmann::json::parse(std::ifstream(d / kConfigFile));
@@ -85,7 +86,7 @@ TEST(ModelDirWriterTest, ShardsAndIndexAboveTheLimit) {
   // bf16: a decoder layer is 2*8 + (8+4+4+8)*8 + 3*12*8 = 496 elements, 992 bytes.
   // Per tensor, in order: embed .. layers.0 up_proj (960 bytes), layers.0 down_proj ..
   // layers.1 up_proj (992), layers.1 down_proj .. lm_head: three files and the index.
-  write_and_read_back(d, DType::kBF16, 1000, 4);
+  write_and_read_back(d, StoredType::kBF16, 1000, 4);
   const auto index = nlohmann::json::parse(std::ifstream(d / kIndexFile));
   EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00003.safetensors");
   EXPECT_EQ(index["weight_map"]["model.layers.0.mlp.down_proj.weight"], "model-00002-of-00003.safetensors");
@@ -95,7 +96,7 @@ TEST(ModelDirWriterTest, ShardsAndIndexAboveTheLimit) {
 }
 
 TEST(ModelDirWriterTest, PlanShardsAsTransformers) {
-  auto decl = [](int64_t n) { return TensorDecl{"t" + std::to_string(n), DType::kF32, {n}}; };
+  auto decl = [](int64_t n) { return TensorDecl{"t" + std::to_string(n), StoredType::kF32, {n}}; };
   // 4-byte elements, limit 40 bytes (10 elements).
   const auto plan = plan_shards({decl(4), decl(6), decl(1), decl(20), decl(3), decl(7)}, 40);
   const std::vector<std::vector<size_t>> expect = {{0, 1}, {2}, {3}, {4, 5}};
@@ -107,7 +108,7 @@ TEST(ModelDirWriterTest, PlanShardsAsTransformers) {
 // read, and anything but plain RoPE is refused in one line.
 TEST(ModelDirTest, ReadsTransformers5RopeParameters) {
   const fs::path dir = fresh_dir("rope5");
-  write_and_read_back(dir, DType::kF32, 5'000'000'000, 1);
+  write_and_read_back(dir, StoredType::kF32, 5'000'000'000, 1);
   auto rewrite = [&](const nlohmann::json& rope) {
     nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "config.json"));
     j.erase("rope_theta");

@@ -39,8 +39,8 @@ float f16_to_float(uint16_t h) {
   return f;
 }
 
-DType parse_dtype(const std::string& s, const std::string& where) {
-  if (const auto d = parse_dtype_name(s)) return *d;
+StoredType parse_stored_type_at(const std::string& s, const std::string& where) {
+  if (const auto d = parse_stored_type(s)) return *d;
   fail_usage(where, ": dtype ", s, " is not supported; expected F32, BF16 or F16");
 }
 
@@ -75,7 +75,7 @@ TensorInfo parse_tensor(const std::string& path, const std::string& name, const 
       j["data_offsets"].size() != 2)
     fail_usage(where, ": expected {\"dtype\": ..., \"shape\": [...], \"data_offsets\": [begin, end]}");
   TensorInfo t;
-  t.dtype = parse_dtype(j["dtype"].get<std::string>(), where);
+  t.dtype = parse_stored_type_at(j["dtype"].get<std::string>(), where);
   for (const auto& d : j["shape"]) {
     if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
       fail_usage(where, ": shape ", j["shape"].dump(), " is not a list of sizes");
@@ -89,29 +89,33 @@ TensorInfo parse_tensor(const std::string& path, const std::string& name, const 
   const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
   if (b > e || e > data_bytes)
     fail_usage(where, ": data_offsets ", off.dump(), " outside the data section of ", data_bytes, " bytes");
-  if (e - b != static_cast<uint64_t>(t.numel * dtype_bytes(t.dtype)))
-    fail_usage(where, ": data_offsets ", off.dump(), " hold ", e - b, " bytes, but shape ", j["shape"].dump(),
-               " of ", dtype_name(t.dtype), " needs ", t.numel * dtype_bytes(t.dtype));
+  if (e - b != static_cast<uint64_t>(t.numel * stored_type_bytes(t.dtype)))
+    fail_usage(where, ": data_offsets ", off.dump(), " hold ", e - b, " bytes, but shape ",
+               j["shape"].dump(), " of ", stored_type_name(t.dtype), " needs ",
+               t.numel * stored_type_bytes(t.dtype));
   t.begin = static_cast<int64_t>(data_start + b);
   return t;
 }
 
 }  // namespace
 
-const char* dtype_name(DType dtype) {
+const char* stored_type_name(StoredType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case StoredType::kF32:
+      return "F32";
+    case StoredType::kBF16:
+      return "BF16";
+    case StoredType::kF16:
+      return "F16";
   }
   return "?";
 }
 
-int64_t dtype_bytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+int64_t stored_type_bytes(StoredType dtype) { return dtype == StoredType::kF32 ? 4 : 2; }
 
-std::optional<DType> parse_dtype_name(const std::string& name) {
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
-    if (name == dtype_name(d)) return d;
+std::optional<StoredType> parse_stored_type(const std::string& name) {
+  for (StoredType d : {StoredType::kF32, StoredType::kBF16, StoredType::kF16})
+    if (name == stored_type_name(d)) return d;
   return std::nullopt;
 }
 
@@ -156,7 +160,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i) {
       const TensorInfo& prev = tensors_[ranges[i - 1].second];
-      if (static_cast<uint64_t>(prev.begin + prev.numel * dtype_bytes(prev.dtype)) > ranges[i].first)
+      if (static_cast<uint64_t>(prev.begin + prev.numel * stored_type_bytes(prev.dtype)) >
+          ranges[i].first)
         fail_usage(path, ": tensors ", ranges[i - 1].second, " and ", ranges[i].second, " overlap");
     }
   } catch (...) {
@@ -176,17 +181,17 @@ void SafetensorsFile::read(const std::string& name, int64_t first, int64_t count
   if (first < 0 || count < 0 || first + count > t.numel)
     fail(path_, ": elements [", first, ", ", first + count, ") of ", name, " outside its ", t.numel);
   if (count == 0) return;
-  const int64_t eb = dtype_bytes(t.dtype);
+  const int64_t eb = stored_type_bytes(t.dtype);
   const uint64_t offset = static_cast<uint64_t>(t.begin + first * eb);
-  if (t.dtype == DType::kF32) {
+  if (t.dtype == StoredType::kF32) {
     read_exact(fd_, out, static_cast<uint64_t>(count * 4), offset, path_);
     return;
   }
   std::vector<uint16_t> half(static_cast<size_t>(count));
   read_exact(fd_, half.data(), static_cast<uint64_t>(count * 2), offset, path_);
   for (int64_t i = 0; i < count; ++i)
-    out[i] = t.dtype == DType::kBF16 ? kernels::bf16_to_float(half[static_cast<size_t>(i)])
-                                     : f16_to_float(half[static_cast<size_t>(i)]);
+    out[i] = t.dtype == StoredType::kBF16 ? kernels::bf16_to_float(half[static_cast<size_t>(i)])
+                                          : f16_to_float(half[static_cast<size_t>(i)]);
 }
 
 // ------------------------------------------------------------------ writing
@@ -211,7 +216,9 @@ std::string safetensors_header(const std::vector<TensorDecl>& tensors,
     if (t.name.empty() || t.name == "__metadata__" || j.contains(t.name))
       fail("safetensors: tensor name \"", t.name, "\" is empty, reserved or repeated");
     if (data_offsets) data_offsets->push_back(offset);
-    j[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    j[t.name] = {{"dtype", stored_type_name(t.dtype)},
+                 {"shape", t.shape},
+                 {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
   }
   std::string header = j.dump();
@@ -224,8 +231,9 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
                                      const std::map<std::string, std::string>& metadata)
     : path_(path), tensors_(std::move(tensors)) {
   for (const auto& t : tensors_)
-    if (t.dtype != DType::kF32 && t.dtype != DType::kBF16)
-      fail(path, ": tensor ", t.name, ": writing ", dtype_name(t.dtype), " is not supported (F32 or BF16)");
+    if (t.dtype != StoredType::kF32 && t.dtype != StoredType::kBF16)
+      fail(path, ": tensor ", t.name, ": writing ", stored_type_name(t.dtype),
+           " is not supported (F32 or BF16)");
   const std::string header = safetensors_header(tensors_, metadata);
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(path, ": cannot create: ", std::strerror(errno));
@@ -246,7 +254,7 @@ void SafetensorsWriter::write(const float* data, int64_t count) {
       fail(path_, ": ", count, " elements more than the ", tensors_.size(), " declared tensors hold");
     const TensorDecl& t = tensors_[current_];
     const int64_t n = std::min(count, t.numel() - written_);
-    if (t.dtype == DType::kF32) {
+    if (t.dtype == StoredType::kF32) {
       write_all(fd_, data, static_cast<uint64_t>(n) * 4, path_);
     } else {  // BF16: the constructor allows nothing else
       buffer_.resize(static_cast<size_t>(n) * 2);

@@ -19,15 +19,17 @@
 
 namespace amsp::hf {
 
-enum class DType { kF32, kBF16, kF16 };
+// The element types a safetensors file stores, by the format's own names (amsp's
+// DType has no fp16, which Hugging Face checkpoints may hold).
+enum class StoredType { kF32, kBF16, kF16 };
 
-const char* dtype_name(DType dtype);  // "F32", "BF16", "F16"
-int64_t dtype_bytes(DType dtype);
+const char* stored_type_name(StoredType dtype);  // "F32", "BF16", "F16"
+int64_t stored_type_bytes(StoredType dtype);
 // "F32" -> kF32 ...; nullopt for a dtype this module does not handle.
-std::optional<DType> parse_dtype_name(const std::string& name);
+std::optional<StoredType> parse_stored_type(const std::string& name);
 
 struct TensorInfo {
-  DType dtype = DType::kF32;
+  StoredType dtype = StoredType::kF32;
   std::vector<int64_t> shape;
   int64_t numel = 1;
   int64_t begin = 0;  // byte offset of the first element, from the start of the file
@@ -65,10 +67,10 @@ class SafetensorsFile {
 // given (transformers refuses a file without it).
 struct TensorDecl {
   std::string name;
-  DType dtype = DType::kF32;
+  StoredType dtype = StoredType::kF32;
   std::vector<int64_t> shape;
   int64_t numel() const;
-  int64_t bytes() const { return numel() * dtype_bytes(dtype); }
+  int64_t bytes() const { return numel() * stored_type_bytes(dtype); }
 };
 
 // The header text for these tensors (padded; without the 8-byte length) and

@@ -141,7 +141,10 @@ TEST(SafetensorsWriterTest, HeaderOffsetsAlignmentAndDtypesReadBack) {
   const std::vector<float> c = {0.25f};                                       // [1] F32 after a 6-byte tensor
   const std::string path = temp_path("written.safetensors");
   {
-    SafetensorsWriter w(path, {{"a", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}, {"c", DType::kF32, {1}}},
+    SafetensorsWriter w(path,
+                        {{"a", StoredType::kF32, {2, 3}},
+                         {"b", StoredType::kBF16, {3}},
+                         {"c", StoredType::kF32, {1}}},
                         {{"source", "test"}});
     w.write(a.data(), 2);  // a tensor may come in pieces
     w.write(a.data() + 2, 4);
@@ -168,7 +171,7 @@ TEST(SafetensorsWriterTest, HeaderOffsetsAlignmentAndDtypesReadBack) {
   EXPECT_LT(bytes.find("\"b\""), bytes.find("\"c\""));
 
   SafetensorsFile f(path);  // the reader's own checks pass
-  EXPECT_EQ(f.tensors().at("b").dtype, DType::kBF16);
+  EXPECT_EQ(f.tensors().at("b").dtype, StoredType::kBF16);
   EXPECT_EQ(f.tensors().at("a").begin, static_cast<int64_t>(8 + n));
   std::vector<float> ra(6), rb(3), rc(1);
   f.read("a", 0, 6, ra.data());
@@ -179,7 +182,9 @@ TEST(SafetensorsWriterTest, HeaderOffsetsAlignmentAndDtypesReadBack) {
   EXPECT_EQ(rc, c);
   // safetensors_header says the same offsets.
   std::vector<int64_t> offsets;
-  EXPECT_EQ(safetensors_header({{"a", DType::kF32, {2, 3}}, {"b", DType::kBF16, {3}}, {"c", DType::kF32, {1}}},
+  EXPECT_EQ(safetensors_header({{"a", StoredType::kF32, {2, 3}},
+                                {"b", StoredType::kBF16, {3}},
+                                {"c", StoredType::kF32, {1}}},
                                {{"source", "test"}}, &offsets),
             bytes.substr(8, n));
   EXPECT_EQ(offsets, (std::vector<int64_t>{0, 24, 30}));
@@ -208,17 +213,19 @@ TEST(SafetensorsWriterTest, Bf16RoundsToNearestEvenAndRoundTrips) {
 TEST(SafetensorsWriterTest, WrongElementCountsAreErrors) {
   const float x[4] = {1, 2, 3, 4};
   {
-    SafetensorsWriter w(temp_path("short.safetensors"), {{"a", DType::kF32, {4}}});
+    SafetensorsWriter w(temp_path("short.safetensors"), {{"a", StoredType::kF32, {4}}});
     w.write(x, 3);
     EXPECT_THROW(w.close(), Error);
   }
   {
-    SafetensorsWriter w(temp_path("long.safetensors"), {{"a", DType::kF32, {2}}});
+    SafetensorsWriter w(temp_path("long.safetensors"), {{"a", StoredType::kF32, {2}}});
     EXPECT_THROW(w.write(x, 3), Error);
   }
-  EXPECT_THROW(SafetensorsWriter(temp_path("dup.safetensors"), {{"a", DType::kF32, {1}}, {"a", DType::kF32, {1}}}),
+  EXPECT_THROW(SafetensorsWriter(temp_path("dup.safetensors"),
+                                 {{"a", StoredType::kF32, {1}}, {"a", StoredType::kF32, {1}}}),
                Error);
-  EXPECT_THROW(SafetensorsWriter(temp_path("f16.safetensors"), {{"a", DType::kF16, {1}}}), Error);
+  EXPECT_THROW(SafetensorsWriter(temp_path("f16.safetensors"), {{"a", StoredType::kF16, {1}}}),
+               Error);
 }
 
 }  // namespace
