@@ -37,6 +37,7 @@ struct TrainArgs {
   std::string checkpoint_io;
   std::string checkpoint_mode;
   std::string recompute;
+  std::string resume;
 };
 
 // A number option defaulting to `fallback`, which --help prints as written (0.1,
@@ -153,7 +154,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "write sharded HDF5 checkpoints here (doc/checkpoints.md)")
       ("checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(d.checkpoint_every)->value_name("INT"),
            "steps between checkpoints; 0: only at the end and when stopped by SIGUSR1/SIGTERM")
-      ("resume", po::value<std::string>(&o.resume)->default_value(d.resume)->value_name("auto|FILE|none"),
+      ("resume", po::value<std::string>(&a.resume)->default_value("none")->value_name("auto|FILE|none"),
            "continue from the newest verified checkpoint in --checkpoint-dir (auto), a file, or not")
       ("force-resume", po::bool_switch(&o.force_resume),
            "resume even when the dataset's tokens or a model field other than the shapes "
@@ -278,10 +279,13 @@ void set_run_options(TrainArgs& a) {
   if (a.recompute != "auto")
     o.recompute = a.recompute == "full" ? plan::Recompute::kFull : plan::Recompute::kNone;
   require(o.keep_last >= 0, "keep-last", o.keep_last, "an integer >= 0");
-  if (o.resume == "auto" && o.checkpoint_dir.empty())
+  if (a.resume == "auto" && o.checkpoint_dir.empty())
     fail_usage("--resume auto: expected --checkpoint-dir to say where the checkpoints are");
-  if (o.resume != "auto" && o.resume != "none" && !std::filesystem::is_regular_file(o.resume))
-    fail_usage("--resume ", o.resume, ": no such file; expected auto, none or a checkpoint file");
+  if (a.resume != "auto" && a.resume != "none" && !std::filesystem::is_regular_file(a.resume))
+    fail_usage("--resume ", a.resume, ": no such file; expected auto, none or a checkpoint file");
+  o.resume = a.resume == "none"   ? engine::ResumeFrom{}
+             : a.resume == "auto" ? engine::ResumeFrom{engine::ResumeFrom::kNewest, ""}
+                                  : engine::ResumeFrom{engine::ResumeFrom::kFile, a.resume};
   if (!o.run_info_path.empty()) {
     const auto dir = std::filesystem::path(o.run_info_path).parent_path();
     if (!dir.empty() && !std::filesystem::is_directory(dir))

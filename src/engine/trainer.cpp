@@ -345,7 +345,7 @@ void clean_checkpoint_dir(const TrainOptions& o, bool root) {
 // The checkpoint --resume names: the newest that verifies (auto) or the file
 // given; empty when auto finds none.
 std::string resume_path(const TrainOptions& o, bool root) {
-  if (o.resume != "auto") return o.resume;
+  if (o.resume.kind == ResumeFrom::kFile) return o.resume.file;
   std::vector<std::string> skipped;
   std::optional<std::string> found;
   collectively([&] { found = ckpt::find_latest(o.checkpoint_dir, &skipped, MPI_COMM_WORLD); });
@@ -361,14 +361,15 @@ std::string resume_path(const TrainOptions& o, bool root) {
 // sense for it; prints what changed.
 ResumePoint resume(const TrainOptions& o, ShardedEngine& engine, const std::string& run_options, bool root) {
   ResumePoint start;
-  if (o.resume == "none") return start;
+  if (o.resume.kind == ResumeFrom::kNone) return start;
   clean_checkpoint_dir(o, root);
   const std::string path = resume_path(o, root);
   if (path.empty()) return start;
   ckpt::Metadata meta;
   ResumeChanges changes;
   collectively([&] {
-    if (o.resume != "auto") ckpt::require_sound(path, MPI_COMM_WORLD);  // auto: find_latest checked it
+    if (o.resume.kind == ResumeFrom::kFile)
+      ckpt::require_sound(path, MPI_COMM_WORLD);  // auto: find_latest checked it
     meta = ckpt::load(path, o.model, engine.units(), engine.shards(), engine.state_views(), MPI_COMM_WORLD);
     changes = compare_for_resume(meta.options_json, meta.model_json, run_options, model::config_to_json(o.model));
     if (!changes.refusals.empty() && !o.force_resume)
@@ -393,7 +394,7 @@ ResumePoint resume(const TrainOptions& o, ShardedEngine& engine, const std::stri
 // run's newer file. (With auto, newer files are ones that failed to verify;
 // this run's saves replace them.)
 void refuse_other_trajectory(const TrainOptions& o, const ResumePoint& start, bool root) {
-  if (o.checkpoint_dir.empty() || o.resume == "auto") return;
+  if (o.checkpoint_dir.empty() || o.resume.kind == ResumeFrom::kNewest) return;
   collectively([&] {
     const int64_t newest = root ? ckpt::newest_step(o.checkpoint_dir) : -1;
     if (newest >= start.first_step)

@@ -29,6 +29,13 @@ struct CompressionGuard {
   double threshold = 0.05;
 };
 
+// Where a run starts (--resume): from nothing, from the newest checkpoint in
+// checkpoint_dir that verifies (auto), or from a given checkpoint file.
+struct ResumeFrom {
+  enum Kind { kNone, kNewest, kFile } kind = kNone;
+  std::string file;  // kFile
+};
+
 struct TrainOptions {
   model::LlamaConfig model;
   DType precision = DType::kF32;  // parameters' dtype: fp32, or bf16 mixed precision (doc/engine.md)
@@ -76,7 +83,7 @@ struct TrainOptions {
   StragglerOptions straggler;  // naming a persistently slow rank (engine/straggler.h)
   std::string checkpoint_dir;  // where checkpoints go (doc/checkpoints.md); empty: none
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only at the end and on a stop signal
-  std::string resume = "none";   // "none", "auto" (newest verified in checkpoint_dir) or a file
+  ResumeFrom resume;             // --resume none|auto|FILE
   bool force_resume = false;     // resume even onto another dataset or other model fields
   int keep_last = 0;           // checkpoints kept; 0: all
   ckpt::Transfer checkpoint_io = ckpt::Transfer::kIndependent;  // how shards reach the file
