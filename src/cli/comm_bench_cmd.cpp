@@ -80,15 +80,15 @@ int run_comm_bench(int argc, char** argv) {
            "mpi: host memory and MPI; nccl: GPU memory and NCCL (one GPU per rank, by node-local rank)")
       ("dtype", po::value<std::string>(&dtype)->default_value(dtype)->value_name("TYPE"),
            "element type of the messages: fp32 or bf16 (bf16 sums accumulate in fp32)")
-      ("step-factor", po::value<int64_t>(&o.step_factor)->default_value(2)->value_name("INT"),
+      ("step-factor", po::value<int64_t>(&o.step_factor)->default_value(o.step_factor)->value_name("INT"),
            "multiply the size by this between rows")
-      ("iters", po::value<int>(&o.iters)->default_value(20)->value_name("INT"),
+      ("iters", po::value<int>(&o.iters)->default_value(o.iters)->value_name("INT"),
            "timed iterations per size")
-      ("warmup", po::value<int>(&o.warmup)->default_value(5)->value_name("INT"),
+      ("warmup", po::value<int>(&o.warmup)->default_value(o.warmup)->value_name("INT"),
            "untimed iterations before timing")
-      ("max-seconds", po::value<double>(&o.max_seconds_per_size)->default_value(1.0, "1.0")->value_name("SEC"),
+      ("max-seconds", number(&o.max_seconds_per_size, o.max_seconds_per_size)->value_name("SEC"),
            "time budget per size: fewer iterations for the large sizes (0: always --iters)")
-      ("check", po::value<bool>(&o.check)->default_value(true)->value_name("BOOL"),
+      ("check", po::value<bool>(&o.check)->default_value(o.check)->value_name("BOOL"),
            "check every result in an untimed pass")
       ("ranks-per-node", po::value<int>(&o.ranks_per_node)->default_value(0)->value_name("INT"),
            "pretend consecutive ranks form nodes of this size (0: discover the topology)")

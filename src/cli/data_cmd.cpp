@@ -123,13 +123,13 @@ int run_data_prepare(int argc, char** argv) {
            "instead of refusing the input")
       ("output", po::value<std::string>(&opt.output)->required()->value_name("FILE.h5"),
            "the dataset to write")
-      ("tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("byte")
+      ("tokenizer", po::value<std::string>(&opt.tokenizer)->default_value(opt.tokenizer)
            ->value_name("byte|FILE.model|FILE.json"),
            "built-in byte-level tokenizer, a SentencePiece model (e.g. LLaMA-2's tokenizer.model) or a "
            "Hugging Face tokenizer.json with a BPE model (e.g. LLaMA-3's, Mistral's, Qwen2's)")
-      ("valid-fraction", po::value<double>(&opt.valid_fraction)->default_value(0.05, "0.05")->value_name("NUM"),
+      ("valid-fraction", number(&opt.valid_fraction, opt.valid_fraction)->value_name("NUM"),
            "share of tokens held out for validation, in [0, 0.5]")
-      ("threads", po::value<int>(&opt.threads)->default_value(0)->value_name("N"),
+      ("threads", po::value<int>(&opt.threads)->default_value(opt.threads)->value_name("N"),
            "tokenizer threads; 0: every core this process may run on (the dataset is the same for any N)");
   po::variables_map vm;
   if (!parse_command("data prepare", "Tokenizes text files into an HDF5 token dataset.", desc,

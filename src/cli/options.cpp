@@ -112,6 +112,10 @@ bool parse_command(const std::string& command, const std::string& summary,
   return true;
 }
 
+po::typed_value<double>* number(double* target, double fallback) {
+  return po::value<double>(target)->default_value(fallback, cat(fallback));
+}
+
 po::options_description in_flight_options(InFlight& f) {
   po::options_description desc(
       "Work in flight (the engine's temporaries; doc/engine.md, \"Reduction slots\")");

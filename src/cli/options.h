@@ -30,6 +30,10 @@ void require(bool ok, const std::string& option, const T& value, const std::stri
   if (!ok) fail_usage("--", option, " ", value, ": expected ", expected);
 }
 
+// A number option defaulting to `fallback` (an options struct's own default),
+// which --help prints as written: 0.1, not 0.10000000000000001.
+po::typed_value<double>* number(double* target, double fallback);
+
 // The --model.FIELD options (one per Hugging Face LlamaConfig field), and
 // applying the ones given to a loaded config.
 po::options_description model_field_options();

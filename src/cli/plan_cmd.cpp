@@ -186,7 +186,7 @@ po::options_description plan_options(PlanArgs& a) {
       ("shard", po::value<std::string>(&a.shard)->default_value("auto")->value_name("PLAN"),
            "auto searches; a plan (ddp, zero1, zero2, zero3, fsdp, mics:K, p=AxB,g=..,os=..) "
            "is evaluated alone with its collectives")
-      ("memory-margin", po::value<double>(&a.memory_margin)->default_value(kMemoryMargin, cat(kMemoryMargin))->value_name("F"),
+      ("memory-margin", number(&a.memory_margin, kMemoryMargin)->value_name("F"),
            "fraction of --gpu-memory a plan may not use (CUDA context, NCCL buffers, fragmentation)")
       ("overlap", po::value<std::string>(&a.overlap)->default_value("on")->value_name("on|off"),
            "communication beside compute (on: the engine's schedule) or after it")

@@ -40,12 +40,6 @@ struct TrainArgs {
   std::string resume;
 };
 
-// A number option defaulting to `fallback`, which --help prints as written (0.1,
-// not 0.10000000000000001).
-po::typed_value<double>* number(double* target, double fallback) {
-  return po::value<double>(target)->default_value(fallback, cat(fallback));
-}
-
 // The option table; parse_command stores the values given into `a`.
 void declare_options(po::options_description& desc, TrainArgs& a) {
   engine::TrainOptions& o = a.o;
