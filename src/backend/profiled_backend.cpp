@@ -119,10 +119,7 @@ std::vector<IdleTime> ProfiledBackend::idle_by_pair(
     const int after = stretches[i - 1].slot;
     const auto [it, added] = at.try_emplace({after, s.slot}, out.size());
     if (added) out.push_back({name(after), name(s.slot)});
-    IdleTime& gap = out[it->second];
-    gap.gaps += 1;
-    gap.ms += s.idle_ms;
-    gap.max_ms = std::max(gap.max_ms, s.idle_ms);
+    out[it->second].add({"", "", 1, s.idle_ms, s.idle_ms});
   }
   return out;
 }

@@ -34,6 +34,7 @@
 // (benchmarks/roofline_bench.cpp) reads both.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,6 +70,13 @@ struct IdleTime {
   int64_t gaps = 0;
   double ms = 0;      // summed
   double max_ms = 0;  // the longest one
+
+  // Adds the gaps of the same pair from another stretch of the run.
+  void add(const IdleTime& other) {
+    gaps += other.gaps;
+    ms += other.ms;
+    max_ms = std::max(max_ms, other.max_ms);
+  }
 };
 
 class ProfiledBackend final : public Backend {

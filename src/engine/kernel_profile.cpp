@@ -41,12 +41,7 @@ void KernelProfile::add_step(int64_t step, double step_ms, bool counted) {
     t.ms += k.ms;
     t.min_bytes += k.min_bytes;
   }
-  for (const backend::IdleTime& g : be_.idle()) {
-    Idle& i = idle_[{g.after, g.before}];
-    i.gaps += g.gaps;
-    i.ms += g.ms;
-    i.max_ms = std::max(i.max_ms, g.max_ms);
-  }
+  for (const backend::IdleTime& g : be_.idle()) idle_[{g.after, g.before}].add(g);
   if (step_ms_.empty()) first_step_ = step;
   last_step_ = step;
   step_ms_.push_back(step_ms);
@@ -93,9 +88,10 @@ std::vector<std::pair<std::string, KernelProfile::Total>> KernelProfile::ranked(
   return out;
 }
 
-std::vector<std::pair<std::pair<std::string, std::string>, KernelProfile::Idle>>
+std::vector<std::pair<std::pair<std::string, std::string>, backend::IdleTime>>
 KernelProfile::ranked_idle() const {
-  std::vector<std::pair<std::pair<std::string, std::string>, Idle>> out(idle_.begin(), idle_.end());
+  std::vector<std::pair<std::pair<std::string, std::string>, backend::IdleTime>> out(idle_.begin(),
+                                                                                     idle_.end());
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   return out;

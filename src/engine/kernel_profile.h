@@ -49,13 +49,9 @@ class KernelProfile {
     double ms = 0;
     int64_t min_bytes = 0;  // summed over the calls
   };
-  struct Idle {
-    int64_t gaps = 0;
-    double ms = 0, max_ms = 0;
-  };
   backend::ProfiledBackend& be_;
   std::map<std::string, Total> totals_;  // by name
-  std::map<std::pair<std::string, std::string>, Idle> idle_;  // by (after, before)
+  std::map<std::pair<std::string, std::string>, backend::IdleTime> idle_;  // by (after, before)
   std::vector<double> step_ms_;          // counted steps
   int64_t first_step_ = 0, last_step_ = 0;
   double copy_gb_s_ = 0;                     // measure_copy_bandwidth's, 0 before
@@ -72,7 +68,8 @@ class KernelProfile {
   // Names by total time, most first.
   std::vector<std::pair<std::string, Total>> ranked() const;
   // Pairs by total idle time, most first.
-  std::vector<std::pair<std::pair<std::string, std::string>, Idle>> ranked_idle() const;
+  std::vector<std::pair<std::pair<std::string, std::string>, backend::IdleTime>> ranked_idle()
+      const;
   nlohmann::ordered_json idle_json(const Summary& s) const;
   // The idle time's line and its `rows` largest pairs, for the console.
   std::string idle_table(const Summary& s, int rows) const;
