@@ -144,7 +144,7 @@ struct OpArgs {
   // into the accumulator); part of the op like `then`.
   Local and_then;
   // Set by submit: the op's position in the trainer's step (watchdog::next_op_index),
-  // compared across ranks by the MPI backend's mismatch check; -1 outside a step.
+  // compared across ranks by the mismatch check (comm/mismatch.h); -1 outside a step.
   int64_t position = -1;
 };
 

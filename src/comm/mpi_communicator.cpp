@@ -28,10 +28,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/mpi_check.h"
 #include "comm/communicator.h"
+#include "comm/mismatch.h"
 #include "core/error.h"
-#include "core/hash.h"
+#include "core/mpi_check.h"
 #include "core/parse.h"
 #include "kernels/common/math.h"
 
@@ -114,9 +114,10 @@ class Engine {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(Group group, Progress progress)
-      : group_(std::move(group)), progress_(progress),
+      : group_(std::move(group)),
+        progress_(progress),
         backend_(cat("mpi/", progress_name(progress))),
-        checking_(check_from_env() && progress == Progress::kThread) {
+        checking_(mismatch::enabled_from_env() && progress == Progress::kThread) {
     watch(group_);
     if (progress_ == Progress::kThread) Engine::get().add(this);
   }
@@ -229,50 +230,26 @@ class MpiCommunicator final : public Communicator {
     bool checked = false;  // the ranks agreed on what the op is
   };
 
-  // --- the mismatch check ----------------------------------------------------
-  // Before an op moves any data, the group's ranks compare what they issued
-  // (op, count, dtype, root and position in the step) with one all-reduce of
-  // a 64-bit signature and its complement under MAX: both come back unchanged
-  // on every rank exactly when every rank issued the same. A skipped op, or a
-  // different count, is caught there instead of being silently reduced or left
-  // to MPI's undefined behaviour. AMSP_COMM_CHECK=0 turns it off (measured in
+  // --- the mismatch check (comm/mismatch.h) ----------------------------------
+  // Before an op moves any data. AMSP_COMM_CHECK=0 turns it off (measured in
   // doc/communication.md). Only the communication thread runs it: in the other
   // progress modes nobody would start the op after its check until the caller
   // tests or waits, which would take away the overlap those modes exist for.
-  static bool check_from_env() {
-    const char* v = std::getenv("AMSP_COMM_CHECK");
-    if (!v || !*v || std::string(v) == "1") return true;
-    if (std::string(v) == "0") return false;
-    fail_usage("AMSP_COMM_CHECK=", v, ": expected 1 (check every collective, the default) or 0");
-  }
-
-  // What a rank issued, as compared: six integers.
-  static watchdog::Identity identity(const Pending& p) { return identity_of(p.seq, p.args); }
-
-  static uint64_t signature(const Pending& p) {
-    const watchdog::Identity id = identity(p);
-    return fnv1a(&id, sizeof id);
-  }
-
   void start_check(const Pending& p) {
-    sig_[0] = signature(p);
-    sig_[1] = ~sig_[0];
+    sig_ = mismatch::signature(identity_of(p.seq, p.args));
     AMSP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, sig_.data(), 2, MPI_UINT64_T, MPI_MAX, group_.comm(), &req_));
   }
 
   void finish_check(Pending& p) {
     p.checked = true;
-    const uint64_t mine = signature(p);
-    if (sig_[0] == mine && sig_[1] == ~mine) return;
-    // Every rank of the group sees the mismatch: gather what each issued and
-    // name those that differ from the majority.
-    const auto me = identity(p);
-    std::vector<int64_t> all(static_cast<size_t>(6 * size()));
-    AMSP_MPI_CHECK(MPI_Allgather(me.data(), 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, group_.comm()));
-    mismatch(all);
+    const watchdog::Identity me = identity_of(p.seq, p.args);
+    if (mismatch::agreed(sig_, me)) return;
+    // Every rank of the group sees the mismatch; the check ran before the op,
+    // so nothing of it reached the wire.
+    const bool sums = p.args.op == Op::kReduceScatter || p.args.op == Op::kAllReduce;
+    mismatch::report(watched(), rank(), group_.comm(), me, watchdog::step(),
+                     sums ? "; nothing was reduced" : "; nothing was moved");
   }
-
-  [[noreturn]] void mismatch(const std::vector<int64_t>& all);
 
   // A chained op's time in flight counts from the moment its predecessor
   // completed: the wait before is the predecessor's, not this op's.
@@ -417,59 +394,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<uint16_t> blocks_;  // the n contributions to this rank's block
   std::vector<uint16_t> padded_;  // an all-reduce's buffer padded to n blocks
   std::vector<float> acc_;        // the fp32 sums
-  std::array<uint64_t, 2> sig_{};  // the mismatch check's signature and its complement
+  mismatch::Signature sig_{};     // the mismatch check's, reduced in place
 };
-
-// "all_gather of 4096 bf16 (position 36 in step 9)"
-std::string describe_op(const int64_t* id) {
-  const Op op = static_cast<Op>(id[1]);
-  return cat(op_name(op), " of ", id[2], " ", dtype_name(static_cast<DType>(id[3])),
-             op == Op::kBroadcast ? cat(" from ", id[4]) : "",
-             id[5] >= 0 ? cat(" (position ", id[5], " in step ", watchdog::step(), ")") : "");
-}
-
-void MpiCommunicator::mismatch(const std::vector<int64_t>& all) {
-  const int n = size();
-  const auto id_of = [&](int r) {
-    watchdog::Identity id;
-    std::copy_n(&all[6 * r], 6, id.begin());
-    return id;
-  };
-  // The identity most ranks of the group issued; in a tie (a group of two),
-  // the one the other groups of this name issued as this op.
-  int most = 0;
-  watchdog::Identity common{};
-  for (int r = 0; r < n; ++r) {
-    int votes = 0;
-    for (int q = 0; q < n; ++q) votes += id_of(q) == id_of(r);
-    if (votes > most) most = votes, common = id_of(r);
-  }
-  const char* whose = "";
-  if (2 * most <= n) {
-    const auto ref = watchdog::reference(watched(), static_cast<uint64_t>(all[0]));
-    common = ref.value_or(watchdog::Identity{});
-    whose = "the other groups of this name and ";
-  }
-  const std::vector<int>& world = watched().members();
-  std::vector<int> agree;
-  std::string odd;
-  for (int r = 0; r < n; ++r) {
-    if (id_of(r) == common) agree.push_back(world[r]);
-    else odd += cat(odd.empty() ? "" : "; ", watchdog::rank_name(world[r]), " issued ", describe_op(&all[6 * r]));
-  }
-  const std::string where = cat("op #", all[0], " on ", watched().description());
-  // The check runs before the op: nothing of it reached the wire.
-  const Op op = static_cast<Op>(all[1]);
-  const char* nothing = op == Op::kReduceScatter || op == Op::kAllReduce ? "; nothing was reduced"
-                                                                           : "; nothing was moved";
-  const std::string line =
-      agree.empty() ? cat("mismatch in ", where, " with no majority to tell the odd rank: ", odd, nothing)
-                    : cat("mismatch in ", where, ": ", odd, " where ", whose, watchdog::ranks_phrase(agree), " issued ",
-                          describe_op(common.data()), nothing);
-  // One line per job: the group's first rank reports, the others a moment later.
-  if (rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-  abort_job(line);
-}
 
 void Engine::add(MpiCommunicator* c) {
   std::lock_guard lock(list_mu_);

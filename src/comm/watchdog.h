@@ -47,7 +47,7 @@ int64_t step();
 // across every communicator of the process, in issue order; -1 while no step
 // is set). Every rank issues the same collectives in the same order, so a
 // rank that skipped one issues its next with another position than its peers:
-// the mismatch check (comm/mpi_communicator.cpp) compares it.
+// the mismatch check (comm/mismatch.h) compares it.
 int64_t next_op_index();
 
 // "rank 5 (n3, local 1)": a world rank, its node and its rank on the node.

@@ -95,6 +95,15 @@ add_test(NAME comm_mismatch_all_to_all
           ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test> mismatch)
 set_tests_properties(comm_mismatch_all_to_all PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 3
   ENVIRONMENT "AMSP_COMM_PROGRESS=thread;AMSP_COMM_CHECK=1")
+# The NCCL backend's check, beside the op (over the emulated NCCL, which hangs in
+# a mismatched all-gather until the 30 s timeout, as NCCL would): rank 1 issues an
+# all-gather of 5 int32 where ranks 0 and 2 issue 4; the job ends naming rank 1 long
+# before the hang would.
+add_test(NAME comm_mismatch_nccl
+  COMMAND ${AMSP_EXPECT_OUTPUT} --exit 1 "rank 0 of 3 on host .*: mismatch in op #1 on the P group of ranks 0-2: rank 1 \\([^,]+, local 1\\) issued all_gather of 5 int32 where ranks 0, 2 issued all_gather of 4 int32; found beside the op: NCCL may have moved data$" --
+          ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:amsp_comm_timeout_test> nccl_mismatch)
+set_tests_properties(comm_mismatch_nccl PROPERTIES LABELS mpi TIMEOUT 25 PROCESSORS 3
+  ENVIRONMENT "AMSP_COMM_TIMEOUT=30;AMSP_COMM_CHECK=1")
 
 # What the communicators hand to MPI, counted through PMPI (the engine tests'
 # libamsp_mpi_count), per dtype: the MPI collectives each op uses and their bytes

@@ -6,6 +6,10 @@
 //   timeout_test mismatch                    rank 1 issues an all-to-all of 5 int32
 //                                            where ranks 0 and 2 issue 4: the
 //                                            mismatch check must name rank 1
+//   timeout_test nccl_mismatch               the same with an all-gather on the NCCL
+//                                            backend (over the emulated NCCL, which
+//                                            hangs in it, as NCCL would): its check,
+//                                            beside the op, must name rank 1
 
 #include <mpi.h>
 
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 
 using namespace amsp;
 
@@ -23,6 +28,17 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "all_reduce";
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (mode == "nccl_mismatch") {
+    cudaStream_t compute = nullptr;
+    cudaStreamCreate(&compute);
+    void* buf = nullptr;
+    cudaMalloc(&buf, 3 * 5 * sizeof(int32_t));
+    comm::NcclCommunicator c(comm::dup_group(MPI_COMM_WORLD, "P"), compute);
+    const int64_t count = rank == 1 ? 5 : 4;
+    c.all_gather(static_cast<int32_t*>(buf) + rank * count, count, buf, DType::kI32).wait();
+    std::printf("rank %d: the mismatched all-gather returned\n", rank);
+    return 0;
+  }
   auto c = comm::make_mpi_communicator(comm::dup_group(MPI_COMM_WORLD, "P"));
   std::vector<float> v(3000, 1.0f), w(3000, 0.0f);
   if (mode == "mismatch") {

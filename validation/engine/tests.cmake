@@ -145,11 +145,13 @@ set_tests_properties(engine_fault_named_slurm PROPERTIES
   FIXTURES_REQUIRED corpus LABELS slurm TIMEOUT 400 SKIP_RETURN_CODE 77 PROCESSORS 8
   RESOURCE_LOCK local_slurm)
 
-# The same on the CUDA backend's emulation (NCCL ops run in issue() there): a SIGSTOP
-# and a spin, named after the emulated NCCL's timeout (about 30 s).
+# The same on the CUDA backend's emulation (NCCL ops run in issue() there), all four
+# kinds under both plans: the stop and the spin named after the timeout, the skipped
+# and the short collective by the NCCL backend's mismatch check beside the op (the
+# emulated NCCL hangs in a mismatched op, as NCCL would). About 2 minutes.
 add_test(NAME engine_fault_named_cuda_emulation
   COMMAND python3 ${AMSP_FAULT_TEST} $<TARGET_FILE:amsp> ${MPIEXEC_EXECUTABLE} ${AMSP_CORPUS}
-          ${AMSP_TEST_WORK}/fault_cuda --runs 2 --device cuda)
+          ${AMSP_TEST_WORK}/fault_cuda --runs 8 --device cuda)
 set_tests_properties(engine_fault_named_cuda_emulation PROPERTIES
   FIXTURES_REQUIRED corpus LABELS mpi TIMEOUT 300 PROCESSORS 8)
 

@@ -1,8 +1,10 @@
 // NCCL over MPI (nccl.h). Each communicator is an MPI communicator split off
 // a private copy of MPI_COMM_WORLD; each collective is one or two MPI
-// collectives run to completion at issue; ncclSend and ncclRecv are
-// MPI_Isend and MPI_Irecv, posted together at the end of their group. Sums are ours, in rank order, so that every rank
-// gets the same bits (as comm/mpi_communicator.cpp does for bf16).
+// collectives run to completion at issue, after a small all-reduce that
+// matches the ranks' calls (a mismatch hangs, as in NCCL: match()); ncclSend
+// and ncclRecv are MPI_Isend and MPI_Irecv, posted together at the end of
+// their group. Sums are ours, in rank order, so that every rank gets the same
+// bits (as comm/mpi_communicator.cpp does for bf16).
 #include "kernels/cuda/emu/nccl.h"
 
 #include <mpi.h>
@@ -19,6 +21,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/common/math.h"
@@ -244,6 +247,48 @@ ncclResult_t check_buffer(const Call& c, const char* what, const void* p, size_t
   return ncclInvalidArgument;
 }
 
+bool aborted(ncclComm_t c) {
+  std::lock_guard lock(g_mu);
+  return c->aborted;
+}
+
+// NCCL requires every rank of a communicator to call the same collectives in
+// the same order with the same counts, and what it does otherwise is undefined:
+// a hang, or data matched to the wrong call. The emulation compares the ranks'
+// calls (an all-reduce of a signature and its complement under MAX) and, where
+// they differ, hangs as NCCL would: until the timeout, then as if a peer never
+// arrived (or until the communicator is aborted).
+ncclResult_t match(const Call& c) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the op, its bytes and its type
+  const auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  mix(c.key, std::strlen(c.key));
+  mix(&c.recv_bytes, sizeof c.recv_bytes);
+  mix(&c.type, sizeof c.type);
+  // On the heap: a request that times out is left in MPI, which may still
+  // write its result when the late peer comes; then the two words leak, once.
+  auto* sig = new uint64_t[2]{h, ~h};
+  MPI_Request req = MPI_REQUEST_NULL;
+  const int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2, MPI_UINT64_T, MPI_MAX, c.comm->mpi, &req);
+  if (const ncclResult_t r = finish(c.comm, c.name, "MPI_Iallreduce", rc, &req); r != ncclSuccess)
+    return r;
+  const bool same = sig[0] == h && sig[1] == ~h;
+  delete[] sig;
+  if (same) return ncclSuccess;
+  const double timeout = g_timeout_s.load();
+  warn(std::string(c.name) + " on rank " + std::to_string(c.comm->rank) + " of " +
+       std::to_string(c.comm->nranks) + ": the ranks called different collectives or counts; " +
+       "NCCL would hang, and so does the emulation" +
+       (timeout > 0 ? " for " + std::to_string(timeout) + " s" : ""));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  while ((timeout <= 0 || std::chrono::steady_clock::now() < deadline) && !aborted(c.comm))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  c.comm->async_error = ncclRemoteError;
+  return ncclRemoteError;
+}
+
 // Validates the call, decides on an injected failure, and records its accesses
 // on its stream. ncclSuccess: go on and communicate.
 ncclResult_t begin(const Call& c, Fail* fail) {
@@ -265,6 +310,12 @@ ncclResult_t begin(const Call& c, Fail* fail) {
   amsp::emu::op_access(c.stream, c.send, c.send_bytes, false, c.name, c.file, c.line);
   amsp::emu::op_access(c.stream, c.recv, c.recv_bytes, true, c.name, c.file, c.line);
   return ncclSuccess;
+}
+
+// begin() for a collective, then its match with the other ranks' calls.
+ncclResult_t begin_collective(const Call& c, Fail* fail) {
+  const ncclResult_t rc = begin(c, fail);
+  return rc == ncclSuccess ? match(c) : rc;
 }
 
 ncclResult_t end(const Call& c, Fail fail, ncclResult_t rc) {
@@ -297,7 +348,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   const Call c{"ncclAllGather", "allgather", comm, datatype, stream, sendcount, sendbuff,
                bytes, recvbuff, bytes * comm->nranks, file, line};
   Fail fail = Fail::kNo;
-  if (const ncclResult_t rc = begin(c, &fail); rc != ncclSuccess) return rc;
+  if (const ncclResult_t rc = begin_collective(c, &fail); rc != ncclSuccess) return rc;
   const bool in_place = sendbuff == static_cast<char*>(recvbuff) + bytes * comm->rank;
   const int n = static_cast<int>(sendcount);
   const MPI_Datatype t = mpi_type(datatype);
@@ -316,7 +367,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   const Call c{"ncclReduceScatter", "reducescatter", comm, datatype, stream, recvcount, sendbuff,
                bytes * comm->nranks, recvbuff, bytes, file, line};
   Fail fail = Fail::kNo;
-  if (const ncclResult_t rc = begin(c, &fail); rc != ncclSuccess) return rc;
+  if (const ncclResult_t rc = begin_collective(c, &fail); rc != ncclSuccess) return rc;
   return end(c, fail, recvcount ? reduce_blocks(c, sendbuff, recvcount, recvbuff) : ncclSuccess);
 }
 
@@ -330,7 +381,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   const Call c{"ncclAllReduce", "allreduce", comm, datatype, stream, block, sendbuff,
                count * eb, recvbuff, count * eb, file, line};
   Fail fail = Fail::kNo;
-  if (const ncclResult_t rc = begin(c, &fail); rc != ncclSuccess) return rc;
+  if (const ncclResult_t rc = begin_collective(c, &fail); rc != ncclSuccess) return rc;
   if (count == 0) return end(c, fail, ncclSuccess);
   // A reduce-scatter of a copy padded to n equal blocks, then an all-gather.
   std::vector<char> padded(block * n * eb, 0);
@@ -358,7 +409,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   const Call c{"ncclBroadcast", "broadcast", comm, datatype, stream, count,
                is_root ? sendbuff : nullptr, is_root ? bytes : 0, recvbuff, bytes, file, line};
   Fail fail = Fail::kNo;
-  if (const ncclResult_t rc = begin(c, &fail); rc != ncclSuccess) return rc;
+  if (const ncclResult_t rc = begin_collective(c, &fail); rc != ncclSuccess) return rc;
   if (is_root && sendbuff != recvbuff && bytes) std::memmove(recvbuff, sendbuff, bytes);
   MPI_Request req = MPI_REQUEST_NULL;
   const int rc = MPI_Ibcast(recvbuff, static_cast<int>(count), mpi_type(datatype), root,

@@ -62,6 +62,7 @@ ncclResult_t nccl_all_to_all(const void* send, void* recv, size_t count, DType d
 
 NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
     : group_(std::move(group)), compute_(compute) {
+  checking_ = mismatch::enabled_from_env() && group_.size() > 1;
   watch(group_);
   ncclUniqueId id;
   if (group_.rank() == 0) AMSP_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -70,9 +71,14 @@ NcclCommunicator::NcclCommunicator(Group group, cudaStream_t compute)
   AMSP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   AMSP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   AMSP_CUDA_CHECK(cudaGetDevice(&device_));
+  if (checking_) {
+    AMSP_MPI_CHECK(MPI_Comm_dup(group_.comm(), &check_comm_));
+    AMSP_MPI_CHECK(MPI_Comm_dup(group_.comm(), &report_comm_));
+  }
   // The emulation runs each op to completion in issue(), so nothing is ever in
-  // flight for a watcher to see; its own timeout (in issue) covers it there.
-  if (!AMSP_CUDA_EMULATION) watcher_ = std::thread([this] { watch_in_flight(); });
+  // flight there; the watcher only completes the checks (the emulated NCCL's
+  // own timeout, in issue, covers a peer that never arrives).
+  if (checking_ || !AMSP_CUDA_EMULATION) watcher_ = std::thread([this] { run_watcher(); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -84,6 +90,10 @@ NcclCommunicator::~NcclCommunicator() {
   if (watcher_.joinable()) watcher_.join();
   synchronize();
   retire();
+  // Every rank posted the same checks; they complete as soon as every rank
+  // is here (a rank that never comes is the timeout's, as in synchronize).
+  if (checking_ && !settle_checks(timeout() > 0 ? timeout() : 600))
+    for (MPI_Comm* c : {&check_comm_, &report_comm_}) AMSP_MPI_CHECK(MPI_Comm_free(c));
   for (const Stall& st : stalls_)  // compute has not reached them yet: released when it does
     for (cudaEvent_t e : {st.before, st.after}) AMSP_CUDA_CHECK(cudaEventDestroy(e));
   for (cudaEvent_t e : free_events_) AMSP_CUDA_CHECK(cudaEventDestroy(e));
@@ -169,6 +179,7 @@ uint64_t NcclCommunicator::issue(const OpArgs& a) {
   }
   run_local(a.before);
   InFlight f{next_seq_++, a, take_event(), take_event(), now_seconds()};
+  post_check(f.seq, a);  // before the op: the emulation may hang in it, as NCCL would
   last_op_ = a.op;
   AMSP_CUDA_CHECK(cudaEventRecord(f.start, stream_));
   const size_t n = static_cast<size_t>(a.count);
@@ -289,6 +300,7 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
     if (const ncclResult_t e = async_error(); e != ncclSuccess)
       fail_op(cat("waiting for ", op_name(in_flight_.front().args.op), " #", in_flight_.front().seq), e);
     if (deadline > 0 && now_seconds() > deadline) {
+      settle_checks();  // a check that failed names the cause better than the hang
       OpArgs stuck;
       for (const InFlight& f : in_flight_)
         if (f.seq == seq) stuck = f.args;
@@ -303,22 +315,68 @@ void NcclCommunicator::block_until(uint64_t seq, double deadline) {
   }
 }
 
-void NcclCommunicator::watch_in_flight() {
-  if (cudaSetDevice(device_) != cudaSuccess) return;
-  std::unique_lock lock(flight_mu_);
-  while (!stopping_) {
-    watch_cv_.wait_for(lock, std::chrono::milliseconds(250));
-    const double limit = timeout();
-    if (stopping_ || limit <= 0) continue;
-    for (const InFlight& f : in_flight_) {
-      if (now_seconds() - f.t_issue <= limit) break;  // the ops after it are younger
-      if (cudaEventQuery(f.end) != cudaErrorNotReady) continue;  // done, not yet retired
-      const InFlight stuck = f;
-      lock.unlock();
-      abort_bounded(comm_);
-      watchdog::hang(watched(), stuck.args.op, stuck.seq, now_seconds() - stuck.t_issue);
+void NcclCommunicator::run_watcher() {
+  const bool device = !AMSP_CUDA_EMULATION && cudaSetDevice(device_) == cudaSuccess;
+  bool checks_left = false;
+  for (;;) {
+    {
+      std::unique_lock lock(flight_mu_);
+      // Checks complete only while someone tests them: often while any is left.
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(checks_left ? 2 : 250));
+      if (stopping_) return;
+      if (device) find_stuck_op(lock);
     }
+    if (checking_) checks_left = settle_checks();
   }
+}
+
+void NcclCommunicator::find_stuck_op(std::unique_lock<std::mutex>& flight_lock) {
+  const double limit = timeout();
+  if (limit <= 0) return;
+  for (const InFlight& f : in_flight_) {
+    if (now_seconds() - f.t_issue <= limit) return;            // the ops after it are younger
+    if (cudaEventQuery(f.end) != cudaErrorNotReady) continue;  // done, not yet retired
+    const InFlight stuck = f;
+    flight_lock.unlock();
+    if (checking_) settle_checks();  // a check that failed names the cause better than the hang
+    abort_bounded(comm_);
+    watchdog::hang(watched(), stuck.args.op, stuck.seq, now_seconds() - stuck.t_issue);
+  }
+}
+
+void NcclCommunicator::post_check(uint64_t seq, const OpArgs& a) {
+  if (!checking_) return;
+  std::lock_guard lock(check_mu_);
+  Check& c = checks_.emplace_back();
+  c.id = identity_of(seq, a);
+  c.step = watchdog::step();
+  c.sig = mismatch::signature(c.id);
+  AMSP_MPI_CHECK(
+      MPI_Iallreduce(MPI_IN_PLACE, c.sig.data(), 2, MPI_UINT64_T, MPI_MAX, check_comm_, &c.req));
+}
+
+bool NcclCommunicator::settle_checks(double wait_s) {
+  const double deadline = now_seconds() + wait_s;
+  // Held while a failed check is reported, so that no other thread of this
+  // rank joins the report's collective a second time.
+  std::unique_lock lock(check_mu_);
+  while (!checks_.empty()) {
+    Check& c = checks_.front();
+    int done = 0;
+    AMSP_MPI_CHECK(MPI_Test(&c.req, &done, MPI_STATUS_IGNORE));
+    if (!done) {
+      if (now_seconds() >= deadline) return true;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      lock.lock();
+      continue;
+    }
+    if (!mismatch::agreed(c.sig, c.id))
+      mismatch::report(watched(), rank(), report_comm_, c.id, c.step,
+                       "; found beside the op: NCCL may have moved data");
+    checks_.pop_front();
+  }
+  return false;
 }
 
 void NcclCommunicator::stream_wait(const Handle& h, cudaStream_t stream) {

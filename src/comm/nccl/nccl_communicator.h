@@ -9,14 +9,19 @@
 // op's completion event; stream_wait makes a compute stream wait on the GPU
 // instead, which is how the engine should consume an all-gathered unit.
 //
+// The mismatch check (comm/mismatch.h) runs beside the ops, never in front of
+// them: issue() posts each op's check, a non-blocking all-reduce over a copy
+// of the group's MPI communicator, and the watcher thread completes the checks
+// in order; one that fails ends the job naming the ranks that issued something
+// else, while the GPU may still be inside the op (NCCL's undefined behaviour
+// for mismatched calls is usually a hang). AMSP_COMM_CHECK=0 turns it off.
+//
 // Errors. An NCCL error, returned when an op is issued or reported by
 // ncclCommGetAsyncError when an op completes or while the host waits, and a
 // wait past the timeout, abort the NCCL communicator (ncclCommAbort, so that
 // no peer stays blocked on it) and end the job with one line naming the rank,
 // the group and the op.
 #pragma once
-
-#include "kernels/cuda/api.h"
 
 #include <condition_variable>
 #include <deque>
@@ -27,6 +32,8 @@
 
 #include "comm/communicator.h"
 #include "comm/group.h"
+#include "comm/mismatch.h"
+#include "kernels/cuda/api.h"
 
 namespace amsp::comm {
 
@@ -75,11 +82,25 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t take_event();
   void run_local(const Local& l);
   void run_quant(const Local& l);
-  // The watcher thread (real CUDA only): an op on the GPU longer than the
-  // timeout means a peer never arrived, and the host may be blocked in a
-  // device sync that never returns; the watcher aborts the communicator and
-  // asks the watchdog which rank holds the op up.
-  void watch_in_flight();
+  // The watcher thread: completes the mismatch checks, and (on a GPU) finds an
+  // op on the GPU longer than the timeout, which means a peer never arrived
+  // while the host may be blocked in a device sync that never returns: it
+  // aborts the communicator and asks the watchdog which rank holds the op up.
+  void run_watcher();
+  void find_stuck_op(std::unique_lock<std::mutex>& flight_lock);
+
+  // One op's mismatch check, posted by issue().
+  struct Check {
+    watchdog::Identity id{};
+    int64_t step = 0;  // watchdog::step() at issue
+    mismatch::Signature sig{};
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  void post_check(uint64_t seq, const OpArgs& args);
+  // Completes the checks at the front, in order, as far as every rank has
+  // posted them (waiting up to wait_s seconds for the rest), and ends the job
+  // on one that failed. Returns whether any is left.
+  bool settle_checks(double wait_s = 0);
 
   Group group_;
   cudaStream_t compute_ = nullptr;
@@ -97,6 +118,11 @@ class NcclCommunicator final : public Communicator {
   uint64_t next_seq_ = 1;
   uint64_t done_seq_ = 0;
   Op last_op_ = Op::kAllReduce;  // of the op issued last, for error messages
+  bool checking_ = false;        // the mismatch check is on (and the group has peers)
+  MPI_Comm check_comm_ = MPI_COMM_NULL;   // the checks' all-reduces and nothing else
+  MPI_Comm report_comm_ = MPI_COMM_NULL;  // a failed check's report
+  std::mutex check_mu_;
+  std::deque<Check> checks_;  // posted, not yet completed; a deque keeps their addresses
 };
 
 }  // namespace amsp::comm

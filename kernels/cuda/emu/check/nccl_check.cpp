@@ -7,7 +7,8 @@
 // issue order, and a send and a receive outside any group. Then the error
 // paths: a group whose members disagree fails on all of them, an aborted
 // communicator refuses work, a peer outside the communicator is refused, a
-// late peer times out a collective and a group of sends and receives. With AMSP_EMU_NCCL_FAIL set it checks
+// late peer times out a collective and a group of sends and receives, ranks
+// that disagree on a count hang until the timeout. With AMSP_EMU_NCCL_FAIL set it checks
 // instead that the injected failure happens where asked.
 //
 // Not a gtest program: it needs MPI and 4 ranks (emu/tests.cmake runs it).
@@ -423,6 +424,30 @@ void check_timeout() {
   cudaStreamDestroy(g.stream);
 }
 
+// Ranks that call a collective with different counts hang in it, as NCCL's
+// would, until the timeout, which then fails it on every rank.
+void check_mismatch() {
+  Group g = make_group(MPI_COMM_WORLD, "mismatched");
+  amsp::emu::nccl_set_timeout(0.5);
+  char* send = device(64);
+  char* recv = device(64 * g.size);
+  const size_t n = g.rank == 1 ? 5 : 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  const ncclResult_t rc = ncclAllGather(send, recv, n, ncclFloat32, g.comm, g.stream);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(g.comm, &async);
+  expect(rc == ncclRemoteError && async == ncclRemoteError && waited >= 0.45,
+         "ranks that disagree on a count hang in the op until the timeout");
+  amsp::emu::nccl_set_timeout(0);
+  ncclCommAbort(g.comm);
+  cudaStreamSynchronize(g.stream);
+  cudaFree(send);
+  cudaFree(recv);
+  cudaStreamDestroy(g.stream);
+}
+
 // AMSP_EMU_NCCL_FAIL=allreduce:<n>[:async]: calls 1..n-1 succeed, call n fails
 // as asked.
 void check_injection(const std::string& spec) {
@@ -479,6 +504,7 @@ int main(int argc, char** argv) {
     free_group(world);
     check_errors(size);
     check_timeout();
+    check_mismatch();
     MPI_Comm_free(&pairs);
     MPI_Comm_free(&strided);
   }
