@@ -128,6 +128,11 @@ class Backend {
   // count zeroed elements of dtype on this backend's device.
   virtual Buffer alloc(DType dtype, int64_t count) = 0;
   virtual MemoryStats memory() const = 0;
+  // The device memory a plan may use on this rank, in bytes: on a GPU what is
+  // free on it now (asked before the run reserves its working set: what the
+  // driver, other processes and this one hold already is not); 0 where memory
+  // is the host's, which the node's ranks share.
+  virtual int64_t device_memory_free() const = 0;
   // count fp32 elements of host memory to stage device data in (a background
   // checkpoint's snapshot): a Buffer whose view is host memory (Device::kCpu,
   // f32() works) that to_host/from_host copy to and from fast. Ordinary memory

@@ -28,6 +28,7 @@ class Forwarding : public Backend {
   std::string describe() const override { return "wrong " + in_->describe(); }
   Buffer alloc(DType t, int64_t n) override { return in_->alloc(t, n); }
   MemoryStats memory() const override { return in_->memory(); }
+  int64_t device_memory_free() const override { return in_->device_memory_free(); }
   Buffer alloc_host(int64_t n) override { return in_->alloc_host(n); }
   void to_host(const View& s, float* d) override { in_->to_host(s, d); }
   void to_host(const View& s, int32_t* d) override { in_->to_host(s, d); }

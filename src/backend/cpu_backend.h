@@ -91,6 +91,7 @@ class CpuBackend final : public Backend {
   Buffer alloc(DType dtype, int64_t count) override;
   Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
+  int64_t device_memory_free() const override { return 0; }
   void to_host(const View& src, float* dst) override;
   void to_host(const View& src, int32_t* dst) override;
   void from_host(const float* src, const View& dst) override;

@@ -133,6 +133,14 @@ MemoryStats CudaBackend::memory() const {
   return MemoryStats{s.in_use, s.peak, s.reserved, host_blocks_->bytes};
 }
 
+// Free on the device, and what this process's allocator holds unused.
+int64_t CudaBackend::device_memory_free() const {
+  size_t free = 0, total = 0;
+  AMSP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const CachingAllocator::Stats s = allocator_->stats();
+  return static_cast<int64_t>(free) + (s.reserved - s.in_use);
+}
+
 // Page-locked host memory (cudaHostAlloc): the device copies into it by DMA,
 // at full bus speed and asynchronously, where pageable memory goes through a
 // driver bounce buffer. The buffer may outlive the backend (cudaFreeHost

@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
   Buffer alloc(DType dtype, int64_t count) override;
   Buffer alloc_host(int64_t count) override;
   MemoryStats memory() const override;
+  int64_t device_memory_free() const override;
   int64_t host_syncs() const override { return host_syncs_; }
   void profiler_capture(bool on) override;
   DeviceCounts device_counts() const override;

@@ -101,6 +101,7 @@ class ProfiledBackend final : public Backend {
 
   Buffer alloc(DType dtype, int64_t count) override;
   MemoryStats memory() const override { return inner_->memory(); }
+  int64_t device_memory_free() const override { return inner_->device_memory_free(); }
   int64_t host_syncs() const override { return inner_->host_syncs(); }
   void profiler_capture(bool on) override { inner_->profiler_capture(on); }
   DeviceCounts device_counts() const override { return inner_->device_counts(); }

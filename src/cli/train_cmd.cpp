@@ -119,7 +119,7 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
            "default: inputs/bandwidth/localcluster-2x4.json")
       ("memory-per-rank", po::value<std::string>(&a.memory)->value_name("SIZE"),
-           "memory a rank may use, for --shard auto (e.g. 4GiB); default: available / ranks per node")
+           "memory a rank may use, for --shard auto (e.g. 4GiB); default: the least any rank has (its GPU's free memory, or available / ranks per node)")
       ("no-overlap", po::bool_switch(&a.no_overlap),
            "wait for every collective as soon as it is issued (for measuring what overlap hides)")
       ("trace", po::value<std::string>(&o.trace_path)->value_name("FILE"),

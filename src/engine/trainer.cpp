@@ -169,7 +169,22 @@ void warn_if_measured_elsewhere(const plan::BandwidthTable& table, const std::st
                  " and pass --bandwidth ", file, "\n").c_str(), stderr);
 }
 
-PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops) {
+// The memory --shard auto plans each rank with: --memory-per-rank, else the
+// least any rank has (every rank must choose the same plan): its GPU's free
+// memory, or on the CPU its node's available memory shared by the node's ranks.
+// Collective over MPI_COMM_WORLD.
+int64_t planning_memory(const TrainOptions& o, const backend::Backend& be,
+                        const topology::Topology& topo) {
+  if (o.memory_per_rank > 0) return o.memory_per_rank;
+  const int64_t device = be.device_memory_free();
+  int64_t least = device > 0 ? device : available_memory_bytes() / topo.local_size;
+  AMSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &least, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD));
+  return least;
+}
+
+// `memory`: planning_memory's.
+PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, double peak_flops,
+                       int64_t memory) {
   const bool full = o.recompute == plan::Recompute::kFull;
   if (o.shard != "auto")
     return {o.shard, full, full ? "given with --shard; recompute full" : "given with --shard",
@@ -186,8 +201,7 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   in.workload.max_reductions = o.reduction_slots;
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
-  in.memory_per_rank = o.memory_per_rank > 0 ? o.memory_per_rank
-                                             : available_memory_bytes() / topo.local_size;
+  in.memory_per_rank = memory;
   const std::string table = o.bandwidth_path.empty()
                                 ? model::inputs_dir() + "/bandwidth/localcluster-2x4.json"
                                 : o.bandwidth_path;
@@ -540,8 +554,9 @@ void Run::set_up_ranks() {
 }
 
 void Run::set_up_plan() {
+  const int64_t memory = o.shard == "auto" ? planning_memory(o, *be, topo) : 0;
   collectively([&] {
-    const PlanChoice choice = choose_plan(o, topo, peak_flops);
+    const PlanChoice choice = choose_plan(o, topo, peak_flops, memory);
     plan_text = choice.plan;
     recompute = choice.recompute;
     reason = choice.reason;

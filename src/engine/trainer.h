@@ -62,7 +62,7 @@ struct TrainOptions {
   plan::Compression compression;  // --compress: block-quantized collectives (doc/compression.md)
   CompressionGuard compress_guard;  // --compress-guard*: how far compression moves the gradient
   std::string bandwidth_path;  // table for --shard auto (comm-bench output); empty: built-in
-  int64_t memory_per_rank = 0; // bytes for --shard auto; 0: available memory / ranks per node
+  int64_t memory_per_rank = 0; // bytes for --shard auto; 0: the least any rank has (GPU free, or host / ranks per node)
   bool overlap = true;         // false: every collective is waited for when issued
   int prefetch_units = plan::kDefaultPrefetch;  // units gathered ahead (EngineOptions::prefetch)
   int reduction_slots = plan::kDefaultReductionSlots;  // reductions in flight (::max_reductions)

@@ -8,12 +8,14 @@
 - --shard auto --recompute auto says which it chose: none when a plan fits without it,
   full when only recomputation makes a plan fit (--memory-per-rank between the two);
 - --shard auto warns, in one line, when its bandwidth table was measured on another
-  shape of job (the default 2x4 table on these 2x1 ranks), and not with a 2x1 table.
+  shape of job (the default 2x4 table on these 2x1 ranks), and not with a 2x1 table;
+- on GPUs (emulated, of two sizes) --shard auto plans with the smaller one's free memory.
 
 usage: recompute_test.py AMSP MPIEXEC CORPUS WORK
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +99,21 @@ if runs.get("none") and runs.get("full"):
     p, rows = train("auto-tight", ["--shard", "auto", "--memory-per-rank", str(tight)], steps=1)
     first = p.stdout.splitlines()[0] if p.stdout else ""
     check(p.returncode == 0 and "recompute full" in first, f"tight: recompute full, said: {first}")
+
+# On GPUs, --shard auto plans with the devices' free memory, the least of any rank's (every
+# rank must choose the same plan), not the host's: emulated GPUs of 400 MiB (rank 0, which
+# prints the plan) and 300 MiB (rank 1) leave under 300 MiB less the margin to plan with.
+gpu = [AMSP, "train", "--data", DATA, "--steps", "1", "--threads", "1", "--peak-tflops", "1",
+       "--eval-every", "0", "--shard", "auto", "--device", "cuda", "--precision", "bf16"] + MODEL
+p = subprocess.run([MPIEXEC, "-n", "1", "-env", "AMSP_EMU_DEVICE_MEMORY", "400M"] + gpu
+                   + [":", "-n", "1", "-env", "AMSP_EMU_DEVICE_MEMORY", "300M"] + gpu,
+                   capture_output=True, text=True, timeout=600, env=dict(os.environ, AMSP_CUDA_EMULATION="1"))
+first = p.stdout.splitlines()[0] if p.stdout else ""
+fit = re.search(r"plans that fit ([0-9.]+) MiB per rank", first)
+check(p.returncode == 0 and fit is not None and 150 < float(fit[1]) <= 0.92 * 300,
+      f"--device cuda: planned with the smaller GPU's free memory less the margin, said: {first} "
+      f"{p.stderr.strip()[-300:]}")
+
 p = subprocess.run([AMSP, "train", "--data", DATA, "--recompute", "some"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 2 and "--recompute" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
       f"a bad --recompute is one line, exit 2: {p.stderr.strip()}")
