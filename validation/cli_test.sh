@@ -50,6 +50,11 @@ expect_error "negative steps" "--steps.*expected an integer >= 0" -- "${train[@]
 expect_error "bad checkpoint io" "--checkpoint-io parallel: expected independent or collective" -- "${train[@]}" --checkpoint-io parallel
 expect_error "precision fp64" "--precision fp64: expected fp32 or bf16" -- "${train[@]}" --precision fp64
 expect_error "run info dir" "--run-info nodir/run.json: no directory nodir" -- "${train[@]}" --run-info nodir/run.json
+# Every file the run writes as it goes or at its end, refused before training.
+for opt in metrics trace kernel-profile param-trace data-order; do
+  expect_error "$opt dir" "--$opt nodir/out: no directory nodir; expected a file in an existing directory" -- \
+    "${train[@]}" --$opt nodir/out
+done
 expect_error "missing --data" "missing required option --data" -- "$amsp" train
 expect_error "missing dataset" "--data nosuch.h5: no such file" -- "$amsp" train --data nosuch.h5
 expect_error "malformed dataset" "--data notdata.h5: not an HDF5 file" -- "$amsp" train --data notdata.h5

@@ -323,8 +323,8 @@ void print_header(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   const Cluster& cluster = s.cluster;
   os << "amsp plan: " << w.model.name << " (" << fmt("%.2f", w.model.num_parameters() / 1e9)
      << " B parameters) on " << a.nodes << " nodes x " << in.mesh.ranks_per_node << " GPUs = "
-     << in.mesh.world() << " ranks, " << format_gib(in.memory_per_rank) << " per GPU (plans may use "
-     << format_gib(in.usable_memory()) << ", a " << fmt("%.0f%%", 100 * in.memory_margin)
+     << in.mesh.world() << " ranks, " << format_memory(in.memory_per_rank) << " per GPU (plans may use "
+     << format_memory(in.usable_memory()) << ", a " << fmt("%.0f%%", 100 * in.memory_margin)
      << " margin)\n";
   os << "cluster " << cluster.name << ": " << cluster.description << "\n";
   if (s.measured)
@@ -374,12 +374,12 @@ void report_one_plan(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   os << "plan " << plan.name << ": " << to_string(plan) << "\n" << kPlanHeader << "\n"
      << plan_row(e) << "\n";
   if (!e.fits)
-    os << "does not fit: needs " << format_gib(e.memory.total()) << " per GPU, may use "
-       << format_gib(in.usable_memory()) << "\n";
-  os << "memory per rank: params " << format_gib(e.memory.params) << ", grads "
-     << format_gib(e.memory.grads) << ", optimizer " << format_gib(e.memory.optimizer)
-     << ", activations " << format_gib(e.memory.activations) << ", gathered units "
-     << format_gib(e.memory.gathered) << ", gradient buckets " << format_gib(e.memory.buckets)
+    os << "does not fit: needs " << format_memory(e.memory.total()) << " per GPU, may use "
+       << format_memory(in.usable_memory()) << "\n";
+  os << "memory per rank: params " << format_memory(e.memory.params) << ", grads "
+     << format_memory(e.memory.grads) << ", optimizer " << format_memory(e.memory.optimizer)
+     << ", activations " << format_memory(e.memory.activations) << ", gathered units "
+     << format_memory(e.memory.gathered) << ", gradient buckets " << format_memory(e.memory.buckets)
      << "\ncompute " << fmt("%.3f", e.cost.compute_s) << " s + exposed communication "
      << fmt("%.3f", e.cost.exposed_s) << " s + optimizer " << fmt("%.3f", e.cost.optimizer_s)
      << " s = step " << fmt("%.3f", e.cost.step_s) << " s\n\n"
@@ -399,7 +399,7 @@ void report_schedule(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
   } else {
     const std::vector<Evaluation> ranked = search(s.in);
     if (ranked.empty() || !ranked.front().fits)
-      fail_usage("--schedule: no plan fits ", format_gib(s.in.usable_memory()),
+      fail_usage("--schedule: no plan fits ", format_memory(s.in.usable_memory()),
                  " per GPU; name one with --shard");
     plan = ranked.front().plan;
     w.compression = ranked.front().compression;
@@ -452,7 +452,7 @@ void print_search_json(std::ostream& os, const PlanArgs& a, const PlanSetup& s, 
 // The best candidates, then the named plans with their rank or why excluded.
 void print_candidates(std::ostream& os, const PlanArgs& a, const PlanSetup& s, const SearchResult& r) {
   os << r.ranked.size() << " valid plans, " << r.fitting << " fit in "
-     << format_gib(s.in.usable_memory()) << "; best first (least exposed communication, then "
+     << format_memory(s.in.usable_memory()) << "; best first (least exposed communication, then "
         "fewest NIC bytes per node, then least memory):\n";
   os << "rank  " << kPlanHeader << "\n";
   for (int64_t i = 0; i < std::min<int64_t>(a.top, r.fitting); ++i)
@@ -480,7 +480,7 @@ void print_choice(std::ostream& os, const PlanInput& in, const SearchResult& r, 
      << (in.workload.compression.choose ? ", compress " + plan::to_string(best.compression) : std::string())
      << ", predicted step " << fmt("%.3f", best.cost.step_s)
      << " s, MFU " << fmt("%.1f%%", 100 * best.cost.mfu) << ", "
-     << format_gib(best.memory.total()) << " per GPU\n";
+     << format_memory(best.memory.total()) << " per GPU\n";
   if (r.fitting > 1)
     os << "why: against the runner-up (" << to_string(r.ranked[1].plan) << "), "
        << why_better(best, r.ranked[1]) << "\n";
@@ -494,7 +494,7 @@ void print_choice(std::ostream& os, const PlanInput& in, const SearchResult& r, 
     if (n.eval && n.excluded.empty() && n.rank > 1)
       os << "  " << n.name << " is rank " << n.rank << ": step " << fmt("%.3f", n.eval->cost.step_s)
          << " s (" << fmt("%+.2f%%", 100 * (n.eval->cost.step_s / best.cost.step_s - 1)) << "), "
-         << format_gib(n.eval->memory.total()) << "\n";
+         << format_memory(n.eval->memory.total()) << "\n";
 
   os << "\nthe paper's formulation of the chosen plan:\n";
   print_paper(os, best, evaluate_paper(in, best));
@@ -514,8 +514,8 @@ void report_search(std::ostream& os, const PlanArgs& a, const PlanSetup& s) {
     return;
   }
   const Evaluation& smallest = r.ranked.front();
-  os << "\nno plan fits " << format_gib(s.in.usable_memory()) << " per GPU; the smallest ("
-     << to_string(smallest.plan) << ") needs " << format_gib(smallest.memory.total())
+  os << "\nno plan fits " << format_memory(s.in.usable_memory()) << " per GPU; the smallest ("
+     << to_string(smallest.plan) << ") needs " << format_memory(smallest.memory.total())
      << ": add nodes, shorten --seq-len or --micro-batch, or --recompute full\n";
 }
 

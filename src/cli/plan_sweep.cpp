@@ -203,7 +203,7 @@ void print_table(std::ostream& os, const SweepRequest& r, const std::vector<Scal
   const Workload& w = in.workload;
   os << "amsp plan --sweep: " << w.model.name << " (" << fmt("%.2f", w.model.num_parameters() / 1e9)
      << " B parameters) on " << r.cluster.name << ", " << in.mesh.ranks_per_node << " GPUs per node, "
-     << format_gib(in.memory_per_rank) << " per GPU\n";
+     << format_memory(in.memory_per_rank) << " per GPU\n";
   os << "bandwidth: " << bandwidth_kind(r) << " ("
      << (r.measured_table.empty() ? r.cluster.source : r.measured_table) << ")"
      << (r.measured_table.empty() && r.cluster.modelled

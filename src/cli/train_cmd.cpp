@@ -280,10 +280,16 @@ void set_run_options(TrainArgs& a) {
   o.resume = a.resume == "none"   ? engine::ResumeFrom{}
              : a.resume == "auto" ? engine::ResumeFrom{engine::ResumeFrom::kNewest, ""}
                                   : engine::ResumeFrom{engine::ResumeFrom::kFile, a.resume};
-  if (!o.run_info_path.empty()) {
-    const auto dir = std::filesystem::path(o.run_info_path).parent_path();
-    if (!dir.empty() && !std::filesystem::is_directory(dir))
-      fail_usage("--run-info ", o.run_info_path, ": no directory ", dir.string(), "; expected a file in an existing directory");
+  // Files written during the run or at its end: a directory that does not
+  // exist is refused now, not after the training it would have recorded.
+  for (const auto& [option, path] :
+       {std::pair<const char*, const std::string&>{"--run-info", o.run_info_path},
+        {"--metrics", o.metrics_path}, {"--trace", o.trace_path},
+        {"--kernel-profile", o.kernel_profile_path}, {"--param-trace", o.param_trace_path},
+        {"--data-order", o.data_order_path}}) {
+    const auto dir = std::filesystem::path(path).parent_path();
+    if (!path.empty() && !dir.empty() && !std::filesystem::is_directory(dir))
+      fail_usage(option, " ", path, ": no directory ", dir.string(), "; expected a file in an existing directory");
   }
   require(o.trace_steps >= 1, "trace-steps", o.trace_steps, "an integer >= 1");
   require(o.profiler_step >= 0, "cuda-profiler-step", o.profiler_step, "an integer >= 0");

@@ -142,9 +142,17 @@ int64_t parse_memory_size(const std::string& text, const std::string& option) {
              ": expected a size such as 80GiB, 80GB (10^9 bytes), 80G (= GiB) or a byte count");
 }
 
-std::string format_gib(int64_t bytes) {
+std::string format_memory(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / 1073741824.0);
+  if (bytes < 1024 && bytes > -1024) {
+    std::snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+    return buf;
+  }
+  double v = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (unit < 3 && (v >= 1024 || v <= -1024)) v /= 1024, ++unit;
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[unit]);
   return buf;
 }
 

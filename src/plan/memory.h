@@ -109,8 +109,9 @@ MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_
 // Throws UsageError naming `option` on anything else.
 int64_t parse_memory_size(const std::string& text, const std::string& option);
 
-// 80 GiB -> "80.0 GiB"
-std::string format_gib(int64_t bytes);
+// "80.0 GiB", "18.5 MiB", "3.0 KiB", "512 bytes": the largest unit under which
+// the size is at least 1.
+std::string format_memory(int64_t bytes);
 // "%.*f": a number for a message.
 std::string format_fixed(double v, int digits);
 

@@ -171,6 +171,17 @@ TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {
   }
 }
 
+// Sizes in messages: the largest unit under which the figure is at least 1,
+// so that a small model's plan does not read "needs 0.0 GiB".
+TEST(Memory, FormatsSizesInTheirOwnUnit) {
+  EXPECT_EQ(format_memory(int64_t{80} << 30), "80.0 GiB");
+  EXPECT_EQ(format_memory(int64_t{3} << 39), "1.5 TiB");
+  EXPECT_EQ(format_memory(int64_t{37} << 19), "18.5 MiB");
+  EXPECT_EQ(format_memory(3072), "3.0 KiB");
+  EXPECT_EQ(format_memory(1023), "1023 bytes");
+  EXPECT_EQ(format_memory(0), "0 bytes");
+}
+
 TEST(Memory, ParseSizes) {
   EXPECT_EQ(parse_memory_size("80GiB", "gpu-memory"), int64_t{80} << 30);
   EXPECT_EQ(parse_memory_size("80G", "gpu-memory"), int64_t{80} << 30);

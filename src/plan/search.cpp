@@ -122,11 +122,11 @@ Evaluation choose_plan(const PlanInput& in) {
   std::vector<Evaluation> ranked = search(in);
   if (ranked.empty() || !ranked.front().fits) {
     const int64_t least = ranked.empty() ? 0 : ranked.front().memory.total();
-    fail_usage("--shard auto: no shard plan fits ", format_gib(in.usable_memory()),
-               " per rank (", format_gib(in.memory_per_rank), " less the ",
+    fail_usage("--shard auto: no shard plan fits ", format_memory(in.usable_memory()),
+               " per rank (", format_memory(in.memory_per_rank), " less the ",
                static_cast<int>(std::lround(100 * in.memory_margin)),
                "% margin); the smallest (", ranked.empty() ? "none" : to_string(ranked.front().plan),
-               ") needs ", format_gib(least),
+               ") needs ", format_memory(least),
                " (shard over more ranks, shorten --seq-len or --micro-batch, or recompute)");
   }
   return ranked.front();
@@ -167,8 +167,8 @@ std::vector<NamedResult> named_results(const PlanInput& in, const std::vector<Ev
     r.eval->plan.name = name;
     if (!r.eval->fits) {
       r.rank = 0;
-      r.excluded = cat("needs ", format_gib(r.eval->memory.total()), " per GPU, may use ",
-                       format_gib(in.usable_memory()));
+      r.excluded = cat("needs ", format_memory(r.eval->memory.total()), " per GPU, may use ",
+                       format_memory(in.usable_memory()));
     }
     out.push_back(r);
   }
@@ -189,7 +189,7 @@ std::string why_better(const Evaluation& a, const Evaluation& b) {
                " against ", gbs(b.cost.nic_bytes()), " per step");
   if (a.memory.total() != b.memory.total())
     return cat(tie, "the same NIC bytes (", gbs(a.cost.nic_bytes()), "); it needs less memory: ",
-               format_gib(a.memory.total()), " against ", format_gib(b.memory.total()));
+               format_memory(a.memory.total()), " against ", format_memory(b.memory.total()));
   return cat(tie, "the same NIC bytes and memory; it moves fewer bytes inside the node: ",
              gbs(a.cost.node.intra), " against ", gbs(b.cost.node.intra));
 }
