@@ -140,6 +140,30 @@ ncclResult_t mpi_failed(ncclComm_t c, const char* call, int rc) {  // call: "op 
   return ncclSystemError;
 }
 
+// Host memory an MPI request of the emulation reads or writes. A request that
+// times out is left in MPI, which may still use its buffers when the late peer
+// comes: abandon() then keeps them (a leak, once, on a job that is failing)
+// instead of freeing memory MPI would write into.
+class Staging {
+ public:
+  explicit Staging(size_t bytes) : bytes_(new char[bytes]()) {}
+  ~Staging() {
+    if (!abandoned_) delete[] bytes_;
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  char* data() const { return bytes_; }
+  // Passes r through; keeps the buffer when r says the request was left.
+  ncclResult_t settled(ncclResult_t r) {
+    abandoned_ = r != ncclSuccess;
+    return r;
+  }
+
+ private:
+  char* bytes_;
+  bool abandoned_ = false;
+};
+
 // Completes the non-blocking collective `mpi_call` of op `op`: MPI_Wait, or
 // polling up to the timeout.
 ncclResult_t finish(ncclComm_t c, const char* op, const char* mpi_call, int rc, MPI_Request* req) {
@@ -267,16 +291,16 @@ ncclResult_t match(const Call& c) {
   mix(c.key, std::strlen(c.key));
   mix(&c.recv_bytes, sizeof c.recv_bytes);
   mix(&c.type, sizeof c.type);
-  // On the heap: a request that times out is left in MPI, which may still
-  // write its result when the late peer comes; then the two words leak, once.
-  auto* sig = new uint64_t[2]{h, ~h};
+  Staging staging(sizeof(uint64_t[2]));
+  auto* sig = reinterpret_cast<uint64_t*>(staging.data());
+  sig[0] = h;
+  sig[1] = ~h;
   MPI_Request req = MPI_REQUEST_NULL;
   const int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2, MPI_UINT64_T, MPI_MAX, c.comm->mpi, &req);
-  if (const ncclResult_t r = finish(c.comm, c.name, "MPI_Iallreduce", rc, &req); r != ncclSuccess)
+  if (const ncclResult_t r = staging.settled(finish(c.comm, c.name, "MPI_Iallreduce", rc, &req));
+      r != ncclSuccess)
     return r;
-  const bool same = sig[0] == h && sig[1] == ~h;
-  delete[] sig;
-  if (same) return ncclSuccess;
+  if (sig[0] == h && sig[1] == ~h) return ncclSuccess;
   const double timeout = g_timeout_s.load();
   warn(std::string(c.name) + " on rank " + std::to_string(c.comm->rank) + " of " +
        std::to_string(c.comm->nranks) + ": the ranks called different collectives or counts; " +
@@ -327,12 +351,12 @@ ncclResult_t end(const Call& c, Fail fail, ncclResult_t rc) {
 // `block` elements) summed in rank order into `out`.
 ncclResult_t reduce_blocks(const Call& c, const void* blocks_in, size_t block, void* out) {
   const size_t eb = type_bytes(c.type);
-  std::vector<char> blocks(block * eb * c.comm->nranks);
+  Staging blocks(block * eb * c.comm->nranks);
   MPI_Request req = MPI_REQUEST_NULL;
   const int count = static_cast<int>(block);
   const MPI_Datatype t = mpi_type(c.type);
   int rc = MPI_Ialltoall(blocks_in, count, t, blocks.data(), count, t, c.comm->mpi, &req);
-  const ncclResult_t r = finish(c.comm, c.name, "MPI_Ialltoall", rc, &req);
+  const ncclResult_t r = blocks.settled(finish(c.comm, c.name, "MPI_Ialltoall", rc, &req));
   if (r != ncclSuccess) return r;
   sum_blocks(c.type, blocks.data(), c.comm->nranks, block, out);
   return ncclSuccess;
@@ -384,16 +408,18 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   if (const ncclResult_t rc = begin_collective(c, &fail); rc != ncclSuccess) return rc;
   if (count == 0) return end(c, fail, ncclSuccess);
   // A reduce-scatter of a copy padded to n equal blocks, then an all-gather.
-  std::vector<char> padded(block * n * eb, 0);
+  Staging padded(block * n * eb);  // zeroed
   std::memcpy(padded.data(), sendbuff, count * eb);
   char* mine = padded.data() + comm->rank * block * eb;
-  if (const ncclResult_t rc = reduce_blocks(c, padded.data(), block, mine); rc != ncclSuccess)
+  if (const ncclResult_t rc = padded.settled(reduce_blocks(c, padded.data(), block, mine));
+      rc != ncclSuccess)
     return rc;
   MPI_Request req = MPI_REQUEST_NULL;
   const int b = static_cast<int>(block);
   const MPI_Datatype t = mpi_type(datatype);
   const int rc = MPI_Iallgather(MPI_IN_PLACE, b, t, padded.data(), b, t, comm->mpi, &req);
-  if (const ncclResult_t r = finish(comm, c.name, "MPI_Iallgather", rc, &req); r != ncclSuccess)
+  if (const ncclResult_t r = padded.settled(finish(comm, c.name, "MPI_Iallgather", rc, &req));
+      r != ncclSuccess)
     return r;
   std::memcpy(recvbuff, padded.data(), count * eb);
   return end(c, fail, ncclSuccess);
