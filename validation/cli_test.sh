@@ -51,7 +51,7 @@ expect_error "bad checkpoint io" "--checkpoint-io parallel: expected independent
 expect_error "precision fp64" "--precision fp64: expected fp32 or bf16" -- "${train[@]}" --precision fp64
 expect_error "run info dir" "--run-info nodir/run.json: no directory nodir" -- "${train[@]}" --run-info nodir/run.json
 # Every file the run writes as it goes or at its end, refused before training.
-for opt in metrics trace kernel-profile param-trace data-order; do
+for opt in metrics trace kernel-profile param-trace final-params data-order; do
   expect_error "$opt dir" "--$opt nodir/out: no directory nodir; expected a file in an existing directory" -- \
     "${train[@]}" --$opt nodir/out
 done

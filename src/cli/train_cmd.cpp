@@ -286,7 +286,7 @@ void set_run_options(TrainArgs& a) {
        {std::pair<const char*, const std::string&>{"--run-info", o.run_info_path},
         {"--metrics", o.metrics_path}, {"--trace", o.trace_path},
         {"--kernel-profile", o.kernel_profile_path}, {"--param-trace", o.param_trace_path},
-        {"--data-order", o.data_order_path}}) {
+        {"--final-params", o.final_params_path}, {"--data-order", o.data_order_path}}) {
     const auto dir = std::filesystem::path(path).parent_path();
     if (!path.empty() && !dir.empty() && !std::filesystem::is_directory(dir))
       fail_usage(option, " ", path, ": no directory ", dir.string(), "; expected a file in an existing directory");
