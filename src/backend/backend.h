@@ -161,8 +161,9 @@ class Backend {
   virtual void profiler_capture(bool /*on*/) {}
   // Sets device memory aside for the run's working set at start-up, so that
   // the step allocates from it without asking the device (which would
-  // synchronise); `predicted_peak` is the plan's prediction for this rank, which
-  // an out-of-memory error names. Nothing where memory is the host's.
+  // synchronise); `predicted_peak` is the prediction of all this rank's
+  // backend will hold at once (what it holds already included), which an
+  // out-of-memory error names. Nothing where memory is the host's.
   virtual void reserve(int64_t predicted_peak) { (void)predicted_peak; }
   // The device's counts on the calling thread so far (DeviceCounts).
   virtual DeviceCounts device_counts() const { return {}; }

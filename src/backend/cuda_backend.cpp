@@ -123,7 +123,7 @@ Buffer CudaBackend::alloc(DType dtype, int64_t count) {
 // reserved, as one segment; if the device refuses it, the step takes what it
 // needs as it goes (and an out-of-memory names the prediction).
 void CudaBackend::reserve(int64_t predicted_peak) {
-  const int64_t more = predicted_peak + gemm_workspace_.bytes() - allocator_->stats().reserved;
+  const int64_t more = predicted_peak - allocator_->stats().reserved;
   (void)allocator_->reserve(std::max<int64_t>(more, 0), predicted_peak);  // keeps the prediction either way
 }
 

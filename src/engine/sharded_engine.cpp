@@ -599,15 +599,20 @@ void copy_os_state_host(const View& master, const View& exp_avg, const View& exp
 namespace {
 
 // The rank's predicted peak, set aside on the backend now, before the model
-// and the engine allocate (Backend::reserve). The activations are the model's
-// own allocation (fp32 on every backend), not the planner's bf16 GPU estimate.
+// and the engine allocate (Backend::reserve): what the backend holds already
+// (the CUDA backend's cuBLASLt workspace), the plan's model states and
+// temporaries, and the model's own activations on this backend (what its
+// attention keeps included), not the planner's GPU estimate.
 int64_t reserve_working_set(backend::Backend& be, const model::LlamaConfig& config, const PlanGroups& pg,
                             int64_t batch, int64_t seq_len, const EngineOptions& o) {
   const plan::Workload w = engine_workload(config, batch, seq_len, o);
   plan::MemoryBreakdown m = plan::memory_per_rank(w, pg.mesh.plan(), pg.mesh.shape());
-  m.activations = plan::cpu_activation_bytes(config, batch, seq_len, o.recompute, be.compute());
-  be.reserve(m.total());
-  return m.total();
+  m.activations = plan::model_activation_bytes(
+      config, batch, seq_len, o.recompute, be.compute(),
+      be.attention_saved_count(batch, seq_len, config.num_attention_heads));
+  const int64_t peak = be.memory().in_use + m.total();
+  be.reserve(peak);
+  return peak;
 }
 
 }  // namespace

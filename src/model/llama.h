@@ -80,7 +80,7 @@ class Llama {
   backend::View logits() const;
 
   // Bytes the model allocated on its backend: activations kept for backward,
-  // scratch, RoPE tables, token ids (plan::cpu_activation_bytes counts them).
+  // scratch, RoPE tables, token ids (plan::model_activation_bytes counts them).
   int64_t activation_bytes() const;
 
   // Model FLOPs of one forward+backward over B*T tokens (matmuls, and attention

@@ -29,16 +29,20 @@ std::vector<int64_t> unit_numels(const model::LlamaConfig& config) {
 
 int64_t padded_numel(int64_t numel, int64_t s_os) { return comm::padded_count(numel, s_os); }
 
-int64_t cpu_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, bool recompute,
-                             DType compute) {
+int64_t attention_saved_count(AttentionSaved saved, int64_t B, int64_t T, int64_t heads) {
+  return saved == AttentionSaved::kProbabilities ? B * heads * T * T : B * heads * T;
+}
+
+int64_t model_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, bool recompute,
+                               DType compute, int64_t saved) {
   // Mirrors Llama::Llama's allocations, buffer by buffer: 4 bytes an element,
   // and the buffers in the products' dtype (the compute dtype) `p` bytes.
   const int64_t p = dtype_bytes(compute);
   const int64_t N = B * T, h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size,
-                V = c.vocab_size, L = c.num_hidden_layers, heads = c.num_attention_heads;
+                V = c.vocab_size, L = c.num_hidden_layers;
   const int64_t rope = 4 * 2 * T * (c.head_dim() / 2);       // cos, sin
   const int64_t per_layer = p * (N * h + 2 * N * kv)         // q, k, v side by side (after RoPE)
-                            + 4 * B * heads * T * T          // softmax probabilities
+                            + 4 * saved                      // what attention keeps
                             + p * N * h + 4 * N * h          // attention output, h
                             + p * 2 * N * I                  // gate and up side by side
                             + 4 * 2 * N;                     // 1/rms of both norms
@@ -52,35 +56,14 @@ int64_t cpu_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T, 
   return ids + rope + resid + (recompute ? 1 : L) * per_layer + head + scratch;
 }
 
-int64_t gpu_layer_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
-  // Korthikanti et al. 2022 (arXiv 2205.05198) section 4.1 counts, per layer,
-  // every tensor backward reads. For LLaMA in bf16 (2 bytes) with
-  // FlashAttention-2 (no s x s scores: it keeps O and the fp32 log-sum-exp
-  // per head and row), SwiGLU, RMSNorm and no dropout:
-  //   attention: norm input x, normed x, q, k, v after RoPE, output O   2·(4h + 2kv)
-  //   MLP:       norm input h, normed h, gate, up, silu(gate)·up        2·(2h + 3I)
-  //   fp32 1/rms of both norms (8), fp32 log-sum-exp per head (4·heads)
-  const int64_t h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size;
-  return tokens * (12 * h + 4 * kv + 6 * I + 8) + 4 * tokens * c.num_attention_heads;
-}
-
-int64_t gpu_head_activation_bytes(const model::LlamaConfig& c, int64_t tokens) {
-  // Final norm input and output (bf16), 1/rms (fp32), logits in bf16 plus the
-  // fp32 copy the loss works on (Megatron's 4·s·b·V term).
-  return tokens * (4 * c.hidden_size + 6 * c.vocab_size + 4);
-}
-
 int64_t activation_bytes(const Workload& w) {
   const model::LlamaConfig& c = w.model;
-  if (w.precision == Precision::kFp32)
-    return cpu_activation_bytes(c, w.micro_batch, w.seq_len, w.recompute == Recompute::kFull, DType::kF32);
-  const int64_t N = w.tokens_per_micro_batch(), L = c.num_hidden_layers;
-  const int64_t layer = gpu_layer_activation_bytes(c, N), head = gpu_head_activation_bytes(c, N);
-  if (w.recompute == Recompute::kNone) return L * layer + head;
-  // Full recomputation keeps each layer's input (bf16) and rebuilds one
-  // layer's working set at a time during backward; its input is already kept.
-  const int64_t input = 2 * N * c.hidden_size;
-  return L * input + (layer - input) + head;
+  const bool fp32 = w.precision == Precision::kFp32;
+  const AttentionSaved saved = fp32 ? AttentionSaved::kProbabilities : AttentionSaved::kLogSumExp;
+  return model_activation_bytes(
+      c, w.micro_batch, w.seq_len, w.recompute == Recompute::kFull,
+      fp32 ? DType::kF32 : DType::kBF16,
+      attention_saved_count(saved, w.micro_batch, w.seq_len, c.num_attention_heads));
 }
 
 MemoryBreakdown memory_per_rank(const Workload& w, const ShardPlan& plan, int64_t world) {

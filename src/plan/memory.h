@@ -79,24 +79,28 @@ struct MemoryBreakdown {
   int64_t total() const { return model_states() + activations + temporaries(); }
 };
 
+// What attention keeps for backward, per layer, in fp32 elements
+// (Backend::attention_saved_count): the CPU backend keeps the softmax
+// probabilities (B·H·T²), the CUDA backend's fused kernels one log-sum-exp per
+// row and head (B·H·T).
+enum class AttentionSaved { kProbabilities, kLogSumExp };
+int64_t attention_saved_count(AttentionSaved saved, int64_t B, int64_t T, int64_t heads);
+
 // Bytes the model (model::Llama) allocates for micro-batches of B sequences of
-// T tokens on a backend computing in `compute`: activations kept for backward,
+// T tokens on a backend computing in `compute` whose attention keeps `saved`
+// fp32 elements a layer (attention_saved_count): activations kept for backward,
 // scratch and RoPE tables, fp32 but for the buffers only matrix products and
 // the kernels around them read (the normed input, q|k|v, attention's output,
 // gate|up, SwiGLU's output, the logits and their gradients), which are in the
 // compute dtype (the residual stream stays fp32); with recompute, one
 // layer's working set instead of every layer's. Kept in step with
 // src/model/llama.cpp; a test compares it with the allocation Llama makes.
-int64_t cpu_activation_bytes(const model::LlamaConfig& config, int64_t B, int64_t T,
-                             bool recompute = false, DType compute = DType::kF32);
+int64_t model_activation_bytes(const model::LlamaConfig& config, int64_t B, int64_t T,
+                               bool recompute, DType compute, int64_t saved);
 
-// Activation bytes of one decoder layer in bf16 on GPU (Korthikanti et al.
-// 2022 adapted to LLaMA, FlashAttention-2): tokens·(12h + 4·kv + 6·I + 8) +
-// 4·tokens·heads. The head keeps tokens·(4h + 6V + 4).
-int64_t gpu_layer_activation_bytes(const model::LlamaConfig& config, int64_t tokens);
-int64_t gpu_head_activation_bytes(const model::LlamaConfig& config, int64_t tokens);
-
-// Activation bytes per rank for one micro-batch in flight.
+// Activation bytes per rank for one micro-batch in flight: what the model
+// allocates on the backend the precision trains on (bf16: the CUDA backend's
+// fused attention; fp32: the CPU backend's).
 int64_t activation_bytes(const Workload& w);
 
 // The whole per-rank breakdown for a plan on `shape` (compression limited to

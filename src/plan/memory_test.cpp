@@ -130,16 +130,22 @@ TEST(Memory, Llama7bModelStatesUnsharded) {
   EXPECT_EQ(m.model_states(), 18 * w.model.num_parameters());  // 2 + 4 + 12: about 121 GB
 }
 
-TEST(Memory, GpuActivationsByHand) {
-  Workload w = odd_workload();  // 4 tokens, h 6, kv 6, I 5, V 7, 3 heads, 2 layers
-  // layer: 4 (72 + 24 + 30 + 8) + 4*4*3 = 584; head: 4 (24 + 42 + 4) = 280.
-  EXPECT_EQ(gpu_layer_activation_bytes(w.model, 4), 584);
-  EXPECT_EQ(gpu_head_activation_bytes(w.model, 4), 280);
-  EXPECT_EQ(activation_bytes(w), 2 * 584 + 280);
-  // Full recomputation: 2 layer inputs of 4 x 6 bf16 + one layer's working set
-  // without its input + the head.
-  w.recompute = Recompute::kFull;
-  EXPECT_EQ(activation_bytes(w), 2 * 48 + (584 - 48) + 280);
+// The planner's activations are the model's own allocation on the backend the
+// precision trains on: bf16 on the CUDA backend, whose attention keeps a
+// log-sum-exp per row and head; fp32 on the CPU backend, which keeps the
+// softmax probabilities.
+TEST(Memory, PlannedActivationsAreTheModelsOnItsBackend) {
+  Workload w = odd_workload();  // bf16, 1 x 4 tokens, 3 heads
+  for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    w.recompute = r;
+    const bool full = r == Recompute::kFull;
+    w.precision = Precision::kBf16;
+    EXPECT_EQ(activation_bytes(w),
+              model_activation_bytes(w.model, 1, 4, full, DType::kBF16, 3 * 4));
+    w.precision = Precision::kFp32;
+    EXPECT_EQ(activation_bytes(w),
+              model_activation_bytes(w.model, 1, 4, full, DType::kF32, 3 * 16));
+  }
 }
 
 TEST(Memory, CpuActivationsByHand) {
@@ -147,25 +153,52 @@ TEST(Memory, CpuActivationsByHand) {
   // layer q, k, v 24 + 24 + 24, probs 3*16 = 48, attn 24, h 24, gate and up
   // 2*20, 1/rms 8 = 216; head 4 + 28 + 4 = 36; scratch n, dn, dres, dattn
   // 4*24, dqkv 72, act 20, dgate_up 40 = 228; token ids and targets 2*4 = 8.
-  EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4), 4 * (8 + 72 + 2 * 216 + 36 + 228 + 8));
+  const model::LlamaConfig c = odd_config();
+  const int64_t probs =
+      attention_saved_count(AttentionSaved::kProbabilities, 1, 4, c.num_attention_heads);
+  EXPECT_EQ(probs, 3 * 16);
+  EXPECT_EQ(model_activation_bytes(c, 1, 4, false, DType::kF32, probs),
+            4 * (8 + 72 + 2 * 216 + 36 + 228 + 8));
   // Under bf16 compute n, dn, dattn (3 * 24), dqkv (72), act (20), dgate_up
   // (40), each layer's q, k, v (72), attn (24), gate and up (40), and the
   // logits (28) take 2 bytes, not 4, and dres has a bf16 copy (24).
-  EXPECT_EQ(cpu_activation_bytes(odd_config(), 1, 4, false, DType::kBF16),
+  EXPECT_EQ(model_activation_bytes(c, 1, 4, false, DType::kBF16, probs),
             4 * (8 + 72 + 2 * 216 + 36 + 228 + 8) -
                 2 * (72 + 72 + 20 + 40 + 2 * (72 + 24 + 40) + 28) + 2 * 24);
+  // A fused attention keeps one log-sum-exp per row and head, 3 * 4 a layer.
+  const int64_t lse =
+      attention_saved_count(AttentionSaved::kLogSumExp, 1, 4, c.num_attention_heads);
+  EXPECT_EQ(lse, 3 * 4);
+  EXPECT_EQ(model_activation_bytes(c, 1, 4, false, DType::kBF16, lse),
+            model_activation_bytes(c, 1, 4, false, DType::kBF16, probs) - 2 * 4 * (48 - 12));
 }
 
-TEST(Memory, CpuActivationsMatchWhatLlamaAllocates) {
+// On both backends, with what each one's attention keeps: the CPU's
+// probabilities, the CUDA kernels' log-sum-exp (the emulated device's
+// allocator rounds each buffer up to 512 bytes).
+TEST(Memory, ActivationsMatchWhatLlamaAllocates) {
   for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 4}, {3, 16}, {2, 64}}) {
     model::LlamaConfig c = model::load_config("tiny");
-    for (DType compute : {DType::kF32, DType::kBF16}) {
-      const auto be = backend::make_cpu_backend(compute);
-      for (bool recompute : {false, true}) {
-        const int64_t before = be->memory().in_use;
-        model::Llama llama(c, *be, B, T, recompute);
-        EXPECT_EQ(be->memory().in_use - before, cpu_activation_bytes(c, B, T, recompute, compute))
-            << B << "x" << T << (recompute ? " recompute " : " ") << dtype_name(compute);
+    for (Device device : {Device::kCpu, Device::kCuda}) {
+      for (DType compute : {DType::kF32, DType::kBF16}) {
+        const auto be = device == Device::kCpu ? backend::make_cpu_backend(compute)
+                                               : backend::make_cuda_backend(compute, 0);
+        const AttentionSaved kind =
+            device == Device::kCpu ? AttentionSaved::kProbabilities : AttentionSaved::kLogSumExp;
+        const int64_t saved = attention_saved_count(kind, B, T, c.num_attention_heads);
+        EXPECT_EQ(be->attention_saved_count(B, T, c.num_attention_heads), saved);
+        for (bool recompute : {false, true}) {
+          const int64_t before = be->memory().in_use;
+          model::Llama llama(c, *be, B, T, recompute);
+          const int64_t allocated = be->memory().in_use - before;
+          const int64_t predicted = model_activation_bytes(c, B, T, recompute, compute, saved);
+          const int64_t rounding =
+              device == Device::kCpu ? 0 : 512 * (40 + 30 * c.num_hidden_layers);
+          EXPECT_LE(predicted, allocated);
+          EXPECT_LE(allocated, predicted + rounding)
+              << device_name(device) << " " << B << "x" << T << (recompute ? " recompute " : " ")
+              << dtype_name(compute);
+        }
       }
     }
   }

@@ -15,7 +15,8 @@ and data, and:
   - the host waits for the device once per step (host_syncs): the read of the loss
     and the norm at its end;
   - the device memory reserved (mem_reserved_bytes) is the same at every step: no
-    step after the first asks the device for memory;
+    step after the first asks the device for memory; its peak is within 5% of the
+    engine's prediction;
   - the parameters of the final checkpoint (read with h5py) agree per tensor within
     1e-2 relative L2 and 0.25 of the tensor's largest element.
 
@@ -250,6 +251,13 @@ def main():
                     if "loss" in r and "step" in r]
         check(len(reserved) == STEPS and len(set(reserved)) == 1 and reserved[0] > 0,
               f"{name}: device memory reserved per step {reserved}, expected the same at every step")
+        # The allocator's peak is the engine's prediction within 5% (doc/engine.md,
+        # "Memory, predicted and measured"): the backend's own workspace, the plan's
+        # states and temporaries, the model's activations on this backend.
+        last = [r for r in rows(os.path.join(cuda, "metrics.jsonl")) if "mem_peak_bytes" in r][-1:]
+        err = [(r["mem_peak_bytes"] - r["mem_predicted_bytes"]) / r["mem_predicted_bytes"] for r in last]
+        check(len(err) == 1 and abs(err[0]) <= 0.05,
+              f"{name}: device memory peak against the prediction {err}, expected within 5%")
         (lc, vc), (lg, vg) = losses(cpu), losses(cuda)
         worst, at = 0.0, None
         for step in sorted(lc):
