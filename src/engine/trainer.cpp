@@ -199,6 +199,8 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   in.workload.compression = o.compression;
   in.workload.prefetch = o.prefetch_units;
   in.workload.max_reductions = o.reduction_slots;
+  in.workload.attention = o.device == Device::kCpu ? plan::AttentionSaved::kProbabilities
+                                                   : plan::AttentionSaved::kLogSumExp;
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
   in.memory_per_rank = memory;

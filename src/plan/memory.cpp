@@ -41,7 +41,7 @@ int64_t model_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T
   const int64_t N = B * T, h = c.hidden_size, kv = c.kv_dim(), I = c.intermediate_size,
                 V = c.vocab_size, L = c.num_hidden_layers;
   const int64_t rope = 4 * 2 * T * (c.head_dim() / 2);       // cos, sin
-  const int64_t per_layer = p * (N * h + 2 * N * kv)         // q, k, v side by side (after RoPE)
+  const int64_t per_layer = p * (N * h + 2 * N * kv)         // q, k, v side by side
                             + 4 * saved                      // what attention keeps
                             + p * N * h + 4 * N * h          // attention output, h
                             + p * 2 * N * I                  // gate and up side by side
@@ -59,7 +59,8 @@ int64_t model_activation_bytes(const model::LlamaConfig& c, int64_t B, int64_t T
 int64_t activation_bytes(const Workload& w) {
   const model::LlamaConfig& c = w.model;
   const bool fp32 = w.precision == Precision::kFp32;
-  const AttentionSaved saved = fp32 ? AttentionSaved::kProbabilities : AttentionSaved::kLogSumExp;
+  const AttentionSaved saved =
+      w.attention.value_or(fp32 ? AttentionSaved::kProbabilities : AttentionSaved::kLogSumExp);
   return model_activation_bytes(
       c, w.micro_batch, w.seq_len, w.recompute == Recompute::kFull,
       fp32 ? DType::kF32 : DType::kBF16,

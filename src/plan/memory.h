@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,13 @@ inline constexpr int kDefaultPrefetch = 2;
 inline constexpr int kDefaultReductionSlots = 4;
 
 // What one rank computes: the model and its micro-batch.
+// What attention keeps for backward, per layer, in fp32 elements
+// (Backend::attention_saved_count): the CPU backend keeps the softmax
+// probabilities (B·H·T²), the CUDA backend's fused kernels one log-sum-exp per
+// row and head (B·H·T).
+enum class AttentionSaved { kProbabilities, kLogSumExp };
+int64_t attention_saved_count(AttentionSaved saved, int64_t B, int64_t T, int64_t heads);
+
 struct Workload {
   model::LlamaConfig model;
   int64_t seq_len = 0;
@@ -51,6 +59,10 @@ struct Workload {
   int max_reductions = kDefaultReductionSlots;
   // Which collectives travel block-quantized (plan/compression.h; off by default).
   Compression compression;
+  // What attention keeps; unset: what the backend the precision trains on
+  // keeps (bf16: the CUDA kernels' log-sum-exp, fp32: the CPU's
+  // probabilities). amsp train sets it from its backend.
+  std::optional<AttentionSaved> attention;
   int64_t tokens_per_micro_batch() const { return seq_len * micro_batch; }
 };
 
@@ -78,13 +90,6 @@ struct MemoryBreakdown {
   int64_t temporaries() const { return gathered + buckets; }
   int64_t total() const { return model_states() + activations + temporaries(); }
 };
-
-// What attention keeps for backward, per layer, in fp32 elements
-// (Backend::attention_saved_count): the CPU backend keeps the softmax
-// probabilities (B·H·T²), the CUDA backend's fused kernels one log-sum-exp per
-// row and head (B·H·T).
-enum class AttentionSaved { kProbabilities, kLogSumExp };
-int64_t attention_saved_count(AttentionSaved saved, int64_t B, int64_t T, int64_t heads);
 
 // Bytes the model (model::Llama) allocates for micro-batches of B sequences of
 // T tokens on a backend computing in `compute` whose attention keeps `saved`

@@ -145,6 +145,12 @@ TEST(Memory, PlannedActivationsAreTheModelsOnItsBackend) {
     w.precision = Precision::kFp32;
     EXPECT_EQ(activation_bytes(w),
               model_activation_bytes(w.model, 1, 4, full, DType::kF32, 3 * 16));
+    // bf16 on the CPU backend (amsp train says which backend): its probabilities.
+    w.precision = Precision::kBf16;
+    w.attention = AttentionSaved::kProbabilities;
+    EXPECT_EQ(activation_bytes(w),
+              model_activation_bytes(w.model, 1, 4, full, DType::kBF16, 3 * 16));
+    w.attention.reset();
   }
 }
 
