@@ -119,9 +119,10 @@ Buffer CudaBackend::alloc(DType dtype, int64_t count) {
   return Buffer(View{p, dtype, count, Device::kCuda}, [a](void* data, int64_t) { a->release(data); });
 }
 
-// The prediction and the backend's own GEMM workspace, less what is already
-// reserved, as one segment; if the device refuses it, the step takes what it
-// needs as it goes (and an out-of-memory names the prediction).
+// The prediction (which counts what this backend holds already, its GEMM
+// workspace), less what is already reserved, as one segment; if the device
+// refuses it, the step takes what it needs as it goes (and an out-of-memory
+// names the prediction).
 void CudaBackend::reserve(int64_t predicted_peak) {
   const int64_t more = predicted_peak - allocator_->stats().reserved;
   (void)allocator_->reserve(std::max<int64_t>(more, 0), predicted_peak);  // keeps the prediction either way
