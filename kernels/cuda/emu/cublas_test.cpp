@@ -160,8 +160,9 @@ void check(const Case& c, Kind kind) {
   if (apart) {  // C only read
     const std::vector<float> c_after = read(dc);
     for (size_t i = 0; i < c0.size(); ++i)
-      if (!std::isnan(c0[i]) || !std::isnan(c_after[i]))
+      if (!std::isnan(c0[i]) || !std::isnan(c_after[i])) {
         ASSERT_EQ(c_after[i], c0[i]) << "C at " << i;
+      }
   }
   for (int j = 0; j < c.n; ++j) {
     for (int i = 0; i < ldc; ++i) {
@@ -182,7 +183,9 @@ void check(const Case& c, Kind kind) {
   ASSERT_EQ(cudaFree(da), cudaSuccess);
   ASSERT_EQ(cudaFree(db), cudaSuccess);
   ASSERT_EQ(cudaFree(dc), cudaSuccess);
-  if (apart) ASSERT_EQ(cudaFree(dd), cudaSuccess);
+  if (apart) {
+    ASSERT_EQ(cudaFree(dd), cudaSuccess);
+  }
   ASSERT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
 }
 
