@@ -1,10 +1,14 @@
 // The emulated device's counts (runtime.h, device_counts), which the roofline
 // benchmark and the kernel profile read: every stream operation once, each
 // access's bytes once, cuBLAS's FLOPs by the unit its types run on, host
-// synchronisations; and a dry run counts the same while running nothing.
+// synchronisations; and a dry run counts the same while running nothing, in
+// a thread that asks for it or in every thread of a program started with
+// AMSP_EMU_DRY_RUN.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/simt.h"
@@ -151,6 +155,32 @@ TEST_F(CudaEmuCounts, ADryRunCountsTheSameAndRunsNothing) {
   EXPECT_EQ(dry.bytes_read, wet.bytes_read);
   EXPECT_EQ(dry.bytes_written, wet.bytes_written);
   EXPECT_EQ(dry.simt_flops, wet.simt_flops);
+}
+
+TEST_F(CudaEmuCounts, TheEnvironmentMakesNewThreadsDry) {
+  const int n = 64;
+  float* x = device<float>(n, std::vector<float>(n, 1.0f));
+  float* y = device<float>(n, std::vector<float>(n, 5.0f));
+  auto scale_in_a_new_thread = [&] {
+    bool dry = false;
+    std::thread([&] {
+      dry = amsp::emu::dry_run();
+      scale(x, y, n, s_);
+      cudaStreamSynchronize(s_);
+    }).join();
+    float yh = 0;
+    cudaMemcpy(&yh, y, 4, cudaMemcpyDeviceToHost);
+    return std::make_pair(dry, yh);
+  };
+  setenv("AMSP_EMU_DRY_RUN", "1", 1);
+  const auto [dry, unchanged] = scale_in_a_new_thread();
+  unsetenv("AMSP_EMU_DRY_RUN");
+  EXPECT_TRUE(dry);
+  EXPECT_EQ(unchanged, 5.0f) << "a thread started under AMSP_EMU_DRY_RUN launches no kernel";
+  EXPECT_FALSE(amsp::emu::dry_run()) << "a thread that used the emulation before keeps its setting";
+  const auto [wet, scaled] = scale_in_a_new_thread();
+  EXPECT_FALSE(wet);
+  EXPECT_EQ(scaled, 2.0f);
 }
 
 }  // namespace

@@ -127,7 +127,7 @@ State& state() {
 thread_local int t_device = 0;
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local DeviceCounts t_counts;
-thread_local bool t_dry_run = false;
+thread_local bool t_dry_run = std::getenv("AMSP_EMU_DRY_RUN") != nullptr;  // runtime.h
 
 // Counts an access of device memory: `traffic` bytes read or written.
 void count_access(size_t traffic, bool write) {

@@ -160,7 +160,10 @@ void count_flops(double flops, bool tensor);
 // A dry run: kernels and cuBLAS calls are checked (configuration, operands,
 // ordering) and counted, and do not run; copies and sets still do. For
 // counting a step at sizes the emulation could not execute in time; every
-// value computed on the device is garbage. Per OS thread, off by default.
+// value computed on the device is garbage. Per OS thread, off by default; a
+// thread starts dry if AMSP_EMU_DRY_RUN is set when it first uses the
+// emulation, so that a whole program (`amsp train --device cuda`) can be timed
+// on the host without its kernels: the host's own cost of issuing a step.
 void set_dry_run(bool on);
 bool dry_run();
 
