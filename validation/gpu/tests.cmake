@@ -5,7 +5,7 @@
 # stop at a warning), packed with every non-CUDA library it needs. This is also the
 # check that the CUDA backend keeps compiling although nothing CUDA runs here.
 # It is a build product, made by the build when AMSP_GPU_BUNDLE is on (bash .ci/run
-# turns it on; configuring with it on fails where there is no nvcc): its CUDA compile
+# turns it on where there is nvcc; configuring with it on fails where there is none): its CUDA compile
 # for two architectures takes minutes on 2 cores and would otherwise stall the tests
 # that wait for it. Remade when a source, a preset or a GPU script changes. Off by
 # default, so that a developer's edit does not recompile the CUDA build each time.
