@@ -16,8 +16,9 @@
 // order that depends only on the shapes, so equal inputs give equal bits on
 // every run.
 //
-// Matrix products are not here: the backend calls cuBLAS (GemmEx, bf16 or fp32
-// inputs, fp32 compute) and finishes them with the elementwise kernels below.
+// Matrix products are not here: the backend calls cuBLASLt (bf16 or fp32
+// inputs, fp32 compute, beta * C added and the result stored once in its dtype
+// by the epilogue; src/backend/cuda_gemm.h).
 #pragma once
 
 #include <cstdint>

@@ -89,7 +89,8 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
       ("metrics", po::value<std::string>(&o.metrics_path)->value_name("FILE"),
            "write one JSON line per step to FILE")
       ("peak-tflops", number(&o.peak_tflops, d.peak_tflops)->value_name("NUM"),
-           "peak TFLOP/s for MFU; 0 measures this machine's GEMM peak")
+           "peak TFLOP/s for MFU; 0: on cpu this machine's measured GEMM peak, on cuda the GPU's "
+           "data-sheet dense bf16 peak")
       ("precision", po::value<std::string>(&a.precision)->default_value("fp32")->value_name("fp32|bf16"),
            "fp32, or bf16 mixed precision: bf16 parameters and gradients on the wire, fp32 "
            "gradient accumulation, master weights and Adam moments (fp32 unless given, on "

@@ -26,7 +26,7 @@
 // The process raises the signal on itself. SIGKILL: no handler, destructor or
 // atexit runs, exactly as for `kill -9`. USR1 and TERM reach the stop handler
 // as Slurm's would, at a known moment. FAIL makes point() throw amsp's Error
-// ("injected I/O error at POINT (step STEP)"), as a failed write of a full
+// ("injected I/O error at POINT (step STEP, AMSP_FAULT)"), as a failed write of a full
 // disk would: what the caller does with a failed write is then what is tested
 // (for a background checkpoint, the writer thread catches it and the job ends
 // naming the file). Without :RANK every rank fails at the point, as they do

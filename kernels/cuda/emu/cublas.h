@@ -52,8 +52,9 @@ const char* cublasGetStatusString(cublasStatus_t status);
 cublasStatus_t cublasGetProperty(libraryPropertyType type, int* value);
 
 // ---- cuBLASLt: <cublasLt.h>'s names, types and values, the subset amsp uses ----
-// One matmul kind: D = alpha op(A) op(B) + beta C with D = C (the same memory
-// and layout; anything else is CUBLAS_STATUS_NOT_SUPPORTED here), the types of
+// One matmul kind: D = alpha op(A) op(B) + beta C, C and D of one layout and
+// either the same memory or disjoint (an overlap is CUBLAS_STATUS_INVALID_VALUE,
+// as cuBLASLt requires; another layout for D is NOT_SUPPORTED here), the types of
 // GemmEx above, CUBLAS_COMPUTE_32F with fp32 scalars on the host, the
 // operations set by CUBLASLT_MATMUL_DESC_TRANSA/B. The heuristic returns one
 // algorithm that asks for min(preference's workspace, 4 MiB) of workspace;
