@@ -85,8 +85,10 @@ double max_product(const Floats& y, float beta, const Floats& before) {
 
 // An output of n-term products plus beta times what it held (`before`): the
 // n products, and `before` as one more term of the sum. In bf16 compute the
-// product is rounded to bf16 before beta * before is added, so one bf16 ulp of
-// the product adds to the fp32 bound.
+// bound also allows one bf16 ulp of the product, from when the product was
+// rounded to bf16 before beta * before was added; the products now add it in
+// fp32 and round once, in the output's dtype (`stored`), so this is slack, and
+// under the bf16 floor (kBf16) of these comparisons either way.
 Output product(const char* name, Floats values, int64_t n, float beta, const Floats& before,
                bool bf16_product) {
   const double t = bf16_product ? bf16_rounded(sum_of(n), max_product(values, beta, before),
@@ -96,8 +98,9 @@ Output product(const char* name, Floats values, int64_t n, float beta, const Flo
 }
 
 // dw += dy^T x over M rows, as the CPU backend defines it for each dtype: fp32
-// sums, then in bf16 compute the product rounded to bf16, then in a bf16 dw the
-// sum rounded to bf16 (the rounded values are dw's own, at most max |dw|).
+// sums added to dw in fp32, then in a bf16 dw the sum rounded to bf16 (the
+// rounded values are dw's own, at most max |dw|); in bf16 compute with the
+// same slack as `product`.
 Output weight_gradient_output(Floats dw, int64_t M, const Floats& before, DType w_dtype,
                               bool bf16_product) {
   const double mx = max_abs(dw);
