@@ -118,7 +118,8 @@ void declare_options(po::options_description& desc, TrainArgs& a) {
            "relative error of the gradient (|compressed - exact| / |exact|) above which the guard acts")
       ("bandwidth", po::value<std::string>(&o.bandwidth_path)->value_name("FILE"),
            "bandwidth table for --shard auto (amsp comm-bench --output-table); "
-           "default: inputs/bandwidth/localcluster-2x4.json")
+           "default: on cpu inputs/bandwidth/localcluster-2x4.json (measured), on cuda the h100 "
+           "preset's table modelled from data sheets (inputs/clusters/h100.json)")
       ("memory-per-rank", po::value<std::string>(&a.memory)->value_name("SIZE"),
            "memory a rank may use, for --shard auto (e.g. 4GiB); default: the least any rank has (its GPU's free memory, or available / ranks per node)")
       ("no-overlap", po::bool_switch(&a.no_overlap),

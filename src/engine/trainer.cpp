@@ -152,21 +152,50 @@ Weighed weigh_recompute(plan::PlanInput in) {
   return {*none, Recompute::kNone, why};
 }
 
-// One line when the bandwidth table --shard auto plans with was measured on another
+// The bandwidth table --shard auto prices communication with: --bandwidth, else a
+// built-in one for the device. On the CPU, the local test cluster's measured MPI
+// table; on GPUs, the h100 preset's table, modelled from NVLink's and InfiniBand's
+// data sheets, which is nearer any GPU cluster's NCCL than a CPU machine's MPI is
+// (hundreds of GB/s against one or two), so that the planner does not weigh every
+// collective as if it were a hundred times slower than it is.
+struct BandwidthSource {
+  std::string path;
+  plan::BandwidthTable table;
+  plan::Effects effects;  // what the preset adds to the bare collective times (GPU default)
+  bool modelled = false;
+};
+
+BandwidthSource bandwidth_source(const TrainOptions& o) {
+  if (!o.bandwidth_path.empty())
+    return {o.bandwidth_path, plan::load_bandwidth_table(o.bandwidth_path, "bandwidth"), {}, false};
+  if (o.device == Device::kCuda) {
+    plan::Cluster h100 = plan::load_cluster("h100", "bandwidth");
+    return {h100.source, std::move(h100.bandwidth), h100.effects, h100.modelled};
+  }
+  const std::string local = model::inputs_dir() + "/bandwidth/localcluster-2x4.json";
+  return {local, plan::load_bandwidth_table(local, "bandwidth"), {}, false};
+}
+
+// One line when the table --shard auto plans with is a model or was measured on another
 // shape of job than this one, and how to measure one for it.
-void warn_if_measured_elsewhere(const plan::BandwidthTable& table, const std::string& path,
-                                const topology::Topology& topo) {
-  const plan::MeshShape measured = table.measured_shape();
-  if (measured.ranks_per_node == topo.local_size && measured.nodes == topo.num_nodes) return;
+void warn_if_not_measured_here(const BandwidthSource& b, const topology::Topology& topo) {
+  const plan::MeshShape measured = b.table.measured_shape();
+  if (!b.modelled && measured.ranks_per_node == topo.local_size && measured.nodes == topo.num_nodes)
+    return;
   const std::string launch =
       topo.source == "slurm" ? cat("srun -N ", topo.num_nodes, " --ntasks-per-node=", topo.local_size)
       : topo.num_nodes > 1   ? cat("mpiexec -n ", topo.world_size, " -ppn ", topo.local_size)
                              : cat("mpiexec -n ", topo.world_size);
   const std::string file = cat("bandwidth-", topo.local_size, "x", topo.num_nodes, ".json");
-  std::fputs(cat("amsp: warning: bandwidth table ", path, " was measured on ", measured.ranks_per_node, "x",
-                 measured.nodes, " ranks (per node x nodes), this job has ", topo.local_size, "x",
-                 topo.num_nodes, "; measure one with: ", launch, " amsp comm-bench --output-table ", file,
-                 " and pass --bandwidth ", file, "\n").c_str(), stderr);
+  const std::string what =
+      b.modelled ? cat("bandwidth table ", b.path, " is modelled from data sheets, not measured")
+                 : cat("bandwidth table ", b.path, " was measured on ", measured.ranks_per_node, "x",
+                       measured.nodes, " ranks (per node x nodes), this job has ", topo.local_size,
+                       "x", topo.num_nodes);
+  std::fputs(cat("amsp: warning: ", what, "; measure one with: ", launch,
+                 " amsp comm-bench --output-table ", file, " and pass --bandwidth ", file, "\n")
+                 .c_str(),
+             stderr);
 }
 
 // The memory --shard auto plans each rank with: --memory-per-rank, else the
@@ -204,11 +233,11 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   in.mesh = {topo.local_size, topo.num_nodes};
   in.global_batch_tokens = o.batch_size * o.seq_len * o.grad_accum * topo.world_size;
   in.memory_per_rank = memory;
-  const std::string table = o.bandwidth_path.empty()
-                                ? model::inputs_dir() + "/bandwidth/localcluster-2x4.json"
-                                : o.bandwidth_path;
-  in.bandwidth = plan::load_bandwidth_table(table, "bandwidth");
-  if (topo.rank == 0) warn_if_measured_elsewhere(in.bandwidth, table, topo);
+  BandwidthSource bandwidth = bandwidth_source(o);
+  if (topo.rank == 0) warn_if_not_measured_here(bandwidth, topo);
+  const std::string table = bandwidth.path;
+  in.bandwidth = std::move(bandwidth.table);
+  in.effects = bandwidth.effects;
   in.compute.peak_flops_per_s = peak_flops;
   in.compute.flops_per_s = peak_flops * kAssumedMatmulEfficiency;
   Weighed w;

@@ -9,7 +9,8 @@
   full when only recomputation makes a plan fit (--memory-per-rank between the two);
 - --shard auto warns, in one line, when its bandwidth table was measured on another
   shape of job (the default 2x4 table on these 2x1 ranks), and not with a 2x1 table;
-- on GPUs (emulated, of two sizes) --shard auto plans with the smaller one's free memory.
+- on GPUs (emulated, of two sizes) --shard auto plans with the smaller one's free memory,
+  and by default with the h100 preset's modelled NCCL table, saying that it is a model.
 
 usage: recompute_test.py AMSP MPIEXEC CORPUS WORK
 """
@@ -113,6 +114,12 @@ fit = re.search(r"plans that fit ([0-9.]+) MiB per rank", first)
 check(p.returncode == 0 and fit is not None and 150 < float(fit[1]) <= 0.92 * 300,
       f"--device cuda: planned with the smaller GPU's free memory less the margin, said: {first} "
       f"{p.stderr.strip()[-300:]}")
+# ... and with the h100 preset's modelled NCCL bandwidths, not the CPU cluster's MPI table,
+# saying in one line that they are a model and how to measure this job's.
+warnings = [l for l in p.stderr.splitlines() if "warning: bandwidth table" in l]
+check(re.search(r"bandwidth from \S*/clusters/h100\.json", first) is not None and len(warnings) == 1 and "h100.json is modelled from data sheets, not measured" in warnings[0]
+      and "amsp comm-bench --output-table" in warnings[0],
+      f"--device cuda: the modelled GPU table by default, one warning, said: {first} {warnings}")
 
 p = subprocess.run([AMSP, "train", "--data", DATA, "--recompute", "some"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 2 and "--recompute" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
