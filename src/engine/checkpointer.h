@@ -9,9 +9,9 @@
 //   - States in host memory (the CPU backend): the writer thread copies them
 //     unit by unit into the snapshot while the next step computes. The
 //     engine's update gate holds the update of unit u until u is copied; if
-//     the writer has not reached u yet, the training thread copies u itself
-//     (whoever claims a unit first copies it), so an update waits at most for
-//     one unit's copy under way.
+//     the writer has not reached u yet, the update takes u itself, writing into
+//     the snapshot's buffers and exchanging them (fp32 copies the master), so an
+//     update waits at most for one unit's copy under way.
 //   - States on a device: one DMA per state into the page-locked snapshot,
 //     issued at the step boundary on the backend's copy stream
 //     (Backend::begin_snapshot), so that it runs beside the next step's
@@ -136,7 +136,7 @@ class Checkpointer : private ShardedEngine::UpdateGate {
   void mark_copied(int u);
   void copy_all_units(bool writer);
   // The engine's update gate (training thread): unit u may change once its
-  // snapshot is taken, by a copy, or where the engine can (bf16), by the
+  // snapshot is taken, by a copy, or where the engine can (host states), by the
   // update itself writing into the snapshot's buffers and exchanging them.
   std::optional<ShardedEngine::OsBuffers> before_update(int u) override;
   void after_exchange(int u) override;

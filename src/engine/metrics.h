@@ -36,7 +36,7 @@ struct StepMetrics {
   std::optional<double> host_issue_ms;  // on a device: the host's time to enqueue the step
   int64_t rss_peak_bytes = 0;      // the process's peak resident set (getrusage)
   std::vector<comm::Stats> comm;   // this rank's collectives during the step, per group
-  double busy_ms = 0;              // the step less its waits in collectives (engine/straggler.h)
+  double busy_ms = 0;              // on a device the step less its waits in collectives, on the CPU its computing threads' CPU time
   std::optional<BusySpread> busy;  // at the end of a straggler window: every rank's busy time
   std::optional<double> val_loss;
   // With a data mixture (several --data sources), keyed by the source's path:

@@ -1,7 +1,7 @@
 // AdamW over ranges of a unit's flat buffer. The range form is what sharding
 // needs: a rank updates only its optimizer-state shard, which may start and end
-// inside tensors; weight decay is applied per tensor (none on norms and, unless
-// asked, none on the embedding), so the range is split at tensor boundaries.
+// inside tensors; weight decay is applied per tensor (unless asked, none on
+// norms and none on the embedding), so the range is split at tensor boundaries.
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,7 @@
 namespace amsp::engine {
 
 // The Slurm job this process belongs to (job id, name, restart count, node list,
-// partition, submit directory), or null when SLURM_JOB_ID is unset.
+// partition, submit directory, step id), or null when SLURM_JOB_ID is unset.
 nlohmann::ordered_json slurm_job_json(const topology::Env& env);
 
 // Nodes in switch order, each with its switch path and world ranks.

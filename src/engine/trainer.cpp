@@ -57,7 +57,7 @@ using Clock = std::chrono::steady_clock;
 // same host a dead holder is recognised at once (its pid is gone).
 constexpr int64_t kLockLeaseSeconds = 900;
 
-// The share of the measured sgemm peak that --shard auto assumes a step's
+// The share of the peak for MFU that --shard auto assumes a step's
 // matmuls reach. A round figure, not a measurement: it only sets how much
 // compute there is to hide communication behind, the same for every plan, so
 // it moves the ranking only where overlap decides it. Measuring the kernels'

@@ -56,7 +56,7 @@ struct TrainOptions {
   int64_t eval_every = 50;     // 0: only at the start and the end
   int64_t eval_windows = 64;   // held-out windows per evaluation (0: all)
   std::string metrics_path;
-  double peak_tflops = 0;      // 0: measure the sgemm peak at start
+  double peak_tflops = 0;      // 0: the backend's peak (cpu: sgemm measured at start; cuda: data sheet)
   int threads = 0;             // 0: OpenMP default
   std::string shard = "auto";  // a plan (plan/shard_plan.h) or "auto": the planner's choice
   plan::Compression compression;  // --compress: block-quantized collectives (doc/compression.md)

@@ -56,7 +56,7 @@ struct CalibrationRow {
 // table and effects as the cluster gives them).
 std::vector<CalibrationRow> calibrate(const Cluster& cluster);
 
-// The input of one point on `cluster`: 8 ranks per node, sequence 4096,
+// The input of one point on `cluster`: its GPUs per node, sequence 4096,
 // micro-batch 1, bf16, the point's batch and recomputation, and its system's
 // schedule (DeepSpeed's buckets; overlap off for kAmspNoOverlap).
 PlanInput calibration_input(const PublishedPoint& point, const Cluster& cluster);

@@ -1,7 +1,7 @@
 // The step's schedule: every collective one optimizer step of the sharding
 // engine issues, with the buffers it reads and writes, what it is chained
 // after and the local work around it, and the one order in which the engine
-// issues them on every rank (doc/engine.md, "The schedule").
+// issues them on every rank (doc/engine.md, "One step: the schedule").
 //
 // One description, three readers: the cost model prices its collectives
 // (plan/cost.h: step_collectives), the memory model sizes the engine's
@@ -168,7 +168,7 @@ std::vector<const Stage*> stages_for(const StepSchedule& s, int unit, bool last_
                                      int part = Action::kWhole);
 
 // The schedule as text for `amsp plan --schedule`: one line per stage, per
-// unit in backward order, then the program's issue order for one micro-batch.
+// unit in backward order, then the program's issue order for a step of `micro_batches`.
 std::string format_schedule(const StepSchedule& s, int64_t micro_batches);
 
 }  // namespace amsp::plan
