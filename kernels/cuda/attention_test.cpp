@@ -223,8 +223,9 @@ Outputs run_cpu(const std::vector<float>& q, const std::vector<float>& k,
   return r;
 }
 
-// Every test runs with each block's threads resumed in forward and in reverse
-// order (the emulation's two schedules), so a missing barrier shows in one.
+// Every test runs with each block's threads resumed in two or three of the
+// emulation's schedules (forward, reverse, lowest-first), so a missing barrier
+// shows in one.
 using amsp::emu::simt::Order;
 
 std::string order_name(Order order) {

@@ -1,7 +1,7 @@
-// Conversions, additions, the end of bf16 products and the sum of squares
+// Conversions, additions, the sum of squares, the clipping factor and a fill
 // (kernels/cuda/ops.h). Grid-stride loops, by packs of 4 elements where the
 // arrays allow (pack.cuh); the arithmetic per element is the CPU backend's,
-// so results are bit-identical.
+// so results are bit-identical (but for the order of the sum of squares).
 #include <algorithm>
 
 #include "kernels/common/math.h"

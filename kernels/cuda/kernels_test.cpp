@@ -7,7 +7,8 @@
 //   - bit-identical where the GPU does the CPU's operations in the CPU's order:
 //     conversions, add, embedding (both directions: the
 //     backward sums each token's rows in row order like the CPU), RMSNorm's dw
-//     (a column per thread, rows in order) and apply, RoPE, SwiGLU,
+//     (each column in chunks of kRmsnormDwRows rows, the chunks in order) and
+//     apply, RoPE, SwiGLU,
 //     cross-entropy backward (given the same lse), AdamW;
 //   - a few ulp where a row sum is a block reduction (a tree, not the CPU's
 //     vectorised order): sums are in double and rounded to fp32 once, so
@@ -626,7 +627,7 @@ TEST_P(CudaKernels, CrossEntropyBackward) {
 // ---- AdamW ----------------------------------------------------------------------------
 
 TEST_P(CudaKernels, AdamWMultiTensor) {
-  // 21 tensors: two launches of 16 and one of 5, with every grad and copy
+  // 21 tensors: two launches, one of 16 and one of 5, with every grad and copy
   // dtype and empty tensors among them.
   const int64_t sizes[] = {1, 257, 0, 5000, 31, 1000, 3, 70000, 2, 256, 255,
                            0, 9,   4096, 1,  12, 600, 77, 1,    8, 4097};

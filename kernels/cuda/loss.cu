@@ -38,7 +38,8 @@ __global__ void cross_entropy_forward_kernel(const Z* logits, const int32_t* tar
   }
 }
 
-// One thread, rows in order: the host's double sum, on the device.
+// One block, each thread a strided share of the rows, then block_sum's fixed
+// tree: the double sum, on the device (not the host's row order).
 __global__ void accumulate_loss_kernel(const float* losses, const int32_t* targets,
                                        const int32_t* bad_row, int64_t rows, double* acc) {
   double sum = 0.0, count = 0.0;

@@ -3,9 +3,10 @@
 // (kernels/cuda/emu/simt.h: each block's threads as fibers, __syncthreads as a
 // barrier among them, warp shuffles among a warp's 32 fibers, __shared__ per
 // block). Kernels use __global__, __device__, __shared__, threadIdx, blockIdx,
-// blockDim, gridDim, __syncthreads, __shfl_xor_sync / __shfl_down_sync /
-// __shfl_sync, atomicAdd and atomicMin on int, and the fp32 math of <cmath> (expf, logf,
-// sqrtf, fmaxf, fminf, rsqrtf); anything else needs the emulation to learn it first.
+// blockDim, gridDim, __syncthreads, __syncwarp, __shfl_xor_sync / __shfl_down_sync /
+// __shfl_sync, atomicAdd and atomicMin on int, __fmul_rn and __fadd_rn, and the fp32
+// math of <cmath> (expf, logf, sqrtf, fmaxf, fminf, rsqrtf); anything else
+// needs the emulation to learn it first.
 //
 // Launches are written
 //     AMSP_LAUNCH(kernel, grid, block, shared_bytes, stream)(arg, ...);

@@ -311,9 +311,9 @@ class Backend {
   virtual void swiglu_backward(const View& gate_up, const View& dout, const View& dgate_up,
                                int64_t rows, int64_t I) = 0;
 
-  // Cross-entropy of logits [rows, V] (target < 0: ignored; target >= V:
-  // Error). lse [rows] is kept for backward, which turns logits in place into
-  // scale * (softmax - onehot). The forward returns to the host.
+  // Cross-entropy of fp32 or bf16 logits [rows, V] (target < 0: ignored;
+  // target >= V: Error). lse [rows] is kept for backward, which turns logits in
+  // place into scale * (softmax - onehot). The forward returns to the host.
   virtual LossSum cross_entropy_forward(const View& logits, const View& targets, const View& lse,
                                         int64_t rows, int64_t V) = 0;
   virtual void cross_entropy_backward(const View& logits, const View& targets, const View& lse,
@@ -329,9 +329,10 @@ class Backend {
   // fp64 values to the host (waits for the stream).
   virtual void to_host_f64(const View& src, double* dst) = 0;
   // cross_entropy_forward, its loss added into acc (fp64 [4]) instead of
-  // returned: acc[0] += the sum over valid targets in row order, acc[1] += their
-  // count. A target >= V is an Error at once on the CPU; a device records the
-  // first (acc[2] = row + 1, acc[3] = target) for check_loss_acc.
+  // returned: acc[0] += the sum over valid targets (in row order on the CPU, in
+  // a fixed order of its own on a device), acc[1] += their count. A target >= V
+  // is an Error at once on the CPU; a device records the first
+  // (acc[2] = row + 1, acc[3] = target) for check_loss_acc.
   virtual void cross_entropy_forward_into(const View& logits, const View& targets, const View& lse,
                                           int64_t rows, int64_t V, const View& acc) = 0;
   // acc (fp64 [1]) += sum_squares(x): the host's double addition, on the backend.

@@ -218,7 +218,7 @@ void CpuBackend::add(const View& dst, const View& src) {
 namespace {
 
 // Squares summed in double over fixed chunks, then the chunks in order: the
-// order engine/optimizer.cpp's sum_squares has always used.
+// order the engine's gradient norm has always used.
 template <typename Load>
 double chunked_sum_squares(int64_t n, Load load) {
   constexpr int64_t kChunk = 1 << 14;

@@ -42,7 +42,8 @@
 //     bf16, written from the updated master.
 //   - to_host widens, from_host rounds.
 //   - Activations may be bf16 where backend.h says so (swiglu, rope, rmsnorm's
-//     y and dy): widened, the fp32 kernel's arithmetic, each output rounded once.
+//     y and dy, attention, cross-entropy's logits; the products' as above):
+//     widened, the fp32 kernel's arithmetic, each output rounded once.
 //   - quantize reads fp32 or bf16 values; dequantize and dequantize_sum store
 //     fp32 or bf16 (kernels/cpu quant.cpp, doc/compression.md).
 //
@@ -65,8 +66,9 @@
 // Memory. alloc() returns zeroed, 64-byte-aligned host memory; memory() counts
 // the bytes of live buffers (a buffer may outlive the backend). The conversion
 // workspace is not allocated through alloc() and is not counted there
-// (workspace_bytes()); it grows to the largest request and is then reused: at
-// most the rounded copies of a linear kernel's inputs plus its product.
+// (workspace_bytes()); each of its slots grows to the largest request and is
+// then reused: the rounded copies of a linear kernel's inputs and its product,
+// attention's inputs and output in fp32, the bf16 embedding gradient's sort.
 //
 // A CpuBackend is one compute stream: call it from one thread at a time.
 #pragma once

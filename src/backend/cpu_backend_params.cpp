@@ -278,9 +278,9 @@ namespace {
 
 // Copy = void: no parameter copy. The states are read from p_in, m_in, v_in
 // and written to p, m, v (the same memory when in place).
-// The step's fields are copied into locals, as engine/optimizer.cpp has them:
+// The step's fields are copied into locals, as engine/optimizer.cpp had them:
 // the loop then does not reload them (they could alias p, m, v for all the
-// compiler knows), and the per-element arithmetic compiles as the engine's does
+// compiler knows), and the per-element arithmetic compiles as the engine's did
 // (with -ffp-contract=fast the compiler may fuse multiply-adds, and how it does
 // depends on the code around adamw_update_element).
 struct AdamWStates {

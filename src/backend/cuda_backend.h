@@ -30,10 +30,10 @@
 //     doc/engine-tests.md, not to the bit.
 //
 // Ordering. One compute stream (non-blocking); every call enqueues and
-// returns, except those that bring a result to the host: to_host, from_host
-// (which waits for its pinned staging buffer to be consumed), sum_squares
-// and cross_entropy_forward. record() records a cudaEvent, wait() synchronises
-// the host with it, synchronize() with the stream.
+// returns, except those that bring a result to the host: to_host, to_host_f64,
+// from_host (which waits for its pinned staging buffer to be consumed),
+// sum_squares and cross_entropy_forward. record() records a cudaEvent, wait()
+// synchronises the host with it, synchronize() with the stream.
 //
 // Memory. alloc() takes blocks from a caching allocator (caching_allocator.h)
 // and zeroes them on the compute stream; memory() reports its counters

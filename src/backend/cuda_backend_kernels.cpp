@@ -472,7 +472,7 @@ LossSum CudaBackend::cross_entropy_forward(const View& logits, const View& targe
   return loss;
 }
 
-// The losses stay on the device: summed in row order by one thread into acc,
+// The losses stay on the device: summed by one block in a fixed order into acc,
 // with the first bad row, read back when the caller next synchronises.
 void CudaBackend::cross_entropy_forward_into(const View& logits, const View& targets, const View& lse,
                                              int64_t rows, int64_t V, const View& acc) {

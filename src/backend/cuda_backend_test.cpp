@@ -141,7 +141,7 @@ TEST(CudaBackend, CrossEntropyNamesATargetOutsideTheVocabulary) {
 }
 
 // The step's scalars stay on the device and come back in one read, equal to
-// what the CPU backend computes on the host: the loss summed in row order, the
+// what the CPU backend computes on the host: the loss summed over the rows, the
 // squared norm added unit by unit, the clipping factor; a bad target is
 // recorded on the device and reported as cross_entropy_forward reports it.
 TEST(CudaBackend, StepScalarsMatchTheCpuBackendAndCostOneSync) {

@@ -48,7 +48,7 @@ std::string format_bytes(int64_t bytes);
 std::vector<int64_t> bench_sizes(int64_t min_bytes, int64_t max_bytes, int64_t factor);
 
 // nccl-tests' name of an element type, as in its type column and in the
-// bandwidth table: "float", "bfloat16", "int32".
+// bandwidth table: "float", "bfloat16", "int32", "double".
 const char* nccl_type_name(DType t);
 
 // Where the messages live and which communicators move them: host memory and

@@ -3,7 +3,7 @@
 // thread shared by all communicators of the process or by the caller.
 // Measurements and reasoning: doc/communication.md.
 //
-// fp32 ops, and every op that only moves data (all-gather, broadcast, and
+// fp32 and fp64 ops, and every op that only moves data (all-gather, broadcast, and
 // all-to-all: MPI_Ialltoall in any dtype), are one MPI collective each. A bf16
 // sum is done here rather than by MPI (which has no bf16 type, and whose
 // algorithms would round at every hop in an order of their choosing): an op

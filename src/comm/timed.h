@@ -1,6 +1,7 @@
 // Small blocking collectives with a deadline, for the few values the training
-// loop reduces outside the communicators (gradient norm, loss sums): a rank
-// that is stuck or dead ends the job with a message instead of a silent hang.
+// loop reduces outside the communicators (loss sums, the stop flag, busy
+// times): a rank that is stuck or dead ends the job with a message instead of a
+// silent hang.
 #pragma once
 
 #include <mpi.h>

@@ -9,8 +9,9 @@ add_executable(amsp_emu_nccl_check ${CMAKE_CURRENT_LIST_DIR}/check/nccl_check.cp
 target_compile_options(amsp_emu_nccl_check PRIVATE ${AMSP_WARNINGS})
 target_link_libraries(amsp_emu_nccl_check PRIVATE amsp_kernels_cuda_emu)
 
-# All four ops in four types, on the world and on groups of 2, plus the error
-# paths (disagreeing members, abort, a late peer with a timeout, mismatched counts).
+# All four collectives and ncclSend/ncclRecv in four types, on the world and on
+# groups of 2, plus the error paths (disagreeing members, abort, a late peer with
+# a timeout, mismatched counts).
 add_test(NAME emu_nccl_check
   COMMAND ${AMSP_EXPECT_OUTPUT} "4 ranks, 0 failed" --
           ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:amsp_emu_nccl_check>)

@@ -2,12 +2,13 @@
 // every build: against real NCCL with -DAMSP_CUDA=ON, against the emulation
 // of NCCL over MPI (kernels/cuda/api.h) otherwise, so that the CUDA backend's
 // tests run it on the CPU. Buffers are device memory, of the op's dtype
-// (ncclFloat32, ncclBfloat16, ncclInt32). Each communicator has
+// (ncclFloat32, ncclBfloat16, ncclInt32, ncclFloat64). Each communicator has
 // its own CUDA stream: an op first waits (on the GPU) for everything issued so
 // far on the compute stream, so it sees the gradients compute just wrote, and
 // the stream keeps ops in issue order. Handle::wait blocks the host until the
-// op's completion event; stream_wait makes a compute stream wait on the GPU
-// instead, which is how the engine should consume an all-gathered unit.
+// op's completion event; Handle::compute_wait makes the compute stream wait on
+// the GPU instead (stream_wait: any stream), which is how the engine consumes
+// an all-gathered unit.
 //
 // The mismatch check (comm/mismatch.h) runs beside the ops, never in front of
 // them: issue() posts each op's check, a non-blocking all-reduce over a copy
