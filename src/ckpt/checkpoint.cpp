@@ -1,10 +1,11 @@
 // Parallel save and load of sharded checkpoints (checkpoint.h).
 //
-// Writing is parallel HDF5: MPI-IO and collective metadata; per dataset each
-// writer's OS range goes into the file by a pwrite of its own at the
-// dataset's offset (independent transfer, the default: RawData below), or by
-// one collective H5Dwrite in which every rank takes part, the others with an
-// empty selection (Transfer::kCollective). Reading is independent: the file
+// Writing: per dataset each writer's OS range goes into the file by a pwrite
+// of its own at the dataset's offset, rank 0 having laid the file out by serial
+// HDF5 (independent transfer, the default: RawData below), or, by parallel HDF5
+// over MPI-IO with collective metadata, by one collective H5Dwrite in which
+// every rank takes part, the others with an empty selection
+// (Transfer::kCollective). Reading is independent: the file
 // is immutable once renamed into place, so each rank opens it on its own and
 // reads just its hyperslabs; no rank can then hang in a collective another
 // rank left because the file was damaged. Ranks agree on every outcome

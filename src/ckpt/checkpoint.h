@@ -1,5 +1,5 @@
-// Sharded checkpoints: one HDF5 file per checkpoint, written collectively with
-// parallel HDF5, every element by the one rank that owns it in its OS-shard;
+// Sharded checkpoints: one HDF5 file per checkpoint, written collectively (see
+// Transfer), every element by the one rank that owns it in its OS-shard;
 // read back by any plan on any world size. doc/checkpoints.md describes the
 // file (Hugging Face tensor names and shapes, attributes, checksums), the
 // atomic save and the resume.

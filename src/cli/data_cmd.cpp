@@ -20,10 +20,6 @@
 namespace amsp::cli {
 namespace {
 
-// Under mpiexec or srun, each rank tokenizes a share of the files (consecutive
-// files, about equal bytes) into a part file beside the output, and rank 0
-// writes the dataset from the parts in rank order: the same file as one
-// process writes. The output's directory must be visible to every rank.
 // Every core this rank may use; when the ranks on a node are not bound to
 // cores of their own (mpiexec binds none by default), a share of the node's.
 int threads_per_rank() {
@@ -37,6 +33,10 @@ int threads_per_rank() {
   return unbound ? std::max(1, cores / local) : cores;
 }
 
+// Under mpiexec or srun, each rank tokenizes a share of the files (consecutive
+// files, about equal bytes) into a part file beside the output, and rank 0
+// writes the dataset from the parts in rank order: the same file as one
+// process writes. The output's directory must be visible to every rank.
 data::PrepareReport prepare_on_ranks(const data::PrepareOptions& opt) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -40,7 +40,7 @@ void print_usage(std::ostream& os) {
   os << "\n'amsp <command> --help' lists a command's options. Docs: doc/ in the source tree.\n";
 }
 
-// How many leading words of argv (after argv[0]) match the command's words.
+// Whether the leading words of argv (after argv[0]) match the command's words.
 bool matches(const Command& c, int argc, char** argv, int* consumed) {
   int i = 1;
   const char* p = c.words;

@@ -22,7 +22,7 @@ std::string where();
 // unless rc is MPI_SUCCESS. Use through AMSP_MPI_CHECK.
 void mpi_check(int rc, const char* call, const char* file, int line);
 
-// The common end of every check (MPI here; CUDA and NCCL in comm/nccl):
+// The common end of every check (MPI here; CUDA, cuBLAS and NCCL in gpu/check.h):
 // "<function> failed at <file>:<line>: <library's error string>", then abort_job.
 [[noreturn]] void call_failed(const char* call, const char* file, int line,
                               const std::string& error);

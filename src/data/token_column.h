@@ -27,8 +27,9 @@ class TokenColumn {
  public:
   TokenColumn() = default;  // an empty split
   // Opens dataset `name` of the open file `file` (path names it in errors).
-  // UsageError in one line if it is not a 1-D integer dataset, or if its
-  // chunks cannot be located. Token ids are checked as they are read.
+  // UsageError in one line if it is not a 1-D integer dataset; chunks it
+  // cannot locate leave the split to be read into memory. Token ids are
+  // checked as they are read.
   static std::unique_ptr<TokenColumn> open(hid_t file, const std::string& path, const std::string& name,
                                            int64_t vocab_size);
   ~TokenColumn();
@@ -37,7 +38,7 @@ class TokenColumn {
 
   int64_t size() const { return size_; }
   // Tokens [start, start + count) into out. UsageError naming the dataset and
-  // the index of an id outside [0, vocab_size), or a read that fails (a
+  // the index of an id outside [0, vocab_size); Error for a read that fails (a
   // truncated or damaged file).
   void read(int64_t start, int64_t count, int32_t* out) const;
   // "chunked, deflate, 65536 tokens a chunk", "contiguous", "in memory (...)".

@@ -127,7 +127,7 @@ SlurmTask parse_slurm_task(const Env& env);
 
 // Builds the topology from every rank's view (views[r] from world rank r) and checks it
 // is consistent; `expected` (Slurm mode) adds the checks against the node list and the
-// tasks-per-node counts.  Throws Error (a rank's discovery failed) or UsageError (an
+// tasks-per-node counts.  Throws UsageError (a rank's discovery failed, or an
 // inconsistent or unsupported layout) with one line.
 Topology assemble(const std::vector<RankView>& views, int my_rank, const std::string& source,
                   const SlurmTask* expected = nullptr);
