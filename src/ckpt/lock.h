@@ -20,7 +20,7 @@
 // of a file naming the claimant, so that one process at a time holds it. The
 // claimant reads the lock again under the claim and changes it only if it
 // still holds that text, with rename() of a complete file over it (the lock is
-// never missing meanwhile), then removes the claim. Two contenders for one
+// never missing meanwhile) or, to release it, unlink(), then removes the claim. Two contenders for one
 // stale lock therefore never both win, and no contender removes or replaces a
 // lock that changed after it judged it: a live holder's lock is never touched.
 // A claim whose claimant is gone (judged as a lock is) is passed over by

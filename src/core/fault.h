@@ -42,8 +42,8 @@ namespace amsp::fault {
 // Throws UsageError if AMSP_FAULT is set but malformed; call it at start.
 void check_environment();
 
-// Dies here (or, with FAIL, throws Error) if AMSP_FAULT names this point,
-// this step and this rank. `point` must be one of the names in kPoints
+// Dies here (or, with FAIL, throws Error; with SLEEP, SPIN or STOP waits,
+// loops or stops as above) if AMSP_FAULT names this point, this step and this rank. `point` must be one of the names in kPoints
 // (fault.cpp). rank < 0: not known yet.
 void point(const char* name, int64_t step, int rank);
 

@@ -12,7 +12,7 @@ namespace {
 
 std::atomic<uint64_t> next_cache_key{1};
 
-// Words longer than this are not cached (tokenizers' own limit is 256 bytes).
+// Words of this length or longer are not cached (tokenizers' own limit is 256 bytes).
 constexpr size_t kMaxCachedWord = 256;
 constexpr size_t kCacheCapacity = 1 << 16;
 

@@ -335,7 +335,8 @@ void write_params(const std::string& path, const std::vector<std::vector<float>>
 }
 
 // One JSON line: the step and where each of its rows' windows starts in the
-// train split, rows in global order (row = (micro * ranks + rank) * batch + b);
+// train split, rows in global order (row = (micro * ranks + pos) * batch + b, pos
+// the rank's node-major position);
 // with a mixture also each row's source (its index in --data).
 void write_data_order(std::ofstream& out, const data::Mixture& data, uint64_t seed, int64_t step,
                       int64_t rows, int64_t T) {
@@ -572,8 +573,9 @@ void Run::set_up_ranks() {
     be = std::move(profiled);
   }
   devices = gather_descriptions(be->describe());
-  // The peak is measured on rank 0 alone (others wait), as a rank has it on a
-  // dedicated device; ranks sharing a CPU make MFU look lower than it is.
+  // The peak is rank 0's (others wait): on a GPU its data sheet's, on the CPU
+  // measured on rank 0 alone, as a rank has it on a dedicated device; ranks
+  // sharing a CPU make MFU look lower than it is.
   peak_flops = o.peak_tflops * 1e12;
   if (peak_flops <= 0) {
     if (root) peak_flops = be->peak_flops();

@@ -39,7 +39,6 @@ const char* recompute_name(Recompute r);  // "none", "full"
 inline constexpr int kDefaultPrefetch = 2;
 inline constexpr int kDefaultReductionSlots = 4;
 
-// What one rank computes: the model and its micro-batch.
 // What attention keeps for backward, per layer, in fp32 elements
 // (Backend::attention_saved_count): the CPU backend keeps the softmax
 // probabilities (B·H·T²), the CUDA backend's fused kernels one log-sum-exp per
@@ -47,6 +46,7 @@ inline constexpr int kDefaultReductionSlots = 4;
 enum class AttentionSaved { kProbabilities, kLogSumExp };
 int64_t attention_saved_count(AttentionSaved saved, int64_t B, int64_t T, int64_t heads);
 
+// What one rank computes: the model and its micro-batch.
 struct Workload {
   model::LlamaConfig model;
   int64_t seq_len = 0;
