@@ -21,6 +21,12 @@ It prints one line per mutation and ends with "N caught, M missed". Exit status 
 every mutation is caught, 1 on any miss or harness error.
 
 usage: validation/mutate.py [--work DIR] [--sample | --only REGEX ...] [--list] [FILE ...]
+       validation/mutate.py --gtest-names BUILD [FILE ...]
+
+--gtest-names checks, in an existing build and in seconds, what only a full run would
+otherwise show: that every mutation whose expected message is a GoogleTest case failing
+(`[  FAILED  ] Suite.Name`) names a case its check runs, under the check's --gtest_filter
+(the suite's test mutations_gtest_names).
 
 FILE defaults to validation/mutations/*.txt. --sample runs the mutations marked
 `sample: yes` (the CTest entry mutations_sample); --only keeps the mutations whose name
@@ -254,6 +260,48 @@ def not_applying(repo, mutations):
     return stale
 
 
+GTEST_FAILED = re.compile(r"\\\[  FAILED  \\\] (\w+)\\\.(\w+)")  # in an expect: [  FAILED  ] Suite.Name
+GTEST_RUN = re.compile(r"""^"?(\$BUILD/[^"\s]+)"?(?:.*--gtest_filter=['"]?([^'"\s]+))?""")
+
+
+def gtest_cases(binary, gtest_filter, cache):
+    """The Suite.Name cases `binary` runs under `gtest_filter` (--gtest_list_tests)."""
+    key = (binary, gtest_filter)
+    if key not in cache:
+        p = subprocess.run([binary, "--gtest_list_tests", "--gtest_filter=" + gtest_filter],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise HarnessError(f"{binary} --gtest_list_tests failed (exit {p.returncode})")
+        cases, suite = set(), ""
+        for line in p.stdout.splitlines():
+            if line and not line[0].isspace() and line.endswith("."):
+                suite = line[:-1]
+            elif line.startswith("  ") and suite:
+                cases.add(f"{suite}.{line.split()[0]}")
+        cache[key] = cases
+    return cache[key]
+
+
+def gtest_names(build, checks, mutations):
+    """Mutations whose expected message is a GoogleTest case failing, [  FAILED  ] Suite.Name,
+    that their check does not run (the case renamed, or the check's --gtest_filter leaving it
+    out): such a mutation could never be caught. Needs the built binaries, not a copy."""
+    cache, wrong = {}, []
+    for n, m in mutations.items():
+        named = GTEST_FAILED.search(m["expect"])
+        run_line = GTEST_RUN.search(checks[m["check"]]["run"].strip())
+        if not named or not run_line:
+            continue
+        binary, gtest_filter = run_line[1].replace("$BUILD", build), run_line[2] or "*"
+        case = f"{named[1]}.{named[2]}"
+        if not os.path.isfile(binary):
+            raise HarnessError(f"mutation {n!r}: no {binary}: build it first")
+        if not any(c == case or c.startswith(case) for c in gtest_cases(binary, gtest_filter, cache)):
+            wrong.append(f"mutation {n!r} ({m['_where']}) expects {case} to fail, which check "
+                         f"{m['check']!r} does not run (--gtest_filter={gtest_filter})")
+    return wrong
+
+
 def status(rc):
     if rc < 0:
         try:
@@ -357,6 +405,9 @@ def main():
     ap.add_argument("--only", action="append", default=[], metavar="REGEX",
                     help="only the mutations whose name matches REGEX (repeatable)")
     ap.add_argument("--list", action="store_true", help="list the selected mutations and stop")
+    ap.add_argument("--gtest-names", metavar="BUILD",
+                    help="only check, in the build BUILD, that every mutation expecting a GoogleTest "
+                         "case to fail names one its check runs, and stop")
     args = ap.parse_args()
     repo = os.path.abspath(args.repo)
     files = args.files or sorted(glob.glob(os.path.join(here, "mutations", "*.txt")))
@@ -376,6 +427,12 @@ def main():
         if stale:
             raise HarnessError(f"{len(stale)} of {len(mutations)} mutations no longer apply to {repo}: "
                                + "; ".join(stale))
+        if args.gtest_names:
+            wrong = gtest_names(os.path.abspath(args.gtest_names), checks, mutations)
+            for w in wrong:
+                print(w)
+            print(f"{len(wrong)} of {len(mutations)} mutations name a GoogleTest case their check does not run")
+            return 1 if wrong else 0
         if args.list:
             for n in selected:
                 m = mutations[n]
