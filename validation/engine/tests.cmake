@@ -34,10 +34,13 @@ set_tests_properties(engine_equivalence_mpi_bf16 PROPERTIES
 # A model whose units are not multiples of the OS group (validation/engine/padded.json:
 # hidden 18, intermediate 85), so every sharded plan pads them: the first micro-batch
 # writes the gradients (nothing zeroes them), the slots' padding is zeroed, and a run
-# ends by checking that the gradient's padding is zero. Three cases, about 10 s.
+# ends by checking that the gradient's padding is zero. Two reduction slots for its 4
+# units, so that a slot serves units of other sizes in turn and its padding would hold
+# another unit's gradient if nothing zeroed it (with one slot per unit it never does).
+# Three cases, about 10 s.
 add_test(NAME engine_equivalence_mpi_padded
   COMMAND python3 ${AMSP_EQUIVALENCE_TEST} mpi ${AMSP_EQUIVALENCE_ARGS}
-          --model ${CMAKE_CURRENT_SOURCE_DIR}/engine/padded.json
+          --model ${CMAKE_CURRENT_SOURCE_DIR}/engine/padded.json --engine-arg=--reduction-slots=2
           --only "(4, 1, 'zero3', 3, 1)" --only "(4, 1, 'p=1,g=2x1,os=4x1', 3, 1)"
           --only "(4, 1, 'zero1', 2, 2)")
 set_tests_properties(engine_equivalence_mpi_padded PROPERTIES
