@@ -26,7 +26,8 @@ struct NodeBytes {
 };
 
 // How a training system issues the schedule: amsp's engine (one collective
-// per unit and phase, communication beside compute) or another system's
+// per unit and phase, ddp's decoder layers in two buckets, communication
+// beside compute) or another system's
 // (buckets of a fixed number of elements, overlap on or off).
 struct Schedule {
   bool overlap = true;
