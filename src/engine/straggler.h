@@ -2,8 +2,9 @@
 //
 // Wall time cannot tell: the gradient collectives make every rank wait for the
 // slowest, so every rank's step takes as long. What differs is the time a rank
-// is busy: its step less the time it waited in collectives (the communicators'
-// exposed time). Every `every` steps the ranks exchange their mean busy time
+// is busy: on a device its step less the time it waited in collectives (the
+// communicators' exposed time), on the CPU the CPU time of its computing
+// threads (Run::busy_seconds says why). Every `every` steps the ranks exchange their mean busy time
 // per step over the window (one all-reduce of a number per rank), and every
 // rank reaches the same verdict from the same numbers: a rank whose busy time
 // is more than `threshold` above the median, and the slowest, for `windows`
