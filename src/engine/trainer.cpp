@@ -235,7 +235,6 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
   in.memory_per_rank = memory;
   BandwidthSource bandwidth = bandwidth_source(o);
   if (topo.rank == 0) warn_if_not_measured_here(bandwidth, topo);
-  const std::string table = bandwidth.path;
   in.bandwidth = std::move(bandwidth.table);
   in.effects = bandwidth.effects;
   in.compute.peak_flops_per_s = peak_flops;
@@ -257,7 +256,7 @@ PlanChoice choose_plan(const TrainOptions& o, const topology::Topology& topo, do
       "auto: least exposed communication of the plans that fit %.1f MiB per rank: "
       "step %.1f ms, exposed communication %.1f ms, bandwidth from %s; %s%s",
       in.usable_memory() / double(1 << 20), best.cost.step_s * 1e3, best.cost.exposed_s * 1e3,
-      table.c_str(), w.why.c_str(),
+      bandwidth.path.c_str(), w.why.c_str(),
       o.compression.choose ? cat("; compress ", plan::to_string(best.compression)).c_str() : "");
   return {plan::to_string(best.plan), w.recompute == plan::Recompute::kFull, why, best.compression};
 }
