@@ -60,11 +60,10 @@ void BM_Attention(benchmark::State& state) {
        v = random_vector(B * T * KV * D, 3), dout = random_vector(B * T * H * D, 4);
   std::vector<float> probs(B * H * T * T), out(B * T * H * D), dq(q.size()), dk(k.size()), dv(v.size());
   for (auto _ : state) {
-    kernels::attention_forward(q.data(), k.data(), v.data(), H * D, KV * D, {}, false, probs.data(),
+    kernels::attention_forward(q.data(), k.data(), v.data(), H * D, KV * D, probs.data(),
                                out.data(), B, T, H, KV, D);
-    kernels::attention_backward(q.data(), k.data(), v.data(), H * D, KV * D, {}, false,
-                                probs.data(), dout.data(), dq.data(), dk.data(), dv.data(), B, T, H,
-                                KV, D);
+    kernels::attention_backward(q.data(), k.data(), v.data(), H * D, KV * D, {}, probs.data(),
+                                dout.data(), dq.data(), dk.data(), dv.data(), B, T, H, KV, D);
   }
   // Forward 2 products, backward 4, each 2*T*T*D per head (full square, as computed).
   set_flops(state, 6.0 * 2.0 * B * H * T * T * D);

@@ -121,30 +121,22 @@ AMSP_HD float rmsnorm_dx_element(float x, float w, float dy, float inv_rms, floa
 // rotation by -angle (pass -sin). Each output is one rounded product and one
 // fused multiply-add, written out: left to the compiler, a * c - b * s
 // contracts into either of two multiply-adds depending on the code around it
-// (GCC contracts by default, nvcc too), and the rotation inlined into
-// attention's loads would not be the same bits as the separate pass.
+// (GCC contracts by default, nvcc too), and attention's rotation of dq and dk
+// back would not be the same bits as the separate pass.
 AMSP_HD void rope_rotate(float& a, float& b, float cos, float sin) {
   const float a0 = a, b0 = b;
   a = fmaf(a0, cos, -(b0 * sin));
   b = fmaf(b0, cos, a0 * sin);
 }
 
-// RoPE tables [positions, D/2] (rope_table) for attention, which rotates q and
-// k as it reads them and rotates dq and dk back as it writes them, so that no
-// pass of its own reads and writes them. cos == nullptr: no rotation.
+// RoPE tables [positions, D/2] (rope_table) for attention's backward, which
+// rotates dq and dk back as it writes them, so that no pass of its own reads
+// and writes them (q and k come rotated: the model rotates them in place
+// before forward). cos == nullptr: no rotation.
 struct Rotary {
   const float* cos = nullptr;
   const float* sin = nullptr;
 };
-
-// Element d of a head row rotated (sin) or rotated back (-sin), given its
-// partner d + D/2 (d in the low half, `low`) or d - D/2: rope_rotate's result
-// for that element, the same bits as the pass that rotates the pair in place.
-AMSP_HD float rope_element(float x, float partner, bool low, float cos, float sin) {
-  float a = low ? x : partner, b = low ? partner : x;
-  rope_rotate(a, b, cos, sin);
-  return low ? a : b;
-}
 
 // AdamW for one element with decoupled weight decay, as torch.optim.AdamW
 // (non-fused, non-amsgrad) does it:

@@ -17,35 +17,11 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 
-// Per-thread scratch that survives across calls (OpenMP keeps its threads):
-// buffer `which` of three.
-float* scratch(int which, int64_t n) {
-  thread_local std::vector<float> buf[3];
-  if (static_cast<int64_t>(buf[which].size()) < n) buf[which].resize(n);
-  return buf[which].data();
-}
-
-// One head's rows [0, T) (row stride ld) as the products take them: rotated
-// by RoPE at positions 0..T-1 into dst [T, D] with row stride D, each value
-// rounded to bf16 if `round` (the products' inputs are then bf16); or, with
-// no rotation, src itself. ld becomes the stride to read the result with.
-const float* rotated(const float* src, int64_t& ld, int64_t T, int64_t D, Rotary rope, bool round,
-                     float* dst) {
-  if (!rope.cos) return src;
-  const int64_t half = D / 2;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* x = src + t * ld;
-    const float* c = rope.cos + t * half;
-    const float* s = rope.sin + t * half;
-    for (int64_t i = 0; i < half; ++i) {
-      float a = x[i], b = x[i + half];
-      rope_rotate(a, b, c[i], s[i]);
-      dst[t * D + i] = round ? round_bf16(a) : a;
-      dst[t * D + i + half] = round ? round_bf16(b) : b;
-    }
-  }
-  ld = D;
-  return dst;
+// Per-thread scratch that survives across calls (OpenMP keeps its threads).
+float* scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
 }
 
 // Rows [0, T) of one head's gradient (row stride ld) rotated back in place:
@@ -64,26 +40,23 @@ void rotate_back(float* x, int64_t ld, int64_t T, int64_t D, Rotary rope) {
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldk,
-                       Rotary rope, bool round_rotated, float* probs, float* out, int64_t B,
-                       int64_t T, int64_t H, int64_t KV, int64_t D) {
+                       float* probs, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D) {
   const int64_t group = H / KV, ldo = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H, kvh = h / group;
-    int64_t ldq_h = ldq, ldk_h = ldk;
-    const float* Q =
-        rotated(q + b * T * ldq + h * D, ldq_h, T, D, rope, round_rotated, scratch(0, T * D));
-    const float* K =
-        rotated(k + b * T * ldk + kvh * D, ldk_h, T, D, rope, round_rotated, scratch(1, T * D));
+    const float* Q = q + b * T * ldq + h * D;
+    const float* K = k + b * T * ldk + kvh * D;
     const float* Vm = v + b * T * ldk + kvh * D;
     float* O = out + b * T * ldo + h * D;
     float* P = probs + bh * T * T;
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock), m = r1 - r0;
       // S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, D, scale, Q + r0 * ldq_h, ldq_h,
-                  K, ldk_h, 0.0f, P + r0 * T, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, D, scale, Q + r0 * ldq, ldq, K,
+                  ldk, 0.0f, P + r0 * T, T);
       for (int64_t i = r0; i < r1; ++i) {
         float* row = P + i * T;
         const int64_t n = i + 1;  // keys 0..i are visible
@@ -110,9 +83,8 @@ void attention_forward(const float* q, const float* k, const float* v, int64_t l
 }
 
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldk,
-                        Rotary rope, bool round_rotated, const float* probs, const float* dout,
-                        float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t H,
-                        int64_t KV, int64_t D) {
+                        Rotary rope, const float* probs, const float* dout, float* dq, float* dk,
+                        float* dv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   const int64_t group = H / KV, ldo = H * D;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // One task per (sequence, kv head): the query heads sharing a kv head add
@@ -120,9 +92,7 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
 #pragma omp parallel for schedule(static)
   for (int64_t bk = 0; bk < B * KV; ++bk) {
     const int64_t b = bk / KV, kvh = bk % KV;
-    int64_t ldk_h = ldk;
-    const float* K =
-        rotated(k + b * T * ldk + kvh * D, ldk_h, T, D, rope, round_rotated, scratch(1, T * D));
+    const float* K = k + b * T * ldk + kvh * D;
     const float* Vm = v + b * T * ldk + kvh * D;
     float* dK = dk + b * T * ldk + kvh * D;
     float* dV = dv + b * T * ldk + kvh * D;
@@ -130,11 +100,9 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
       std::fill(dK + t * ldk, dK + t * ldk + D, 0.0f);
       std::fill(dV + t * ldk, dV + t * ldk + D, 0.0f);
     }
-    float* dS = scratch(2, kBlock * T);
+    float* dS = scratch(kBlock * T);
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-      int64_t ldq_h = ldq;
-      const float* Q =
-          rotated(q + b * T * ldq + h * D, ldq_h, T, D, rope, round_rotated, scratch(0, T * D));
+      const float* Q = q + b * T * ldq + h * D;
       const float* dO = dout + b * T * ldo + h * D;
       float* dQ = dq + b * T * ldq + h * D;
       const float* P = probs + (b * H + h) * T * T;
@@ -156,11 +124,11 @@ void attention_backward(const float* q, const float* k, const float* v, int64_t 
           for (int64_t j = n; j < r1; ++j) d[j] = 0.0f;
         }
         // dQ[r0:r1] = dS K[0:r1]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, r1, 1.0f, dS, r1, K, ldk_h,
-                    0.0f, dQ + r0 * ldq, ldq);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, r1, 1.0f, dS, r1, K, ldk, 0.0f,
+                    dQ + r0 * ldq, ldq);
         // dK[0:r1] += dS^T Q[r0:r1]
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, D, m, 1.0f, dS, r1, Q + r0 * ldq_h,
-                    ldq_h, 1.0f, dK, ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, D, m, 1.0f, dS, r1, Q + r0 * ldq,
+                    ldq, 1.0f, dK, ldk);
         // dV[0:r1] += P[r0:r1, 0:r1]^T dO[r0:r1]
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, D, m, 1.0f, P + r0 * T, T,
                     dO + r0 * ldo, ldo, 1.0f, dV, ldk);

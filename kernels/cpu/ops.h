@@ -78,19 +78,16 @@ void rope_backward(uint16_t* dx, const float* cos, const float* sin, int64_t B, 
 // out: [B*T, H*D]. Query head h reads kv head h / (H / KV), scale 1/sqrt(D).
 // probs [B, H, T, T] receives the softmax probabilities and must be kept for
 // backward; entries above the diagonal are zero or left unwritten, and never read.
-// With rope tables (cos != nullptr, [T, D/2]), q and k are taken before RoPE:
-// each row at position t is rotated as it is read (then rounded to bf16 if
-// round_rotated: the backend passes q and k rounded already under bf16
-// compute, and the products take the rotated values rounded again), and
-// backward writes dq and dk with respect to the unrotated q and k.
+// q and k are taken after RoPE (rope_forward); with rope tables (cos !=
+// nullptr, [T, D/2]) backward rotates dq and dk back, the gradients with
+// respect to the unrotated q and k.
 void attention_forward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
-                       Rotary rope, bool round_rotated, float* probs, float* out, int64_t B,
-                       int64_t T, int64_t H, int64_t KV, int64_t D);
+                       float* probs, float* out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D);
 // dout: [B*T, H*D]; dq (row stride ldq), dk, dv (ldkv) are overwritten.
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
-                        Rotary rope, bool round_rotated, const float* probs, const float* dout,
-                        float* dq, float* dk, float* dv, int64_t B, int64_t T, int64_t H,
-                        int64_t KV, int64_t D);
+                        Rotary rope, const float* probs, const float* dout, float* dq, float* dk,
+                        float* dv, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
 // ---- mlp.cpp ------------------------------------------------------------------
 // out = silu(gate) * up over rows x cols values. gate and up (and dgate, dup)

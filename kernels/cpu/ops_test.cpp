@@ -221,25 +221,25 @@ void attention_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int6
   auto q = randn(B * T * H * D, 1), k = randn(B * T * KV * D, 2), v = randn(B * T * KV * D, 3),
        r = randn(B * T * H * D, 4);
   std::vector<float> probs(B * H * T * T), out(B * T * H * D);
-  attention_forward(q.data(), k.data(), v.data(), H * D, KV * D, {}, false, probs.data(),
-                    out.data(), B, T, H, KV, D);
+  attention_forward(q.data(), k.data(), v.data(), H * D, KV * D, probs.data(), out.data(), B, T, H,
+                    KV, D);
   const auto ref = attention_ref(q, k, v, B, T, H, KV, D);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
 
   std::vector<float> dq(q.size()), dk(k.size(), 9.0f), dv(v.size(), 9.0f);
-  attention_backward(q.data(), k.data(), v.data(), H * D, KV * D, {}, false, probs.data(), r.data(),
+  attention_backward(q.data(), k.data(), v.data(), H * D, KV * D, {}, probs.data(), r.data(),
                      dq.data(), dk.data(), dv.data(), B, T, H, KV, D);
   // Bit-identical on a second run.
   std::vector<float> dq2(q.size()), dk2(k.size()), dv2(v.size());
-  attention_backward(q.data(), k.data(), v.data(), H * D, KV * D, {}, false, probs.data(), r.data(),
+  attention_backward(q.data(), k.data(), v.data(), H * D, KV * D, {}, probs.data(), r.data(),
                      dq2.data(), dk2.data(), dv2.data(), B, T, H, KV, D);
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
 
   auto f = [&] {
-    attention_forward(q.data(), k.data(), v.data(), H * D, KV * D, {}, false, probs.data(),
-                      out.data(), B, T, H, KV, D);
+    attention_forward(q.data(), k.data(), v.data(), H * D, KV * D, probs.data(), out.data(), B, T,
+                      H, KV, D);
     return dot(out, r);
   };
   check_grad("dq", q, dq, f, stride);

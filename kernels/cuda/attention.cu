@@ -12,8 +12,8 @@
 // deterministic: one kernel computes delta = rowsum(dout * out); one computes
 // dq per query tile, looping over key tiles; one computes dk and dv per
 // (kv head, key tile), looping over the query tiles of every query head of the
-// kv group in head order. RoPE happens here too (Shape::rope): q and k are
-// rotated as load_rows reads them, dq and dk rotated back as they are stored.
+// kv group in head order. q and k come rotated by RoPE; with rope tables
+// (Shape::rope) backward rotates dq and dk back as it stores them.
 //
 // Why a self-written kernel and not cuDNN's fused attention. The toolkit here
 // ships cuDNN 9.19 (cudnn_graph.h and the engine libraries; not the C++
@@ -85,7 +85,7 @@ struct Shape {
   float scale;   // 1 / sqrt(D)
   bool bf16;     // q, k, v and dout rounded to bf16 as they are loaded
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
-  Rotary rope;        // q and k rotated as loaded, dq and dk rotated back as stored
+  Rotary rope;        // backward: dq and dk rotated back as stored
 };
 
 // A lane's place in the dot-product phase (see the top of the file).
@@ -116,27 +116,13 @@ AMSP_DEVICE_INLINE float as_read(const A& x, bool bf16) {
 
 // Rows [first, first + n) of one head's [T, D] slice (global row stride ld)
 // into fp32 shared memory with row stride sld, rounded to bf16 if `bf16`;
-// rows at or past T become zeros. With rope tables, row t is rotated by
-// position t from its values as read, and the result rounded again if `bf16`.
+// rows at or past T become zeros.
 template <typename A>
 AMSP_DEVICE_INLINE void load_rows(float* dst, int sld, const A* src, int64_t ld, int64_t first,
-                                  int n, int64_t T, int D, bool bf16, const Rotary& rope) {
-  const int half = D / 2;
+                                  int n, int64_t T, int D, bool bf16) {
   for (int i = threadIdx.x; i < n * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
-    float x = 0.0f;
-    if (first + r < T) {
-      const A* row = src + (first + r) * ld;
-      x = as_read(row[d], bf16);
-      if (rope.cos) {
-        const bool low = d < half;
-        const int64_t at = (first + r) * half + (low ? d : d - half);
-        x = rope_element(x, as_read(row[low ? d + half : d - half], bf16), low, rope.cos[at],
-                         rope.sin[at]);
-        if (bf16) x = round_bf16(x);
-      }
-    }
-    dst[r * sld + d] = x;
+    dst[r * sld + d] = first + r < T ? as_read(src[(first + r) * ld + d], bf16) : 0.0f;
   }
 }
 
@@ -251,8 +237,8 @@ template <typename A>
 AMSP_DEVICE_INLINE void load_kv_tiles(float* k_s, float* v_s, int ld_kv, const A* k, const A* v,
                                       const Heads& hd, int64_t k0, const Shape& sh) {
   __syncthreads();
-  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16, sh.rope);
-  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16, Rotary{});
+  load_rows(k_s, ld_kv, k + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
+  load_rows(v_s, ld_kv, v + hd.kv_off, hd.ldk, k0, sh.streamed, sh.T, sh.D, sh.bf16);
   __syncthreads();
 }
 
@@ -272,7 +258,7 @@ __global__ void attention_forward_kernel(const Act<V>* q, const Act<V>* k, const
   float* p_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;  // this warp's rows
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
-  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16, sh.rope);
+  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
 
   float m[kOwnPerWarp], l[kOwnPerWarp], acc[kOwnPerWarp][kPerLane] = {};
   for (int i = 0; i < kOwnPerWarp; ++i) m[i] = -INFINITY, l[i] = 0.0f;
@@ -341,8 +327,8 @@ __global__ void attention_dq_kernel(const Act<V>* q, const Act<V>* k, const Act<
   float* ds_s = v_s + S * ld_kv + threadIdx.x / kWarpSize * kOwnPerWarp * S;
   const auto [hd, q0, q_last, warp, row0] = query_tile(sh);
   const Lanes lanes = lanes_of(S);
-  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16, sh.rope);
-  load_rows(do_s, D, dout + hd.o_off, hd.ldo, q0, kOwnTile, sh.T, D, sh.bf16, Rotary{});
+  load_rows(q_s, D, q + hd.q_off, hd.ldq, q0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(do_s, D, dout + hd.o_off, hd.ldo, q0, kOwnTile, sh.T, D, sh.bf16);
   float row_lse[kOwnPerWarp], row_delta[kOwnPerWarp];
   for (int i = 0; i < kOwnPerWarp; ++i) {
     const int64_t at = (hd.b * sh.H + hd.h) * sh.T + row0 + i;
@@ -396,8 +382,8 @@ __global__ void attention_dkv_kernel(const Act<V>* q, const Act<V>* k, const Act
   const int64_t key0 = k0 + warp * kOwnPerWarp;
   const Lanes lanes = lanes_of(S);
   const Heads kv_hd = heads_of(b, kvh * sh.group, sh);
-  load_rows(k_s, D, k + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16, sh.rope);
-  load_rows(v_s, D, v + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16, Rotary{});
+  load_rows(k_s, D, k + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16);
+  load_rows(v_s, D, v + kv_hd.kv_off, kv_hd.ldk, k0, kOwnTile, sh.T, D, sh.bf16);
 
   float dk_acc[kOwnPerWarp][kPerLane] = {}, dv_acc[kOwnPerWarp][kPerLane] = {};
   for (int64_t h = kvh * sh.group; h < (kvh + 1) * sh.group; ++h) {
@@ -406,8 +392,8 @@ __global__ void attention_dkv_kernel(const Act<V>* q, const Act<V>* k, const Act
     const float* head_delta = delta + (b * sh.H + h) * sh.T;
     for (int64_t r0 = k0 / S * S; r0 < sh.T; r0 += S) {  // causal: rows at or below the keys
       __syncthreads();
-      load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16, sh.rope);
-      load_rows(do_s, ld_q, dout + hd.o_off, hd.ldo, r0, S, sh.T, D, sh.bf16, Rotary{});
+      load_rows(q_s, ld_q, q + hd.q_off, hd.ldq, r0, S, sh.T, D, sh.bf16);
+      load_rows(do_s, ld_q, dout + hd.o_off, hd.ldo, r0, S, sh.T, D, sh.bf16);
       for (int i = threadIdx.x; i < S; i += blockDim.x) {
         lse_s[i] = r0 + i < sh.T ? head_lse[r0 + i] : 0.0f;
         delta_s[i] = r0 + i < sh.T ? head_delta[r0 + i] : 0.0f;
@@ -516,13 +502,12 @@ int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV
 namespace {
 
 template <typename A>
-void forward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
-                        float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        bool bf16, cudaStream_t s) {
+void forward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                        A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                        cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
   Shape sh = shape_of(B, T, H, KV, D, ldq, ldkv, "attention_forward");
   sh.bf16 = bf16;
-  sh.rope = rope;
   const Tiles tiles = tiles_for(sh.D, 1, 2, 0, 1);
   sh.streamed = tiles.streamed;
   const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
@@ -565,13 +550,13 @@ void backward_cuda_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_
 }  // namespace
 
 template <typename A>
-void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
-                       float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                       bool bf16, cudaStream_t s) {
+void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                       A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                       cudaStream_t s) {
   if (bf16 && attention_tc_supports(D))
-    attention_forward_tc(q, k, v, ldq, ldkv, rope, lse, out, B, T, H, KV, D, s);
+    attention_forward_tc(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
   else
-    forward_cuda_cores(q, k, v, ldq, ldkv, rope, lse, out, B, T, H, KV, D, bf16, s);
+    forward_cuda_cores(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, bf16, s);
 }
 
 template <typename A>
@@ -591,11 +576,11 @@ template void attention_delta(const float*, const float*, float*, int64_t, int64
                               int64_t, bool, cudaStream_t);
 template void attention_delta(const bf16*, const bf16*, float*, int64_t, int64_t, int64_t, int64_t,
                               bool, cudaStream_t);
-template void attention_forward(const float*, const float*, const float*, int64_t, int64_t, Rotary,
-                                float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+template void attention_forward(const float*, const float*, const float*, int64_t, int64_t, float*,
+                                float*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                 cudaStream_t);
-template void attention_forward(const bf16*, const bf16*, const bf16*, int64_t, int64_t, Rotary,
-                                float*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+template void attention_forward(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*,
+                                bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                 cudaStream_t);
 template void attention_backward(const float*, const float*, const float*, int64_t, int64_t, Rotary,
                                  const float*, const float*, const float*, float*, float*, float*,

@@ -36,9 +36,9 @@ bool attention_tc_supports(int64_t D);
 // head order afterwards.
 int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 template <typename A>
-void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                          Rotary rope, float* lse, A* out, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int64_t D, cudaStream_t s);
+void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                          A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                          cudaStream_t s);
 template <typename A>
 void attention_backward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
                            Rotary rope, const float* lse, const A* out, const A* dout, A* dq, A* dk,

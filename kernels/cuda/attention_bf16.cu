@@ -29,10 +29,10 @@
 //     and the causal mask is applied only to the tiles that reach past a
 //     warp's rows or past T. The polynomial exp this replaced cost about twenty
 //     instructions a score, which left the tensor cores waiting on issue.
-// With rope tables, q and k are rotated as they are staged or loaded (each
-// value from the pair of columns d and d + D/2), and dq and dk rotated back in
-// the accumulators before they are stored (with grouped-query heads, after the
-// heads' shares are summed), so that RoPE costs no pass of its own.
+// q and k come rotated by RoPE (the model rotates them in place, once, before
+// forward: ops.h); with rope tables backward rotates dq and dk back in the
+// accumulators before it stores them (with grouped-query heads, after the
+// heads' shares are summed), so that the gradients need no pass of their own.
 // The score tile of a warp goes from the product's accumulators straight into
 // the next product's left operand (mma.h: two C tiles are one A fragment), so
 // P never touches shared memory.
@@ -50,7 +50,7 @@
 // rows start 16-byte aligned (the model's fused q|k|v always) the tiles come
 // by cp.async (mma.h), as in FlashAttention-2: up to D = 80 two tiles in
 // shared memory (36 KiB at D = 64), the next one copied while the warps
-// multiply this one, and with RoPE the keys rotated in place once landed.
+// multiply this one.
 // dk/dv walks its query tiles the same way (q, dout, lse and delta): two
 // tiles of 32 rows beside the keys and values up to D = 80 (37 KiB at
 // D = 64), of 16 rows at D = 96 and 112; at D = 128 two do not fit in 48
@@ -105,7 +105,7 @@ struct Shape {
   float scale;        // 1 / sqrt(D)
   float scale_log2;   // scale * log2(e): exp(scale * x - y) = 2^(x scale_log2 - y log2(e))
   int64_t ldq, ldkv;  // row strides of q and dq, of k, v, dk and dv
-  Rotary rope;        // q and k rotated as loaded, dq and dk rotated back as stored
+  Rotary rope;        // backward: dq and dk rotated back as stored
   bool async_kv;      // bf16 k and v with 16-byte aligned rows: key tiles by cp.async
 };
 
@@ -124,79 +124,24 @@ AMSP_DEVICE_INLINE void store_pair(uint16_t* p, float lo, float hi) {
   store_word(p, pack_bf16(lo, hi));
 }
 
-// Two adjacent activations as fp32 values of bf16s (as bf16_pair packs them).
-AMSP_DEVICE_INLINE void read_pair(const float* p, float (&x)[2]) {
-  x[0] = p[0];
-  x[1] = p[1];
-  round_pair(x[0], x[1]);
-}
-AMSP_DEVICE_INLINE void read_pair(const uint16_t* p, float (&x)[2]) {
-  const uint32_t w = load_word(p);
-  x[0] = bits_to_float(w << 16);
-  x[1] = bits_to_float(w & 0xffff0000u);
-}
-
-// The pair at column c of row `row` (its pointer p, in a [T, kD] slice)
-// rotated by the row's position: each value with its partner half a row away
-// (rope_element), the results rounded to bf16 as a word.
-template <int kD, typename A>
-AMSP_DEVICE_INLINE uint32_t rotated_pair(const A* p, int c, int64_t row, const Rotary& rope) {
-  constexpr int kHalf = kD / 2;
-  const bool low = c < kHalf;
-  float x[2], y[2];
-  read_pair(p, x);
-  read_pair(low ? p + kHalf : p - kHalf, y);
-  const int64_t at = row * kHalf + (low ? c : c - kHalf);
-  return pack_bf16(rope_element(x[0], y[0], low, rope.cos[at], rope.sin[at]),
-                   rope_element(x[1], y[1], low, rope.cos[at + 1], rope.sin[at + 1]));
-}
-
-// Columns c, c + 1 (a) and their partners c + kD/2, c + kD/2 + 1 (b) of the
-// row at position `row`, rotated by that position.
-template <int kD>
-AMSP_DEVICE_INLINE void rotate_pairs(float (&a)[2], float (&b)[2], int64_t row, int c,
-                                     const Rotary& rope) {
-  for (int j = 0; j < 2; ++j) {
-    const int64_t at = row * (kD / 2) + c + j;
-    rope_rotate(a[j], b[j], rope.cos[at], rope.sin[at]);
-  }
-}
-
 // Rows [first, first + n) of one head's [T, kD] slice (row stride ld) into
-// bf16 shared memory with row stride kD + kPad; rows at or past T are 0. With
-// rope tables each row is rotated by its position, a thread taking the pairs
-// at columns c and c + kD/2 together (each value read once).
+// bf16 shared memory with row stride kD + kPad; rows at or past T are 0.
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void stage_rows(uint16_t* dst, const A* src, int64_t ld, int64_t first, int n,
-                                   int64_t T, const Rotary& rope) {
-  constexpr int kPairs = kD / 2, kHalf = kD / 2;
-  const int per_row = rope.cos ? kPairs / 2 : kPairs;
-  for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
-    const int r = i / per_row, c = 2 * (i % per_row);
+                                   int64_t T) {
+  constexpr int kPairs = kD / 2;
+  for (int i = threadIdx.x; i < n * kPairs; i += blockDim.x) {
+    const int r = i / kPairs, c = 2 * (i % kPairs);
     const int64_t row = first + r;
-    const A* p = src + row * ld + c;
-    uint16_t* d = dst + r * (kD + kPad) + c;
-    if (!rope.cos) {
-      store_word(d, row < T ? bf16_pair(p) : 0u);
-      continue;
-    }
-    float a[2] = {0.0f, 0.0f}, b[2] = {0.0f, 0.0f};
-    if (row < T) {
-      read_pair(p, a);
-      read_pair(p + kHalf, b);
-      rotate_pairs<kD>(a, b, row, c, rope);
-    }
-    store_word(d, pack_bf16(a[0], a[1]));
-    store_word(d + kHalf, pack_bf16(b[0], b[1]));
+    store_word(dst + r * (kD + kPad) + c, row < T ? bf16_pair(src + row * ld + c) : 0u);
   }
 }
 
 // The A fragments of 16 rows from row0 of a [T, kD] slice in global memory,
-// one per 16 columns, in bf16 (rotated by each row's position with rope
-// tables); rows at or past T are 0.
+// one per 16 columns, in bf16; rows at or past T are 0.
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const A* src, int64_t ld,
-                                    int64_t row0, int64_t T, const Rotary& rope) {
+                                    int64_t row0, int64_t T) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   AMSP_UNROLL
   for (int c = 0; c < kD / 16; ++c) {
@@ -204,8 +149,7 @@ AMSP_DEVICE_INLINE void load_a_rows(uint32_t (&a)[kD / 16][4], const A* src, int
     for (int r = 0; r < 4; ++r) {
       const int64_t row = row0 + g + 8 * (r % 2);
       const int col = 16 * c + 8 * (r / 2) + 2 * t;
-      const A* p = src + row * ld + col;
-      a[c][r] = row >= T ? 0u : rope.cos ? rotated_pair<kD>(p, col, row, rope) : bf16_pair(p);
+      a[c][r] = row >= T ? 0u : bf16_pair(src + row * ld + col);
     }
   }
 }
@@ -341,44 +285,39 @@ constexpr int kStages = std::is_same_v<Act<V>, uint16_t> &&
 // rows not 16-byte aligned).
 template <int kD, typename A>
 AMSP_DEVICE_INLINE void stage_keys(KeyValueTiles<kD>& tiles, const A* k, const A* v, const Head& hd,
-                                   int64_t k0, int64_t T, const Rotary& rope) {
+                                   int64_t k0, int64_t T) {
   __syncthreads();  // every warp is done with the previous tiles
-  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T, rope);
-  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T, Rotary{});
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T);
   __syncthreads();
 }
 
-// Rows [first, first + n) in a shared tile, landed, rotated in place by their
-// positions: the values, the arithmetic and the rounding of stage_rows.
-template <int kD>
-AMSP_DEVICE_INLINE void rotate_rows(uint16_t* rows, int n, int64_t first, int64_t T,
-                                    const Rotary& rope) {
-  constexpr int kHalf = kD / 2, kPerRow = kD / 4;
-  for (int i = threadIdx.x; i < n * kPerRow; i += blockDim.x) {
-    const int r = i / kPerRow, c = 2 * (i % kPerRow);
-    const int64_t row = first + r;
-    if (row >= T) continue;  // zeros, as copied
-    uint16_t* p = rows + r * (kD + kPad) + c;
-    float a[2], b[2];
-    read_pair(p, a);
-    read_pair(p + kHalf, b);
-    rotate_pairs<kD>(a, b, row, c, rope);
-    store_word(p, pack_bf16(a[0], a[1]));
-    store_word(p + kHalf, pack_bf16(b[0], b[1]));
-  }
-}
-
-// Rows [first, first + n) of one head's [T, kD] slice (row stride ld, every
+// Rows [first, first + kN) of one head's [T, kD] slice (row stride ld, every
 // row 16-byte aligned) into shared memory as copies of the thread's open
-// cp.async group; rows at or past T are 0.
-template <int kD>
+// cp.async group; rows at or past T are 0. Where a row's 16-byte pieces divide
+// the block's threads, each thread copies the same piece of every kStep-th
+// row: a constant step between its addresses, no division per copy (at D = 64
+// the index arithmetic was most of the copy loop's 29 instructions a piece).
+template <int kD, int kN>
 AMSP_DEVICE_INLINE void fetch_rows(uint16_t* dst, const uint16_t* src, int64_t ld, int64_t first,
-                                   int n, int64_t T) {
+                                   int64_t T) {
   constexpr int kChunks = kD / 8;  // 16-byte pieces of a row
-  for (int i = threadIdx.x; i < n * kChunks; i += blockDim.x) {
-    const int r = i / kChunks, c = 8 * (i % kChunks);
-    const bool in = first + r < T;
-    cp_async16(dst + r * (kD + kPad) + c, src + (in ? first + r : 0) * ld + c, in);
+  if constexpr (kThreads % kChunks == 0 && kN % (kThreads / kChunks) == 0) {
+    constexpr int kStep = kThreads / kChunks;
+    const int c = 8 * (threadIdx.x % kChunks), r0 = threadIdx.x / kChunks;
+    const int below = static_cast<int>(T - first < kN ? T - first : kN);  // rows below T
+    int64_t at = (first + r0) * ld + c;
+    AMSP_UNROLL
+    for (int j = 0; j < kN / kStep; ++j, at += kStep * ld) {
+      const bool in = r0 + j * kStep < below;
+      cp_async16(dst + (r0 + j * kStep) * (kD + kPad) + c, src + (in ? at : c), in);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kN * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = 8 * (i % kChunks);
+      const bool in = first + r < T;
+      cp_async16(dst + r * (kD + kPad) + c, src + (in ? first + r : 0) * ld + c, in);
+    }
   }
 }
 
@@ -387,13 +326,13 @@ AMSP_DEVICE_INLINE void fetch_rows(uint16_t* dst, const uint16_t* src, int64_t l
 template <int kD>
 AMSP_DEVICE_INLINE void fetch_keys(KeyValueTiles<kD>& tiles, const uint16_t* k, const uint16_t* v,
                                    const Head& hd, int64_t k0, int64_t T) {
-  fetch_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kKeys, T);
-  fetch_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kKeys, T);
+  fetch_rows<kD, kKeys>(tiles.k, k + hd.kv_off, hd.ldk, k0, T);
+  fetch_rows<kD, kKeys>(tiles.v, v + hd.kv_off, hd.ldk, k0, T);
   cp_async_commit();
 }
 
 // body(tiles, k0) for each key tile [k0, k0 + kKeys) up to q_last, with its
-// keys (rotated) and values in shared memory, visible to every warp. With
+// keys and values in shared memory, visible to every warp. With
 // sh.async_kv the tiles come by cp.async, the next one while body runs on this
 // one when there are two stages; else stage_keys stages each.
 template <int kStagesN, int kD, typename A, typename Body>
@@ -413,10 +352,6 @@ AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], 
           cp_async_wait<0>();
         }
         __syncthreads();  // tile t has landed, from every thread's copies
-        if (sh.rope.cos) {
-          rotate_rows<kD>(tile.k, kKeys, t * kKeys, sh.T, sh.rope);
-          __syncthreads();
-        }
         body(tile, t * kKeys);
         __syncthreads();  // every warp is done with tile t before it is copied over
         if (kStagesN == 1 && t + 1 < n) fetch_keys<kD>(tile, k, v, hd, (t + 1) * kKeys, sh.T);
@@ -425,7 +360,7 @@ AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], 
     }
   }
   for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    stage_keys<kD>(tiles[0], k, v, hd, k0, sh.T, sh.rope);
+    stage_keys<kD>(tiles[0], k, v, hd, k0, sh.T);
     body(tiles[0], k0);
   }
 }
@@ -483,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
   const Head& hd = rows.hd;
   const int64_t row0 = rows.row0;
   uint32_t qa[kD / 16][4];
-  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
+  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
 
   float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
@@ -529,8 +464,8 @@ __global__ void __launch_bounds__(kThreads)
   const Head& hd = rows.hd;
   const int64_t row0 = rows.row0;
   uint32_t qa[kD / 16][4], da[kD / 16][4];
-  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T, sh.rope);
-  load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T, Rotary{});
+  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
+  load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T);
   float row_lse2[2], row_delta[2];  // lse times log2(e) (probability), delta
   for (int j = 0; j < 2; ++j) {
     const int64_t row = c_row(row0, 2 * j);
@@ -571,7 +506,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// A staged tile of kR query rows for dk/dv: their q (rotated) and dout, lse
+// A staged tile of kR query rows for dk/dv: their q and dout, lse
 // times log2(e) (probability) and delta.
 template <int kD, int kR>
 struct alignas(16) QueryTile {
@@ -621,23 +556,22 @@ AMSP_DEVICE_INLINE void load_lse_delta(QueryTile<kD, kR>& t, const float* lse, c
 template <int kD, int kR, typename A>
 AMSP_DEVICE_INLINE void stage_queries(QueryTile<kD, kR>& t, const A* q, const A* dout,
                                       const float* lse, const float* delta, const Head& hd,
-                                      int64_t r0, int64_t T, const Rotary& rope) {
+                                      int64_t r0, int64_t T) {
   __syncthreads();
-  stage_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T, rope);
-  stage_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T, Rotary{});
+  stage_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T);
+  stage_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T);
   load_lse_delta(t, lse, delta, hd, r0, T);
   __syncthreads();
 }
 
-// The same rows as one group of cp.async (q unrotated: rotate_rows once
-// landed), lse and delta by plain loads; all visible after the thread's wait
-// and a barrier.
+// The same rows as one group of cp.async, lse and delta by plain loads; all
+// visible after the thread's wait and a barrier.
 template <int kD, int kR>
 AMSP_DEVICE_INLINE void fetch_queries(QueryTile<kD, kR>& t, const uint16_t* q, const uint16_t* dout,
                                       const float* lse, const float* delta, const Head& hd,
                                       int64_t r0, int64_t T) {
-  fetch_rows<kD>(t.q, q + hd.q_off, hd.ldq, r0, kR, T);
-  fetch_rows<kD>(t.dout, dout + hd.o_off, hd.ldo, r0, kR, T);
+  fetch_rows<kD, kR>(t.q, q + hd.q_off, hd.ldq, r0, T);
+  fetch_rows<kD, kR>(t.dout, dout + hd.o_off, hd.ldo, r0, T);
   cp_async_commit();
   load_lse_delta(t, lse, delta, hd, r0, T);
 }
@@ -664,16 +598,12 @@ AMSP_DEVICE_INLINE void for_each_query_tile(DkvTiles<W>& tiles, const typename W
         cp_async_wait<0>();
       }
       __syncthreads();  // tile t has landed, from every thread's copies and loads
-      if (sh.rope.cos) {
-        rotate_rows<kD>(tile.q, kR, r0, sh.T, sh.rope);
-        __syncthreads();
-      }
       body(tile, r0);
       __syncthreads();  // every warp is done with tile t before it is copied over
     }
   } else {
     for (int64_t r0 = first; r0 < sh.T; r0 += kR) {
-      stage_queries(tiles.queries[0], q, dout, lse, delta, hd, r0, sh.T, sh.rope);
+      stage_queries(tiles.queries[0], q, dout, lse, delta, hd, r0, sh.T);
       body(tiles.queries[0], r0);
     }
   }
@@ -754,7 +684,7 @@ AMSP_DEVICE_INLINE void store_dkv(const DkvOut<A>& o, int64_t at, const float (&
 // scores are transposed (keys x queries) so that P^T and dS^T are the A
 // fragments of the products that form dv and dk.
 template <typename W>  // Dkv<head dim, activation dtype, query rows per tile, tiles>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<W::D>)
     attention_dkv_bf16_kernel(const typename W::Type* q, const typename W::Type* k,
                               const typename W::Type* v, const float* lse,
                               const typename W::Type* dout, const float* delta,
@@ -765,8 +695,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
   const Head hd = head_of(b, h, kD, sh);
-  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T, sh.rope);
-  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T, Rotary{});
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T);
   const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kRows * kLd;
   const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kRows * kLd;
 
@@ -891,11 +821,12 @@ int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64
 namespace {
 
 template <typename A>
-void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                          Rotary rope, float* lse, A* out, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int64_t D, cudaStream_t s) {
+void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                          A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                          cudaStream_t s) {
   if (B == 0 || T == 0 || H == 0) return;
-  Shape sh = shape_of<A>(B, T, H, KV, D, ldq, ldkv, rope, {q, k, v, out}, "attention_forward_tc");
+  Shape sh =
+      shape_of<A>(B, T, H, KV, D, ldq, ldkv, Rotary{}, {q, k, v, out}, "attention_forward_tc");
   sh.async_kv = async_keys(k, v, ldkv);
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
@@ -952,10 +883,10 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
 }  // namespace
 
 template <typename A>
-void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv,
-                          Rotary rope, float* lse, A* out, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int64_t D, cudaStream_t s) {
-  forward_tensor_cores(q, k, v, ldq, ldkv, rope, lse, out, B, T, H, KV, D, s);
+void attention_forward_tc(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                          A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                          cudaStream_t s) {
+  forward_tensor_cores(q, k, v, ldq, ldkv, lse, out, B, T, H, KV, D, s);
 }
 
 template <typename A>
@@ -968,10 +899,10 @@ void attention_backward_tc(const A* q, const A* k, const A* v, int64_t ldq, int6
 }
 
 template void attention_forward_tc(const float*, const float*, const float*, int64_t, int64_t,
-                                   Rotary, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                                   int64_t, cudaStream_t);
-template void attention_forward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t, Rotary,
-                                   float*, bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                   float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                   cudaStream_t);
+template void attention_forward_tc(const bf16*, const bf16*, const bf16*, int64_t, int64_t, float*,
+                                   bf16*, int64_t, int64_t, int64_t, int64_t, int64_t,
                                    cudaStream_t);
 template void attention_backward_tc(const float*, const float*, const float*, int64_t, int64_t,
                                     Rotary, const float*, const float*, const float*, float*,

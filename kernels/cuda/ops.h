@@ -119,18 +119,20 @@ void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t
 // that take them; other head dims run the fp32 kernels on the rounded inputs.
 // A: the activations q, k, v, out, dout, dq, dk, dv, all float or all bf16
 // (read as they are, each output the fp32 result rounded once); lse and the
-// workspace are fp32. With rope tables (rope.cos != nullptr, [T, D/2]) q and
-// k are taken before RoPE: each row is rotated by its position as it is read
-// (in fp32, from the values as read; with bf16 both are rounded to bf16 as
-// read and the rotated value again), and dq and dk are rotated back before
-// they are stored (each rounded once), so that no pass of their own reads
-// and writes them. kernels/cpu/ops.h is the same contract.
+// workspace are fp32. q and k are taken after RoPE (rope_forward, in place),
+// and with rope tables (rope.cos != nullptr, [T, D/2]) backward rotates dq and
+// dk back before it stores them (each rounded once): the gradients with
+// respect to the unrotated q and k, with no pass of their own. Why RoPE is a
+// pass of its own before forward and not applied as the kernels read: a key
+// row is read by every query tile of every query head of its group, and would
+// be rotated each time (doc/gpu.md, "The kernels"). kernels/cpu/ops.h is the
+// same contract.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16);
 template <typename A>
-void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
-                       float* lse, A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                       bool bf16, cudaStream_t s);
+void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,
+                       A* out, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16,
+                       cudaStream_t s);
 template <typename A>
 void attention_backward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, Rotary rope,
                         const float* lse, const A* out, const A* dout, A* dq, A* dk, A* dv,

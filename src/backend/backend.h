@@ -271,8 +271,9 @@ class Backend {
 
   // RoPE tables [max_T, head_dim/2] and the in-place rotation (backward: by
   // -angle) of fp32 or bf16 x (widened, rotated in fp32, stored rounded). The
-  // model's attention rotates as it reads (RopeTables); these two are the
-  // separate pass that it is tested against.
+  // model rotates q and k with rope_forward, in place, before attention;
+  // attention's backward rotates dq and dk back itself (RopeTables), tested
+  // against rope_backward.
   virtual void rope_table(const View& cos, const View& sin, int64_t max_T, int64_t head_dim,
                           double theta) = 0;
   virtual void rope_forward(const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
@@ -288,16 +289,13 @@ class Backend {
   // only a log-sum-exp per row and head). out, dout: [B*T, H*D]. dqkv (the
   // layout of qkv) is overwritten. qkv, out, dout and dqkv are all fp32 or
   // all bf16 (read as they are, computed in fp32, each output rounded once).
-  // With rope tables, q and k are taken before RoPE: attention rotates each
-  // row by its position in the sequence as it reads it (rope_forward's bits
-  // for fp32 and for bf16 q and k), and the q and k parts of dqkv are the
-  // gradients with respect to the unrotated q and k (rope_backward of the
-  // rotated ones, with one rounding fewer for bf16). Under bf16 compute the
-  // rotated q and k are rounded to bf16 for the products.
+  // q and k are taken after RoPE (rope_forward). With rope tables, the q and
+  // k parts of dqkv are the gradients with respect to the unrotated q and k
+  // (rope_backward of the rotated ones, with one rounding fewer for bf16).
+  // Under bf16 compute q, k and v are rounded to bf16 for the products.
   virtual int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const = 0;
-  virtual void attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                                 const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                 int64_t D) = 0;
+  virtual void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
+                                 int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
   virtual void attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
                                   const View& out, const View& dout, const View& dqkv, int64_t B,
                                   int64_t T, int64_t H, int64_t KV, int64_t D) = 0;

@@ -97,11 +97,11 @@ class Checks {
   void rope(const char* kernel, const View& x, const View& cos, const View& sin, int64_t B, int64_t T,
             int64_t heads, int64_t head_dim, int64_t row_stride) const;
   // `saved` must hold backend.attention_saved_count(B, T, H) elements.
-  // rope: both tables empty, or both fp32 with T * D / 2 values (D even).
-  void attention_forward(const Backend& backend, const View& qkv, const RopeTables& rope,
-                         const View& saved, const View& out, int64_t B, int64_t T, int64_t H,
-                         int64_t KV, int64_t D) const;
-  // out: nullptr where the backend does not read it.
+  void attention_forward(const Backend& backend, const View& qkv, const View& saved,
+                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
+                         int64_t D) const;
+  // out: nullptr where the backend does not read it. rope: both tables empty,
+  // or both fp32 with T * D / 2 values (D even).
   void attention_backward(const Backend& backend, const View& qkv, const RopeTables& rope,
                           const View& saved, const View* out, const View& dout, const View& dqkv,
                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) const;

@@ -311,9 +311,9 @@ Floats side_by_side(const Floats& a, const Floats& b, const Floats& c, int64_t r
 // bf16 activations (q|k|v, out, dout, dqkv): the same bf16 inputs on both
 // backends, each output rounded once (one bf16 ulp); and a fused backward's
 // delta = rowsum(dout * out) reads the rounded out where the CPU sums P dP
-// exactly: u (2^-8) of each gradient more. q and k are rotated by RoPE as
-// attention reads them, as the model calls it (both backends' tables are the
-// same bits, and a rotation keeps each row's norm).
+// exactly: u (2^-8) of each gradient more. q and k are rotated by RoPE before
+// attention and dq, dk rotated back by it, as the model calls them (both
+// backends' tables are the same bits, and a rotation keeps each row's norm).
 void attention_case(Checker& c, const AttentionShape& s, DType act) {
   const auto [B, T, H, KV, D] = s;
   std::string shape = fmt("B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
@@ -331,7 +331,8 @@ void attention_case(Checker& c, const AttentionShape& s, DType act) {
     Buffer cos = be.alloc(DType::kF32, T * D / 2), sin = be.alloc(DType::kF32, T * D / 2);
     be.rope_table(cos.view(), sin.view(), T, D, 10000.0);
     const RopeTables rope{cos.view(), sin.view()};
-    be.attention_forward(qkv.view(), rope, saved.view(), out.view(), B, T, H, KV, D);
+    be.rope_forward(qkv.view(), cos.view(), sin.view(), B, T, H + KV, D, row);
+    be.attention_forward(qkv.view(), saved.view(), out.view(), B, T, H, KV, D);
     Buffer dqkv = put(be, side_by_side(randn(nq, 5), randn(nkv, 6), randn(nkv, 7), N), act);
     be.attention_backward(qkv.view(), rope, saved.view(), out.view(), dout.view(), dqkv.view(), B,
                           T, H, KV, D);

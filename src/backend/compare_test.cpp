@@ -108,10 +108,9 @@ class Forwarding : public Backend {
   int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override {
     return in_->attention_saved_count(B, T, H);
   }
-  void attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override {
-    in_->attention_forward(qkv, rope, saved, out, B, T, H, KV, D);
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override {
+    in_->attention_forward(qkv, saved, out, B, T, H, KV, D);
   }
   void attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
                           const View& out, const View& dout, const View& dqkv, int64_t B, int64_t T,
@@ -189,17 +188,16 @@ class OneUlpLinear : public Forwarding {
 class DropsFirstKey : public Forwarding {
  public:
   using Forwarding::Forwarding;
-  void attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override {
-    in_->attention_forward(qkv, rope, saved, out, B, T, H, KV, D);
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override {
+    in_->attention_forward(qkv, saved, out, B, T, H, KV, D);
     if (T < 2) return;
     const int64_t lq = H * D, row = (H + 2 * KV) * D, n = T - 1;
     Buffer qkv1 = in_->alloc(qkv.dtype, n * row), o1 = in_->alloc(out.dtype, n * lq);
     Buffer saved1 = in_->alloc(DType::kF32, in_->attention_saved_count(1, n, H));
     for (int64_t b = 0; b < B; ++b) {
       in_->copy(qkv.at((b * T + 1) * row, n * row), qkv1.view());
-      in_->attention_forward(qkv1.view(), rope, saved1.view(), o1.view(), 1, n, H, KV, D);
+      in_->attention_forward(qkv1.view(), saved1.view(), o1.view(), 1, n, H, KV, D);
       in_->copy(o1.view(), out.at((b * T + 1) * lq, n * lq));
     }
   }

@@ -325,16 +325,15 @@ int64_t CpuBackend::attention_saved_count(int64_t B, int64_t T, int64_t H) const
   return Checks::product("attention_saved_count", {B, H, T, T});
 }
 
-void CpuBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                                   const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                   int64_t D) {
-  check.attention_forward(*this, qkv, rope, saved, out, B, T, H, KV, D);
+void CpuBackend::attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
+                                   int64_t T, int64_t H, int64_t KV, int64_t D) {
+  check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
   const View o = out.at(0, B * T * H * D);
   const float* q = attention_input(qkv.at(0, B * T * (H + 2 * KV) * D), kSlotQkv);
   float* ov = attention_output(o, kSlotOut);
   const int64_t ld = (H + 2 * KV) * D;
-  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, rope.rotary(),
-                             compute() == DType::kBF16, saved.f32(), ov, B, T, H, KV, D);
+  kernels::attention_forward(q, q + H * D, q + (H + KV) * D, ld, ld, saved.f32(), ov, B, T, H, KV,
+                             D);
   finish_attention_output(o, ov);
 }
 
@@ -347,8 +346,7 @@ void CpuBackend::attention_backward(const View& qkv, const RopeTables& rope, con
   const View g = dqkv.at(0, B * T * ld);
   const float* q = attention_input(qkv.at(0, B * T * ld), kSlotQkv);
   float* dq = attention_output(g, kSlotOut);
-  kernels::attention_backward(q, q + k_at, q + v_at, ld, ld, rope.rotary(),
-                              compute() == DType::kBF16, saved.f32(),
+  kernels::attention_backward(q, q + k_at, q + v_at, ld, ld, rope.rotary(), saved.f32(),
                               attention_input(dout.at(0, B * T * H * D), kSlotDout), dq, dq + k_at,
                               dq + v_at, B, T, H, KV, D);
   finish_attention_output(g, dq);

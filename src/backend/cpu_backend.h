@@ -148,9 +148,8 @@ class CpuBackend final : public Backend {
                      int64_t heads, int64_t head_dim, int64_t row_stride) override;
 
   int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override;
-  void attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override;
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override;
   void attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
                           const View& out, const View& dout, const View& dqkv, int64_t B, int64_t T,
                           int64_t H, int64_t KV, int64_t D) override;

@@ -509,38 +509,39 @@ TEST(CpuBackendF32, Attention) {
     const bool bf16 = compute == DType::kBF16;
     const Floats in = bf16 ? rounded(qkv) : qkv, dr = bf16 ? rounded(dout) : dout;
     Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(N * lq), o2(N * lq);
-    be.attention_forward(fv(qkv), {}, fv(p), fv(o), B, T, H, KV, D);
-    k::attention_forward(in.data(), in.data() + lq, in.data() + lq + lk, ld, ld, {}, bf16,
-                         p2.data(), o2.data(), B, T, H, KV, D);
+    be.attention_forward(fv(qkv), fv(p), fv(o), B, T, H, KV, D);
+    k::attention_forward(in.data(), in.data() + lq, in.data() + lq + lk, ld, ld, p2.data(),
+                         o2.data(), B, T, H, KV, D);
     EXPECT_TRUE(same_bits(o, o2));
     EXPECT_TRUE(same_bits(p, p2));
     Floats d(N * ld), d2(N * ld);
     View no_out;  // backward does not read the forward's output
     be.attention_backward(fv(qkv), {}, fv(p), no_out, fv(dout), fv(d), B, T, H, KV, D);
-    k::attention_backward(in.data(), in.data() + lq, in.data() + lq + lk, ld, ld, {}, bf16,
-                          p.data(), dr.data(), d2.data(), d2.data() + lq, d2.data() + lq + lk, B, T,
-                          H, KV, D);
+    k::attention_backward(in.data(), in.data() + lq, in.data() + lq + lk, ld, ld, {}, p.data(),
+                          dr.data(), d2.data(), d2.data() + lq, d2.data() + lq + lk, B, T, H, KV,
+                          D);
     EXPECT_TRUE(same_bits(d, d2));
   }
   CpuBackend be(DType::kF32);
   Floats p(be.attention_saved_count(B, T, H)), o(N * lq), d(N * ld);
   View no_out;
-  EXPECT_ERROR(be.attention_forward(fv(qkv), {}, fv(p).at(0, p.size() - 1), fv(o), B, T, H, KV, D),
+  EXPECT_ERROR(be.attention_forward(fv(qkv), fv(p).at(0, p.size() - 1), fv(o), B, T, H, KV, D),
                "attention_forward", "saved holds");
-  EXPECT_ERROR(be.attention_forward(fv(qkv), {}, fv(p), fv(o), B, T, H, 3, D), "attention_forward",
+  EXPECT_ERROR(be.attention_forward(fv(qkv), fv(p), fv(o), B, T, H, 3, D), "attention_forward",
                "kv heads");
-  EXPECT_ERROR(be.attention_forward(fv(qkv).at(0, N * ld - 1), {}, fv(p), fv(o), B, T, H, KV, D),
+  EXPECT_ERROR(be.attention_forward(fv(qkv).at(0, N * ld - 1), fv(p), fv(o), B, T, H, KV, D),
                "attention_forward", "qkv holds");
   EXPECT_ERROR(be.attention_backward(fv(qkv), {}, fv(p), no_out, fv(dout), fv(d).at(0, N * ld - 1),
                                      B, T, H, KV, D),
                "attention_backward", "dqkv holds");
 }
 
-// Attention with rope tables is rope_forward on q and k, attention, and
-// rope_backward on dq and dk, to the bit (fp32): the same rotation of each
-// pair, done as the rows are read rather than by a pass of its own. Tables
-// shorter than the sequence, or not fp32, are refused.
-TEST(CpuBackendF32, AttentionRotatesAsItReads) {
+// Attention's backward with rope tables is the backward without them and
+// then rope_backward on dq and dk, to the bit (fp32): the same rotation of
+// each pair, done as the gradients are written rather than by a pass of its
+// own; dv is the same. Tables shorter than the sequence, or not fp32, are
+// refused.
+TEST(CpuBackendF32, AttentionRotatesGradientsBack) {
   const int64_t B = 2, T = 70, H = 4, KV = 2, D = 8;
   const int64_t N = B * T, lq = H * D, lk = KV * D, ld = lq + 2 * lk;
   CpuBackend be(DType::kF32);
@@ -548,23 +549,17 @@ TEST(CpuBackendF32, AttentionRotatesAsItReads) {
   be.rope_table(fv(cos), fv(sin), T, D, 10000.0);
   const RopeTables rope{fv(cos), fv(sin)};
   Floats qkv = randn(N * ld, 1), dout = randn(N * lq, 4);
-  Floats p(be.attention_saved_count(B, T, H)), p2(p.size()), o(N * lq), o2(N * lq);
-  Floats d(N * ld), d2(N * ld), rotated = qkv;
+  be.rope_forward(fv(qkv), fv(cos), fv(sin), B, T, H + KV, D, ld);
+  Floats p(be.attention_saved_count(B, T, H)), o(N * lq), d(N * ld), d2(N * ld);
   View no_out;
-  be.attention_forward(fv(qkv), rope, fv(p), fv(o), B, T, H, KV, D);
+  be.attention_forward(fv(qkv), fv(p), fv(o), B, T, H, KV, D);
   be.attention_backward(fv(qkv), rope, fv(p), no_out, fv(dout), fv(d), B, T, H, KV, D);
-  be.rope_forward(fv(rotated), fv(cos), fv(sin), B, T, H, D, ld);
-  be.rope_forward(fv(rotated).at(lq, N * ld - lq), fv(cos), fv(sin), B, T, KV, D, ld);
-  be.attention_forward(fv(rotated), {}, fv(p2), fv(o2), B, T, H, KV, D);
-  be.attention_backward(fv(rotated), {}, fv(p2), no_out, fv(dout), fv(d2), B, T, H, KV, D);
-  be.rope_backward(fv(d2), fv(cos), fv(sin), B, T, H, D, ld);
-  be.rope_backward(fv(d2).at(lq, N * ld - lq), fv(cos), fv(sin), B, T, KV, D, ld);
-  EXPECT_TRUE(same_bits(p, p2));
-  EXPECT_TRUE(same_bits(o, o2));
+  be.attention_backward(fv(qkv), {}, fv(p), no_out, fv(dout), fv(d2), B, T, H, KV, D);
+  be.rope_backward(fv(d2), fv(cos), fv(sin), B, T, H + KV, D, ld);
   EXPECT_TRUE(same_bits(d, d2));
-  EXPECT_ERROR(be.attention_forward(fv(qkv), {fv(cos).at(0, (T - 1) * D / 2), fv(sin)}, fv(p),
-                                    fv(o), B, T, H, KV, D),
-               "attention_forward", "rope cos holds");
+  EXPECT_ERROR(be.attention_backward(fv(qkv), {fv(cos).at(0, (T - 1) * D / 2), fv(sin)}, fv(p),
+                                     no_out, fv(dout), fv(d), B, T, H, KV, D),
+               "attention_backward", "rope cos holds");
   Halves half_sin(T * D / 2);
   EXPECT_ERROR(be.attention_backward(fv(qkv), {fv(cos), hv(half_sin)}, fv(p), no_out, fv(dout),
                                      fv(d), B, T, H, KV, D),
@@ -715,8 +710,8 @@ TEST(CpuBackendBf16, AttentionOnBf16ActivationsRoundsEachOutputOnce) {
     Floats p(be.attention_saved_count(B, T, H)), p2(p.size());
     Halves o(N * lq), d(N * ld);
     Floats ow(N * lq), dw(N * ld);
-    be.attention_forward(hv(qkv), rope, fv(p), hv(o), B, T, H, KV, D);
-    be.attention_forward(fv(qkvw), rope, fv(p2), fv(ow), B, T, H, KV, D);
+    be.attention_forward(hv(qkv), fv(p), hv(o), B, T, H, KV, D);
+    be.attention_forward(fv(qkvw), fv(p2), fv(ow), B, T, H, KV, D);
     EXPECT_TRUE(same_bits(p, p2));
     EXPECT_EQ(o, to_bf16(ow));
     be.attention_backward(hv(qkv), rope, fv(p), hv(o), hv(dout), hv(d), B, T, H, KV, D);
@@ -726,7 +721,7 @@ TEST(CpuBackendBf16, AttentionOnBf16ActivationsRoundsEachOutputOnce) {
   CpuBackend be(DType::kBF16);
   Floats qkv = randn(N * ld, 1), p(be.attention_saved_count(B, T, H));
   Halves o(N * lq);
-  EXPECT_ERROR(be.attention_forward(fv(qkv), {}, fv(p), hv(o), B, T, H, KV, D), "attention_forward",
+  EXPECT_ERROR(be.attention_forward(fv(qkv), fv(p), hv(o), B, T, H, KV, D), "attention_forward",
                "out is bf16, expected fp32 as qkv is");
 }
 

@@ -345,21 +345,19 @@ void CudaBackend::reads_rope(const RopeTables& rope, int64_t T, int64_t D, const
   reads(rope.sin.data, T * (D / 2) * 4, file, line);
 }
 
-void CudaBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                                    const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                    int64_t D) {
+void CudaBackend::attention_forward(const View& qkv, const View& saved, const View& out, int64_t B,
+                                    int64_t T, int64_t H, int64_t KV, int64_t D) {
   const char* kn = "attention_forward";
-  check.attention_forward(*this, qkv, rope, saved, out, B, T, H, KV, D);
+  check.attention_forward(*this, qkv, saved, out, B, T, H, KV, D);
   const int64_t e = dtype_bytes(qkv.dtype), ld = (H + 2 * KV) * D;
   const int64_t nqkv = B * T * ld, nq = B * T * H * D, ns = attention_saved_count(B, T, H);
   if (B * T == 0) return;
   reads(qkv.data, nqkv * e);
-  reads_rope(rope, T, D);
   writes(saved.data, ns * 4);
   writes(out.data, nq * e);
   typed(qkv, [&](auto* q) {
     using A = std::remove_const_t<std::remove_pointer_t<decltype(q)>>;
-    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, rope.rotary(), f32w(saved),
+    kc::attention_forward<A>(q, q + H * D, q + (H + KV) * D, ld, ld, f32w(saved),
                              static_cast<A*>(out.data), B, T, H, KV, D, compute() == DType::kBF16,
                              stream_);
   });

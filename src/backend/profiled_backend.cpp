@@ -35,7 +35,8 @@ int64_t rope_bytes(const View& x, const View& cos, int64_t B, int64_t T, int64_t
   return 2 * B * T * heads * head_dim * size(x) + 2 * T * (head_dim / 2) * size(cos);
 }
 
-// Bytes of the rope tables attention reads: T rows of D/2 cos and sin values.
+// Bytes of the rope tables attention's backward reads: T rows of D/2 cos and
+// sin values.
 int64_t rope_table_bytes(const RopeTables& rope, int64_t T, int64_t D) {
   return rope.cos.empty() ? 0 : T * D * 4;
 }
@@ -265,12 +266,10 @@ void ProfiledBackend::rope_backward(const View& dx, const View& cos, const View&
   timed("rope_backward", rope_bytes(dx, cos, B, T, heads, head_dim), [&] { inner_->rope_backward(dx, cos, sin, B, T, heads, head_dim, row_stride); });
 }
 
-void ProfiledBackend::attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                                        const View& out, int64_t B, int64_t T, int64_t H,
-                                        int64_t KV, int64_t D) {
-  timed("attention_forward",
-        B * T * ((2 * H + 2 * KV) * D * size(qkv) + H * 4) + rope_table_bytes(rope, T, D),
-        [&] { inner_->attention_forward(qkv, rope, saved, out, B, T, H, KV, D); });
+void ProfiledBackend::attention_forward(const View& qkv, const View& saved, const View& out,
+                                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  timed("attention_forward", B * T * ((2 * H + 2 * KV) * D * size(qkv) + H * 4),
+        [&] { inner_->attention_forward(qkv, saved, out, B, T, H, KV, D); });
 }
 
 void ProfiledBackend::attention_backward(const View& qkv, const RopeTables& rope, const View& saved,

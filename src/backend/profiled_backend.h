@@ -164,9 +164,8 @@ class ProfiledBackend final : public Backend {
   int64_t attention_saved_count(int64_t B, int64_t T, int64_t H) const override {
     return inner_->attention_saved_count(B, T, H);
   }
-  void attention_forward(const View& qkv, const RopeTables& rope, const View& saved,
-                         const View& out, int64_t B, int64_t T, int64_t H, int64_t KV,
-                         int64_t D) override;
+  void attention_forward(const View& qkv, const View& saved, const View& out, int64_t B, int64_t T,
+                         int64_t H, int64_t KV, int64_t D) override;
   void attention_backward(const View& qkv, const RopeTables& rope, const View& saved,
                           const View& out, const View& dout, const View& dqkv, int64_t B, int64_t T,
                           int64_t H, int64_t KV, int64_t D) override;

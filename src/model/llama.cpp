@@ -273,9 +273,12 @@ void Llama::Impl::forward_decoder(int u, const View& p) {
   // Attention block: h = x + o_proj(attn(rope(q), rope(k), v)) of input_layernorm(x).
   be.rmsnorm_forward(x, tensor(p, u, kInNorm), nn, inv1, N, hidden, eps);
   // One product over the adjacent q, k and v weights: each row of qkv is [q | k | v].
-  // Attention rotates q and k by RoPE as it reads them (and dq, dk back).
   be.linear_forward(nn, tensors(p, u, kQ, kV), qkv, N, hidden, qkv_dim, 0.0f);
-  be.attention_forward(qkv, rope(), a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
+  // q and k rotated in place, once, in one pass over their adjacent heads
+  // (attention's backward rotates dq and dk back itself; doc/gpu.md says why
+  // attention does not rotate them as it reads them).
+  be.rope_forward(qkv, rope_cos.view(), rope_sin.view(), B, T, heads + kv_heads, head_dim, qkv_dim);
+  be.attention_forward(qkv, a.saved.view(), attn, B, T, heads, kv_heads, head_dim);
   be.linear_forward_residual(attn, tensor(p, u, kO), x, h, N, hidden, hidden);
 
   // MLP block: out = h + down_proj(silu(gate_proj(n)) * up_proj(n)), n = post_attention_layernorm(h).
