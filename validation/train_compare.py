@@ -238,9 +238,10 @@ class RoundBf16(torch.autograd.Function):
 
 class RoundBf16Value(torch.autograd.Function):
     """A value amsp rounds to bf16 where it is made and uses at once, with no buffer
-    for its gradient: q and k after RoPE, which attention rotates as it reads them and
-    whose gradients it rotates back in fp32 before their one rounding (the q and k
-    projections' output gradients, rounded by Bf16Linear)."""
+    for its gradient: q and k after RoPE, which amsp rotates in place in its bf16 q|k|v
+    buffer (one rounding, no gradient buffer of their own: attention's backward rotates
+    their gradients back in fp32 before their one rounding, the q and k projections'
+    output gradients, rounded by Bf16Linear)."""
 
     @staticmethod
     def forward(ctx, x):

@@ -72,8 +72,9 @@ struct DeviceCounts {
   double tensor_flops = 0, simt_flops = 0;
 };
 
-// RoPE tables (rope_table's cos and sin, [max_T, head_dim/2]) for attention,
-// which rotates q and k as it reads them; empty views: no rotation.
+// RoPE tables (rope_table's cos and sin, [max_T, head_dim/2]) for attention's
+// backward, which rotates dq and dk back as it writes them; empty views: no
+// rotation.
 struct RopeTables {
   View cos, sin;
   // The tables as the kernels take them (checked by the backend's Checks first).

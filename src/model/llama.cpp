@@ -81,7 +81,7 @@ struct Llama::Impl {
   }
   // The first N rows of an activation buffer [rows, width].
   View rows(const Buffer& b, int64_t width) const { return b.at(0, N * width); }
-  // The tables attention rotates q and k by as it reads them.
+  // The tables attention's backward rotates dq and dk back by.
   backend::RopeTables rope() const { return {rope_cos.view(), rope_sin.view()}; }
   View tensor(const View& flat, int unit, int index) const {
     const TensorSpec& t = units[unit].tensors[index];
