@@ -506,7 +506,7 @@ class Run {
   std::optional<GuardReading> guard(int64_t step);
   void set_compression(const plan::Compression& c);
   StepMetrics train_step(int64_t step);
-  double busy_seconds(int64_t step, double engine_s, double engine_cpu_s);
+  double busy_seconds(int64_t step, double engine_s, double cpu0);
   void add_memory(StepMetrics& m);
   void write_profile(bool at_end);
   void validate(StepMetrics& m);
@@ -829,7 +829,7 @@ StepMetrics Run::train_step(int64_t step) {
   engine->reset_comm_stats();
   if (trace) trace->set_recording(step >= trace_first && step <= trace_last);
   const auto t0 = Clock::now();
-  const double cpu0 = compute_cpu_seconds();
+  const double cpu0 = o.device == Device::kCpu ? compute_cpu_seconds() : 0.0;
   const int64_t syncs0 = be->host_syncs() + engine->comm_host_waits();
   if (profile) profile->begin_step();
   const double lr = learning_rate(o.schedule, step - 1);
@@ -840,7 +840,7 @@ StepMetrics Run::train_step(int64_t step) {
   if (step == o.profiler_step) be->profiler_capture(true);
   const StepResult r = engine->step(step, o.grad_accum, grad_scale, lr, batch);
   if (step == o.profiler_step) be->profiler_capture(false);
-  const double busy_s = busy_seconds(step, seconds_since(t0), compute_cpu_seconds() - cpu0);
+  const double busy_s = busy_seconds(step, seconds_since(t0), cpu0);
   double sums[2] = {r.loss_sum, static_cast<double>(r.loss_count)};
   comm::allreduce_sum(sums, 2, MPI_COMM_WORLD, "training loss", o.comm_timeout_s);
   // Recording runs on between traced steps: a collective issued in one step (the next
@@ -887,11 +887,15 @@ StepMetrics Run::train_step(int64_t step) {
 // scheduler more than the rank; and the communication thread polls for as
 // long as the rank waits, so counting it (the process's CPU time) made the
 // fastest ranks look busy on a loaded machine (doc/cluster.md, "When a job
-// is slow"). AMSP_FAULT's
-// SLOW=F makes it F times longer, spinning, for the straggler tests.
-double Run::busy_seconds(int64_t step, double engine_s, double engine_cpu_s) {
-  double busy_s = engine_cpu_s;
-  if (o.device != Device::kCpu) {
+// is slow"); cpu0 is compute_cpu_seconds() at the step's start (a device run
+// does not read it: each read wakes the OpenMP team, host time the device
+// would sit idle for). AMSP_FAULT's SLOW=F makes it F times longer, spinning,
+// for the straggler tests.
+double Run::busy_seconds(int64_t step, double engine_s, double cpu0) {
+  double busy_s = 0;
+  if (o.device == Device::kCpu) {
+    busy_s = compute_cpu_seconds() - cpu0;
+  } else {
     double exposed_s = 0;
     for (const comm::Stats& g : engine->comm_stats())
       for (comm::Op op : comm::kAllOps) exposed_s += g[op].exposed_s;
