@@ -14,7 +14,9 @@ a warp's SM sub-partition issues one instruction a cycle, and an m16n8k16 produc
 its tensor core busy for a few cycles, so a loop far above a few instructions per product
 is bound by issue, not by the tensor cores. These are static counts of one loop body
 (both sides of a branch inside it count), a model, not a GPU's time; doc/gpu.md keeps
-the two apart.
+the two apart. Loops without products inside a product loop (a tile's copies, say) are
+listed by size: they run several times an iteration, which a static count cannot know;
+doc/gpu.md weighs them by their trip counts.
 
 Needs nvcc (the CUDA toolkit) and cuobjdump (the toolkit's, or `pip install
 nvidia-cuda-cuobjdump`). A benchmark: it never fails on a figure.
@@ -79,19 +81,29 @@ def instructions(body):
             re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)[^;]*);", body)]
 
 
-def product_loops(body):
-    """(instructions, Counter) for each loop holding HMMA (a backward branch's range), innermost first."""
-    code = instructions(body)
+def loops_of(code):
+    """[(first, last address, Counter of opcodes)] of every loop (a backward branch's range)."""
     loops = []
     for addr, op, text in code:
         target = re.search(r"0x([0-9a-f]+)", text) if op == "BRA" else None
-        if not target or int(target.group(1), 16) > addr:
-            continue
-        lo = int(target.group(1), 16)
-        ops = collections.Counter(o for a, o, _ in code if lo <= a <= addr)
+        if target and int(target.group(1), 16) <= addr:
+            lo = int(target.group(1), 16)
+            loops.append((lo, addr, collections.Counter(o for a, o, _ in code if lo <= a <= addr)))
+    return loops
+
+
+def product_loops(body):
+    """(instructions, Counter, [sizes of the loops without products inside it]) for each
+    loop holding HMMA, innermost first. The inner loops (copies, conversions) run several
+    times an iteration: the static count holds each body once."""
+    loops = loops_of(instructions(body))
+    out = []
+    for lo, hi, ops in loops:
         if ops["HMMA"]:
-            loops.append((sum(ops.values()), ops))
-    return sorted(loops, key=lambda x: x[0])
+            inner = [sum(o.values()) for l2, h2, o in loops
+                     if lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) and not o["HMMA"]]
+            out.append((sum(ops.values()), ops, inner))
+    return sorted(out, key=lambda x: x[0])
 
 
 def short(name):
@@ -108,9 +120,11 @@ def report(label, funcs, wanted):
         stack = re.search(r"STACK:(\d+)", usage)
         print(f"  {short(name)}: {reg.group(1) if reg else '?'} registers, "
               f"{stack.group(1) if stack else '?'} bytes of stack")
-        for n, ops in product_loops(body)[:2]:
+        for n, ops, inner in product_loops(body)[:2]:
             print(f"    loop: {n:5d} instructions, HMMA {ops['HMMA']:3d}, MUFU {ops['MUFU']:3d}, "
-                  f"LDSM {ops['LDSM']:3d}: {n / ops['HMMA']:5.1f} per product")
+                  f"LDSM {ops['LDSM']:3d}: {n / ops['HMMA']:5.1f} per product"
+                  + (f"; inside it, loops without products of {', '.join(map(str, inner))} "
+                     "instructions, counted once" if inner else ""))
 
 
 def main():
