@@ -38,7 +38,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The kernels of llama-1b's step at D = 64 with bf16 activations (the GPU check's shape).
-DEFAULT_KERNELS = ("forward_bf16_kernelINS1_5SizedILi64EtE", "dq_bf16_kernelINS1_5SizedILi64EtE",
+DEFAULT_KERNELS = ("forward_bf16_kernelINS2_3FwdILi64EtLi2E", "dq_bf16_kernelINS2_3FwdILi64EtLi2E",
                    "dkv_bf16_kernelINS2_3DkvILi64EtLi32ELi2E")
 
 

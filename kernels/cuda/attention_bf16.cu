@@ -43,19 +43,22 @@
 // 32 different banks: forward and dq hold a key and a value tile of 64 rows
 // (34 KiB at D = 128), dk/dv the block's keys and values and a query and
 // dout tile of 64 rows up to D = 64 and 16 rows above (37 KiB at D = 64, 43
-// at 128), all under the 48 KiB that needs no opt-in. The query rows'
-// fragments of forward and dq come from global memory straight into
-// registers (each element is read once).
+// at 128). The query rows' fragments of forward and dq come from global
+// memory straight into registers (each element is read once).
 // Forward and dq walk the key tiles in order, so with bf16 activations whose
 // rows start 16-byte aligned (the model's fused q|k|v always) the tiles come
-// by cp.async (mma.h), as in FlashAttention-2: up to D = 80 two tiles in
-// shared memory (36 KiB at D = 64), the next one copied while the warps
+// by cp.async (mma.h), as in FlashAttention-2: two tiles in shared memory
+// (36 KiB at D = 64, 68 at D = 128), the next one copied while the warps
 // multiply this one.
 // dk/dv walks its query tiles the same way (q, dout, lse and delta): two
-// tiles of 32 rows beside the keys and values up to D = 80 (37 KiB at
-// D = 64), of 16 rows at D = 96 and 112; at D = 128 two do not fit in 48
-// KiB. The rows are summed in the same order either way, so the bits are the
+// tiles of 32 rows beside the keys and values (37 KiB at D = 64, 69 at 128).
+// The rows are summed in the same order either way, so the bits are the
 // staged path's.
+// Past 48 KiB (D > 80) a kernel must opt in to its shared memory, which
+// every GPU these kernels are built for allows (an A100 163 KiB, an H100
+// 227), as FlashAttention-2 does; where a device allows less, forward and dq
+// take one key tile at a time (the next copied once the warps are done with
+// this one) and dk/dv stages tiles of 16 query rows through registers.
 // Otherwise (fp32 activations rounded as staged, unaligned rows) each tile
 // is staged through registers after the warps are done with the last.
 // doc/gpu.md has their times on a GPU.
@@ -82,8 +85,9 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16;                // rows a warp owns
 constexpr int kTile = kWarps * kRows;    // rows a block owns
 constexpr int kKeys = 64;                // keys per streamed tile (forward, dq)
-// Query rows per streamed tile of dk/dv: as many as fit beside the keys and
-// values in 48 KiB of shared memory, so that a sync serves more products.
+// Query rows per tile of dk/dv staged through registers: as many as fit
+// beside the keys and values in 48 KiB of shared memory, so that a sync
+// serves more products.
 template <int kD>
 constexpr int kQueries = kD <= 64 ? 64 : 16;
 constexpr int kPad = 8;                  // bf16s after each row in shared memory
@@ -95,7 +99,8 @@ template <int kD>
 constexpr int kMinBlocks = kD <= 64 ? 4 : 1;
 constexpr int kMaxD = 128;
 
-// A kernel's variant: Sized<head dim, activation dtype> (simt.h).
+// A kernel's variant: Fwd<head dim, activation dtype, key tiles> (a
+// Sized<head dim, activation dtype>, simt.h), or Dkv<...> for dk/dv.
 template <typename V>
 using Act = typename V::Type;
 
@@ -270,15 +275,33 @@ AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
                    q0 + threadIdx.x / 32 * kRows, (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1};
 }
 
-// Key tiles in shared memory per block of forward and dq: two when they are
-// copied asynchronously (bf16 activations) and two fit in the 48 KiB that
-// need no opt-in (D <= 80), so that the next tile is copied while this one is
-// multiplied; else one.
-template <typename V>
-constexpr int kStages = std::is_same_v<Act<V>, uint16_t> &&
-                                2 * sizeof(KeyValueTiles<V::value>) <= 48 * 1024
-                            ? 2
-                            : 1;
+// Shared memory a block may have: 48 KiB without asking, up to kSharedBudget
+// where the kernel opts in and the device allows it (shared_fits): two tiles
+// of keys and values at D = 128 (68 KiB), or dk/dv's two query tiles beside
+// its keys and values (69 KiB), with two blocks still sharing an H100's or an
+// A100's SM (228 and 164 KiB).
+constexpr size_t kSharedNoOptIn = 48 * 1024;
+constexpr size_t kSharedBudget = 100 * 1024;
+
+// Forward's and dq's variants: head dim, activation dtype, and key tiles in
+// shared memory: two (the next copied by cp.async while the warps multiply
+// this one) or one.
+template <int kD, typename A, int kS>
+struct Fwd : Sized<kD, A> {
+  static constexpr int stages = kS;
+};
+
+// Whether two key tiles are a variant for D and A: bf16 activations (cp.async)
+// within the budget.
+template <int kD, typename A>
+constexpr bool kTwoKeyTiles = std::is_same_v<A, uint16_t> &&
+                              2 * sizeof(KeyValueTiles<kD>) <= kSharedBudget;
+
+// The variants' shared memory, one buffer of 16-byte words that each kernel
+// takes as its tiles (dynamic, so that a launch may have more than 48 KiB).
+struct alignas(16) Shared16 {
+  uint32_t w[4];
+};
 
 // Keys [k0, k0 + kKeys) of the head into the shared tiles, once every warp is
 // done with the previous ones, through registers (fp32 activations rounded,
@@ -406,14 +429,16 @@ AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], fl
     }
 }
 
-// Forward: block (b*H + h, query tile).
-template <typename V>  // Sized<head dim, activation dtype>
+// Forward: block (b*H + h, query tile); V::stages key tiles in its
+// V::stages * sizeof(KeyValueTiles) bytes of dynamic shared memory.
+template <typename V>  // Fwd<head dim, activation dtype, key tiles>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
     attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
                                   Act<V>* out, Shape sh) {
   constexpr int kD = V::value;
   constexpr int kLd = kD + kPad;
-  __shared__ KeyValueTiles<kD> tiles[kStages<V>];
+  AMSP_DYNAMIC_SHARED(Shared16, smem);
+  auto& tiles = *reinterpret_cast<KeyValueTiles<kD>(*)[V::stages]>(smem);
   const QueryRows rows = query_rows(kD, sh);
   const Head& hd = rows.hd;
   const int64_t row0 = rows.row0;
@@ -452,14 +477,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
 
 // dq = scale * sum over keys of dS k, dS = P (dP - delta), P = exp(score -
 // lse), dP = dout . v. Block (b*H + h, query tile); keys in sub-tiles of 16,
-// each one A fragment of dS.
-template <typename V>  // Sized<head dim, activation dtype>
+// each one A fragment of dS. Shared memory as forward's.
+template <typename V>  // Fwd<head dim, activation dtype, key tiles>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, const float* lse,
                              const Act<V>* dout, const float* delta, Act<V>* dq, Shape sh) {
   constexpr int kD = V::value;
   constexpr int kLd = kD + kPad;
-  __shared__ KeyValueTiles<kD> tiles[kStages<V>];
+  AMSP_DYNAMIC_SHARED(Shared16, smem);
+  auto& tiles = *reinterpret_cast<KeyValueTiles<kD>(*)[V::stages]>(smem);
   const QueryRows rows = query_rows(kD, sh);
   const Head& hd = rows.hd;
   const int64_t row0 = rows.row0;
@@ -534,11 +560,11 @@ struct alignas(16) DkvTiles {
 };
 
 // Query rows per tile of the cp.async variant: the most of 32 or 16 with
-// which two tiles fit beside the keys and values in 48 KiB (0: none does).
+// which two tiles fit beside the keys and values in the budget (0: none does).
 template <int kD>
-constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2>>) <= 48 * 1024   ? 32
-                              : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2>>) <= 48 * 1024 ? 16
-                                                                                    : 0;
+constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2>>) <= kSharedBudget   ? 32
+                              : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2>>) <= kSharedBudget ? 16
+                                                                                        : 0;
 
 // The tile's lse times log2(e) and delta (rows at or past T are 0), by plain
 // loads.
@@ -690,7 +716,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<W::D>)
                               const typename W::Type* dout, const float* delta,
                               DkvOut<typename W::Type> o, Shape sh) {
   constexpr int kD = W::D, kR = W::rows, kLd = kD + kPad;
-  __shared__ DkvTiles<W> tiles;
+  AMSP_DYNAMIC_SHARED(Shared16, smem);  // sizeof(DkvTiles<W>) bytes
+  DkvTiles<W>& tiles = *reinterpret_cast<DkvTiles<W>*>(smem);
   const int64_t b = blockIdx.x / sh.H, h = blockIdx.x % sh.H, kvh = h / sh.group;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
@@ -809,6 +836,42 @@ bool async_queries(const A* q, const A* dout, int64_t ldq) {
 
 unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
 
+// Whether a block may have `bytes` of shared memory on the current device:
+// any launch up to 48 KiB, more where the device allows a kernel to opt in
+// (an A100 163 KiB, an H100 227, a T4 64).
+bool shared_fits(size_t bytes) {
+  if (bytes <= kSharedNoOptIn) return true;
+  int device = 0, most = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();  // then the variants that need no opt-in
+    return false;
+  }
+  return bytes <= static_cast<size_t>(most);
+}
+
+// `bytes` of dynamic shared memory for a launch of `kernel`, which opts in
+// first where they are more than 48 KiB (a failure shows at the launch).
+template <typename Kernel>
+size_t shared_for(Kernel kernel, size_t bytes) {
+  if (bytes > kSharedNoOptIn)
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(bytes));
+  return bytes;
+}
+
+// Forward's or dq's variant for D and A: two key tiles where the activations
+// come by cp.async and two tiles fit, else one.
+template <int kD, typename A, typename Launch>
+void with_key_tiles(bool async_kv, Launch launch) {
+  static_assert(sizeof(KeyValueTiles<kD>) <= kSharedNoOptIn, "one tile needs no opt-in");
+  if constexpr (kTwoKeyTiles<kD, A>) {
+    if (async_kv && shared_fits(2 * sizeof(KeyValueTiles<kD>))) return launch(Fwd<kD, A, 2>{});
+  }
+  launch(Fwd<kD, A, 1>{});
+}
+
 }  // namespace
 
 bool attention_tc_supports(int64_t D) { return D >= 16 && D <= kMaxD && D % 16 == 0; }
@@ -830,10 +893,14 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
   sh.async_kv = async_keys(k, v, ldkv);
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
-    using V = Sized<decltype(d)::value, A>;
-    AMSP_LAUNCH(attention_forward_bf16_kernel<V>,
-                dim3(static_cast<unsigned>(B * H), tiles_of(T)), kThreads, 0, s)(q, k, v, lse, out,
-                                                                                 sh);
+    with_key_tiles<decltype(d)::value, A>(sh.async_kv, [&](auto variant) {
+      using V = decltype(variant);
+      const size_t bytes =
+          shared_for(attention_forward_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<V::value>));
+      AMSP_LAUNCH(attention_forward_bf16_kernel<V>, dim3(static_cast<unsigned>(B * H), tiles_of(T)),
+                  kThreads, bytes, s)
+      (q, k, v, lse, out, sh);
+    });
   });
 }
 
@@ -856,21 +923,27 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
                                           KV * D, share};
   AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
-    using V = Sized<decltype(d)::value, A>;
-    const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
-    AMSP_LAUNCH(attention_dq_bf16_kernel<V>, grid, kThreads, 0, s)(q, k, v, lse, dout, delta,
-                                                                       dq, sh);
     constexpr int kD = decltype(d)::value;
+    const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
+    with_key_tiles<kD, A>(sh.async_kv, [&](auto variant) {
+      using V = decltype(variant);
+      const size_t bytes =
+          shared_for(attention_dq_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<kD>));
+      AMSP_LAUNCH(attention_dq_bf16_kernel<V>, grid, kThreads, bytes, s)
+      (q, k, v, lse, dout, delta, dq, sh);
+    });
     if constexpr (std::is_same_v<A, bf16> && kAsyncQueries < kD >> 0) {
-      if (async_queries(q, dout, ldq)) {
-        using W = Dkv<kD, A, kAsyncQueries<kD>, 2>;
-        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, 0, s)
+      using W = Dkv<kD, A, kAsyncQueries<kD>, 2>;
+      if (async_queries(q, dout, ldq) && shared_fits(sizeof(DkvTiles<W>))) {
+        const size_t bytes = shared_for(attention_dkv_bf16_kernel<W>, sizeof(DkvTiles<W>));
+        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, bytes, s)
         (q, k, v, lse, dout, delta, o, sh);
         return;
       }
     }
     using W = Dkv<kD, A, kQueries<kD>, 1>;
-    AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, 0, s)
+    static_assert(sizeof(DkvTiles<W>) <= kSharedNoOptIn, "the fallback needs no opt-in");
+    AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, sizeof(DkvTiles<W>), s)
     (q, k, v, lse, dout, delta, o, sh);
   });
   if (H != KV) {

@@ -543,6 +543,31 @@ TEST_P(CudaAttentionBf16Rope, UnalignedRowsGiveTheSameBits) {
   EXPECT_EQ(aligned.dv, shifted.dv);
 }
 
+// Where the device lets a kernel opt in to no more than 48 KiB of shared
+// memory (a GPU smaller than an A100), forward and dq take one key tile at a
+// time and dk/dv stages its query tiles through registers, above D = 80
+// (attention_bf16.cu: shared_fits): the same rows summed in the same order, so
+// the same bits as the two-tile variants the emulated A100 runs.
+TEST(CudaAttentionSharedMemory, OneTileAtATimeOnASmallerGpuGivesTheSameBits) {
+  for (const Shape& s :
+       {Shape{1, 130, 4, 2, 128}, Shape{2, 50, 2, 1, 96}, Shape{1, 65, 2, 1, 112}}) {
+    const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
+    const Tables t = tables_for(s);
+    const auto q = randn(nq, 1, 2.0f), k = randn(nk, 2, 1.0f), v = randn(nk, 3, 1.0f),
+               dout = randn(nq, 4, 1.0f);
+    const Outputs two = run_fused<bf16>(q, k, v, dout, s, true, t.rotary());
+    amsp::emu::simt::set_device_shared_optin(48 * 1024);
+    const Outputs one = run_fused<bf16>(q, k, v, dout, s, true, t.rotary());
+    amsp::emu::simt::set_device_shared_optin(0);
+    SCOPED_TRACE("T " + std::to_string(s.T) + ", D " + std::to_string(s.D));
+    EXPECT_EQ(two.lse, one.lse);
+    EXPECT_EQ(two.out, one.out);
+    EXPECT_EQ(two.dq, one.dq);
+    EXPECT_EQ(two.dk, one.dk);
+    EXPECT_EQ(two.dv, one.dv);
+  }
+}
+
 const Shape kBf16RopeShapes[] = {
     {1, 37, 4, 2, 8},   {2, 50, 2, 2, 24},  {3, 1, 8, 2, 64},   {1, 70, 8, 2, 32},
     {1, 130, 4, 2, 64}, {2, 50, 2, 1, 128}, {1, 200, 2, 2, 48}, {1, 65, 2, 1, 80},

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "kernels/cuda/emu/hb.h"
+#include "kernels/cuda/emu/simt.h"
 
 using amsp::emu::Clock;
 
@@ -339,6 +340,20 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->major = 8;  // what the kernels are compiled for first (sm_80)
   prop->minor = 0;
   prop->clockRate = 1000000;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  *value = static_cast<int>(amsp::emu::simt::device_shared_optin());
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      !amsp::emu::simt::set_max_dynamic_shared(func, static_cast<size_t>(value)))
+    return fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
 

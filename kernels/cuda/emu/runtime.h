@@ -46,6 +46,11 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+// The one function attribute and the one device attribute amsp sets or asks
+// (CUDA's values).
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+
 struct cudaDeviceProp {
   char name[256];
   size_t totalGlobalMem;
@@ -62,6 +67,15 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+// A kernel's opt-in to more dynamic shared memory than the 48 KiB any launch
+// may have (emu/simt.h checks each launch against it); CUDA's template overload
+// takes the kernel itself.
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+template <typename... Params>
+cudaError_t cudaFuncSetAttribute(void (*func)(Params...), cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
 cudaError_t cudaDeviceSynchronize();
 // The profiler's capture range (cuda_profiler_api.h): counted, nothing else;
 // a second start before a stop has no effect, as on a GPU.

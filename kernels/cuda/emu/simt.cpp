@@ -6,6 +6,7 @@
 #include "kernels/cuda/emu/simt.h"
 
 #include <algorithm>
+#include <atomic>
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cmath>
@@ -14,6 +15,8 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -218,7 +221,29 @@ void schedule(Block& b) {
   }
 }
 
-void check_config(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+// Each function's opt-in to more dynamic shared memory than kMaxDynamicShared.
+struct SharedOptins {
+  std::mutex mu;
+  std::map<const void*, size_t> bytes;
+};
+SharedOptins& shared_optins() {
+  static SharedOptins o;
+  return o;
+}
+
+size_t max_dynamic_shared(const void* function) {
+  SharedOptins& o = shared_optins();
+  std::lock_guard lock(o.mu);
+  const auto it = o.bytes.find(function);
+  // Never past what the device allows now (a test may play a smaller GPU after
+  // a kernel opted in on the default one).
+  return it == o.bytes.end()
+             ? kMaxDynamicShared
+             : std::max(kMaxDynamicShared, std::min(it->second, device_shared_optin()));
+}
+
+void check_config(const char* kernel, const void* function, dim3 grid, dim3 block,
+                  size_t shared_bytes) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   std::string bad;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
@@ -228,9 +253,12 @@ void check_config(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes
   else if (threads == 0 || threads > kMaxBlockThreads || block.z > 64)
     bad = "block (" + std::to_string(block.x) + "," + std::to_string(block.y) + "," +
           std::to_string(block.z) + ") has no threads or more than CUDA allows";
-  else if (shared_bytes > kMaxDynamicShared)
+  else if (shared_bytes > max_dynamic_shared(function))
     bad = std::to_string(shared_bytes) + " bytes of dynamic shared memory, more than " +
-          std::to_string(kMaxDynamicShared);
+          std::to_string(max_dynamic_shared(function)) +
+          (shared_bytes <= device_shared_optin()
+               ? " (cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize allows more)"
+               : "");
   if (!bad.empty())
     throw std::runtime_error(std::string("SIMT emulation: kernel ") + kernel + ": " + bad);
 }
@@ -257,12 +285,30 @@ struct ActiveGuard {
 
 }  // namespace
 
-void run(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, KernelBody body,
-         const void* context) {
+namespace {
+std::atomic<size_t> g_device_shared_optin{kMaxDynamicSharedOptin};
+}  // namespace
+
+size_t device_shared_optin() { return g_device_shared_optin.load(); }
+
+void set_device_shared_optin(size_t bytes) {
+  g_device_shared_optin = bytes == 0 ? kMaxDynamicSharedOptin : std::max(bytes, kMaxDynamicShared);
+}
+
+bool set_max_dynamic_shared(const void* function, size_t bytes) {
+  if (bytes > device_shared_optin()) return false;
+  SharedOptins& o = shared_optins();
+  std::lock_guard lock(o.mu);
+  o.bytes[function] = bytes;
+  return true;
+}
+
+void run(const char* kernel, const void* function, dim3 grid, dim3 block, size_t shared_bytes,
+         KernelBody body, const void* context) {
   if (active != nullptr)
     throw std::runtime_error(std::string("SIMT emulation: kernel ") + kernel +
                              " launched from inside kernel " + active->kernel);
-  check_config(kernel, grid, block, shared_bytes);
+  check_config(kernel, function, grid, block, shared_bytes);
   amsp::emu::count_launch();
   if (amsp::emu::dry_run()) return;
   std::vector<std::max_align_t> shared((shared_bytes + sizeof(std::max_align_t) - 1) /

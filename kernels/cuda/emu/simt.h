@@ -26,7 +26,9 @@
 // it is not cleared between blocks). Dynamic shared memory (AMSP_DYNAMIC_SHARED)
 // is a per-launch buffer of shared_bytes, filled with 0xff bytes (NaN as float)
 // before each block so that reads of unwritten shared memory show. At most
-// kMaxDynamicShared bytes, CUDA's limit without an opt-in attribute.
+// kMaxDynamicShared bytes, CUDA's limit without an opt-in attribute, unless the
+// kernel opted in to more (cudaFuncSetAttribute's
+// cudaFuncAttributeMaxDynamicSharedMemorySize, up to kMaxDynamicSharedOptin).
 //
 // What it does not emulate: blocks running at the same time (a block spinning
 // on another block's flag hangs here), memory ordering and races between
@@ -60,6 +62,10 @@ constexpr int warpSize = 32;
 namespace amsp::emu::simt {
 
 constexpr size_t kMaxDynamicShared = 48 * 1024;
+// The most a kernel may opt in to on the emulated device by default: an
+// A100's 163 KiB (sm_80, what the kernels are compiled for first; an H100
+// allows 227, a T4 64).
+constexpr size_t kMaxDynamicSharedOptin = 163 * 1024;
 constexpr int kMaxBlockThreads = 1024;
 
 // What a fiber needs to answer threadIdx and friends; `current` points at the
@@ -76,10 +82,21 @@ inline thread_local const ThreadInfo* current = nullptr;
 // The type-erased body of a launch: calls the kernel with the launch's arguments.
 using KernelBody = void (*)(const void* context);
 
-// Runs a whole launch (simt.cpp); throws std::runtime_error naming `kernel` on
-// a bad configuration, a barrier divergence or a bad warp op.
-void run(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, KernelBody body,
-         const void* context);
+// Runs a whole launch of `function` (simt.cpp); throws std::runtime_error
+// naming `kernel` on a bad configuration (more dynamic shared memory than the
+// function may have), a barrier divergence or a bad warp op.
+void run(const char* kernel, const void* function, dim3 grid, dim3 block, size_t shared_bytes,
+         KernelBody body, const void* context);
+
+// The dynamic shared memory `function` may have from now on (the emulated
+// cudaFuncSetAttribute); false, and nothing changed, past device_shared_optin().
+bool set_max_dynamic_shared(const void* function, size_t bytes);
+
+// What the emulated device lets a kernel opt in to
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin): kMaxDynamicSharedOptin, or what a
+// test set to play a smaller GPU (at least 48 KiB; 0 restores the default).
+size_t device_shared_optin();
+void set_device_shared_optin(size_t bytes);
 
 // Barriers and the warp exchange behind the CUDA names below.
 void sync_block();
@@ -182,7 +199,8 @@ class Launch<void (*)(Params...)> {
       std::tuple<std::decay_t<Params>...> args;
     };
     const Context context{kernel_, std::tuple<std::decay_t<Params>...>(args...)};
-    run(name_, grid_, block_, shared_bytes_, &call<Context>, &context);
+    run(name_, reinterpret_cast<const void*>(kernel_), grid_, block_, shared_bytes_, &call<Context>,
+        &context);
   }
 
  private:

@@ -94,6 +94,40 @@ TEST(Simt, DynamicSharedMemoryAndPartialLastBlock) {
   for (int i = n; i < n + 8; ++i) EXPECT_EQ(y[i], 12345) << "written past n at " << i;
 }
 
+// More than 48 KiB of dynamic shared memory only after the kernel opts in
+// (cudaFuncSetAttribute), as on a GPU, and never past what the device allows
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin); the opt-in belongs to the kernel.
+AMSP_DEVICE_INLINE void reverse_past_48k(int* y) {
+  AMSP_DYNAMIC_SHARED(int, buf);
+  buf[threadIdx.x + 15000] = static_cast<int>(threadIdx.x);  // past 48 KiB
+  __syncthreads();
+  y[threadIdx.x] = buf[31 - threadIdx.x + 15000];
+}
+__global__ void big_shared_kernel(int* y) { reverse_past_48k(y); }
+__global__ void other_big_shared_kernel(int* y) { reverse_past_48k(y); }
+
+TEST(Simt, SharedMemoryPast48KiBNeedsTheKernelsOptIn) {
+  const size_t bytes = 64 * 1024;
+  std::vector<int> y(32, -1);
+  EXPECT_THROW(AMSP_LAUNCH(big_shared_kernel, 1, 32, bytes, nullptr)(y.data()), std::runtime_error);
+  int most = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
+  EXPECT_EQ(most, 163 * 1024);
+  EXPECT_EQ(cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 most + 1),
+            cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(bytes)),
+            cudaSuccess);
+  AMSP_LAUNCH(big_shared_kernel, 1, 32, bytes, nullptr)(y.data());
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(y[i], 31 - i) << i;
+  EXPECT_THROW(AMSP_LAUNCH(big_shared_kernel, 1, 32, bytes + 4, nullptr)(y.data()),
+               std::runtime_error);
+  EXPECT_THROW(AMSP_LAUNCH(other_big_shared_kernel, 1, 32, bytes, nullptr)(y.data()),
+               std::runtime_error);
+}
+
 // Reads its lower neighbour's shared slot with no barrier between the write
 // and the read: a race. Resumed in forward order every neighbour has written
 // already, so it passes by luck; in reverse order it reads unwritten memory.
