@@ -307,6 +307,92 @@ def side_by_side(c):
                  f"(tolerance {FIRST_LOSS_TOLERANCE:.1e}; attention: {res['attention']}); {why}")
 
 
+# ---- 5. attention at D = 128, amsp beside PyTorch -----------------------------------------------
+# The side-by-side's llama-1b has heads of 64; every LLaMA preset from 7B up has 128, where
+# amsp's attention takes other tile variants (doc/gpu.md, "The kernels"). Two decoder layers
+# of llama-7b, each side's attention kernels timed by its own profile.
+
+BACKWARD_KERNEL = re.compile(r"bwd|backward|bprop|dgrad", re.IGNORECASE)
+
+
+def attention_tflops(ms, products, m):
+    """TFLOP/s of `products` causal products (2 D each per (query, key) pair) in ms a step."""
+    pairs = m["seq"] * (m["seq"] + 1) / 2
+    flops = products * 2.0 * m["head_dim"] * pairs * m["batch"] * m["heads"] * m["layers"]
+    return flops / (ms / 1e3) / 1e12 if ms else 0.0
+
+
+def attention_128(c):
+    print("== 5. attention at D = 128: two layers of llama-7b, amsp beside PyTorch", flush=True)
+    if c.left() < 150:
+        c.record("attention", "D = 128", "not run", "time budget")
+        return
+    base, seq, batch, steps, torch_device = (("tiny", 32, 2, 3, "cpu") if c.a.emulated else
+                                             ("llama-7b", 2048, 2, 4, "cuda"))
+    work = os.path.join(c.a.out, "attention")
+    os.makedirs(work, exist_ok=True)
+    cfg = json.load(open(preset(c.a, base)))
+    cfg["num_hidden_layers"] = 2
+    if c.a.emulated:  # one head of 128 over tiny's width
+        cfg["num_attention_heads"] = cfg["num_key_value_heads"] = 1
+    config = os.path.join(work, "config.json")
+    json.dump(cfg, open(config, "w"), indent=2)
+    m = {"preset": base, "layers": 2, "seq": seq, "batch": batch, "steps": steps,
+         "heads": cfg["num_attention_heads"], "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"]}
+    case = f"D = {m['head_dim']}, {base}'s layers"
+    hf = os.path.join(work, "init")
+    _, note = torch_run(c, ["init", "--config", config, "--out", hf], "attention-torch-init", 300)
+    if not os.path.exists(os.path.join(hf, "config.json")):
+        c.record("attention", f"{case}, initial weights", "FAIL", note)
+        return
+    order, profile = os.path.join(work, "order.jsonl"), os.path.join(work, "kernel-profile.json")
+    runs, note, _ = train(c, "attention", 1, "ddp", ["--init-from", hf], steps, batch, seq,
+                          extra=OPT_FLAGS + ["--data-order", order, "--kernel-profile", profile])
+    if runs is None or not os.path.exists(profile):
+        c.record("attention", f"{case}, amsp", "FAIL", note)
+        return
+    rows = {r["name"]: r["ms_per_step"] for r in json.load(open(profile)).get("kernels", [])}
+    m["amsp"] = {"forward_ms": rows.get("attention_forward", 0.0), "backward_ms": rows.get("attention_backward", 0.0)}
+    c.record("attention", f"{case}, amsp", "ok", f"forward {m['amsp']['forward_ms']:.2f} ms, backward "
+             f"{m['amsp']['backward_ms']:.2f} ms a step; {note}")
+    res, why = torch_run(c, ["train", "--model", hf, "--data", c.a.data, "--order", order, "--steps", str(steps),
+                             "--mode", "eager", "--device", torch_device, "--profile-steps", "2"],
+                         "attention-torch", max(60, min(600, c.left() - 20)))
+    p = (res or {}).get("profile")
+    att = [r for r in (p or {}).get("kernels", []) if ATTENTION.search(r["name"])]
+    if not p:
+        c.record("attention", f"{case}, PyTorch eager", "FAIL", why if res is None else "no profile")
+    elif not att:
+        c.record("attention", f"{case}, PyTorch eager", "not run",
+                 f"none of its 25 largest {'kernels' if p['activity'] == 'cuda' else 'operators'} is named like "
+                 f"attention; {why}")
+    else:
+        m["torch"] = {"attention": res.get("attention"),
+                      "forward_ms": sum(r["ms_per_step"] for r in att if not BACKWARD_KERNEL.search(r["name"])),
+                      "backward_ms": sum(r["ms_per_step"] for r in att if BACKWARD_KERNEL.search(r["name"])),
+                      "kernels": [r["name"] for r in att]}
+        c.record("attention", f"{case}, PyTorch eager", "ok", f"forward {m['torch']['forward_ms']:.2f} ms, backward "
+                 f"{m['torch']['backward_ms']:.2f} ms a step ({len(att)} of its 25 largest kernels named like "
+                 f"attention); {why}")
+    c.figures["attention_128"] = m
+
+
+def attention_table(f):
+    m = f.get("attention_128")
+    if not m or "amsp" not in m:
+        return []
+    lines = ["", f"Attention at D = {m['head_dim']} ({m['layers']} decoder layers of {m['preset']}, seq {m['seq']}, "
+                 f"batch {m['batch']}; each side's own profile, ms a step; TFLOP/s of the causal products as "
+                 "models count them, 2 forward and 5 backward, whatever each side computes):", "",
+             "| system | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s |", "|---|---|---|---|---|"]
+    for key, label in (("amsp", "amsp"), ("torch", "PyTorch eager, its kernels named like attention")):
+        r = m.get(key)
+        if r:
+            lines.append(f"| {label} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} | "
+                         f"{attention_tflops(r['forward_ms'], 2, m):.0f} | {attention_tflops(r['backward_ms'], 5, m):.0f} |")
+    return lines
+
+
 # ---- counters: one step under Nsight Compute --------------------------------------------------
 # The kernel profile's events time each backend call, several kernels and any wait for the
 # host together; ncu times every kernel of one step alone and reads its counters: DRAM
@@ -613,6 +699,7 @@ def report(c):
                          f"| {row.get('gb_per_s', 0):.0f} | {of} |")
         lines += idle_table(k)
     lines += torch_kernel_table(f)
+    lines += attention_table(f)
     n = f.get("counters")
     if n:
         lines += ["", f"amsp's kernels in one step under Nsight Compute (llama-1b, seq 2048, batch 2, step 3; "
@@ -673,7 +760,8 @@ def main():
 
 
 # The parts after the preflight, in the order they run (the GPU's first).
-PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "counters": counters,
+PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "attention": attention_128,
+         "counters": counters,
          "sanitizers": sanitizers, "gpus": several_gpus, "cores": cores}
 
 

@@ -9,7 +9,9 @@
 #   2. the GPU against the CPU: the losses of a few steps of the small preset;
 #   3. one-GPU training of the ~1B preset (seq 2048, bf16): tokens/s, MFU, peak
 #      memory, time per kernel; and the same model, weights and batches in
-#      PyTorch (eager with SDPA, and torch.compile) in the same run;
+#      PyTorch (eager with SDPA, and torch.compile) in the same run; attention at
+#      D = 128 (two decoder layers of llama-7b), amsp's kernels and PyTorch's, each
+#      timed by its own profile; and one step under Nsight Compute (counters);
 #   4. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
 #      small backend-check, where the tool is present;
 #   5. with two GPUs or more: ddp, zero3 and a mixed plan against one GPU;
@@ -22,7 +24,7 @@
 #   check.sh --bundle ARCHIVE --out DIR [--quick] [--parts LIST]
 #   check.sh --bundle-dir DIR --out DIR [--quick] [--parts LIST]   (an unpacked bundle; its
 #       bin/check.sh runs this)
-#   --parts LIST: some of kernels,losses,side-by-side,sanitizers,gpus,cores (all by
+#   --parts LIST: some of kernels,losses,side-by-side,attention,counters,sanitizers,gpus,cores (all by
 #       default; the preflight always runs), e.g. a second call for what the first
 #       had no time for
 #   check.sh --emulated [--build DIR] --out DIR     (no GPU: the CPU emulation of

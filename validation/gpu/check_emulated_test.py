@@ -6,7 +6,7 @@
 1. The whole check on the CPU emulation of CUDA must exit 0 and write gpu-check.md and
    gpu-check.json in which every part that can run without a GPU is "ok" (preflight,
    both kernel checks, the losses against the CPU, amsp beside PyTorch with the first
-   losses compared, zero3 on two emulated GPUs), the sanitizers and the counters
+   losses compared, attention at D = 128 timed, zero3 on two emulated GPUs), the sanitizers and the counters
    (ncu) are "not run" with their reason, and the figures hold a per-kernel table whose call counts follow the
    model and the device's idle time between calls by pair; the CPU ranks' benchmarks (hidden communication, checkpoint stall) ran at
    tiny sizes and their tables are in the report.
@@ -114,6 +114,14 @@ expect("| enqueueing forwards |" in md and h.get("steps", 0) >= 1 and 0 < h.get(
        and 0 < h.get("backward", 0) and h.get("forward", 0) + h.get("backward", 0) <= h.get("whole", 0),
        f"the host's time per step by phase, from the side-by-side run's trace (got {h})")
 
+# Attention at D = 128 (llama-7b's head dim; tiny's width as one head here): amsp's two
+# kernels timed from its own profile, in the report beside PyTorch's.
+att = figures.get("attention_128") or {}
+expect((by_part.get("attention") or ["?"])[0] == "ok" and att.get("head_dim") == 128
+       and att.get("amsp", {}).get("forward_ms", 0) > 0 and att.get("amsp", {}).get("backward_ms", 0) > 0
+       and "| system | forward ms | backward ms | forward TFLOP/s |" in md,
+       f"attention at D = 128: amsp's forward and backward timed, in the report (got {by_part.get('attention')}, {att})")
+
 # A wrong result: gpu-info fails, so the check must fail and say which check.
 fake = os.path.join(work, "fake-build")
 os.makedirs(os.path.join(fake, "test-work"), exist_ok=True)
@@ -138,8 +146,8 @@ ran = [r["part"] for r in json.load(open(parts_doc))["results"]] if os.path.exis
 expect(rc == 0 and ran == ["preflight", "several GPUs"], f"--parts gpus runs the preflight and that part (got {ran})")
 rc, text = check(os.path.join(work, "parts"), build, "--parts", "kernels,cpu")
 last = text.strip().splitlines()[-1] if text.strip() else ""
-expect(rc == 2 and last.endswith("--parts: no part cpu (expected some of kernels,losses,side-by-side,counters,"
-                                  "sanitizers,gpus,cores)"), f"--parts with an unknown part refused (exit {rc}, {last!r})")
+expect(rc == 2 and last.endswith("--parts: no part cpu (expected some of kernels,losses,side-by-side,attention,"
+                                  "counters,sanitizers,gpus,cores)"), f"--parts with an unknown part refused (exit {rc}, {last!r})")
 
 print(f"{len(passes)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)
