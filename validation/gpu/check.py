@@ -203,6 +203,14 @@ def torch_run(c, args, name, timeout):
     return res[-1], f"{secs:.0f} s"
 
 
+def initial_weights(c, config, work, name):
+    """A Hugging Face directory of random weights for `config` (torch_reference.py init) in
+    work/init, both sides' starting point: (its path, how long) or (None, why not)."""
+    hf = os.path.join(work, "init")
+    _, note = torch_run(c, ["init", "--config", config, "--out", hf], name, 300)
+    return (hf if os.path.exists(os.path.join(hf, "config.json")) else None), note
+
+
 def summary(runs):
     """A training run's figures: medians over the steps after the first two."""
     tail = runs[2:] or runs
@@ -253,9 +261,8 @@ def side_by_side(c):
         model, seq, batch, steps, torch_device = "llama-1b", 2048, 2, 8 if c.a.quick else 12, "cuda"
     work = os.path.join(c.a.out, "side-by-side")
     os.makedirs(work, exist_ok=True)
-    hf = os.path.join(work, "init")
-    _, note = torch_run(c, ["init", "--config", preset(c.a, model), "--out", hf], "torch-init", 300)
-    if not os.path.exists(os.path.join(hf, "config.json")):
+    hf, note = initial_weights(c, preset(c.a, model), work, "torch-init")
+    if hf is None:
         c.record("side-by-side", f"{model} initial weights", "FAIL", note)
         return
     order = os.path.join(work, "order.jsonl")
@@ -340,9 +347,8 @@ def attention_128(c):
     m = {"preset": base, "layers": 2, "seq": seq, "batch": batch, "steps": steps,
          "heads": cfg["num_attention_heads"], "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"]}
     case = f"D = {m['head_dim']}, {base}'s layers"
-    hf = os.path.join(work, "init")
-    _, note = torch_run(c, ["init", "--config", config, "--out", hf], "attention-torch-init", 300)
-    if not os.path.exists(os.path.join(hf, "config.json")):
+    hf, note = initial_weights(c, config, work, "attention-torch-init")
+    if hf is None:
         c.record("attention", f"{case}, initial weights", "FAIL", note)
         return
     order, profile = os.path.join(work, "order.jsonl"), os.path.join(work, "kernel-profile.json")
