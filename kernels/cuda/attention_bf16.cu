@@ -37,8 +37,11 @@
 // the next product's left operand (mma.h: two C tiles are one A fragment), so
 // P never touches shared memory.
 //
-// Work layout: 4 warps, each owning 16 rows (queries in forward and dq, keys
-// in dk/dv) of the block's 64. Shared memory holds bf16 tiles with rows padded
+// Work layout: 4 warps, each owning 16 rows (queries in dq, keys in dk/dv)
+// of the block's 64; in forward up to D = 64, two tiles of 16 query rows of
+// the block's 128, as FlashAttention-2's forward takes them, so that each key
+// and value fragment a warp loads from shared memory serves two products and
+// each copy of a key tile 128 query rows. Shared memory holds bf16 tiles with rows padded
 // by 8 values (16 bytes), which puts the 32 lanes of every fragment load in
 // 32 different banks: forward and dq hold a key and a value tile of 64 rows
 // (34 KiB at D = 128), dk/dv the block's keys and values and a query and
@@ -91,10 +94,11 @@ constexpr int kKeys = 64;                // keys per streamed tile (forward, dq)
 template <int kD>
 constexpr int kQueries = kD <= 64 ? 64 : 16;
 constexpr int kPad = 8;                  // bf16s after each row in shared memory
-// Blocks of forward an SM must hold at once: up to D = 64, 4 (at most 128
-// registers a thread, against 137 unbounded, which let 3 fit; the one value
-// that then spills is stored before the key loop and loaded after it); above,
-// what the registers allow (a bound of 4 would spill inside the loop).
+// Blocks of dk/dv (and of a forward with one row tile a warp) an SM must hold
+// at once: up to D = 64, 4 (at most 128 registers a thread, against 156
+// unbounded, which let 3 fit; the value that then spills is stored before
+// the loops and loaded after them); above, what the registers allow (a bound
+// of 4 would spill inside the loops).
 template <int kD>
 constexpr int kMinBlocks = kD <= 64 ? 4 : 1;
 constexpr int kMaxD = 128;
@@ -205,40 +209,64 @@ AMSP_DEVICE_INLINE float probability(float s, float lse2, const Shape& sh) {
   return exp2_approx(fmaf(s, sh.scale_log2, -lse2));
 }
 
-// acc[n] (16 x 8 tiles along kD) += a (16 x 16) times rows [0, 16) of the
-// [16][kD] bf16 block at m (row stride kD + kPad). kPairs: the fragments two
-// tiles at a time (kD / 8 is even), one ldmatrix.x4 each; dk/dv takes them one
-// at a time, as with its two accumulators pairs would spill at 128 registers.
-template <int kD, bool kPairs = true>
-AMSP_DEVICE_INLINE void mma_rows(float (&acc)[kD / 8][4], const uint32_t (&a)[4],
+// A warp's products take kM tiles of 16 rows (forward: 2 up to D = 64, as
+// FlashAttention-2's 128-row blocks of 4 warps do; else 1), each B fragment
+// loaded once from shared memory for all of them. One tile's registers as an
+// array of one tile, for the calls that have one:
+template <typename T, int N>
+AMSP_DEVICE_INLINE T (&one_tile(T (&x)[N]))[1][N] {
+  return *reinterpret_cast<T(*)[1][N]>(&x);
+}
+
+// acc[r][n] (16 x 8 tiles along kD) += a[r] (16 x 16) times rows [0, 16) of
+// the [16][kD] bf16 block at m (row stride kD + kPad), for each row tile r.
+// kPairs: the fragments two tiles at a time (kD / 8 is even), one ldmatrix.x4
+// each; dk/dv takes them one at a time, as with its two accumulators pairs
+// would spill at 128 registers.
+template <int kD, bool kPairs = true, int kM>
+AMSP_DEVICE_INLINE void mma_rows(float (&acc)[kM][kD / 8][4], const uint32_t (&a)[kM][4],
                                  const uint16_t* m) {
   for (int n = 0; n < kD / 8; n += kPairs ? 2 : 1) {
     if constexpr (kPairs) {
       uint32_t b[2][2];
       load_b_kn_n2(b, m + 8 * n, kD + kPad);
-      mma_bf16_16x8x16(acc[n], a, b[0]);
-      mma_bf16_16x8x16(acc[n + 1], a, b[1]);
+      for (int r = 0; r < kM; ++r) {
+        mma_bf16_16x8x16(acc[r][n], a[r], b[0]);
+        mma_bf16_16x8x16(acc[r][n + 1], a[r], b[1]);
+      }
     } else {
       uint32_t b[2];
       load_b_kn(b, m + 8 * n, kD + kPad);
-      mma_bf16_16x8x16(acc[n], a, b);
+      for (int r = 0; r < kM; ++r) mma_bf16_16x8x16(acc[r][n], a[r], b);
     }
   }
 }
+template <int kD, bool kPairs = true>
+AMSP_DEVICE_INLINE void mma_rows(float (&acc)[kD / 8][4], const uint32_t (&a)[4],
+                                 const uint16_t* m) {
+  mma_rows<kD, kPairs>(one_tile(acc), one_tile(a), m);
+}
 
-// s0 and s1 (16 x 8 each) += a-rows (kD/16 fragments) dotted with the 16 rows
-// of the [16][kD] bf16 block at m: the scores of 16 rows against 16 others,
-// rows 0-7 of m into s0 and 8-15 into s1, both fragments of a step in one
-// ldmatrix.x4.
-template <int kD>
-AMSP_DEVICE_INLINE void mma_dots(float (&s0)[4], float (&s1)[4], const uint32_t (&a)[kD / 16][4],
+// s[r][n] and s[r][n + 1] (16 x 8 each) += row tile r's a-rows (kD/16
+// fragments) dotted with the 16 rows of the [16][kD] bf16 block at m: the
+// scores of 16 rows against 16 others, rows 0-7 of m into s[r][n] and 8-15
+// into s[r][n + 1], both fragments of a step in one ldmatrix.x4.
+template <int kD, int kM, int kN>
+AMSP_DEVICE_INLINE void mma_dots(float (&s)[kM][kN][4], int n, const uint32_t (&a)[kM][kD / 16][4],
                                  const uint16_t* m) {
   for (int c = 0; c < kD / 16; ++c) {
     uint32_t b[2][2];
     load_b_nk_n2(b, m + 16 * c, kD + kPad);
-    mma_bf16_16x8x16(s0, a[c], b[0]);
-    mma_bf16_16x8x16(s1, a[c], b[1]);
+    for (int r = 0; r < kM; ++r) {
+      mma_bf16_16x8x16(s[r][n], a[r][c], b[0]);
+      mma_bf16_16x8x16(s[r][n + 1], a[r][c], b[1]);
+    }
   }
+}
+template <int kD>
+AMSP_DEVICE_INLINE void mma_dots(float (&s)[2][4], const uint32_t (&a)[kD / 16][4],
+                                 const uint16_t* m) {
+  mma_dots<kD>(one_tile(s), 0, one_tile(a), m);
 }
 
 // Where one head's rows start in q, in k and v, in out and dout ([B*T, H*D]),
@@ -262,17 +290,18 @@ struct alignas(16) KeyValueTiles {
 };
 
 // The block (b*H + h, query tile) of the forward and dq kernels, the last
-// tiles (most keys) first: its head, this warp's first row, and the tile's
-// last row below T.
+// tiles (most keys) first, each warp owning warp_rows of the tile's kWarps *
+// warp_rows: its head, this warp's first row, and the tile's last row below T.
 struct QueryRows {
   Head hd;
   int64_t row0, q_last;
 };
 
-AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;
+AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh, int warp_rows = kRows) {
+  const int64_t tile = kWarps * warp_rows;
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * tile;
   return QueryRows{head_of(blockIdx.x / sh.H, blockIdx.x % sh.H, D, sh),
-                   q0 + threadIdx.x / 32 * kRows, (q0 + kTile < sh.T ? q0 + kTile : sh.T) - 1};
+                   q0 + threadIdx.x / 32 * warp_rows, (q0 + tile < sh.T ? q0 + tile : sh.T) - 1};
 }
 
 // Shared memory a block may have: 48 KiB without asking, up to kSharedBudget
@@ -283,13 +312,26 @@ AMSP_DEVICE_INLINE QueryRows query_rows(int D, const Shape& sh) {
 constexpr size_t kSharedNoOptIn = 48 * 1024;
 constexpr size_t kSharedBudget = 100 * 1024;
 
-// Forward's and dq's variants: head dim, activation dtype, and key tiles in
-// shared memory: two (the next copied by cp.async while the warps multiply
-// this one) or one.
-template <int kD, typename A, int kS>
+// Forward's and dq's variants: head dim, activation dtype, key tiles in
+// shared memory (two: the next copied by cp.async while the warps multiply
+// this one; or one), and tiles of 16 query rows a warp owns (dq: 1).
+template <int kD, typename A, int kS, int kM = 1>
 struct Fwd : Sized<kD, A> {
-  static constexpr int stages = kS;
+  static constexpr int stages = kS, row_tiles = kM;
 };
+
+// Forward's row tiles a warp: two up to D = 64, so that each key and value
+// fragment a warp loads serves two products and each key tile 128 query
+// rows (FlashAttention-2's blocks for D = 64 on an A100 or H100: 128 rows,
+// 4 warps); at D = 128 two tiles' output, scores and queries would not fit a
+// thread's 255 registers (FlashAttention-2 keeps its queries in shared memory
+// there).
+template <int kD>
+constexpr int kForwardRowTiles = kD <= 64 ? 2 : 1;
+// Blocks of forward an SM must hold at once: with two row tiles a warp, 2
+// (255 registers a thread).
+template <typename V>
+constexpr int kForwardMinBlocks = V::row_tiles > 1 ? 2 : kMinBlocks<V::value>;
 
 // Whether two key tiles are a variant for D and A: bf16 activations (cp.async)
 // within the budget.
@@ -388,18 +430,19 @@ AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], 
   }
 }
 
-// One key tile of the online softmax, in base 2 as FlashAttention-2 takes it:
-// the raw scores s (masked here, only in a tile that reaches past the warp's
-// first row or past T) become the rounded probabilities the product with v
-// takes, p = 2^(s scale_log2 - m scale_log2), one multiply-add and one
-// exp2_approx each; the running maximum m (of raw scores) and sum l of the
-// lane's two rows move on, and rescale says by how much the output
-// accumulated so far shrinks. Key k0 <= q0 is in the tile and every row (rows
-// past T too) sees it, so the maximum is finite from the first tile on, and
-// 2^-inf = 0 for masked keys and for the first rescale.
-AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
-                                     float (&rescale)[2], int64_t k0, int64_t row0,
-                                     const Shape& sh) {
+// One key tile of the online softmax for the 16 rows from row0, in base 2 as
+// FlashAttention-2 takes it: the raw scores s (masked here, only in a tile
+// that reaches past row0 or past T) become the probabilities
+// 2^(s scale_log2 - m scale_log2), one multiply-add and one exp2_approx each,
+// rounded to bf16 and packed in pairs into p as the product with v takes them
+// (and left in s, rounded, for the sum); the running maximum m (of raw
+// scores) and sum l of the lane's two rows move on, and rescale says by how
+// much the output accumulated so far shrinks. Key k0 <= row0 is in the tile
+// and every row (rows past T too) sees it, so the maximum is finite from the
+// first tile on, and 2^-inf = 0 for masked keys and for the first rescale.
+AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], uint32_t (&p)[kKeys / 8][2],
+                                     float (&m)[2], float (&l)[2], float (&rescale)[2], int64_t k0,
+                                     int64_t row0, const Shape& sh) {
   if (k0 + kKeys - 1 > row0 || k0 + kKeys > sh.T)  // warp-uniform: the diagonal, or the end
     for (int n = 0; n < kKeys / 8; ++n)
       for (int i = 0; i < 4; ++i) {
@@ -421,45 +464,20 @@ AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], fl
     for (int j = 0; j < 2; ++j) {
       float& lo = s[n][2 * j];
       float& hi = s[n][2 * j + 1];
-      lo = exp2_approx(fmaf(lo, sh.scale_log2, -shift[j]));
-      hi = exp2_approx(fmaf(hi, sh.scale_log2, -shift[j]));
-      round_pair(lo, hi);  // what P v multiplies by
+      p[n][j] = pack_bf16(exp2_approx(fmaf(lo, sh.scale_log2, -shift[j])),
+                          exp2_approx(fmaf(hi, sh.scale_log2, -shift[j])));
+      unpack_bf16(p[n][j], lo, hi);  // what P v multiplies by
       l[j] += lo;
       l[j] += hi;
     }
 }
 
-// Forward: block (b*H + h, query tile); V::stages key tiles in its
-// V::stages * sizeof(KeyValueTiles) bytes of dynamic shared memory.
-template <typename V>  // Fwd<head dim, activation dtype, key tiles>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
-    attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
-                                  Act<V>* out, Shape sh) {
-  constexpr int kD = V::value;
-  constexpr int kLd = kD + kPad;
-  AMSP_DYNAMIC_SHARED(Shared16, smem);
-  auto& tiles = *reinterpret_cast<KeyValueTiles<kD>(*)[V::stages]>(smem);
-  const QueryRows rows = query_rows(kD, sh);
-  const Head& hd = rows.hd;
-  const int64_t row0 = rows.row0;
-  uint32_t qa[kD / 16][4];
-  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
-
-  float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
-    if (k0 > row0 + kRows - 1) return;  // causal: none of these keys for this warp
-    float s[kKeys / 8][4] = {}, rescale[2];
-    for (int n = 0; n < kKeys / 8; n += 2) mma_dots<kD>(s[n], s[n + 1], qa, kv.k + 8 * n * kLd);
-    softmax_tile(s, m, l, rescale, k0, row0, sh);
-    for (int n = 0; n < kD / 8; ++n)
-      for (int i = 0; i < 4; ++i) o[n][i] *= rescale[i / 2];
-    for (int c = 0; c < kKeys / 16; ++c) {
-      uint32_t pa[4];
-      a_from_c(pa, s[2 * c], s[2 * c + 1]);
-      mma_rows<kD>(o, pa, kv.v + 16 * c * kLd);
-    }
-  });
-
+// Forward's end for the 16 rows from row0: each output row divided by its
+// sum, and its log-sum-exp (natural units) from the maximum and sum.
+template <int kD, typename A>
+AMSP_DEVICE_INLINE void store_rows(const float (&o)[kD / 8][4], const float (&m)[2], float (&l)[2],
+                                   int64_t row0, A* out, float* lse, const Head& hd,
+                                   const Shape& sh) {
   for (int j = 0; j < 2; ++j) l[j] = quad_sum(l[j]);
   for (int n = 0; n < kD / 8; ++n)
     for (int j = 0; j < 2; ++j) {
@@ -473,6 +491,58 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<V::value>)
       const int64_t row = c_row(row0, 2 * j);
       if (row < sh.T) lse[hd.lse_off + row] = m[j] * sh.scale + logf(l[j]);
     }
+}
+
+// Forward: block (b*H + h, query tile of kWarps * V::row_tiles * 16 rows);
+// V::stages key tiles in its V::stages * sizeof(KeyValueTiles) bytes of
+// dynamic shared memory. Each row tile takes the same products in the same
+// order as alone: the same bits whatever the row tiles a warp.
+template <typename V>  // Fwd<head dim, activation dtype, key tiles, row tiles>
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks<V>)
+    attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
+                                  Act<V>* out, Shape sh) {
+  constexpr int kD = V::value, kM = V::row_tiles;
+  constexpr int kLd = kD + kPad;
+  // A key tile that reaches a warp's rows reaches its first row (causal
+  // order, softmax_tile): the key tiles' starts step past whole warps' rows.
+  static_assert(kKeys % (kM * kRows) == 0, "a warp's rows within one key tile");
+  AMSP_DYNAMIC_SHARED(Shared16, smem);
+  auto& tiles = *reinterpret_cast<KeyValueTiles<kD>(*)[V::stages]>(smem);
+  const QueryRows rows = query_rows(kD, sh, kM * kRows);
+  const Head& hd = rows.hd;
+  const int64_t row0 = rows.row0;  // row tile r's first row: row0 + 16 r
+  uint32_t qa[kM][kD / 16][4];
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) load_a_rows<kD>(qa[r], q + hd.q_off, hd.ldq, row0 + kRows * r, sh.T);
+
+  float o[kM][kD / 8][4] = {}, m[kM][2], l[kM][2] = {};
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) m[r][0] = m[r][1] = -INFINITY;
+  for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
+    if (k0 > row0 + kM * kRows - 1) return;  // causal: none of these keys for this warp
+    float s[kM][kKeys / 8][4] = {};
+    AMSP_UNROLL
+    for (int n = 0; n < kKeys / 8; n += 2) mma_dots<kD>(s, n, qa, kv.k + 8 * n * kLd);
+    uint32_t p[kM][kKeys / 8][2];
+    AMSP_UNROLL
+    for (int r = 0; r < kM; ++r) {
+      float rescale[2];
+      softmax_tile(s[r], p[r], m[r], l[r], rescale, k0, row0 + kRows * r, sh);
+      for (int n = 0; n < kD / 8; ++n)
+        for (int i = 0; i < 4; ++i) o[r][n][i] *= rescale[i / 2];
+    }
+    AMSP_UNROLL
+    for (int c = 0; c < kKeys / 16; ++c) {
+      uint32_t pa[kM][4];  // the A fragment of keys [16 c, 16 c + 16): two C tiles' pairs
+      AMSP_UNROLL
+      for (int r = 0; r < kM; ++r)
+        for (int i = 0; i < 4; ++i) pa[r][i] = p[r][2 * c + i / 2][i % 2];
+      mma_rows<kD>(o, pa, kv.v + 16 * c * kLd);
+    }
+  });
+
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) store_rows<kD>(o[r], m[r], l[r], row0 + kRows * r, out, lse, hd, sh);
 }
 
 // dq = scale * sum over keys of dS k, dS = P (dP - delta), P = exp(score -
@@ -503,8 +573,8 @@ __global__ void __launch_bounds__(kThreads)
   for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
     for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
       float s[2][4] = {}, dp[2][4] = {};
-      mma_dots<kD>(s[0], s[1], qa, kv.k + 16 * c * kLd);
-      mma_dots<kD>(dp[0], dp[1], da, kv.v + 16 * c * kLd);
+      mma_dots<kD>(s, qa, kv.k + 16 * c * kLd);
+      mma_dots<kD>(dp, da, kv.v + 16 * c * kLd);
       // Warp-uniform: whether some of these keys are past a row, past T, or rows past T.
       const int64_t kc = k0 + 16 * c;
       const bool edge = kc + 15 > row0 || kc + 16 > sh.T || row0 + kRows > sh.T;
@@ -834,7 +904,10 @@ bool async_queries(const A* q, const A* dout, int64_t ldq) {
          reinterpret_cast<uintptr_t>(dout) % 16 == 0;
 }
 
-unsigned tiles_of(int64_t T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
+// Query tiles of `rows` over T: a launch's grid.y.
+unsigned tiles_of(int64_t T, int64_t rows = kTile) {
+  return static_cast<unsigned>((T + rows - 1) / rows);
+}
 
 // Whether a block may have `bytes` of shared memory on the current device:
 // any launch up to 48 KiB, more where the device allows a kernel to opt in
@@ -861,15 +934,15 @@ size_t shared_for(Kernel kernel, size_t bytes) {
   return bytes;
 }
 
-// Forward's or dq's variant for D and A: two key tiles where the activations
-// come by cp.async and two tiles fit, else one.
-template <int kD, typename A, typename Launch>
+// Forward's or dq's variant for D, A and kM row tiles a warp: two key tiles
+// where the activations come by cp.async and two tiles fit, else one.
+template <int kD, typename A, int kM, typename Launch>
 void with_key_tiles(bool async_kv, Launch launch) {
   static_assert(sizeof(KeyValueTiles<kD>) <= kSharedNoOptIn, "one tile needs no opt-in");
   if constexpr (kTwoKeyTiles<kD, A>) {
-    if (async_kv && shared_fits(2 * sizeof(KeyValueTiles<kD>))) return launch(Fwd<kD, A, 2>{});
+    if (async_kv && shared_fits(2 * sizeof(KeyValueTiles<kD>))) return launch(Fwd<kD, A, 2, kM>{});
   }
-  launch(Fwd<kD, A, 1>{});
+  launch(Fwd<kD, A, 1, kM>{});
 }
 
 }  // namespace
@@ -893,12 +966,13 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
   sh.async_kv = async_keys(k, v, ldkv);
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
-    with_key_tiles<decltype(d)::value, A>(sh.async_kv, [&](auto variant) {
+    constexpr int kD = decltype(d)::value;
+    with_key_tiles<kD, A, kForwardRowTiles<kD>>(sh.async_kv, [&](auto variant) {
       using V = decltype(variant);
       const size_t bytes =
           shared_for(attention_forward_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<V::value>));
-      AMSP_LAUNCH(attention_forward_bf16_kernel<V>, dim3(static_cast<unsigned>(B * H), tiles_of(T)),
-                  kThreads, bytes, s)
+      const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T, kTile * V::row_tiles));
+      AMSP_LAUNCH(attention_forward_bf16_kernel<V>, grid, kThreads, bytes, s)
       (q, k, v, lse, out, sh);
     });
   });
@@ -925,7 +999,7 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
-    with_key_tiles<kD, A>(sh.async_kv, [&](auto variant) {
+    with_key_tiles<kD, A, 1>(sh.async_kv, [&](auto variant) {
       using V = decltype(variant);
       const size_t bytes =
           shared_for(attention_dq_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<kD>));

@@ -52,10 +52,10 @@ AMSP_DEVICE_INLINE uint32_t pack_bf16(float lo, float hi) {
 #endif
 }
 
-// lo and hi rounded to bf16 in place (held in fp32), by one conversion of the
-// pair: what round_bf16 gives each, in a third of the instructions.
-AMSP_DEVICE_INLINE void round_pair(float& lo, float& hi) {
-  const uint32_t w = pack_bf16(lo, hi);
+// The two bf16 values of a word (pack_bf16's layout) as fp32: with pack_bf16,
+// what round_bf16 gives each of a pair, in a third of the instructions, and the
+// packed word kept for a product that takes the pair.
+AMSP_DEVICE_INLINE void unpack_bf16(uint32_t w, float& lo, float& hi) {
   lo = bits_to_float(w << 16);
   hi = bits_to_float(w & 0xffff0000u);
 }

@@ -275,13 +275,14 @@ TEST(Simt, Exp2ApproxIsWithinTwoUlpAndFlushesAsFtz) {
   EXPECT_TRUE(std::isnan(exp2_approx(NAN)));
 }
 
-// round_pair rounds each value as round_bf16 does (nearest even).
-TEST(Simt, RoundPairIsRoundBf16OfEach) {
+// A pair packed and unpacked again is each value rounded as round_bf16 rounds
+// it (nearest even).
+TEST(Simt, PackedPairUnpacksToRoundBf16OfEach) {
   const float xs[] = {1.0f, 1.00390625f, 1.01171875f, -3.14159f, 1e-40f, 3.4e38f, 0.1f, -0.0f};
   for (float lo : xs)
     for (float hi : xs) {
-      float a = lo, b = hi;
-      amsp::kernels::cuda::round_pair(a, b);
+      float a = 0.0f, b = 0.0f;
+      amsp::kernels::cuda::unpack_bf16(amsp::kernels::cuda::pack_bf16(lo, hi), a, b);
       EXPECT_EQ(amsp::kernels::float_to_bits(a),
                 amsp::kernels::float_to_bits(amsp::kernels::round_bf16(lo)))
           << lo;
