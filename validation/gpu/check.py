@@ -219,7 +219,24 @@ def summary(runs):
             "step_ms_median": statistics.median(r["step_ms"] for r in tail),
             "host_issue_ms_median": statistics.median(r.get("host_issue_ms", 0) for r in tail),
             "peak_bytes": max(r.get("mem_peak_bytes", 0) for r in runs),
+            "predicted_bytes": max(r.get("mem_predicted_bytes", 0) for r in runs),
             "losses": [r["loss"] for r in runs]}
+
+
+# A rank's peak memory as the plan predicts it (what the engine reserves at start-up),
+# against its allocator's high-water mark: the planner promises 5%.
+MEMORY_TOLERANCE = 0.05
+
+
+def memory_row(s):
+    """The side-by-side's (verdict, detail) for amsp's predicted peak memory."""
+    peak, predicted = s.get("peak_bytes", 0), s.get("predicted_bytes", 0)
+    if not peak or not predicted:
+        return "FAIL", "the metrics have no peak or no prediction"
+    err = (predicted - peak) / peak
+    return ("ok" if abs(err) <= MEMORY_TOLERANCE else "FAIL",
+            f"predicted {size(predicted)}, allocator's peak {size(peak)}: {err:+.1%} "
+            f"(tolerance {MEMORY_TOLERANCE:.0%})")
 
 
 def host_phases(trace_path):
@@ -284,6 +301,7 @@ def side_by_side(c):
         c.figures["host_phases"] = phases
     c.record("side-by-side", f"amsp {model}", "ok", f"{amsp['tokens_per_s']:.0f} tokens/s, MFU {amsp['mfu']:.1%}, "
              f"host {amsp['host_issue_ms_median']:.0f} of {amsp['step_ms_median']:.0f} ms a step; {note}")
+    c.record("side-by-side", f"amsp {model}, peak memory predicted", *memory_row(amsp))
     profiled, note, _ = train(c, "side-by-side-profiled", 1, "ddp", ["--init-from", hf], steps, batch, seq,
                               extra=OPT_FLAGS + ["--kernel-profile", profile])
     if profiled is None or not os.path.exists(profile):

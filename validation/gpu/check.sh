@@ -8,7 +8,7 @@
 #      1B-7B layer, fp32 and bf16;
 #   2. the GPU against the CPU: the losses of a few steps of the small preset;
 #   3. one-GPU training of the ~1B preset (seq 2048, bf16): tokens/s, MFU, peak
-#      memory, time per kernel; and the same model, weights and batches in
+#      memory (against the plan's prediction, within 5%), time per kernel; and the same model, weights and batches in
 #      PyTorch (eager with SDPA, and torch.compile) in the same run; attention at
 #      D = 128 (two decoder layers of llama-7b), amsp's kernels and PyTorch's, each
 #      timed by its own profile; and one step under Nsight Compute (counters);

@@ -49,8 +49,9 @@ for (part, case), verdict in results.items():
     by_part.setdefault(part, []).append(verdict)
 for part, n in (("preflight", 1), ("kernels", 2), ("losses", 1), ("several GPUs", 1)):
     expect(by_part.get(part, []) == ["ok"] * n, f"{part}: {n} ok (got {by_part.get(part)})")
-expect(by_part.get("side-by-side", [])[:2] == ["ok", "ok"],
-       f"side-by-side: amsp and the first loss against PyTorch eager ok (got {by_part.get('side-by-side')})")
+expect(by_part.get("side-by-side", [])[:3] == ["ok", "ok", "ok"],
+       f"side-by-side: amsp, its predicted peak memory and the first loss against PyTorch eager ok "
+       f"(got {by_part.get('side-by-side')})")
 expect(by_part.get("sanitizer") == ["not run"] * 4, "sanitizers: not run under the emulation, with a reason")
 expect(by_part.get("counters") == ["not run"], "counters (ncu): not run under the emulation")
 figures = doc.get("figures", {})
