@@ -37,25 +37,21 @@
 // the next product's left operand (mma.h: two C tiles are one A fragment), so
 // P never touches shared memory.
 //
-// Work layout: 4 warps, each owning 16 rows (queries in dq, keys in dk/dv)
-// of the block's 64; in forward up to D = 64, two tiles of 16 query rows of
-// the block's 128, as FlashAttention-2's forward takes them, so that each key
-// and value fragment a warp loads from shared memory serves two products and
-// each copy of a key tile 128 query rows. Shared memory holds bf16 tiles with rows padded
-// by 8 values (16 bytes), which puts the 32 lanes of every fragment load in
-// 32 different banks: forward and dq hold a key and a value tile of 64 rows
-// (34 KiB at D = 128), dk/dv the block's keys and values and a query and
-// dout tile of 64 rows up to D = 64 and 16 rows above (37 KiB at D = 64, 43
-// at 128). The query rows' fragments of forward and dq come from global
-// memory straight into registers (each element is read once).
-// Forward and dq walk the key tiles in order, so with bf16 activations whose
-// rows start 16-byte aligned (the model's fused q|k|v always) the tiles come
-// by cp.async (mma.h), as in FlashAttention-2: two tiles in shared memory
-// (36 KiB at D = 64, 68 at D = 128), the next one copied while the warps
-// multiply this one.
-// dk/dv walks its query tiles the same way (q, dout, lse and delta): two
-// tiles of 32 rows beside the keys and values (37 KiB at D = 64, 69 at 128).
-// The rows are summed in the same order either way, so the bits are the
+// Work layout: 4 warps, each owning 16 rows (queries in forward and dq, keys
+// in dk/dv) of the block's 64; in forward and dq up to D = 64, two tiles of
+// 16 query rows of the block's 128, as FlashAttention-2's forward takes them,
+// so that each key and value fragment a warp loads from shared memory serves
+// two products and each copy of a key tile 128 query rows. Shared memory holds bf16 tiles with rows
+// padded by 8 values (16 bytes), which puts the 32 lanes of every fragment load in 32 different
+// banks: forward and dq hold a key and a value tile of 64 rows (34 KiB at D = 128), dk/dv the
+// block's keys and values and a query and dout tile of 64 rows up to D = 64 and 16 rows above (37
+// KiB at D = 64, 43 at 128). The query rows' fragments of forward and dq come from global memory
+// straight into registers (each element is read once). Forward and dq walk the key tiles in order,
+// so with bf16 activations whose rows start 16-byte aligned (the model's fused q|k|v always) the
+// tiles come by cp.async (mma.h), as in FlashAttention-2: two tiles in shared memory (36 KiB at D =
+// 64, 68 at D = 128), the next one copied while the warps multiply this one. dk/dv walks its query
+// tiles the same way (q, dout, lse and delta): two tiles of 32 rows beside the keys and values (37
+// KiB at D = 64, 69 at 128). The rows are summed in the same order either way, so the bits are the
 // staged path's.
 // Past 48 KiB (D > 80) a kernel must opt in to its shared memory, which
 // every GPU these kernels are built for allows (an A100 163 KiB, an H100
@@ -314,24 +310,24 @@ constexpr size_t kSharedBudget = 100 * 1024;
 
 // Forward's and dq's variants: head dim, activation dtype, key tiles in
 // shared memory (two: the next copied by cp.async while the warps multiply
-// this one; or one), and tiles of 16 query rows a warp owns (dq: 1).
-template <int kD, typename A, int kS, int kM = 1>
+// this one; or one), and tiles of 16 query rows a warp owns.
+template <int kD, typename A, int kS, int kM>
 struct Fwd : Sized<kD, A> {
   static constexpr int stages = kS, row_tiles = kM;
 };
 
-// Forward's row tiles a warp: two up to D = 64, so that each key and value
-// fragment a warp loads serves two products and each key tile 128 query
-// rows (FlashAttention-2's blocks for D = 64 on an A100 or H100: 128 rows,
-// 4 warps); at D = 128 two tiles' output, scores and queries would not fit a
-// thread's 255 registers (FlashAttention-2 keeps its queries in shared memory
-// there).
+// Forward's and dq's row tiles a warp: two up to D = 64, so that each key
+// and value fragment a warp loads serves two products and each key tile 128
+// query rows (FlashAttention-2's forward blocks for D = 64 on an A100 or
+// H100: 128 rows, 4 warps); at D = 128 two tiles' accumulators and query
+// fragments would not fit a thread's 255 registers (FlashAttention-2 keeps
+// its queries in shared memory there).
 template <int kD>
-constexpr int kForwardRowTiles = kD <= 64 ? 2 : 1;
-// Blocks of forward an SM must hold at once: with two row tiles a warp, 2
-// (255 registers a thread).
-template <typename V>
-constexpr int kForwardMinBlocks = V::row_tiles > 1 ? 2 : kMinBlocks<V::value>;
+constexpr int kQueryRowTiles = kD <= 64 ? 2 : 1;
+// Blocks of forward or dq an SM must hold at once: with two row tiles a
+// warp, 2 (255 registers a thread); else forward as dk/dv, dq any.
+template <typename V, int kOne>
+constexpr int kQueryMinBlocks = V::row_tiles > 1 ? 2 : kOne;
 
 // Whether two key tiles are a variant for D and A: bf16 activations (cp.async)
 // within the budget.
@@ -498,7 +494,7 @@ AMSP_DEVICE_INLINE void store_rows(const float (&o)[kD / 8][4], const float (&m)
 // dynamic shared memory. Each row tile takes the same products in the same
 // order as alone: the same bits whatever the row tiles a warp.
 template <typename V>  // Fwd<head dim, activation dtype, key tiles, row tiles>
-__global__ void __launch_bounds__(kThreads, kForwardMinBlocks<V>)
+__global__ void __launch_bounds__(kThreads, kQueryMinBlocks<V, kMinBlocks<V::value>>)
     attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
                                   Act<V>* out, Shape sh) {
   constexpr int kD = V::value, kM = V::row_tiles;
@@ -545,61 +541,83 @@ __global__ void __launch_bounds__(kThreads, kForwardMinBlocks<V>)
   for (int r = 0; r < kM; ++r) store_rows<kD>(o[r], m[r], l[r], row0 + kRows * r, out, lse, hd, sh);
 }
 
+// dq's dS = P (dP - delta) of the 16 rows from row0 against keys [kc, kc +
+// 16), in place of their scores s (P = 0 for a key past a row, past T, or a
+// row past T).
+AMSP_DEVICE_INLINE void ds_tile(float (&s)[2][4], const float (&dp)[2][4], const float (&lse2)[2],
+                                const float (&delta)[2], int64_t kc, int64_t row0,
+                                const Shape& sh) {
+  // Warp-uniform: whether some of these keys are past a row, past T, or rows past T.
+  const bool edge = kc + 15 > row0 || kc + 16 > sh.T || row0 + kRows > sh.T;
+  for (int half = 0; half < 2; ++half)
+    for (int i = 0; i < 4; ++i) {
+      float p = probability(s[half][i], lse2[i / 2], sh);
+      if (edge) {
+        const int64_t key = c_col(kc + 8 * half, i), row = c_row(row0, i);
+        if (key > row || key >= sh.T || row >= sh.T) p = 0.0f;
+      }
+      s[half][i] = p * (dp[half][i] - delta[i / 2]);
+    }
+}
+
 // dq = scale * sum over keys of dS k, dS = P (dP - delta), P = exp(score -
-// lse), dP = dout . v. Block (b*H + h, query tile); keys in sub-tiles of 16,
-// each one A fragment of dS. Shared memory as forward's.
-template <typename V>  // Fwd<head dim, activation dtype, key tiles>
-__global__ void __launch_bounds__(kThreads)
+// lse), dP = dout . v. Block (b*H + h, query tile of kWarps * V::row_tiles *
+// 16 rows); keys in sub-tiles of 16, each one A fragment of dS a row tile.
+// Shared memory as forward's. A warp walks the keys up to its last row: its
+// first row tile multiplies a last sub-tile whose dS is all masked to 0,
+// which leaves its sums as they are, so the bits are one row tile's.
+template <typename V>  // Fwd<head dim, activation dtype, key tiles, row tiles>
+__global__ void __launch_bounds__(kThreads, kQueryMinBlocks<V, 1>)
     attention_dq_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, const float* lse,
                              const Act<V>* dout, const float* delta, Act<V>* dq, Shape sh) {
-  constexpr int kD = V::value;
+  constexpr int kD = V::value, kM = V::row_tiles;
   constexpr int kLd = kD + kPad;
   AMSP_DYNAMIC_SHARED(Shared16, smem);
   auto& tiles = *reinterpret_cast<KeyValueTiles<kD>(*)[V::stages]>(smem);
-  const QueryRows rows = query_rows(kD, sh);
+  const QueryRows rows = query_rows(kD, sh, kM * kRows);
   const Head& hd = rows.hd;
-  const int64_t row0 = rows.row0;
-  uint32_t qa[kD / 16][4], da[kD / 16][4];
-  load_a_rows<kD>(qa, q + hd.q_off, hd.ldq, row0, sh.T);
-  load_a_rows<kD>(da, dout + hd.o_off, hd.ldo, row0, sh.T);
-  float row_lse2[2], row_delta[2];  // lse times log2(e) (probability), delta
-  for (int j = 0; j < 2; ++j) {
-    const int64_t row = c_row(row0, 2 * j);
-    row_lse2[j] = row < sh.T ? lse[hd.lse_off + row] * kLog2e : 0.0f;
-    row_delta[j] = row < sh.T ? delta[hd.lse_off + row] : 0.0f;
+  const int64_t row0 = rows.row0;  // row tile r's first row: row0 + 16 r
+  uint32_t qa[kM][kD / 16][4], da[kM][kD / 16][4];
+  float row_lse2[kM][2], row_delta[kM][2];  // lse times log2(e) (probability), delta
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) {
+    load_a_rows<kD>(qa[r], q + hd.q_off, hd.ldq, row0 + kRows * r, sh.T);
+    load_a_rows<kD>(da[r], dout + hd.o_off, hd.ldo, row0 + kRows * r, sh.T);
+    for (int j = 0; j < 2; ++j) {
+      const int64_t row = c_row(row0 + kRows * r, 2 * j);
+      row_lse2[r][j] = row < sh.T ? lse[hd.lse_off + row] * kLog2e : 0.0f;
+      row_delta[r][j] = row < sh.T ? delta[hd.lse_off + row] : 0.0f;
+    }
   }
 
-  float acc[kD / 8][4] = {};
+  float acc[kM][kD / 8][4] = {};
   for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
-    for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kRows - 1; ++c) {
-      float s[2][4] = {}, dp[2][4] = {};
-      mma_dots<kD>(s, qa, kv.k + 16 * c * kLd);
-      mma_dots<kD>(dp, da, kv.v + 16 * c * kLd);
-      // Warp-uniform: whether some of these keys are past a row, past T, or rows past T.
+    for (int c = 0; c < kKeys / 16 && k0 + 16 * c <= row0 + kM * kRows - 1; ++c) {
+      float s[kM][2][4] = {}, dp[kM][2][4] = {};
+      mma_dots<kD>(s, 0, qa, kv.k + 16 * c * kLd);
+      mma_dots<kD>(dp, 0, da, kv.v + 16 * c * kLd);
       const int64_t kc = k0 + 16 * c;
-      const bool edge = kc + 15 > row0 || kc + 16 > sh.T || row0 + kRows > sh.T;
-      for (int half = 0; half < 2; ++half)
-        for (int i = 0; i < 4; ++i) {
-          float p = probability(s[half][i], row_lse2[i / 2], sh);
-          if (edge) {
-            const int64_t key = c_col(kc + 8 * half, i), row = c_row(row0, i);
-            if (key > row || key >= sh.T || row >= sh.T) p = 0.0f;
-          }
-          s[half][i] = p * (dp[half][i] - row_delta[i / 2]);
-        }
-      uint32_t dsa[4];
-      a_from_c(dsa, s[0], s[1]);
+      uint32_t dsa[kM][4];
+      AMSP_UNROLL
+      for (int r = 0; r < kM; ++r) {
+        ds_tile(s[r], dp[r], row_lse2[r], row_delta[r], kc, row0 + kRows * r, sh);
+        a_from_c(dsa[r], s[r][0], s[r][1]);
+      }
       mma_rows<kD>(acc, dsa, kv.k + 16 * c * kLd);
     }
   });
-  finish_gradient<kD>(acc, row0, sh.T, sh.scale, sh.rope);
-  for (int n = 0; n < kD / 8; ++n)
-    for (int j = 0; j < 2; ++j) {
-      const int64_t row = c_row(row0, 2 * j);
-      if (row < sh.T)
-        store_pair(dq + hd.q_off + row * hd.ldq + c_col(8 * n, 2 * j), acc[n][2 * j],
-                   acc[n][2 * j + 1]);
-    }
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) {
+    const int64_t first = row0 + kRows * r;
+    finish_gradient<kD>(acc[r], first, sh.T, sh.scale, sh.rope);
+    for (int n = 0; n < kD / 8; ++n)
+      for (int j = 0; j < 2; ++j) {
+        const int64_t row = c_row(first, 2 * j);
+        if (row < sh.T)
+          store_pair(dq + hd.q_off + row * hd.ldq + c_col(8 * n, 2 * j), acc[r][n][2 * j],
+                     acc[r][n][2 * j + 1]);
+      }
+  }
 }
 
 // A staged tile of kR query rows for dk/dv: their q and dout, lse
@@ -967,7 +985,7 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    with_key_tiles<kD, A, kForwardRowTiles<kD>>(sh.async_kv, [&](auto variant) {
+    with_key_tiles<kD, A, kQueryRowTiles<kD>>(sh.async_kv, [&](auto variant) {
       using V = decltype(variant);
       const size_t bytes =
           shared_for(attention_forward_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<V::value>));
@@ -999,11 +1017,12 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
     const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
-    with_key_tiles<kD, A, 1>(sh.async_kv, [&](auto variant) {
+    with_key_tiles<kD, A, kQueryRowTiles<kD>>(sh.async_kv, [&](auto variant) {
       using V = decltype(variant);
       const size_t bytes =
           shared_for(attention_dq_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<kD>));
-      AMSP_LAUNCH(attention_dq_bf16_kernel<V>, grid, kThreads, bytes, s)
+      const dim3 dq_grid(static_cast<unsigned>(B * H), tiles_of(T, kTile * V::row_tiles));
+      AMSP_LAUNCH(attention_dq_bf16_kernel<V>, dq_grid, kThreads, bytes, s)
       (q, k, v, lse, dout, delta, dq, sh);
     });
     if constexpr (std::is_same_v<A, bf16> && kAsyncQueries < kD >> 0) {
