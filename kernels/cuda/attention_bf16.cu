@@ -38,10 +38,11 @@
 // P never touches shared memory.
 //
 // Work layout: 4 warps, each owning 16 rows (queries in forward and dq, keys
-// in dk/dv) of the block's 64; in forward and dq up to D = 64, two tiles of
-// 16 query rows of the block's 128, as FlashAttention-2's forward takes them,
-// so that each key and value fragment a warp loads from shared memory serves
-// two products and each copy of a key tile 128 query rows. Shared memory holds bf16 tiles with rows
+// in dk/dv) of the block's 64; up to D = 64, two tiles of 16 rows of the
+// block's 128 (in dk/dv where its query tiles come by cp.async), as
+// FlashAttention-2's forward takes them, so that each fragment of the other
+// side a warp loads from shared memory serves two products, and each copy of
+// a tile 128 rows. Shared memory holds bf16 tiles with rows
 // padded by 8 values (16 bytes), which puts the 32 lanes of every fragment load in 32 different
 // banks: forward and dq hold a key and a value tile of 64 rows (34 KiB at D = 128), dk/dv the
 // block's keys and values and a query and dout tile of 64 rows up to D = 64 and 16 rows above (37
@@ -631,28 +632,36 @@ struct alignas(16) QueryTile {
 };
 
 // The dk/dv kernel's variants: head dim, activation dtype, query rows per
-// staged tile and tiles in shared memory (2: the next copied by cp.async
-// while the warps multiply this one).
-template <int kD, typename A, int kR, int kS>
+// staged tile, tiles in shared memory (2: the next copied by cp.async while
+// the warps multiply this one), and tiles of 16 keys a warp owns.
+template <int kD, typename A, int kR, int kS, int kM = 1>
 struct Dkv {
-  static constexpr int D = kD, rows = kR, stages = kS;
+  static constexpr int D = kD, rows = kR, stages = kS, key_tiles = kM;
   using Type = A;
 };
 
 // Its shared memory: the block's keys and values, and the query tiles.
 template <typename W>
 struct alignas(16) DkvTiles {
-  uint16_t k[kTile * (W::D + kPad)];
-  uint16_t v[kTile * (W::D + kPad)];
+  uint16_t k[kTile * W::key_tiles * (W::D + kPad)];
+  uint16_t v[kTile * W::key_tiles * (W::D + kPad)];
   QueryTile<W::D, W::rows> queries[W::stages];
 };
+
+// The cp.async variant's key tiles a warp: as forward's and dq's query row
+// tiles (kQueryRowTiles), two up to D = 64, so that each query and dout
+// fragment a warp loads serves both: two tiles' dk and dv accumulators fit
+// a thread's registers there, not at D = 128.
+template <int kD>
+constexpr int kKeyTiles = kQueryRowTiles<kD>;
 
 // Query rows per tile of the cp.async variant: the most of 32 or 16 with
 // which two tiles fit beside the keys and values in the budget (0: none does).
 template <int kD>
-constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2>>) <= kSharedBudget   ? 32
-                              : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2>>) <= kSharedBudget ? 16
-                                                                                        : 0;
+constexpr int kAsyncQueries =
+    sizeof(DkvTiles<Dkv<kD, bf16, 32, 2, kKeyTiles<kD>>>) <= kSharedBudget   ? 32
+    : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2, kKeyTiles<kD>>>) <= kSharedBudget ? 16
+                                                                             : 0;
 
 // The tile's lse times log2(e) and delta (rows at or past T are 0), by plain
 // loads.
@@ -724,44 +733,54 @@ AMSP_DEVICE_INLINE void for_each_query_tile(DkvTiles<W>& tiles, const typename W
 }
 
 // Sixteen staged query rows' share of a warp's dv and dk (rows r0.. of the
-// staged tile, from its row `at0` on): the transposed scores S^T = k q^T and
-// dP^T = v dout^T of the warp's 16 keys (k_w, v_w in shared memory), then P^T
-// and dS^T as the left operands of P^T dout and dS^T q.
-template <int kD, int kR>
-AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kD / 8][4], float (&dv_acc)[kD / 8][4],
+// staged tile, from its row `at0` on), for each of its kM tiles of 16 keys
+// (tile r: keys key0 + 16 r on, at k_w and v_w + 16 r rows in shared memory):
+// the transposed scores S^T = k q^T and dP^T = v dout^T, then P^T and dS^T as
+// the left operands of P^T dout and dS^T q. The query rows' fragments are
+// loaded once for all the tiles.
+template <int kD, int kR, int kM>
+AMSP_DEVICE_INLINE void dkv_tile(float (&dk_acc)[kM][kD / 8][4], float (&dv_acc)[kM][kD / 8][4],
                                  const uint16_t* k_w, const uint16_t* v_w,
                                  const QueryTile<kD, kR>& tile, int at0, int64_t key0, int64_t r0,
                                  const Shape& sh) {
   constexpr int kLd = kD + kPad;
   const uint16_t* q_t = tile.q + at0 * kLd;
   const uint16_t* dout_t = tile.dout + at0 * kLd;
-  float st[2][4] = {}, dpt[2][4] = {};
+  float st[kM][2][4] = {}, dpt[kM][2][4] = {};
   for (int c = 0; c < kD / 16; ++c) {
-    uint32_t ka[4], va[4], bq[2][2], bd[2][2];  // [half]: query rows 0-7, 8-15
-    load_a(ka, k_w + 16 * c, kLd);
-    load_a(va, v_w + 16 * c, kLd);
+    uint32_t bq[2][2], bd[2][2];  // [half]: query rows 0-7, 8-15
     load_b_nk_n2(bq, q_t + 16 * c, kLd);
     load_b_nk_n2(bd, dout_t + 16 * c, kLd);
-    for (int half = 0; half < 2; ++half) {
-      mma_bf16_16x8x16(st[half], ka, bq[half]);
-      mma_bf16_16x8x16(dpt[half], va, bd[half]);
+    AMSP_UNROLL
+    for (int r = 0; r < kM; ++r) {
+      uint32_t ka[4], va[4];
+      load_a(ka, k_w + 16 * r * kLd + 16 * c, kLd);
+      load_a(va, v_w + 16 * r * kLd + 16 * c, kLd);
+      for (int half = 0; half < 2; ++half) {
+        mma_bf16_16x8x16(st[r][half], ka, bq[half]);
+        mma_bf16_16x8x16(dpt[r][half], va, bd[half]);
+      }
     }
   }
-  const bool edge = key0 + kRows - 1 > r0 || r0 + 15 >= sh.T;  // past a row, or rows past T
-  for (int half = 0; half < 2; ++half)
-    for (int i = 0; i < 4; ++i) {
-      const int at = at0 + 8 * half + static_cast<int>(c_col(0, i));
-      float p = probability(st[half][i], tile.lse2[at], sh);
-      if (edge) {
-        const int64_t key = c_row(key0, i), row = r0 + at - at0;
-        if (key > row || row >= sh.T) p = 0.0f;
+  uint32_t pa[kM][4], dsa[kM][4];
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) {
+    const int64_t first = key0 + kRows * r;
+    const bool edge = first + kRows - 1 > r0 || r0 + 15 >= sh.T;  // past a row, or rows past T
+    for (int half = 0; half < 2; ++half)
+      for (int i = 0; i < 4; ++i) {
+        const int at = at0 + 8 * half + static_cast<int>(c_col(0, i));
+        float p = probability(st[r][half][i], tile.lse2[at], sh);
+        if (edge) {
+          const int64_t key = c_row(first, i), row = r0 + at - at0;
+          if (key > row || row >= sh.T) p = 0.0f;
+        }
+        st[r][half][i] = p;
+        dpt[r][half][i] = p * (dpt[r][half][i] - tile.delta[at]);
       }
-      st[half][i] = p;
-      dpt[half][i] = p * (dpt[half][i] - tile.delta[at]);
-    }
-  uint32_t pa[4], dsa[4];
-  a_from_c(pa, st[0], st[1]);
-  a_from_c(dsa, dpt[0], dpt[1]);
+    a_from_c(pa[r], st[r][0], st[r][1]);
+    a_from_c(dsa[r], dpt[r][0], dpt[r][1]);
+  }
   mma_rows<kD, false>(dv_acc, pa, dout_t);
   mma_rows<kD, false>(dk_acc, dsa, q_t);
 }
@@ -797,25 +816,31 @@ AMSP_DEVICE_INLINE void store_dkv(const DkvOut<A>& o, int64_t at, const float (&
 // (attention_dkv_sum_kernel), so the bits do not depend on timing. A warp's
 // scores are transposed (keys x queries) so that P^T and dS^T are the A
 // fragments of the products that form dv and dk.
-template <typename W>  // Dkv<head dim, activation dtype, query rows per tile, tiles>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<W::D>)
+//
+// With W::key_tiles tiles of 16 keys a warp, a tile of keys multiplies the
+// staged query rows from its warp's first key on: its first 16 rows lie above
+// a second tile's keys, whose P and dS there are masked to 0, which leaves
+// its sums as they are, so the bits are one key tile's.
+template <typename W>  // Dkv<head dim, activation dtype, query rows per tile, tiles, key tiles>
+__global__ void __launch_bounds__(kThreads, W::key_tiles > 1 ? 2 : kMinBlocks<W::D>)
     attention_dkv_bf16_kernel(const typename W::Type* q, const typename W::Type* k,
                               const typename W::Type* v, const float* lse,
                               const typename W::Type* dout, const float* delta,
                               DkvOut<typename W::Type> o, Shape sh) {
-  constexpr int kD = W::D, kR = W::rows, kLd = kD + kPad;
+  constexpr int kD = W::D, kR = W::rows, kM = W::key_tiles, kLd = kD + kPad;
+  constexpr int kWarpKeys = kM * kRows, kBlockKeys = kWarps * kWarpKeys;
   AMSP_DYNAMIC_SHARED(Shared16, smem);  // sizeof(DkvTiles<W>) bytes
   DkvTiles<W>& tiles = *reinterpret_cast<DkvTiles<W>*>(smem);
   const int64_t b = blockIdx.x / sh.H, h = blockIdx.x % sh.H, kvh = h / sh.group;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  const int64_t key0 = k0 + threadIdx.x / 32 * kRows;  // this warp's first key
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kBlockKeys;
+  const int64_t key0 = k0 + threadIdx.x / 32 * kWarpKeys;  // this warp's first key
   const Head hd = head_of(b, h, kD, sh);
-  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kTile, sh.T);
-  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kTile, sh.T);
-  const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kRows * kLd;
-  const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kRows * kLd;
+  stage_rows<kD>(tiles.k, k + hd.kv_off, hd.ldk, k0, kBlockKeys, sh.T);
+  stage_rows<kD>(tiles.v, v + hd.kv_off, hd.ldk, k0, kBlockKeys, sh.T);
+  const uint16_t* k_w = tiles.k + (threadIdx.x / 32) * kWarpKeys * kLd;
+  const uint16_t* v_w = tiles.v + (threadIdx.x / 32) * kWarpKeys * kLd;
 
-  float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
+  float dk_acc[kM][kD / 8][4] = {}, dv_acc[kM][kD / 8][4] = {};
   // Causal: the rows at or below the block's keys.
   for_each_query_tile(tiles, q, dout, lse, delta, hd, k0, sh,
                       [&](const QueryTile<kD, kR>& tile, int64_t r0) {
@@ -823,15 +848,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<W::D>)
                           if (r0 + at0 + 15 >= key0)  // else every row is above this warp's keys
                             dkv_tile<kD>(dk_acc, dv_acc, k_w, v_w, tile, at0, key0, r0 + at0, sh);
                       });
-  // A share is rotated back after the shares are summed.
-  finish_gradient<kD>(dk_acc, key0, sh.T, sh.scale, o.dk_shares ? Rotary{} : sh.rope);
   const int64_t base = (h % sh.group) * o.per_share + b * sh.T * o.ld + kvh * kD;
-  for (int n = 0; n < kD / 8; ++n)
-    for (int j = 0; j < 2; ++j) {
-      const int64_t key = c_row(key0, 2 * j);
-      if (key < sh.T)
-        store_dkv(o, base + key * o.ld + c_col(8 * n, 2 * j), dk_acc[n], dv_acc[n], j);
-    }
+  AMSP_UNROLL
+  for (int r = 0; r < kM; ++r) {
+    const int64_t first = key0 + kRows * r;
+    // A share is rotated back after the shares are summed.
+    finish_gradient<kD>(dk_acc[r], first, sh.T, sh.scale, o.dk_shares ? Rotary{} : sh.rope);
+    for (int n = 0; n < kD / 8; ++n)
+      for (int j = 0; j < 2; ++j) {
+        const int64_t key = c_row(first, 2 * j);
+        if (key < sh.T)
+          store_dkv(o, base + key * o.ld + c_col(8 * n, 2 * j), dk_acc[r][n], dv_acc[r][n], j);
+      }
+  }
 }
 
 // dk and dv (row stride ldkv) = the sum of the group's shares in head order,
@@ -1026,10 +1055,11 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
       (q, k, v, lse, dout, delta, dq, sh);
     });
     if constexpr (std::is_same_v<A, bf16> && kAsyncQueries < kD >> 0) {
-      using W = Dkv<kD, A, kAsyncQueries<kD>, 2>;
+      using W = Dkv<kD, A, kAsyncQueries<kD>, 2, kKeyTiles<kD>>;
       if (async_queries(q, dout, ldq) && shared_fits(sizeof(DkvTiles<W>))) {
         const size_t bytes = shared_for(attention_dkv_bf16_kernel<W>, sizeof(DkvTiles<W>));
-        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, bytes, s)
+        const dim3 keys(static_cast<unsigned>(B * H), tiles_of(T, kTile * W::key_tiles));
+        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, keys, kThreads, bytes, s)
         (q, k, v, lse, dout, delta, o, sh);
         return;
       }
