@@ -63,6 +63,7 @@
 // is staged through registers after the warps are done with the last.
 // doc/gpu.md has their times on a GPU.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -655,13 +656,13 @@ struct alignas(16) DkvTiles {
 template <int kD>
 constexpr int kKeyTiles = kQueryRowTiles<kD>;
 
-// Query rows per tile of the cp.async variant: the most of 32 or 16 with
-// which two tiles fit beside the keys and values in the budget (0: none does).
-template <int kD>
-constexpr int kAsyncQueries =
-    sizeof(DkvTiles<Dkv<kD, bf16, 32, 2, kKeyTiles<kD>>>) <= kSharedBudget   ? 32
-    : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2, kKeyTiles<kD>>>) <= kSharedBudget ? 16
-                                                                             : 0;
+// Query rows per tile of the cp.async variant with kM key tiles a warp: the
+// most of 32 or 16 with which two tiles fit beside the keys and values in
+// the budget (0: none does).
+template <int kD, int kM>
+constexpr int kAsyncQueries = sizeof(DkvTiles<Dkv<kD, bf16, 32, 2, kM>>) <= kSharedBudget   ? 32
+                              : sizeof(DkvTiles<Dkv<kD, bf16, 16, 2, kM>>) <= kSharedBudget ? 16
+                                                                                            : 0;
 
 // The tile's lse times log2(e) and delta (rows at or past T are 0), by plain
 // loads.
@@ -981,20 +982,41 @@ size_t shared_for(Kernel kernel, size_t bytes) {
   return bytes;
 }
 
-// Forward's or dq's variant for D, A and kM row tiles a warp: two key tiles
-// where the activations come by cp.async and two tiles fit, else one.
-template <int kD, typename A, int kM, typename Launch>
+// Tiles of 16 rows a warp where the head dim allows two (set_attention_warp_tiles).
+std::atomic<int> warp_tiles{2};
+
+// Whether forward, dq and dk/dv take two tiles a warp at head dim kD.
+template <int kD>
+bool two_warp_tiles() {
+  return kQueryRowTiles<kD> == 2 && warp_tiles.load(std::memory_order_relaxed) == 2;
+}
+
+// Forward's or dq's variant for D and A: two key tiles where the activations
+// come by cp.async and two tiles fit, else one; two row tiles a warp where
+// two_warp_tiles says so, else one.
+template <int kD, typename A, typename Launch>
 void with_key_tiles(bool async_kv, Launch launch) {
   static_assert(sizeof(KeyValueTiles<kD>) <= kSharedNoOptIn, "one tile needs no opt-in");
+  auto with_rows = [&](auto stages) {
+    constexpr int kS = decltype(stages)::value;
+    if constexpr (kQueryRowTiles<kD> == 2) {
+      if (two_warp_tiles<kD>()) return launch(Fwd<kD, A, kS, 2>{});
+    }
+    launch(Fwd<kD, A, kS, 1>{});
+  };
   if constexpr (kTwoKeyTiles<kD, A>) {
-    if (async_kv && shared_fits(2 * sizeof(KeyValueTiles<kD>))) return launch(Fwd<kD, A, 2, kM>{});
+    if (async_kv && shared_fits(2 * sizeof(KeyValueTiles<kD>)))
+      return with_rows(std::integral_constant<int, 2>{});
   }
-  launch(Fwd<kD, A, 1, kM>{});
+  with_rows(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
 
 bool attention_tc_supports(int64_t D) { return D >= 16 && D <= kMaxD && D % 16 == 0; }
+
+void set_attention_warp_tiles(int tiles) { warp_tiles.store(tiles, std::memory_order_relaxed); }
+int attention_warp_tiles() { return warp_tiles.load(std::memory_order_relaxed); }
 
 int64_t attention_tc_partials(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   return H > KV ? 2 * H * B * T * D : 0;  // dk and dv, group (H / KV) shares of B*T*KV*D
@@ -1014,7 +1036,7 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
   AMSP_DEVICE_FLOPS(causal_flops(2, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    with_key_tiles<kD, A, kQueryRowTiles<kD>>(sh.async_kv, [&](auto variant) {
+    with_key_tiles<kD, A>(sh.async_kv, [&](auto variant) {
       using V = decltype(variant);
       const size_t bytes =
           shared_for(attention_forward_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<V::value>));
@@ -1023,6 +1045,41 @@ void forward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int64
       (q, k, v, lse, out, sh);
     });
   });
+}
+
+// dk/dv's launch for D and A: by cp.async in tiles of query rows where q and
+// dout allow it and the device has the shared memory, two key tiles a warp
+// where two_warp_tiles says so; else staged through registers, one key tile.
+template <int kD, typename A>
+void launch_dkv(const A* q, const A* k, const A* v, int64_t ldq, const float* lse, const A* dout,
+                const float* delta, const DkvOut<A>& o, const Shape& sh, cudaStream_t s) {
+  const unsigned heads = static_cast<unsigned>(sh.B * sh.H);
+  if constexpr (std::is_same_v<A, bf16>) {
+    auto by_cp_async = [&](auto key_tiles) {
+      constexpr int kM = decltype(key_tiles)::value;
+      if constexpr (kAsyncQueries < kD, kM >> 0) {
+        using W = Dkv<kD, A, kAsyncQueries<kD, kM>, 2, kM>;
+        if (!shared_fits(sizeof(DkvTiles<W>))) return false;
+        const size_t bytes = shared_for(attention_dkv_bf16_kernel<W>, sizeof(DkvTiles<W>));
+        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, dim3(heads, tiles_of(sh.T, kTile * kM)), kThreads,
+                    bytes, s)
+        (q, k, v, lse, dout, delta, o, sh);
+        return true;
+      }
+      return false;
+    };
+    if (async_queries(q, dout, ldq)) {
+      if constexpr (kKeyTiles<kD> == 2) {
+        if (two_warp_tiles<kD>() && by_cp_async(std::integral_constant<int, 2>{})) return;
+      }
+      if (by_cp_async(std::integral_constant<int, 1>{})) return;
+    }
+  }
+  using W = Dkv<kD, A, kQueries<kD>, 1>;
+  static_assert(sizeof(DkvTiles<W>) <= kSharedNoOptIn, "the fallback needs no opt-in");
+  AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, dim3(heads, tiles_of(sh.T)), kThreads,
+              sizeof(DkvTiles<W>), s)
+  (q, k, v, lse, dout, delta, o, sh);
 }
 
 template <typename A>
@@ -1045,29 +1102,15 @@ void backward_tensor_cores(const A* q, const A* k, const A* v, int64_t ldq, int6
   AMSP_DEVICE_FLOPS(causal_flops(7, B, T, H, D), true);
   with_head_dim(D, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T));
-    with_key_tiles<kD, A, kQueryRowTiles<kD>>(sh.async_kv, [&](auto variant) {
+    with_key_tiles<kD, A>(sh.async_kv, [&](auto variant) {
       using V = decltype(variant);
       const size_t bytes =
           shared_for(attention_dq_bf16_kernel<V>, V::stages * sizeof(KeyValueTiles<kD>));
-      const dim3 dq_grid(static_cast<unsigned>(B * H), tiles_of(T, kTile * V::row_tiles));
-      AMSP_LAUNCH(attention_dq_bf16_kernel<V>, dq_grid, kThreads, bytes, s)
+      const dim3 grid(static_cast<unsigned>(B * H), tiles_of(T, kTile * V::row_tiles));
+      AMSP_LAUNCH(attention_dq_bf16_kernel<V>, grid, kThreads, bytes, s)
       (q, k, v, lse, dout, delta, dq, sh);
     });
-    if constexpr (std::is_same_v<A, bf16> && kAsyncQueries < kD >> 0) {
-      using W = Dkv<kD, A, kAsyncQueries<kD>, 2, kKeyTiles<kD>>;
-      if (async_queries(q, dout, ldq) && shared_fits(sizeof(DkvTiles<W>))) {
-        const size_t bytes = shared_for(attention_dkv_bf16_kernel<W>, sizeof(DkvTiles<W>));
-        const dim3 keys(static_cast<unsigned>(B * H), tiles_of(T, kTile * W::key_tiles));
-        AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, keys, kThreads, bytes, s)
-        (q, k, v, lse, dout, delta, o, sh);
-        return;
-      }
-    }
-    using W = Dkv<kD, A, kQueries<kD>, 1>;
-    static_assert(sizeof(DkvTiles<W>) <= kSharedNoOptIn, "the fallback needs no opt-in");
-    AMSP_LAUNCH(attention_dkv_bf16_kernel<W>, grid, kThreads, sizeof(DkvTiles<W>), s)
-    (q, k, v, lse, dout, delta, o, sh);
+    launch_dkv<kD>(q, k, v, ldq, lse, dout, delta, o, sh, s);
   });
   if (H != KV) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(1024, (share / 2 + 255) / 256));

@@ -128,6 +128,12 @@ void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t
 // be rotated each time (doc/gpu.md, "The kernels"). kernels/cpu/ops.h is the
 // same contract.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
+// Tiles of 16 rows a warp of the tensor-core kernels where the head dim allows
+// two (D <= 64; attention_bf16.cu): 2, the default, or 1, the layout before
+// it, kept so that a GPU can time the two side by side in one run. The same
+// bits either way. The CUDA backend sets it from AMSP_ATTENTION_WARP_TILES.
+void set_attention_warp_tiles(int tiles);
+int attention_warp_tiles();
 int64_t attention_backward_workspace(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool bf16);
 template <typename A>
 void attention_forward(const A* q, const A* k, const A* v, int64_t ldq, int64_t ldkv, float* lse,

@@ -3,6 +3,7 @@
 // cuda_backend_kernels.cpp; cuda_backend.h states the semantics.
 #include "backend/cuda_backend.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/checks.h"
@@ -19,11 +20,24 @@ namespace {
 
 constexpr Checks check(Device::kCuda);
 
+// AMSP_ATTENTION_WARP_TILES, where set: the tensor-core attention's tiles of
+// 16 rows a warp (kernels/cuda/ops.h), 2 by default, 1 to time the layout
+// before it beside it (doc/gpu.md, "The kernels").
+void apply_attention_warp_tiles() {
+  const char* v = std::getenv("AMSP_ATTENTION_WARP_TILES");
+  if (v == nullptr) return;
+  if (std::strcmp(v, "1") != 0 && std::strcmp(v, "2") != 0)
+    fail_usage("AMSP_ATTENTION_WARP_TILES=", v,
+               ": expected 1 or 2 (the tensor-core attention's tiles of 16 rows a warp)");
+  kc::set_attention_warp_tiles(v[0] - '0');
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(DType compute, int device)
     : Backend(compute), device_(device), allocator_(std::make_shared<CachingAllocator>(cat("cuda:", device))) {
   check.compute(compute);
+  apply_attention_warp_tiles();
   int count = 0;
   AMSP_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (device < 0 || device >= count)
@@ -59,7 +73,10 @@ CudaBackend::~CudaBackend() {
 }
 
 std::string CudaBackend::describe() const {
-  return cat("cuda:", device_, " (", name_, ", sm_", sm_, ")");
+  // The attention's warp layout only where it is not the default, for a run timed beside it.
+  const std::string tiles =
+      kc::attention_warp_tiles() == 2 ? "" : "; attention: one tile of 16 rows a warp";
+  return cat("cuda:", device_, " (", name_, ", sm_", sm_, tiles, ")");
 }
 
 double CudaBackend::peak_flops() {

@@ -83,7 +83,9 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
-  std::string describe() const override;  // "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)"
+  // "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", and the attention's warp layout where it is not
+  // the default (AMSP_ATTENTION_WARP_TILES=1).
+  std::string describe() const override;
   int device_index() const { return device_; }
   const std::string& device_name() const { return name_; }
   cudaStream_t stream() const { return stream_; }

@@ -31,7 +31,7 @@ of a tensor in L2; single elements have no derivable bound, 0.25 only catches ga
 A wrong kernel (a dropped beta, a missing reduction, a race) moves a loss by far more.
 
 Also: --device cuda without AMSP_CUDA_EMULATION=1 is refused with exit code 2 and a
-one-line reason; and an NCCL failure (the emulation's AMSP_EMU_NCCL_FAIL, at issue or
+one-line reason, and so is an AMSP_ATTENTION_WARP_TILES other than 1 or 2; and an NCCL failure (the emulation's AMSP_EMU_NCCL_FAIL, at issue or
 reported asynchronously) ends the job with a line naming the group and the op; and a
 run resumed on cuda from a checkpoint it wrote continues bit for bit.
 
@@ -178,6 +178,14 @@ def check_refusal_and_faults(amsp, mpiexec, data, check):
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60, env=env)
     check(p.returncode == 2 and "AMSP_CUDA_EMULATION=1" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
           f"--device cuda without AMSP_CUDA_EMULATION: exit {p.returncode}, {p.stderr.strip()[:160]}")
+    # The attention's warp layout, a knob for timing, takes 1 or 2 and nothing else.
+    env = dict(os.environ, AMSP_CUDA_EMULATION="1", AMSP_ATTENTION_WARP_TILES="3")
+    p = subprocess.run([amsp, "train", "--data", data, "--device", "cuda", "--model", "tiny", "--seq-len", "16",
+                        "--batch-size", "1", "--steps", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60, env=env)
+    check(p.returncode == 2 and "AMSP_ATTENTION_WARP_TILES=3: expected 1 or 2" in p.stderr
+          and len(p.stderr.strip().splitlines()) == 1,
+          f"AMSP_ATTENTION_WARP_TILES=3: exit {p.returncode}, {p.stderr.strip()[:160]}")
 
     # An NCCL failure, returned at issue or reported asynchronously after the op
     # completed (the emulation's AMSP_EMU_NCCL_FAIL), ends every rank with one line

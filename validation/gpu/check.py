@@ -156,8 +156,10 @@ def sanitizers(c):
 
 # ---- training runs ----------------------------------------------------------------------
 
-def train(c, name, ranks, plan, model_args, steps, batch, seq, device="cuda", extra=(), timeout=600, tool=()):
-    """`tool`: a command that runs amsp (a profiler), between the launcher and amsp."""
+def train(c, name, ranks, plan, model_args, steps, batch, seq, device="cuda", extra=(), timeout=600, tool=(),
+          env=None):
+    """`tool`: a command that runs amsp (a profiler), between the launcher and amsp; `env`:
+    variables set for it."""
     work = os.path.join(c.a.out, "runs", name)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -166,7 +168,7 @@ def train(c, name, ranks, plan, model_args, steps, batch, seq, device="cuda", ex
                              "--data", c.a.data, "--steps", str(steps), "--batch-size", str(batch),
                              "--seq-len", str(seq), "--shard", plan, "--eval-every", "0", "--eval-windows", "1",
                              "--metrics", m, "--run-info", os.path.join(work, "run.json"), *extra]
-    rc, out, secs = c.run("train-" + name, cmd, timeout)
+    rc, out, secs = c.run("train-" + name, cmd, timeout, env=dict(os.environ, **env) if env else None)
     if rc != 0:
         return None, f"exit {rc}: {last_line(out)}", work
     return metrics(m), f"{secs:.0f} s", work
@@ -347,6 +349,54 @@ def attention_tflops(ms, products, m):
     return flops / (ms / 1e3) / 1e12 if ms else 0.0
 
 
+def amsp_attention(c, name, model_args, m, extra=(), env=None):
+    """amsp's attention forward and backward, ms a step, from its kernel profile of m's run:
+    ({forward_ms, backward_ms}, note) or (None, why not)."""
+    profile = os.path.join(c.a.out, "attention", name + "-profile.json")
+    runs, note, _ = train(c, name, 1, "ddp", model_args, m["steps"], m["batch"], m["seq"],
+                          extra=OPT_FLAGS + ["--kernel-profile", profile, *extra], env=env)
+    if runs is None or not os.path.exists(profile):
+        return None, note
+    rows = {r["name"]: r["ms_per_step"] for r in json.load(open(profile)).get("kernels", [])}
+    return {"forward_ms": rows.get("attention_forward", 0.0), "backward_ms": rows.get("attention_backward", 0.0)}, note
+
+
+def attention_warp_tiles(c):
+    """Up to D = 64 the tensor-core kernels take two tiles of 16 rows a warp; one, the layout
+    before, is kept to time beside it (AMSP_ATTENTION_WARP_TILES): two decoder layers of
+    llama-1b (D = 64), each layout's attention ms a step in the same run."""
+    print("== 5b. attention at llama-1b's D = 64: one tile a warp against two", flush=True)
+    base, seq, batch, steps = ("tiny", 32, 2, 3) if c.a.emulated else ("llama-1b", 2048, 2, 4)
+    if c.left() < 90:
+        c.record("attention", "one tile a warp against two", "not run", "time budget")
+        return
+    work = os.path.join(c.a.out, "attention")
+    os.makedirs(work, exist_ok=True)
+    cfg = json.load(open(preset(c.a, base)))
+    cfg["num_hidden_layers"] = 2
+    config = os.path.join(work, "config-warp-tiles.json")
+    json.dump(cfg, open(config, "w"), indent=2)
+    m = {"preset": base, "layers": 2, "seq": seq, "batch": batch, "steps": steps,
+         "heads": cfg["num_attention_heads"], "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"]}
+    case = f"D = {m['head_dim']}, {base}'s layers, one tile a warp against two"
+    notes = []
+    for tiles in (2, 1):
+        r, note = amsp_attention(c, f"attention-warp-tiles-{tiles}", ["--model", config], m,
+                                 env={"AMSP_ATTENTION_WARP_TILES": str(tiles)})
+        if r is None:
+            c.record("attention", case, "FAIL", f"{tiles} a warp: {note}")
+            return
+        m[f"tiles_{tiles}"] = r
+        notes.append(f"{tiles}: forward {r['forward_ms']:.2f} ms, backward {r['backward_ms']:.2f} ms")
+    c.record("attention", case, "ok", "; ".join(notes) + " a step")
+    c.figures["attention_warp_tiles"] = m
+
+
+def attention(c):
+    attention_128(c)
+    attention_warp_tiles(c)
+
+
 def attention_128(c):
     print("== 5. attention at D = 128: two layers of llama-7b, amsp beside PyTorch", flush=True)
     if c.left() < 150:
@@ -369,14 +419,11 @@ def attention_128(c):
     if hf is None:
         c.record("attention", f"{case}, initial weights", "FAIL", note)
         return
-    order, profile = os.path.join(work, "order.jsonl"), os.path.join(work, "kernel-profile.json")
-    runs, note, _ = train(c, "attention", 1, "ddp", ["--init-from", hf], steps, batch, seq,
-                          extra=OPT_FLAGS + ["--data-order", order, "--kernel-profile", profile])
-    if runs is None or not os.path.exists(profile):
+    order = os.path.join(work, "order.jsonl")
+    m["amsp"], note = amsp_attention(c, "attention", ["--init-from", hf], m, ["--data-order", order])
+    if m["amsp"] is None:
         c.record("attention", f"{case}, amsp", "FAIL", note)
         return
-    rows = {r["name"]: r["ms_per_step"] for r in json.load(open(profile)).get("kernels", [])}
-    m["amsp"] = {"forward_ms": rows.get("attention_forward", 0.0), "backward_ms": rows.get("attention_backward", 0.0)}
     c.record("attention", f"{case}, amsp", "ok", f"forward {m['amsp']['forward_ms']:.2f} ms, backward "
              f"{m['amsp']['backward_ms']:.2f} ms a step; {note}")
     res, why = torch_run(c, ["train", "--model", hf, "--data", c.a.data, "--order", order, "--steps", str(steps),
@@ -402,6 +449,25 @@ def attention_128(c):
 
 
 def attention_table(f):
+    return attention_128_table(f) + warp_tiles_table(f)
+
+
+def warp_tiles_table(f):
+    m = f.get("attention_warp_tiles")
+    if not m or "tiles_1" not in m:
+        return []
+    lines = ["", f"amsp's attention at D = {m['head_dim']} with two tiles of 16 rows a warp (the default) and "
+                 f"one (AMSP_ATTENTION_WARP_TILES=1, the layout before), {m['layers']} decoder layers of "
+                 f"{m['preset']}, seq {m['seq']}, batch {m['batch']}, ms a step from the kernel profile:", "",
+             "| tiles a warp | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s |", "|---|---|---|---|---|"]
+    for tiles in (2, 1):
+        r = m[f"tiles_{tiles}"]
+        lines.append(f"| {tiles} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} | "
+                     f"{attention_tflops(r['forward_ms'], 2, m):.0f} | {attention_tflops(r['backward_ms'], 5, m):.0f} |")
+    return lines
+
+
+def attention_128_table(f):
     m = f.get("attention_128")
     if not m or "amsp" not in m:
         return []
@@ -784,7 +850,7 @@ def main():
 
 
 # The parts after the preflight, in the order they run (the GPU's first).
-PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "attention": attention_128,
+PARTS = {"kernels": kernels, "losses": gpu_against_cpu, "side-by-side": side_by_side, "attention": attention,
          "counters": counters,
          "sanitizers": sanitizers, "gpus": several_gpus, "cores": cores}
 

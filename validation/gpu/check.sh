@@ -11,7 +11,7 @@
 #      memory (against the plan's prediction, within 5%), time per kernel; and the same model, weights and batches in
 #      PyTorch (eager with SDPA, and torch.compile) in the same run; attention at
 #      D = 128 (two decoder layers of llama-7b), amsp's kernels and PyTorch's, each
-#      timed by its own profile; and one step under Nsight Compute (counters);
+#      timed by its own profile, and at D = 64 with one and two tiles a warp; and one step under Nsight Compute (counters);
 #   4. compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over a
 #      small backend-check, where the tool is present;
 #   5. with two GPUs or more: ddp, zero3 and a mixed plan against one GPU;

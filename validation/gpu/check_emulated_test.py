@@ -123,6 +123,20 @@ expect((by_part.get("attention") or ["?"])[0] == "ok" and att.get("head_dim") ==
        and "| system | forward ms | backward ms | forward TFLOP/s |" in md,
        f"attention at D = 128: amsp's forward and backward timed, in the report (got {by_part.get('attention')}, {att})")
 
+# Attention with one tile of 16 rows a warp beside two (AMSP_ATTENTION_WARP_TILES), timed in
+# the same run: both layouts ran, and the table is in the report.
+wt = figures.get("attention_warp_tiles") or {}
+ran = {}
+for t in (1, 2):
+    info = os.path.join(out, "runs", f"attention-warp-tiles-{t}", "run.json")
+    ran[t] = " ".join(json.load(open(info)).get("devices", [])) if os.path.exists(info) else ""
+expect("one tile of 16 rows a warp" in ran[1] and "one tile" not in ran[2],
+       f"the runs of one tile a warp and of two each ran the layout named (devices: {ran})")
+expect(results.get(("attention", f"D = {wt.get('head_dim')}, tiny's layers, one tile a warp against two")) == "ok"
+       and all(wt.get(f"tiles_{t}", {}).get("forward_ms", 0) > 0 for t in (1, 2))
+       and "| tiles a warp | forward ms | backward ms |" in md,
+       f"attention with one tile a warp against two: both timed, in the report (got {wt})")
+
 # A wrong result: gpu-info fails, so the check must fail and say which check.
 fake = os.path.join(work, "fake-build")
 os.makedirs(os.path.join(fake, "test-work"), exist_ok=True)

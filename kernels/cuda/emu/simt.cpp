@@ -303,6 +303,12 @@ bool set_max_dynamic_shared(const void* function, size_t bytes) {
   return true;
 }
 
+namespace {
+std::atomic<uint64_t> blocks{0};
+}  // namespace
+
+uint64_t blocks_launched() { return blocks.load(std::memory_order_relaxed); }
+
 void run(const char* kernel, const void* function, dim3 grid, dim3 block, size_t shared_bytes,
          KernelBody body, const void* context) {
   if (active != nullptr)
@@ -310,6 +316,7 @@ void run(const char* kernel, const void* function, dim3 grid, dim3 block, size_t
                              " launched from inside kernel " + active->kernel);
   check_config(kernel, function, grid, block, shared_bytes);
   amsp::emu::count_launch();
+  blocks.fetch_add(uint64_t{grid.x} * grid.y * grid.z, std::memory_order_relaxed);
   if (amsp::emu::dry_run()) return;
   std::vector<std::max_align_t> shared((shared_bytes + sizeof(std::max_align_t) - 1) /
                                        sizeof(std::max_align_t));

@@ -88,6 +88,10 @@ using KernelBody = void (*)(const void* context);
 void run(const char* kernel, const void* function, dim3 grid, dim3 block, size_t shared_bytes,
          KernelBody body, const void* context);
 
+// Thread blocks launched so far, over every kernel and thread (the grids'
+// sizes): what a test reads to see which work layout a launcher chose.
+uint64_t blocks_launched();
+
 // The dynamic shared memory `function` may have from now on (the emulated
 // cudaFuncSetAttribute); false, and nothing changed, past device_shared_optin().
 bool set_max_dynamic_shared(const void* function, size_t bytes);
