@@ -452,35 +452,37 @@ def attention_table(f):
     return attention_128_table(f) + warp_tiles_table(f)
 
 
+def timing_rows(caption, column, rows, m):
+    """A table of attention's ms a step, forward and backward, and the TFLOP/s of the causal
+    products as models count them (2 forward, 5 backward), a line per (label, times)."""
+    lines = ["", caption, "", f"| {column} | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s |",
+             "|---|---|---|---|---|"]
+    for label, r in rows:
+        lines.append(f"| {label} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} | "
+                     f"{attention_tflops(r['forward_ms'], 2, m):.0f} | {attention_tflops(r['backward_ms'], 5, m):.0f} |")
+    return lines
+
+
 def warp_tiles_table(f):
     m = f.get("attention_warp_tiles")
     if not m or "tiles_1" not in m:
         return []
-    lines = ["", f"amsp's attention at D = {m['head_dim']} with two tiles of 16 rows a warp (the default) and "
-                 f"one (AMSP_ATTENTION_WARP_TILES=1, the layout before), {m['layers']} decoder layers of "
-                 f"{m['preset']}, seq {m['seq']}, batch {m['batch']}, ms a step from the kernel profile:", "",
-             "| tiles a warp | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s |", "|---|---|---|---|---|"]
-    for tiles in (2, 1):
-        r = m[f"tiles_{tiles}"]
-        lines.append(f"| {tiles} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} | "
-                     f"{attention_tflops(r['forward_ms'], 2, m):.0f} | {attention_tflops(r['backward_ms'], 5, m):.0f} |")
-    return lines
+    return timing_rows(f"amsp's attention at D = {m['head_dim']} with two tiles of 16 rows a warp (the default) "
+                       f"and one (AMSP_ATTENTION_WARP_TILES=1, the layout before), {m['layers']} decoder layers "
+                       f"of {m['preset']}, seq {m['seq']}, batch {m['batch']}, ms a step from the kernel profile:",
+                       "tiles a warp", [(t, m[f"tiles_{t}"]) for t in (2, 1)], m)
 
 
 def attention_128_table(f):
     m = f.get("attention_128")
     if not m or "amsp" not in m:
         return []
-    lines = ["", f"Attention at D = {m['head_dim']} ({m['layers']} decoder layers of {m['preset']}, seq {m['seq']}, "
-                 f"batch {m['batch']}; each side's own profile, ms a step; TFLOP/s of the causal products as "
-                 "models count them, 2 forward and 5 backward, whatever each side computes):", "",
-             "| system | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s |", "|---|---|---|---|---|"]
-    for key, label in (("amsp", "amsp"), ("torch", "PyTorch eager, its kernels named like attention")):
-        r = m.get(key)
-        if r:
-            lines.append(f"| {label} | {r['forward_ms']:.2f} | {r['backward_ms']:.2f} | "
-                         f"{attention_tflops(r['forward_ms'], 2, m):.0f} | {attention_tflops(r['backward_ms'], 5, m):.0f} |")
-    return lines
+    return timing_rows(f"Attention at D = {m['head_dim']} ({m['layers']} decoder layers of {m['preset']}, seq "
+                       f"{m['seq']}, batch {m['batch']}; each side's own profile, ms a step; TFLOP/s of the causal "
+                       "products as models count them, 2 forward and 5 backward, whatever each side computes):",
+                       "system", [(label, m[key]) for key, label in
+                                  (("amsp", "amsp"), ("torch", "PyTorch eager, its kernels named like attention"))
+                                  if m.get(key)], m)
 
 
 # ---- counters: one step under Nsight Compute --------------------------------------------------
