@@ -42,17 +42,21 @@
 // block's 128 (in dk/dv where its query tiles come by cp.async), as
 // FlashAttention-2's forward takes them, so that each fragment of the other
 // side a warp loads from shared memory serves two products, and each copy of
-// a tile 128 rows. Shared memory holds bf16 tiles with rows
-// padded by 8 values (16 bytes), which puts the 32 lanes of every fragment load in 32 different
-// banks: forward and dq hold a key and a value tile of 64 rows (34 KiB at D = 128), dk/dv the
-// block's keys and values and a query and dout tile of 64 rows up to D = 64 and 16 rows above (37
-// KiB at D = 64, 43 at 128). The query rows' fragments of forward and dq come from global memory
-// straight into registers (each element is read once). Forward and dq walk the key tiles in order,
-// so with bf16 activations whose rows start 16-byte aligned (the model's fused q|k|v always) the
-// tiles come by cp.async (mma.h), as in FlashAttention-2: two tiles in shared memory (36 KiB at D =
-// 64, 68 at D = 128), the next one copied while the warps multiply this one. dk/dv walks its query
-// tiles the same way (q, dout, lse and delta): two tiles of 32 rows beside the keys and values (37
-// KiB at D = 64, 69 at 128). The rows are summed in the same order either way, so the bits are the
+// a tile 128 rows. Shared memory holds bf16 tiles with rows padded by 8
+// values (16 bytes), which puts the 32 lanes of every fragment load in 32
+// different banks: forward and dq hold a key and a value tile of 64 rows (34
+// KiB at D = 128), dk/dv the block's keys and values and a query and dout
+// tile of 64 rows up to D = 64 and 16 rows above (37 KiB at D = 64, 43 at
+// 128). The query rows' fragments of forward and dq come from global memory
+// straight into registers (each element is read once).
+// Forward and dq walk the key tiles in order, so with bf16 activations whose
+// rows start 16-byte aligned (the model's fused q|k|v always) the tiles come
+// by cp.async (mma.h), as in FlashAttention-2: two tiles in shared memory
+// (36 KiB at D = 64, 68 at D = 128), the next one copied while the warps
+// multiply this one.
+// dk/dv walks its query tiles the same way (q, dout, lse and delta): two
+// tiles of 32 rows beside the keys and values (37 KiB at D = 64, 69 at 128).
+// The rows are summed in the same order either way, so the bits are the
 // staged path's.
 // Past 48 KiB (D > 80) a kernel must opt in to its shared memory, which
 // every GPU these kernels are built for allows (an A100 163 KiB, an H100
@@ -207,9 +211,9 @@ AMSP_DEVICE_INLINE float probability(float s, float lse2, const Shape& sh) {
   return exp2_approx(fmaf(s, sh.scale_log2, -lse2));
 }
 
-// A warp's products take kM tiles of 16 rows (forward: 2 up to D = 64, as
-// FlashAttention-2's 128-row blocks of 4 warps do; else 1), each B fragment
-// loaded once from shared memory for all of them. One tile's registers as an
+// A warp's products take kM tiles of 16 rows (kWarpTiles: 2 up to D = 64,
+// as FlashAttention-2's 128-row blocks of 4 warps do; else 1), each B
+// fragment loaded once from shared memory for all of them. One tile's registers as an
 // array of one tile, for the calls that have one:
 template <typename T, int N>
 AMSP_DEVICE_INLINE T (&one_tile(T (&x)[N]))[1][N] {
@@ -318,18 +322,19 @@ struct Fwd : Sized<kD, A> {
   static constexpr int stages = kS, row_tiles = kM;
 };
 
-// Forward's and dq's row tiles a warp: two up to D = 64, so that each key
-// and value fragment a warp loads serves two products and each key tile 128
-// query rows (FlashAttention-2's forward blocks for D = 64 on an A100 or
-// H100: 128 rows, 4 warps); at D = 128 two tiles' accumulators and query
+// Tiles of 16 rows a warp may take at head dim kD (query rows in forward and
+// dq, keys in dk/dv's cp.async variant): two up to D = 64, so that each
+// fragment of the other side a warp loads serves two products and each
+// copied tile 128 rows (FlashAttention-2's forward blocks for D = 64 on an
+// A100 or H100: 128 rows, 4 warps); at D = 128 two tiles' accumulators and
 // fragments would not fit a thread's 255 registers (FlashAttention-2 keeps
 // its queries in shared memory there).
 template <int kD>
-constexpr int kQueryRowTiles = kD <= 64 ? 2 : 1;
-// Blocks of forward or dq an SM must hold at once: with two row tiles a
-// warp, 2 (255 registers a thread); else forward as dk/dv, dq any.
-template <typename V, int kOne>
-constexpr int kQueryMinBlocks = V::row_tiles > 1 ? 2 : kOne;
+constexpr int kWarpTiles = kD <= 64 ? 2 : 1;
+// Blocks an SM must hold at once of a kernel with kTiles tiles a warp: with
+// two, 2 (255 registers a thread); with one, kOne.
+template <int kTiles, int kOne>
+constexpr int kTileMinBlocks = kTiles > 1 ? 2 : kOne;
 
 // Whether two key tiles are a variant for D and A: bf16 activations (cp.async)
 // within the budget.
@@ -496,7 +501,7 @@ AMSP_DEVICE_INLINE void store_rows(const float (&o)[kD / 8][4], const float (&m)
 // dynamic shared memory. Each row tile takes the same products in the same
 // order as alone: the same bits whatever the row tiles a warp.
 template <typename V>  // Fwd<head dim, activation dtype, key tiles, row tiles>
-__global__ void __launch_bounds__(kThreads, kQueryMinBlocks<V, kMinBlocks<V::value>>)
+__global__ void __launch_bounds__(kThreads, kTileMinBlocks<V::row_tiles, kMinBlocks<V::value>>)
     attention_forward_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, float* lse,
                                   Act<V>* out, Shape sh) {
   constexpr int kD = V::value, kM = V::row_tiles;
@@ -569,7 +574,7 @@ AMSP_DEVICE_INLINE void ds_tile(float (&s)[2][4], const float (&dp)[2][4], const
 // first row tile multiplies a last sub-tile whose dS is all masked to 0,
 // which leaves its sums as they are, so the bits are one row tile's.
 template <typename V>  // Fwd<head dim, activation dtype, key tiles, row tiles>
-__global__ void __launch_bounds__(kThreads, kQueryMinBlocks<V, 1>)
+__global__ void __launch_bounds__(kThreads, kTileMinBlocks<V::row_tiles, 1>)
     attention_dq_bf16_kernel(const Act<V>* q, const Act<V>* k, const Act<V>* v, const float* lse,
                              const Act<V>* dout, const float* delta, Act<V>* dq, Shape sh) {
   constexpr int kD = V::value, kM = V::row_tiles;
@@ -648,13 +653,6 @@ struct alignas(16) DkvTiles {
   uint16_t v[kTile * W::key_tiles * (W::D + kPad)];
   QueryTile<W::D, W::rows> queries[W::stages];
 };
-
-// The cp.async variant's key tiles a warp: as forward's and dq's query row
-// tiles (kQueryRowTiles), two up to D = 64, so that each query and dout
-// fragment a warp loads serves both: two tiles' dk and dv accumulators fit
-// a thread's registers there, not at D = 128.
-template <int kD>
-constexpr int kKeyTiles = kQueryRowTiles<kD>;
 
 // Query rows per tile of the cp.async variant with kM key tiles a warp: the
 // most of 32 or 16 with which two tiles fit beside the keys and values in
@@ -823,7 +821,7 @@ AMSP_DEVICE_INLINE void store_dkv(const DkvOut<A>& o, int64_t at, const float (&
 // a second tile's keys, whose P and dS there are masked to 0, which leaves
 // its sums as they are, so the bits are one key tile's.
 template <typename W>  // Dkv<head dim, activation dtype, query rows per tile, tiles, key tiles>
-__global__ void __launch_bounds__(kThreads, W::key_tiles > 1 ? 2 : kMinBlocks<W::D>)
+__global__ void __launch_bounds__(kThreads, kTileMinBlocks<W::key_tiles, kMinBlocks<W::D>>)
     attention_dkv_bf16_kernel(const typename W::Type* q, const typename W::Type* k,
                               const typename W::Type* v, const float* lse,
                               const typename W::Type* dout, const float* delta,
@@ -988,7 +986,7 @@ std::atomic<int> warp_tiles{2};
 // Whether forward, dq and dk/dv take two tiles a warp at head dim kD.
 template <int kD>
 bool two_warp_tiles() {
-  return kQueryRowTiles<kD> == 2 && warp_tiles.load(std::memory_order_relaxed) == 2;
+  return kWarpTiles<kD> == 2 && warp_tiles.load(std::memory_order_relaxed) == 2;
 }
 
 // Forward's or dq's variant for D and A: two key tiles where the activations
@@ -999,7 +997,7 @@ void with_key_tiles(bool async_kv, Launch launch) {
   static_assert(sizeof(KeyValueTiles<kD>) <= kSharedNoOptIn, "one tile needs no opt-in");
   auto with_rows = [&](auto stages) {
     constexpr int kS = decltype(stages)::value;
-    if constexpr (kQueryRowTiles<kD> == 2) {
+    if constexpr (kWarpTiles<kD> == 2) {
       if (two_warp_tiles<kD>()) return launch(Fwd<kD, A, kS, 2>{});
     }
     launch(Fwd<kD, A, kS, 1>{});
@@ -1069,7 +1067,7 @@ void launch_dkv(const A* q, const A* k, const A* v, int64_t ldq, const float* ls
       return false;
     };
     if (async_queries(q, dout, ldq)) {
-      if constexpr (kKeyTiles<kD> == 2) {
+      if constexpr (kWarpTiles<kD> == 2) {
         if (two_warp_tiles<kD>() && by_cp_async(std::integral_constant<int, 2>{})) return;
       }
       if (by_cp_async(std::integral_constant<int, 1>{})) return;
