@@ -452,9 +452,13 @@ TEST_P(CudaKernels, Rope) {
   struct Shape {
     int64_t B, T, heads, head_dim, row_stride;
   };
-  // row_stride > heads * head_dim: the columns past the heads must stay.
+  // row_stride > heads * head_dim: the columns past the heads must stay. Packs
+  // of four pairs where half the head dim and the stride are multiples of 4
+  // (the last two: 40 and 576 items a row, a block of 256 threads taking a
+  // row or half of one, some threads two items), one pair at a time elsewhere.
   for (const Shape& s : {Shape{1, 1, 1, 2, 2}, Shape{2, 5, 3, 8, 30}, Shape{3, 7, 4, 6, 24},
-                         Shape{0, 4, 2, 4, 8}, Shape{1, 300, 5, 66, 333}}) {
+                         Shape{0, 4, 2, 4, 8}, Shape{1, 300, 5, 66, 333}, Shape{2, 9, 5, 64, 324},
+                         Shape{1, 3, 72, 64, 4612}}) {
     const int64_t T = std::max<int64_t>(s.T, 1);
     std::vector<float> cos(T * s.head_dim / 2), sin(cos.size());
     cpu::rope_table(cos.data(), sin.data(), T, s.head_dim, 10000.0);
