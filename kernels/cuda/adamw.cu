@@ -43,24 +43,38 @@ AMSP_DEVICE_INLINE void store_copies(const AdamWTensor& t, int64_t i, const Pack
   store_pack<P>(static_cast<bf16*>(t.copy) + i, b);
 }
 
-__global__ void adamw_kernel(AdamWBatch batch, AdamWHyper h) {
+// An element's gradient, master, first and second moment: P of each.
+template <int P>
+struct Moments {
+  Pack<float, P> g, p, m, v;
+};
+
+// Two packs of each array a thread in flight (pack.cuh, batched), at most 64
+// registers so that four blocks share an SM.
+constexpr int kAdamWBatch = 2;
+
+__global__ void __launch_bounds__(kBlockThreads, 4) adamw_kernel(AdamWBatch batch, AdamWHyper h) {
   const AdamWTensor& t = batch.tensors[blockIdx.y];
   const float scale = h.scale != nullptr ? *h.scale : h.grad_scale;
   const bool scaled = scale != 1.0f;
-  for_each_pack<kAdamWPack>(t.n, batch.packed[blockIdx.y], [&](int64_t i, auto pack) {
+  const auto load = [&](int64_t i, auto pack) {
     constexpr int P = decltype(pack)::value;
-    const Pack<float, P> g = load_grads<P>(t, i);
-    Pack<float, P> p = load_pack<P>(t.master_in + i), m = load_pack<P>(t.m_in + i),
-                   v = load_pack<P>(t.v_in + i);
+    return Moments<P>{load_grads<P>(t, i), load_pack<P>(t.master_in + i), load_pack<P>(t.m_in + i),
+                      load_pack<P>(t.v_in + i)};
+  };
+  const auto update = [&](int64_t i, auto pack, auto e) {
+    constexpr int P = decltype(pack)::value;
     AMSP_UNROLL
     for (int k = 0; k < P; ++k)
-      adamw_update_element(p.x[k], m.x[k], v.x[k], scaled ? g.x[k] * scale : g.x[k], h.lr, h.beta1,
-                           h.beta2, h.eps, t.weight_decay, h.bias_correction1, h.bias_correction2);
-    store_pack<P>(t.master + i, p);
-    store_pack<P>(t.m + i, m);
-    store_pack<P>(t.v + i, v);
-    store_copies<P>(t, i, p);
-  });
+      adamw_update_element(e.p.x[k], e.m.x[k], e.v.x[k], scaled ? e.g.x[k] * scale : e.g.x[k], h.lr,
+                           h.beta1, h.beta2, h.eps, t.weight_decay, h.bias_correction1,
+                           h.bias_correction2);
+    store_pack<P>(t.master + i, e.p);
+    store_pack<P>(t.m + i, e.m);
+    store_pack<P>(t.v + i, e.v);
+    store_copies<P>(t, i, e.p);
+  };
+  for_each_pack<kAdamWPack, kAdamWBatch>(t.n, batch.packed[blockIdx.y], load, update);
 }
 
 // How many of t's elements can go by packs.
@@ -87,7 +101,7 @@ void adamw(const AdamWTensor* tensors, int count, const AdamWHyper& hyper, cudaS
       longest = tensors[k].n > longest ? tensors[k].n : longest;
     }
     if (used == 0) continue;
-    const dim3 grid(grid_for(longest / kAdamWPack + 1, kBlockThreads, 1024),
+    const dim3 grid(flat_pack_grid<kAdamWPack, kAdamWBatch>(longest, longest / kAdamWPack * kAdamWPack, 1024),
                     static_cast<unsigned>(used));
     AMSP_LAUNCH(adamw_kernel, grid, kBlockThreads, 0, s)(batch, hyper);
   }

@@ -19,16 +19,23 @@ using Bf16Bf16 = Dtypes<bf16, bf16>;
 
 // Conversions, additions and the sum of squares go 4 elements at a time
 // (pack.cuh) over the part of the arrays flat_packs allows, one at a time
-// over the rest.
+// over the rest, a thread loading a batch of kFlatBatch packs before it uses
+// them (pack.cuh, batched: a few registers a pack in these light kernels).
 constexpr int kFlatPack = 4;
+constexpr int kFlatBatch = 4;
+
+// The pack of P elements of x at i: for_each_pack's load.
+template <typename A>
+AMSP_DEVICE_INLINE auto pack_of(const A* x) {
+  return [x](int64_t i, auto pack) { return load_pack<decltype(pack)::value>(x + i); };
+}
 
 // y = x in y's dtype; T: Dtypes<x's, y's>.
 template <typename T>
 __global__ void convert_kernel(const typename T::First* x, typename T::Second* y, int64_t n,
                                int64_t packed) {
-  for_each_pack<kFlatPack>(n, packed, [&](int64_t i, auto pack) {
+  for_each_pack<kFlatPack, kFlatBatch>(n, packed, pack_of(x), [&](int64_t i, auto pack, const auto& xv) {
     constexpr int P = decltype(pack)::value;
-    const auto xv = load_pack<P>(x + i);
     Pack<typename T::Second, P> yv;
     AMSP_UNROLL
     for (int k = 0; k < P; ++k) store(&yv.x[k], load(xv.x[k]));
@@ -37,9 +44,8 @@ __global__ void convert_kernel(const typename T::First* x, typename T::Second* y
 }
 
 __global__ void round_values_kernel(const float* x, float* y, int64_t n, int64_t packed) {
-  for_each_pack<kFlatPack>(n, packed, [&](int64_t i, auto pack) {
+  for_each_pack<kFlatPack, kFlatBatch>(n, packed, pack_of(x), [&](int64_t i, auto pack, auto v) {
     constexpr int P = decltype(pack)::value;
-    Pack<float, P> v = load_pack<P>(x + i);
     AMSP_UNROLL
     for (int k = 0; k < P; ++k) v.x[k] = round_bf16(v.x[k]);
     store_pack<P>(y + i, v);
@@ -50,19 +56,22 @@ __global__ void round_values_kernel(const float* x, float* y, int64_t n, int64_t
 template <typename T>
 __global__ void add_kernel(typename T::First* dst, const typename T::Second* src, int64_t n,
                            int64_t packed) {
-  for_each_pack<kFlatPack>(n, packed, [&](int64_t i, auto pack) {
+  const auto both = [&](int64_t i, auto pack) {
     constexpr int P = decltype(pack)::value;
-    auto d = load_pack<P>(dst + i);
-    const auto v = load_pack<P>(src + i);
+    return Both<Pack<typename T::First, P>, Pack<typename T::Second, P>>{load_pack<P>(dst + i),
+                                                                         load_pack<P>(src + i)};
+  };
+  for_each_pack<kFlatPack, kFlatBatch>(n, packed, both, [&](int64_t i, auto pack, auto ds) {
+    constexpr int P = decltype(pack)::value;
     AMSP_UNROLL
-    for (int k = 0; k < P; ++k) store(&d.x[k], load(d.x[k]) + load(v.x[k]));
-    store_pack<P>(dst + i, d);
+    for (int k = 0; k < P; ++k) store(&ds.a.x[k], load(ds.a.x[k]) + load(ds.b.x[k]));
+    store_pack<P>(dst + i, ds.a);
   });
 }
 
 // The launch of one of the kernels above over n elements.
 inline unsigned flat_grid(int64_t n, int64_t packed) {
-  return grid_for(packed / kFlatPack + (n - packed));
+  return flat_pack_grid<kFlatPack, kFlatBatch>(n, packed);
 }
 
 // One block per chunk of kSumSquaresChunk elements (a multiple of the pack):
@@ -73,15 +82,16 @@ __global__ void chunk_squares_kernel(const T* x, int64_t n, int64_t packed, doub
   const int64_t hi = lo + kSumSquaresChunk < n ? lo + kSumSquaresChunk : n;
   const int64_t mid = std::min(hi, std::max(lo, packed));  // packed, within the chunk
   double s = 0.0;
-  for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kFlatPack; i < mid;
-       i += blockDim.x * kFlatPack) {
-    const Pack<T, kFlatPack> v = load_pack<kFlatPack>(x + i);
-    AMSP_UNROLL
-    for (int k = 0; k < kFlatPack; ++k) {
-      const double d = load(v.x[k]);
-      s += d * d;
-    }
-  }
+  batched<kFlatBatch>(
+      lo + static_cast<int64_t>(threadIdx.x) * kFlatPack, mid, blockDim.x * kFlatPack,
+      [&](int64_t i) { return load_pack<kFlatPack>(x + i); },
+      [&](int64_t, const Pack<T, kFlatPack>& v) {
+        AMSP_UNROLL
+        for (int k = 0; k < kFlatPack; ++k) {
+          const double d = load(v.x[k]);
+          s += d * d;
+        }
+      });
   for (int64_t i = mid + threadIdx.x; i < hi; i += blockDim.x) {
     const double v = load(x[i]);
     s += v * v;

@@ -35,6 +35,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/emu/simt.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace amsp::emu::simt {
@@ -188,6 +189,41 @@ TEST_P(CudaKernels, BlockReductionsBackToBack) {
       ASSERT_EQ(out[i], want) << threads << " threads, thread " << i;
       ASSERT_EQ(out[threads + i], 2.0f * want) << threads << " threads, thread " << i;
     }
+  }
+}
+
+// ---- batched loads (pack.cuh) ------------------------------------------------------------
+
+// Every index of first, first + stride, ... below end, each once and in
+// order; each batch's loads all before its uses; a last batch cut short by end.
+TEST(Batched, LoadsEachBatchBeforeUsingItAndVisitsEveryIndexOnceInOrder) {
+  struct Case {
+    int64_t first, end, stride;
+  };
+  for (const Case& c : {Case{0, 0, 1}, Case{3, 4, 5}, Case{0, 10, 1}, Case{2, 40, 3}, Case{7, 1000, 64}}) {
+    std::vector<std::string> events;
+    std::vector<int64_t> used;
+    cuda::batched<3>(
+        c.first, c.end, c.stride,
+        [&](int64_t i) {
+          events.push_back("load " + std::to_string(i));
+          return i * 10;
+        },
+        [&](int64_t i, int64_t loaded) {
+          EXPECT_EQ(loaded, i * 10);
+          events.push_back("use " + std::to_string(i));
+          used.push_back(i);
+        });
+    std::vector<std::string> want;
+    std::vector<int64_t> indices;
+    for (int64_t i = c.first; i < c.end; i += c.stride) indices.push_back(i);
+    for (size_t b = 0; b < indices.size(); b += 3) {
+      const size_t e = std::min(indices.size(), b + 3);
+      for (size_t k = b; k < e; ++k) want.push_back("load " + std::to_string(indices[k]));
+      for (size_t k = b; k < e; ++k) want.push_back("use " + std::to_string(indices[k]));
+    }
+    EXPECT_EQ(used, indices) << c.first << ".." << c.end << " by " << c.stride;
+    EXPECT_EQ(events, want) << c.first << ".." << c.end << " by " << c.stride;
   }
 }
 
@@ -347,7 +383,10 @@ TEST_P(CudaKernels, EmbeddingBackward) {
 struct RowsDim {
   int64_t rows, dim;
 };
-const RowsDim kNormShapes[] = {{1, 1}, {0, 16}, {3, 7}, {5, 256}, {2, 1000}, {300, 65}, {4, 4097}, {70, 300}};
+// By packs where dim is a multiple of 4: 2060 and 4096 give some threads a
+// second batch of packs (pack.cuh, batched), 2060's cut short.
+const RowsDim kNormShapes[] = {{1, 1},    {0, 16},   {3, 7},    {5, 256},  {2, 1000},
+                               {300, 65}, {4, 4097}, {70, 300}, {2, 2060}, {3, 4096}};
 
 template <typename W>
 std::vector<W> weights(const std::vector<float>& w);

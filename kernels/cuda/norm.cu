@@ -16,8 +16,12 @@ namespace {
 // Every kernel here moves P adjacent elements at a time (pack.cuh): P = 4 (x
 // and dx as 16 bytes, bf16 w, y and dy as 8) when the row length is a multiple
 // of 4 and every pointer is aligned to its pack, else P = 1. A thread takes
-// the packs j = threadIdx.x, + blockDim.x, ... of a row; the per-element
-// arithmetic is the same either way.
+// the packs j = threadIdx.x, + blockDim.x, ... of a row, two at a time
+// loaded before it uses them (pack.cuh, batched: llama-1b's row of 2048 fp32
+// values in one batch); the per-element arithmetic is the same either way.
+// dw's chunks, a small grid, take four rows at a time.
+constexpr int kNormBatch = 2;
+constexpr int kDwRowBatch = 4;
 template <int P>
 AMSP_DEVICE_INLINE int64_t first_column() {
   return static_cast<int64_t>(threadIdx.x) * P;
@@ -30,14 +34,17 @@ AMSP_DEVICE_INLINE int64_t column_stride() {
 // y = w * (x * inv) over one row, this block's threads taking its packs.
 template <int P, typename W, typename Y>
 AMSP_DEVICE_INLINE void apply_row(const float* x, const W* w, Y* y, float inv, int64_t dim) {
-  for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
-    const Pack<float, P> xv = load_pack<P>(x + j);
-    const Pack<W, P> wv = load_pack<P>(w + j);
-    Pack<Y, P> yv;
-    AMSP_UNROLL
-    for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(xv.x[k], load(wv.x[k]), inv));
-    store_pack<P>(y + j, yv);
-  }
+  using XW = Both<Pack<float, P>, Pack<W, P>>;
+  batched<kNormBatch>(
+      first_column<P>(), dim, column_stride<P>(),
+      [&](int64_t j) { return XW{load_pack<P>(x + j), load_pack<P>(w + j)}; },
+      [&](int64_t j, const XW& xw) {
+        Pack<Y, P> yv;
+        AMSP_UNROLL
+        for (int k = 0; k < P; ++k)
+          store(&yv.x[k], rmsnorm_element(xw.a.x[k], load(xw.b.x[k]), inv));
+        store_pack<P>(y + j, yv);
+      });
 }
 
 // One block per row (grid-stride over rows); every thread of a block takes
@@ -50,11 +57,12 @@ __global__ void rmsnorm_forward_kernel(const float* x, const typename V::Type::F
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
     double ss = 0.0;
-    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
-      const Pack<float, P> xv = load_pack<P>(xr + j);
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k) ss += static_cast<double>(xv.x[k]) * xv.x[k];
-    }
+    batched<kNormBatch>(
+        first_column<P>(), dim, column_stride<P>(), [&](int64_t j) { return load_pack<P>(xr + j); },
+        [&](int64_t, const Pack<float, P>& xv) {
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k) ss += static_cast<double>(xv.x[k]) * xv.x[k];
+        });
     const float inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
     if (threadIdx.x == 0) inv_rms[r] = inv;
     apply_row<P>(xr, w, y + r * dim, inv, dim);
@@ -71,6 +79,14 @@ __global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::Fir
   }
 }
 
+// A pack of x, w and dy at one column of a row.
+template <int P, typename W, typename DY>
+struct Row {
+  Pack<float, P> x;
+  Pack<W, P> w;
+  Pack<DY, P> dy;
+};
+
 // dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row;
 // and dx16 = bf16(dx) where dx16 is not null (one test a block: uniform).
 // V: Sized<P, Dtypes<w's, dy's>>.
@@ -79,36 +95,42 @@ __global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const floa
                                   const typename V::Type::First* w, const float* inv_rms, float* dx,
                                   bf16* dx16, int64_t rows, int64_t dim) {
   constexpr int P = V::value;
+  using W = typename V::Type::First;
+  using DY = typename V::Type::Second;
+  using Elements = Row<P, W, DY>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
-    const auto* dyr = dy + r * dim;
+    const DY* dyr = dy + r * dim;
+    float* dxr = dx + r * dim;
     const float inv = inv_rms[r];
+    const auto row_at = [&](int64_t j) {
+      return Elements{load_pack<P>(xr + j), load_pack<P>(w + j), load_pack<P>(dyr + j)};
+    };
     double c = 0.0;
-    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
-      const Pack<float, P> xv = load_pack<P>(xr + j);
-      const auto wv = load_pack<P>(w + j);
-      const auto dyv = load_pack<P>(dyr + j);
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k)
-        c += static_cast<double>(load(wv.x[k]) * load(dyv.x[k])) * xv.x[k];
-    }
+    batched<kNormBatch>(first_column<P>(), dim, column_stride<P>(), row_at,
+                        [&](int64_t, const Elements& e) {
+                          AMSP_UNROLL
+                          for (int k = 0; k < P; ++k)
+                            c += static_cast<double>(load(e.w.x[k]) * load(e.dy.x[k])) * e.x.x[k];
+                        });
     c = block_sum(c);
     const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
-    for (int64_t j = first_column<P>(); j < dim; j += column_stride<P>()) {
-      const Pack<float, P> xv = load_pack<P>(xr + j);
-      const auto wv = load_pack<P>(w + j);
-      const auto dyv = load_pack<P>(dyr + j);
-      Pack<float, P> dxv = load_pack<P>(dx + r * dim + j);
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k)
-        dxv.x[k] += rmsnorm_dx_element(xv.x[k], load(wv.x[k]), load(dyv.x[k]), inv, coef);
-      store_pack<P>(dx + r * dim + j, dxv);
-      if (dx16 == nullptr) continue;
-      Pack<bf16, P> rounded;
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k) store(&rounded.x[k], dxv.x[k]);
-      store_pack<P>(dx16 + r * dim + j, rounded);
-    }
+    using WithDx = Both<Elements, Pack<float, P>>;
+    batched<kNormBatch>(
+        first_column<P>(), dim, column_stride<P>(),
+        [&](int64_t j) { return WithDx{row_at(j), load_pack<P>(dxr + j)}; },
+        [&](int64_t j, WithDx e) {
+          Pack<float, P>& dxv = e.b;
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k)
+            dxv.x[k] += rmsnorm_dx_element(e.a.x.x[k], load(e.a.w.x[k]), load(e.a.dy.x[k]), inv, coef);
+          store_pack<P>(dxr + j, dxv);
+          if (dx16 == nullptr) return;
+          Pack<bf16, P> rounded;
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k) store(&rounded.x[k], dxv.x[k]);
+          store_pack<P>(dx16 + r * dim + j, rounded);
+        });
   }
 }
 
@@ -132,14 +154,19 @@ __global__ void rmsnorm_dw_chunks_kernel(const typename V::Type* dy, const float
        j += static_cast<int64_t>(gridDim.x) * blockDim.x * P)
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
       const int64_t r1 = (c + 1) * kRmsnormDwRows < rows ? (c + 1) * kRmsnormDwRows : rows;
+      // Row r's dy and x at columns j.., and its inv_rms.
+      using DyXInv = Both<Both<Pack<typename V::Type, P>, Pack<float, P>>, float>;
       double acc[P] = {};
-      for (int64_t r = c * kRmsnormDwRows; r < r1; ++r) {
-        const auto dyv = load_pack<P>(dy + r * dim + j);
-        const Pack<float, P> xv = load_pack<P>(x + r * dim + j);
-        const float inv = inv_rms[r];
-        AMSP_UNROLL
-        for (int k = 0; k < P; ++k) acc[k] += static_cast<double>(load(dyv.x[k]) * (xv.x[k] * inv));
-      }
+      batched<kDwRowBatch>(
+          c * kRmsnormDwRows, r1, 1,
+          [&](int64_t r) {
+            return DyXInv{{load_pack<P>(dy + r * dim + j), load_pack<P>(x + r * dim + j)}, inv_rms[r]};
+          },
+          [&](int64_t, const DyXInv& e) {
+            AMSP_UNROLL
+            for (int k = 0; k < P; ++k)
+              acc[k] += static_cast<double>(load(e.a.a.x[k]) * (e.a.b.x[k] * e.b));
+          });
       AMSP_UNROLL
       for (int k = 0; k < P; ++k) partials[c * dim + j + k] = acc[k];
     }

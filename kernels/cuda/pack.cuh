@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/simt.h"
 
 namespace amsp::kernels::cuda {
@@ -65,15 +66,58 @@ AMSP_DEVICE_INLINE int64_t pack_stride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x * P;
 }
 
-// Over elements [0, n) of flat arrays, grid-stride: f(i, P) for i in [0,
-// packed) by packs of P (P a std::integral_constant), then f(i, 1) for the
-// rest, one at a time. `packed` is a multiple of P: flat_packs' answer.
-template <int P, typename F>
-AMSP_DEVICE_INLINE void for_each_pack(int64_t n, int64_t packed, F f) {
-  for (int64_t i = first_pack<P>(); i < packed; i += pack_stride<P>())
-    f(i, std::integral_constant<int, P>{});
-  for (int64_t i = packed + first_pack<1>(); i < n; i += pack_stride<1>())
-    f(i, std::integral_constant<int, 1>{});
+// Batches of loads. One 16-byte pack a thread keeps too few bytes in flight
+// for an H200's HBM: 4.8 TB/s at a latency near a microsecond wants some
+// 30 KiB in flight an SM, every thread of a full SM waiting on one pack each,
+// which short-lived blocks never are (doc/gpu.md, "Memory-bound kernels").
+// So loops load a batch of U packs before they use any, as PyTorch's
+// vectorized and multi-tensor kernels load several a thread (their "ILP").
+//
+// batched: over i = first, first + stride, ... < end, U at a time: load(i)
+// for every index of a batch first, then use(i, loaded) for each, in order:
+// the same calls in the same order as a plain loop (the same bits), provided
+// that a use stores nothing a later load of its batch reads (a thread's own
+// elements: an in-place update of i reads i before it writes it).
+template <int U, typename Load, typename Use>
+AMSP_DEVICE_INLINE void batched(int64_t first, int64_t end, int64_t stride, Load load, Use use) {
+  using Loaded = decltype(load(first));
+  for (int64_t i = first; i < end; i += U * stride) {
+    Loaded v[U]{};  // zeros where a batch runs past the end: never used
+    AMSP_UNROLL
+    for (int u = 0; u < U; ++u)
+      if (i + u * stride < end) v[u] = load(i + u * stride);
+    AMSP_UNROLL
+    for (int u = 0; u < U; ++u)
+      if (i + u * stride < end) use(i + u * stride, v[u]);
+  }
+}
+
+// Two values loaded together: a batch's element where a use needs two arrays.
+template <typename A, typename B>
+struct Both {
+  A a;
+  B b;
+};
+
+// Over elements [0, n) of flat arrays, grid-stride: use(i, P, load(i, P))
+// for i in [0, packed) by packs of P (P a std::integral_constant), in batches
+// of U, then use(i, 1, load(i, 1)) for the rest, one at a time. `packed` is a
+// multiple of P: flat_packs' answer.
+template <int P, int U, typename Load, typename Use>
+AMSP_DEVICE_INLINE void for_each_pack(int64_t n, int64_t packed, Load load, Use use) {
+  const std::integral_constant<int, P> pack;
+  const std::integral_constant<int, 1> one;
+  batched<U>(first_pack<P>(), packed, pack_stride<P>(), [&](int64_t i) { return load(i, pack); },
+             [&](int64_t i, const auto& v) { use(i, pack, v); });
+  for (int64_t i = packed + first_pack<1>(); i < n; i += pack_stride<1>()) use(i, one, load(i, one));
+}
+
+// Blocks for for_each_pack<P, U> over n elements of which `packed` go by
+// packs: a batch a thread, or an element a thread where none go by packs.
+template <int P, int U>
+unsigned flat_pack_grid(int64_t n, int64_t packed, int64_t cap = 1 << 16) {
+  const int64_t batches = (packed / P + U - 1) / U, rest = n - packed;
+  return grid_for(batches > rest ? batches : rest, kBlockThreads, cap);
 }
 
 // Whether p is a multiple of `bytes`, a pack's size. Host side, at launch.

@@ -4,7 +4,8 @@
 //
 // blockIdx.y strides over the rows and x over a row's columns, P adjacent
 // columns per thread: P = 16 bytes' worth (pack.cuh) where every row starts
-// 16-byte aligned and holds whole packs (the model's gate|up always), else 1.
+// 16-byte aligned and holds whole packs (the model's gate|up always), else 1;
+// a thread loads its packs of a row in batches (pack.cuh).
 #include <type_traits>
 
 #include "kernels/common/math.h"
@@ -15,46 +16,57 @@
 namespace amsp::kernels::cuda {
 namespace {
 
+// Packs a thread loads before it uses them (pack.cuh, batched).
+constexpr int kSwigluBatch = 2;
+
 // V: Sized<P, activation dtype>.
 template <typename V>
-__global__ void swiglu_forward_kernel(const typename V::Type* gate, const typename V::Type* up,
+__global__ void __launch_bounds__(kBlockThreads, 4) swiglu_forward_kernel(const typename V::Type* gate, const typename V::Type* up,
                                       int64_t ld, typename V::Type* out, int64_t rows,
                                       int64_t cols) {
   constexpr int P = V::value;
+  using GateUp = Both<Pack<typename V::Type, P>, Pack<typename V::Type, P>>;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    for (int64_t c = first_pack<P>(); c < cols; c += pack_stride<P>()) {
-      const auto g = load_pack<P>(gate + r * ld + c), u = load_pack<P>(up + r * ld + c);
-      Pack<typename V::Type, P> o;
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k) store(&o.x[k], swiglu(load(g.x[k]), load(u.x[k])));
-      store_pack<P>(out + r * cols + c, o);
-    }
+    batched<kSwigluBatch>(
+        first_pack<P>(), cols, pack_stride<P>(),
+        [&](int64_t c) { return GateUp{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)}; },
+        [&](int64_t c, const GateUp& gu) {
+          Pack<typename V::Type, P> o;
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k) store(&o.x[k], swiglu(load(gu.a.x[k]), load(gu.b.x[k])));
+          store_pack<P>(out + r * cols + c, o);
+        });
 }
 
 // dup may alias dout when ld == cols: each thread reads its columns of dout
 // before it writes the same columns of dup.
 template <typename V>
-__global__ void swiglu_backward_kernel(const typename V::Type* gate, const typename V::Type* up,
+__global__ void __launch_bounds__(kBlockThreads, 4) swiglu_backward_kernel(const typename V::Type* gate, const typename V::Type* up,
                                        int64_t ld, const typename V::Type* dout,
                                        typename V::Type* dgate, typename V::Type* dup, int64_t rows,
                                        int64_t cols) {
   constexpr int P = V::value;
+  using A = Pack<typename V::Type, P>;
+  using Loaded = Both<Both<A, A>, A>;  // (gate, up), dout
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    for (int64_t c = first_pack<P>(); c < cols; c += pack_stride<P>()) {
-      const int64_t at = r * ld + c;
-      const auto g = load_pack<P>(gate + at), u = load_pack<P>(up + at),
-                 d = load_pack<P>(dout + r * cols + c);
-      Pack<typename V::Type, P> dg, du;
-      AMSP_UNROLL
-      for (int k = 0; k < P; ++k) {
-        float a, b;
-        swiglu_grad(load(g.x[k]), load(u.x[k]), load(d.x[k]), a, b);
-        store(&dg.x[k], a);
-        store(&du.x[k], b);
-      }
-      store_pack<P>(dgate + at, dg);
-      store_pack<P>(dup + at, du);
-    }
+    batched<kSwigluBatch>(
+        first_pack<P>(), cols, pack_stride<P>(),
+        [&](int64_t c) {
+          return Loaded{{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)},
+                        load_pack<P>(dout + r * cols + c)};
+        },
+        [&](int64_t c, const Loaded& l) {
+          A dg, du;
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k) {
+            float a, b;
+            swiglu_grad(load(l.a.a.x[k]), load(l.a.b.x[k]), load(l.b.x[k]), a, b);
+            store(&dg.x[k], a);
+            store(&du.x[k], b);
+          }
+          store_pack<P>(dgate + r * ld + c, dg);
+          store_pack<P>(dup + r * ld + c, du);
+        });
 }
 
 // Calls f with std::integral_constant<int, P> and the grid for it.
@@ -63,9 +75,9 @@ void with_pack(int64_t rows, int64_t cols, int64_t ld, F f, const Ptr*... p) {
   constexpr int N = kPack16<A>;
   const unsigned y = grid_for(rows, 1, 65535);
   if (cols % N == 0 && ld % N == 0 && packs_align<N>(p...))
-    f(std::integral_constant<int, N>{}, dim3(grid_for(cols / N), y));
+    f(std::integral_constant<int, N>{}, dim3(grid_for(cols / N, kBlockThreads * kSwigluBatch), y));
   else
-    f(std::integral_constant<int, 1>{}, dim3(grid_for(cols), y));
+    f(std::integral_constant<int, 1>{}, dim3(grid_for(cols, kBlockThreads * kSwigluBatch), y));
 }
 
 }  // namespace
