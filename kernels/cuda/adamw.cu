@@ -101,8 +101,9 @@ void adamw(const AdamWTensor* tensors, int count, const AdamWHyper& hyper, cudaS
       longest = tensors[k].n > longest ? tensors[k].n : longest;
     }
     if (used == 0) continue;
-    const dim3 grid(flat_pack_grid<kAdamWPack, kAdamWBatch>(longest, longest / kAdamWPack * kAdamWPack, 1024),
-                    static_cast<unsigned>(used));
+    const dim3 grid(
+        flat_pack_grid<kAdamWPack, kAdamWBatch>(longest, longest / kAdamWPack * kAdamWPack, 1024),
+        static_cast<unsigned>(used));
     AMSP_LAUNCH(adamw_kernel, grid, kBlockThreads, 0, s)(batch, hyper);
   }
 }

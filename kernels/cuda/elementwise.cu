@@ -34,13 +34,14 @@ AMSP_DEVICE_INLINE auto pack_of(const A* x) {
 template <typename T>
 __global__ void convert_kernel(const typename T::First* x, typename T::Second* y, int64_t n,
                                int64_t packed) {
-  for_each_pack<kFlatPack, kFlatBatch>(n, packed, pack_of(x), [&](int64_t i, auto pack, const auto& xv) {
-    constexpr int P = decltype(pack)::value;
-    Pack<typename T::Second, P> yv;
-    AMSP_UNROLL
-    for (int k = 0; k < P; ++k) store(&yv.x[k], load(xv.x[k]));
-    store_pack<P>(y + i, yv);
-  });
+  for_each_pack<kFlatPack, kFlatBatch>(n, packed, pack_of(x),
+                                       [&](int64_t i, auto pack, const auto& xv) {
+                                         constexpr int P = decltype(pack)::value;
+                                         Pack<typename T::Second, P> yv;
+                                         AMSP_UNROLL
+                                         for (int k = 0; k < P; ++k) store(&yv.x[k], load(xv.x[k]));
+                                         store_pack<P>(y + i, yv);
+                                       });
 }
 
 __global__ void round_values_kernel(const float* x, float* y, int64_t n, int64_t packed) {

@@ -200,7 +200,8 @@ TEST(Batched, LoadsEachBatchBeforeUsingItAndVisitsEveryIndexOnceInOrder) {
   struct Case {
     int64_t first, end, stride;
   };
-  for (const Case& c : {Case{0, 0, 1}, Case{3, 4, 5}, Case{0, 10, 1}, Case{2, 40, 3}, Case{7, 1000, 64}}) {
+  for (const Case& c :
+       {Case{0, 0, 1}, Case{3, 4, 5}, Case{0, 10, 1}, Case{2, 40, 3}, Case{7, 1000, 64}}) {
     std::vector<std::string> events;
     std::vector<int64_t> used;
     cuda::batched<3>(
@@ -495,9 +496,9 @@ TEST_P(CudaKernels, Rope) {
   // of four pairs where half the head dim and the stride are multiples of 4
   // (the last two: 40 and 576 items a row, a block of 256 threads taking a
   // row or half of one, some threads two items), one pair at a time elsewhere.
-  for (const Shape& s : {Shape{1, 1, 1, 2, 2}, Shape{2, 5, 3, 8, 30}, Shape{3, 7, 4, 6, 24},
-                         Shape{0, 4, 2, 4, 8}, Shape{1, 300, 5, 66, 333}, Shape{2, 9, 5, 64, 324},
-                         Shape{1, 3, 72, 64, 4612}}) {
+  for (const Shape& s :
+       {Shape{1, 1, 1, 2, 2}, Shape{2, 5, 3, 8, 30}, Shape{3, 7, 4, 6, 24}, Shape{0, 4, 2, 4, 8},
+        Shape{1, 300, 5, 66, 333}, Shape{2, 9, 5, 64, 324}, Shape{1, 3, 72, 64, 4612}}) {
     const int64_t T = std::max<int64_t>(s.T, 1);
     std::vector<float> cos(T * s.head_dim / 2), sin(cos.size());
     cpu::rope_table(cos.data(), sin.data(), T, s.head_dim, 10000.0);
@@ -590,7 +591,10 @@ TEST_P(CudaKernels, Swiglu) {
 
 // ---- cross-entropy --------------------------------------------------------------------
 
-const RowsDim kLossShapes[] = {{1, 1}, {0, 5}, {3, 50257}, {70, 33}, {5, 257}, {1, 1000}};
+// By packs where the vocabulary is a multiple of 8 (bf16) or 4 (fp32): 1000
+// and LLaMA's 32000 (16 packs a thread in batches of 4), else one at a time.
+const RowsDim kLossShapes[] = {{1, 1},   {0, 5},    {3, 50257}, {70, 33},
+                               {5, 257}, {1, 1000}, {3, 32000}};
 
 std::vector<int32_t> loss_targets(int64_t rows, int64_t V, uint32_t seed) {
   std::mt19937 gen(seed);

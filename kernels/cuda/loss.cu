@@ -1,27 +1,50 @@
 // Cross-entropy over the vocabulary (kernels/cuda/ops.h). Forward: one block
 // per row, the max and the sum of exp(z - max) as block reductions (the sum in
-// double, as the CPU does, in a fixed tree order: lse may differ from the CPU's
-// in the last bit). Backward: elementwise, the CPU's arithmetic.
+// double, as the CPU does, each thread's packs in turn then a fixed tree: lse
+// may differ from the CPU's in the last bit). Backward: elementwise, the CPU's
+// arithmetic.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/common/math.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace amsp::kernels::cuda {
 namespace {
 
-template <typename Z>
-__global__ void cross_entropy_forward_kernel(const Z* logits, const int32_t* targets,
+// Rows by packs of P logits (16 bytes: pack.cuh) where the vocabulary holds
+// whole packs and the logits are aligned, else one at a time; a thread loads a
+// batch of kLossBatch packs before it uses them (pack.cuh, batched).
+constexpr int kLossBatch = 4;
+
+// S: Sized<P, logits' dtype>.
+template <typename S>
+__global__ void cross_entropy_forward_kernel(const typename S::Type* logits, const int32_t* targets,
                                              float* lse, float* losses, int32_t* bad_row,
                                              int64_t rows, int64_t V) {
+  constexpr int P = S::value;
+  using Logits = Pack<typename S::Type, P>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const Z* z = logits + r * V;
+    const typename S::Type* z = logits + r * V;
+    // A row's packs, each thread's in turn: j = P t, P (t + blockDim.x), ...
+    const auto over_row = [&](auto use) {
+      batched<kLossBatch>(
+          static_cast<int64_t>(threadIdx.x) * P, V, blockDim.x * P,
+          [&](int64_t j) { return load_pack<P>(z + j); }, use);
+    };
     float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = MaxOp{}(mx, load(z[j]));
+    over_row([&](int64_t, const Logits& zs) {
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) mx = MaxOp{}(mx, load(zs.x[k]));
+    });
     mx = block_max(mx);
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += fast_exp(load(z[j]) - mx);
+    over_row([&](int64_t, const Logits& zs) {
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) sum += fast_exp(load(zs.x[k]) - mx);
+    });
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
       const double l = static_cast<double>(mx) + log(sum);
@@ -62,24 +85,45 @@ __global__ void accumulate_loss_kernel(const float* losses, const int32_t* targe
 
 // z := scale * exp(z - lse), then the target's entry minus scale, as the CPU
 // writes then subtracts; ignored rows become 0. A bf16 entry is rounded once.
-template <typename Z>
-__global__ void cross_entropy_backward_kernel(Z* logits, const int32_t* targets,
+// S: Sized<P, logits' dtype>.
+template <typename S>
+__global__ void cross_entropy_backward_kernel(typename S::Type* logits, const int32_t* targets,
                                               const float* lse, int64_t rows, int64_t V,
                                               float scale) {
+  constexpr int P = S::value;
+  using Logits = Pack<typename S::Type, P>;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    Z* z = logits + r * V;
+    typename S::Type* z = logits + r * V;
     const int32_t t = targets[r];
     const float l = lse[r];
-    for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < V;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      if (t < 0) {
-        store(z + j, 0.0f);
-        continue;
-      }
-      const float p = scale * fast_exp(load(z[j]) - l);
-      store(z + j, j == t ? p - scale : p);
+    if (t < 0) {
+      Logits zero;
+      AMSP_UNROLL
+      for (int k = 0; k < P; ++k) store(&zero.x[k], 0.0f);
+      for (int64_t j = first_pack<P>(); j < V; j += pack_stride<P>()) store_pack<P>(z + j, zero);
+      continue;
     }
+    batched<kLossBatch>(
+        first_pack<P>(), V, pack_stride<P>(), [&](int64_t j) { return load_pack<P>(z + j); },
+        [&](int64_t j, Logits zs) {
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k) {
+            const float p = scale * fast_exp(load(zs.x[k]) - l);
+            store(&zs.x[k], j + k == t ? p - scale : p);
+          }
+          store_pack<P>(z + j, zs);
+        });
   }
+}
+
+// Calls launch(std::integral_constant<int, P>) for the logits' packs.
+template <typename Z, typename Launch>
+void with_logit_packs(const Z* logits, int64_t V, Launch launch) {
+  constexpr int N = kPack16<Z>;
+  if (V % N == 0 && packs_align<N>(logits))
+    launch(std::integral_constant<int, N>{});
+  else
+    launch(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
@@ -87,9 +131,12 @@ __global__ void cross_entropy_backward_kernel(Z* logits, const int32_t* targets,
 template <typename Z>
 void cross_entropy_forward(const Z* logits, const int32_t* targets, float* lse, float* losses,
                            int32_t* bad_row, int64_t rows, int64_t V, cudaStream_t s) {
-  if (rows > 0 && V > 0)
-    AMSP_LAUNCH(cross_entropy_forward_kernel<Z>, grid_for(rows, 1), kBlockThreads, 0, s)(
-        logits, targets, lse, losses, bad_row, rows, V);
+  if (rows == 0 || V == 0) return;
+  with_logit_packs(logits, V, [&](auto pack) {
+    using S = Sized<decltype(pack)::value, Z>;
+    AMSP_LAUNCH(cross_entropy_forward_kernel<S>, grid_for(rows, 1), kBlockThreads, 0, s)
+    (logits, targets, lse, losses, bad_row, rows, V);
+  });
 }
 
 void accumulate_loss(const float* losses, const int32_t* targets, const int32_t* bad_row,
@@ -100,12 +147,15 @@ void accumulate_loss(const float* losses, const int32_t* targets, const int32_t*
 template <typename Z>
 void cross_entropy_backward(Z* logits, const int32_t* targets, const float* lse, int64_t rows, int64_t V,
                             float scale, cudaStream_t s) {
-  if (rows > 0 && V > 0) {
-    // Rows along y (at most 65535 per pass), the vocabulary along x.
-    const dim3 grid(grid_for(V, kBlockThreads, 64), grid_for(rows, 1, 65535));
-    AMSP_LAUNCH(cross_entropy_backward_kernel<Z>, grid, kBlockThreads, 0, s)(
-        logits, targets, lse, rows, V, scale);
-  }
+  if (rows == 0 || V == 0) return;
+  with_logit_packs(logits, V, [&](auto pack) {
+    using S = Sized<decltype(pack)::value, Z>;
+    // Rows along y (at most 65535 per pass), the vocabulary's packs along x.
+    const dim3 grid(grid_for(V / S::value, kBlockThreads * kLossBatch, 64),
+                    grid_for(rows, 1, 65535));
+    AMSP_LAUNCH(cross_entropy_backward_kernel<S>, grid, kBlockThreads, 0, s)
+    (logits, targets, lse, rows, V, scale);
+  });
 }
 
 #define AMSP_CROSS_ENTROPY(Z)                                                                       \

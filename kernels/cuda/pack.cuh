@@ -107,9 +107,11 @@ template <int P, int U, typename Load, typename Use>
 AMSP_DEVICE_INLINE void for_each_pack(int64_t n, int64_t packed, Load load, Use use) {
   const std::integral_constant<int, P> pack;
   const std::integral_constant<int, 1> one;
-  batched<U>(first_pack<P>(), packed, pack_stride<P>(), [&](int64_t i) { return load(i, pack); },
-             [&](int64_t i, const auto& v) { use(i, pack, v); });
-  for (int64_t i = packed + first_pack<1>(); i < n; i += pack_stride<1>()) use(i, one, load(i, one));
+  batched<U>(
+      first_pack<P>(), packed, pack_stride<P>(), [&](int64_t i) { return load(i, pack); },
+      [&](int64_t i, const auto& v) { use(i, pack, v); });
+  for (int64_t i = packed + first_pack<1>(); i < n; i += pack_stride<1>())
+    use(i, one, load(i, one));
 }
 
 // Blocks for for_each_pack<P, U> over n elements of which `packed` go by

@@ -13,8 +13,8 @@ namespace {
 
 // Rows r of x (position r % T) by blockIdx.y; a row's items, P adjacent pairs
 // (i, i + D/2) of one head with their angles' cos and sin, by the threads of x
-// (a block takes a row or half of one; 32-bit index arithmetic within a row). Backward is the rotation by
-// -angle: sign = -1. V: Sized<P, activation dtype>.
+// (a block takes a row or half of one; 32-bit index arithmetic within a row). Backward is the
+// rotation by -angle: sign = -1. V: Sized<P, activation dtype>.
 template <typename V>
 __global__ void rope_kernel(typename V::Type* x, const float* cos, const float* sin, int64_t rows,
                             int64_t T, int64_t heads, int64_t head_dim, int64_t row_stride,

@@ -21,15 +21,17 @@ constexpr int kSwigluBatch = 2;
 
 // V: Sized<P, activation dtype>.
 template <typename V>
-__global__ void __launch_bounds__(kBlockThreads, 4) swiglu_forward_kernel(const typename V::Type* gate, const typename V::Type* up,
-                                      int64_t ld, typename V::Type* out, int64_t rows,
-                                      int64_t cols) {
+__global__ void __launch_bounds__(kBlockThreads, 4)
+    swiglu_forward_kernel(const typename V::Type* gate, const typename V::Type* up, int64_t ld,
+                          typename V::Type* out, int64_t rows, int64_t cols) {
   constexpr int P = V::value;
   using GateUp = Both<Pack<typename V::Type, P>, Pack<typename V::Type, P>>;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     batched<kSwigluBatch>(
         first_pack<P>(), cols, pack_stride<P>(),
-        [&](int64_t c) { return GateUp{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)}; },
+        [&](int64_t c) {
+          return GateUp{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)};
+        },
         [&](int64_t c, const GateUp& gu) {
           Pack<typename V::Type, P> o;
           AMSP_UNROLL
@@ -41,10 +43,10 @@ __global__ void __launch_bounds__(kBlockThreads, 4) swiglu_forward_kernel(const 
 // dup may alias dout when ld == cols: each thread reads its columns of dout
 // before it writes the same columns of dup.
 template <typename V>
-__global__ void __launch_bounds__(kBlockThreads, 4) swiglu_backward_kernel(const typename V::Type* gate, const typename V::Type* up,
-                                       int64_t ld, const typename V::Type* dout,
-                                       typename V::Type* dgate, typename V::Type* dup, int64_t rows,
-                                       int64_t cols) {
+__global__ void __launch_bounds__(kBlockThreads, 4)
+    swiglu_backward_kernel(const typename V::Type* gate, const typename V::Type* up, int64_t ld,
+                           const typename V::Type* dout, typename V::Type* dgate,
+                           typename V::Type* dup, int64_t rows, int64_t cols) {
   constexpr int P = V::value;
   using A = Pack<typename V::Type, P>;
   using Loaded = Both<Both<A, A>, A>;  // (gate, up), dout
