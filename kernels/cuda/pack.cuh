@@ -69,9 +69,11 @@ AMSP_DEVICE_INLINE int64_t pack_stride() {
 // Batches of loads. One 16-byte pack a thread keeps too few bytes in flight
 // for an H200's HBM: 4.8 TB/s at a latency near a microsecond wants some
 // 30 KiB in flight an SM, every thread of a full SM waiting on one pack each,
-// which short-lived blocks never are (doc/gpu.md, "Memory-bound kernels").
-// So loops load a batch of U packs before they use any, as PyTorch's
-// vectorized and multi-tensor kernels load several a thread (their "ILP").
+// which short-lived blocks never are; and a loop that uses each load before
+// it issues the next pays that latency per element. So loops load a batch of
+// U packs before they use any, as PyTorch's vectorized and multi-tensor
+// kernels load several a thread (their "ILP"; doc/gpu.md, "Memory-bound
+// kernels by 16-byte packs").
 //
 // batched: over i = first, first + stride, ... < end, U at a time: load(i)
 // for every index of a batch first, then use(i, loaded) for each, in order:
