@@ -147,7 +147,9 @@ AMSP_DEVICE_INLINE void add_rows(bf16* dst, const float* dout, const Sorted& s, 
   dst[j] = float_to_bf16(bf16_to_float(dst[j]) + acc);
 }
 
-// One block per distinct token (grid-stride), threads across the row.
+// A block per distinct token (blockIdx.x, grid-stride) and slice of a row's
+// columns (blockIdx.y), a thread a column: a batch of few distinct tokens, each
+// with many rows, still spreads over the device.
 template <typename T>
 __global__ void embedding_accumulate_kernel(const float* dout, T* dtable, const int32_t* workspace,
                                             int64_t rows, int64_t dim, int64_t vocab) {
@@ -157,7 +159,9 @@ __global__ void embedding_accumulate_kernel(const float* dout, T* dtable, const 
        i += static_cast<int32_t>(gridDim.x)) {
     const int32_t t = s.used[i];
     T* dst = dtable + static_cast<int64_t>(t) * dim;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) add_rows(dst, dout, s, t, dim, j);
+    for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < dim;
+         j += static_cast<int64_t>(gridDim.y) * blockDim.x)
+      add_rows(dst, dout, s, t, dim, j);
   }
 }
 
@@ -170,8 +174,9 @@ void embedding_backward_impl(const int32_t* tokens, const float* dout, T* dtable
   AMSP_LAUNCH(scan_tokens_kernel, 1, kSortThreads, 0, s)(workspace, rows, vocab);
   AMSP_LAUNCH(place_rows_kernel, 1, kSortThreads, 0, s)(tokens, workspace, rows, vocab);
   const int64_t blocks = rows < vocab ? rows : vocab;  // at most this many distinct tokens
-  AMSP_LAUNCH(embedding_accumulate_kernel<T>, grid_for(blocks, 1), kBlockThreads, 0, s)(
-      dout, dtable, workspace, rows, dim, vocab);
+  const dim3 grid(grid_for(blocks, 1), grid_for(dim, kBlockThreads, 65535));
+  AMSP_LAUNCH(embedding_accumulate_kernel<T>, grid, kBlockThreads, 0, s)
+  (dout, dtable, workspace, rows, dim, vocab);
 }
 
 }  // namespace
