@@ -734,7 +734,8 @@ def idle_table(k, rows=12):
     return out
 
 
-def report(c):
+def write_report(c):
+    """gpu-check.md and gpu-check.json as the results stand; the markdown's text."""
     a, f = c.a, c.figures
     info = f.get("gpu_info", {})
     gpus = info.get("gpus") or [{}]
@@ -806,12 +807,17 @@ def report(c):
                   run["table"].strip(), "```"]
     text = "\n".join(lines) + "\n"
     open(os.path.join(a.out, "gpu-check.md"), "w").write(text)
-    failed = [r for r in c.results if r[2] == "FAIL"]
     doc = {"where": where, "date": datetime.date.today().isoformat(), "bundle": commit, "wall_s": wall,
            "results": [dict(zip(("part", "case", "result", "detail"), r)) for r in c.results],
-           "figures": f, "failed": len(failed)}
+           "figures": f, "failed": sum(1 for r in c.results if r[2] == "FAIL")}
     json.dump(doc, open(os.path.join(a.out, "gpu-check.json"), "w"), indent=2)
-    print("\n" + text)
+    return text
+
+
+def report(c):
+    """The report written and printed, and the exit status: 1 if any check failed."""
+    print("\n" + write_report(c))
+    failed = [r for r in c.results if r[2] == "FAIL"]
     passed = sum(1 for r in c.results if r[2] == "ok")
     skipped = len(c.results) - passed - len(failed)
     print(f"{passed} passed, {len(failed)} failed, {skipped} skipped")
@@ -848,6 +854,9 @@ def main():
         for name, part in PARTS.items():
             if name in a.parts.split(","):
                 part(c)
+                # After each part: a run cut short (a device lease running out) still leaves
+                # the parts it finished in --out.
+                write_report(c)
     return report(c)
 
 

@@ -54,6 +54,12 @@ add_test(NAME gpu_check_emulated
 set_tests_properties(gpu_check_emulated PROPERTIES LABELS cuda_emu TIMEOUT 600 PROCESSORS ${AMSP_SHARE_2}
   FIXTURES_REQUIRED corpus ENVIRONMENT "MPIEXEC=${MPIEXEC_EXECUTABLE}")
 
+# The GPU check's report is rewritten after each part, so that a check killed partway
+# (a device lease running out) leaves the parts it finished in --out.
+add_test(NAME gpu_check_report_after_each_part
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/check_report_test.py)
+set_tests_properties(gpu_check_report_after_each_part PROPERTIES LABELS unit TIMEOUT 30)
+
 # The GPU check's part "counters": Nsight Compute's raw CSV read into a table per
 # kernel, from a CSV worked by hand (ncu itself runs only on a GPU machine).
 add_test(NAME gpu_ncu_table COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/ncu_table_test.py)
