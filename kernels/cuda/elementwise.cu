@@ -109,7 +109,9 @@ __global__ void chunk_squares_kernel(const T* x, int64_t n, int64_t packed, doub
 // With add, the total is added into *out.
 __global__ void sum_chunks_kernel(const double* partials, int64_t chunks, double* out, bool add) {
   double total = 0.0;
-  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) total += partials[c];
+  batched<kFlatBatch>(
+      threadIdx.x, chunks, blockDim.x, [&](int64_t c) { return partials[c]; },
+      [&](int64_t, double part) { total += part; });
   total = block_sum(total);
   if (threadIdx.x == 0) *out = add ? *out + total : total;
 }

@@ -324,6 +324,19 @@ TEST_P(CudaKernels, SumSquares) {
   std::printf("  worst sum_squares relative error %.3g\n", worst);
 }
 
+// More chunks than the summing block has threads (300 against 256): some threads add
+// two chunks' partial sums, in order.
+TEST_P(CudaKernels, SumSquaresOfMoreChunksThanThreads) {
+  CpuBackend ref(DType::kF32);
+  const int64_t n = 300 * cuda::kSumSquaresChunk + 7;
+  std::vector<float> x = random_floats(n, 8, 2.0f);
+  std::vector<double> partials(cuda::sum_squares_chunks(n), -1.0);
+  double out = -1.0;
+  cuda::sum_squares(x.data(), n, partials.data(), &out, nullptr);
+  const double want = ref.sum_squares(f32_view(x));
+  EXPECT_NEAR(out, want, 1e-12 * want) << "n = " << n;
+}
+
 // ---- embedding ------------------------------------------------------------------------
 
 struct EmbeddingShape {
