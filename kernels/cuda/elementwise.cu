@@ -54,19 +54,24 @@ __global__ void round_values_kernel(const float* x, float* y, int64_t n, int64_t
 }
 
 // dst += src in fp32, stored in dst's dtype; T: Dtypes<dst's, src's>.
+template <typename T, int P>
+struct Addends {
+  Pack<typename T::First, P> dst;
+  Pack<typename T::Second, P> src;
+};
+
 template <typename T>
 __global__ void add_kernel(typename T::First* dst, const typename T::Second* src, int64_t n,
                            int64_t packed) {
   const auto both = [&](int64_t i, auto pack) {
     constexpr int P = decltype(pack)::value;
-    return Both<Pack<typename T::First, P>, Pack<typename T::Second, P>>{load_pack<P>(dst + i),
-                                                                         load_pack<P>(src + i)};
+    return Addends<T, P>{load_pack<P>(dst + i), load_pack<P>(src + i)};
   };
-  for_each_pack<kFlatPack, kFlatBatch>(n, packed, both, [&](int64_t i, auto pack, auto ds) {
+  for_each_pack<kFlatPack, kFlatBatch>(n, packed, both, [&](int64_t i, auto pack, auto e) {
     constexpr int P = decltype(pack)::value;
     AMSP_UNROLL
-    for (int k = 0; k < P; ++k) store(&ds.a.x[k], load(ds.a.x[k]) + load(ds.b.x[k]));
-    store_pack<P>(dst + i, ds.a);
+    for (int k = 0; k < P; ++k) store(&e.dst.x[k], load(e.dst.x[k]) + load(e.src.x[k]));
+    store_pack<P>(dst + i, e.dst);
   });
 }
 

@@ -32,19 +32,24 @@ AMSP_DEVICE_INLINE int64_t column_stride() {
 }
 
 // y = w * (x * inv) over one row, this block's threads taking its packs.
+// P columns of a row's x and of w.
+template <int P, typename W>
+struct XW {
+  Pack<float, P> x;
+  Pack<W, P> w;
+};
+
 template <int P, typename W, typename Y>
 AMSP_DEVICE_INLINE void apply_row(const float* x, const W* w, Y* y, float inv, int64_t dim) {
-  using XW = Both<Pack<float, P>, Pack<W, P>>;
   batched<kNormBatch>(
       first_column<P>(), dim, column_stride<P>(),
       [&](int64_t j) {
-        return XW{load_pack<P>(x + j), load_pack<P>(w + j)};
+        return XW<P, W>{load_pack<P>(x + j), load_pack<P>(w + j)};
       },
-      [&](int64_t j, const XW& xw) {
+      [&](int64_t j, const XW<P, W>& e) {
         Pack<Y, P> yv;
         AMSP_UNROLL
-        for (int k = 0; k < P; ++k)
-          store(&yv.x[k], rmsnorm_element(xw.a.x[k], load(xw.b.x[k]), inv));
+        for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(e.x.x[k], load(e.w.x[k]), inv));
         store_pack<P>(y + j, yv);
       });
 }
@@ -81,12 +86,17 @@ __global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::Fir
   }
 }
 
-// A pack of x, w and dy at one column of a row.
+// P columns of a row's x, w and dy, and of dx where it is updated.
 template <int P, typename W, typename DY>
 struct Row {
   Pack<float, P> x;
   Pack<W, P> w;
   Pack<DY, P> dy;
+};
+template <int P, typename W, typename DY>
+struct RowDx {
+  Row<P, W, DY> row;
+  Pack<float, P> dx;
 };
 
 // dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row;
@@ -99,36 +109,34 @@ __global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const floa
   constexpr int P = V::value;
   using W = typename V::Type::First;
   using DY = typename V::Type::Second;
-  using Elements = Row<P, W, DY>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
     const DY* dyr = dy + r * dim;
     float* dxr = dx + r * dim;
     const float inv = inv_rms[r];
     const auto row_at = [&](int64_t j) {
-      return Elements{load_pack<P>(xr + j), load_pack<P>(w + j), load_pack<P>(dyr + j)};
+      return Row<P, W, DY>{load_pack<P>(xr + j), load_pack<P>(w + j), load_pack<P>(dyr + j)};
     };
     double c = 0.0;
     batched<kNormBatch>(first_column<P>(), dim, column_stride<P>(), row_at,
-                        [&](int64_t, const Elements& e) {
+                        [&](int64_t, const Row<P, W, DY>& e) {
                           AMSP_UNROLL
                           for (int k = 0; k < P; ++k)
                             c += static_cast<double>(load(e.w.x[k]) * load(e.dy.x[k])) * e.x.x[k];
                         });
     c = block_sum(c);
     const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
-    using WithDx = Both<Elements, Pack<float, P>>;
     batched<kNormBatch>(
         first_column<P>(), dim, column_stride<P>(),
         [&](int64_t j) {
-          return WithDx{row_at(j), load_pack<P>(dxr + j)};
+          return RowDx<P, W, DY>{row_at(j), load_pack<P>(dxr + j)};
         },
-        [&](int64_t j, WithDx e) {
-          Pack<float, P>& dxv = e.b;
+        [&](int64_t j, RowDx<P, W, DY> e) {
+          Pack<float, P>& dxv = e.dx;
           AMSP_UNROLL
           for (int k = 0; k < P; ++k)
-            dxv.x[k] +=
-                rmsnorm_dx_element(e.a.x.x[k], load(e.a.w.x[k]), load(e.a.dy.x[k]), inv, coef);
+            dxv.x[k] += rmsnorm_dx_element(e.row.x.x[k], load(e.row.w.x[k]), load(e.row.dy.x[k]),
+                                           inv, coef);
           store_pack<P>(dxr + j, dxv);
           if (dx16 == nullptr) return;
           Pack<bf16, P> rounded;
@@ -149,6 +157,14 @@ AMSP_DEVICE_INLINE void add_to(bf16* dst, float c) {
 // block per (256 packs of columns, chunk), in double; then per column the
 // chunks in order, added to dw once (or written). The CPU sums in the same order.
 // V: Sized<P, dy's dtype>.
+// Row r's dy and x at P columns, and its inv_rms. V: Sized<P, dy's dtype>.
+template <typename V>
+struct DwRow {
+  Pack<typename V::Type, V::value> dy;
+  Pack<float, V::value> x;
+  float inv;
+};
+
 template <typename V>
 __global__ void rmsnorm_dw_chunks_kernel(const typename V::Type* dy, const float* x,
                                          const float* inv_rms, double* partials, int64_t rows,
@@ -159,19 +175,17 @@ __global__ void rmsnorm_dw_chunks_kernel(const typename V::Type* dy, const float
        j += static_cast<int64_t>(gridDim.x) * blockDim.x * P)
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
       const int64_t r1 = (c + 1) * kRmsnormDwRows < rows ? (c + 1) * kRmsnormDwRows : rows;
-      // Row r's dy and x at columns j.., and its inv_rms.
-      using DyXInv = Both<Both<Pack<typename V::Type, P>, Pack<float, P>>, float>;
       double acc[P] = {};
       batched<kDwRowBatch>(
           c * kRmsnormDwRows, r1, 1,
           [&](int64_t r) {
-            return DyXInv{{load_pack<P>(dy + r * dim + j), load_pack<P>(x + r * dim + j)},
-                          inv_rms[r]};
+            return DwRow<V>{load_pack<P>(dy + r * dim + j), load_pack<P>(x + r * dim + j),
+                            inv_rms[r]};
           },
-          [&](int64_t, const DyXInv& e) {
+          [&](int64_t, const DwRow<V>& e) {
             AMSP_UNROLL
             for (int k = 0; k < P; ++k)
-              acc[k] += static_cast<double>(load(e.a.a.x[k]) * (e.a.b.x[k] * e.b));
+              acc[k] += static_cast<double>(load(e.dy.x[k]) * (e.x.x[k] * e.inv));
           });
       AMSP_UNROLL
       for (int k = 0; k < P; ++k) partials[c * dim + j + k] = acc[k];

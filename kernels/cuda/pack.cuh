@@ -94,13 +94,6 @@ AMSP_DEVICE_INLINE void batched(int64_t first, int64_t end, int64_t stride, Load
   }
 }
 
-// Two values loaded together: a batch's element where a use needs two arrays.
-template <typename A, typename B>
-struct Both {
-  A a;
-  B b;
-};
-
 // Over elements [0, n) of flat arrays, grid-stride: use(i, P, load(i, P))
 // for i in [0, packed) by packs of P (P a std::integral_constant), in batches
 // of U, then use(i, 1, load(i, 1)) for the rest, one at a time. `packed` is a

@@ -19,23 +19,32 @@ namespace {
 // Packs a thread loads before it uses them (pack.cuh, batched).
 constexpr int kSwigluBatch = 2;
 
+// P columns of a row's gate and up, and of the output's gradient (backward).
+template <typename V>
+struct GateUp {
+  Pack<typename V::Type, V::value> gate, up;
+};
+template <typename V>
+struct GateUpDout {
+  Pack<typename V::Type, V::value> gate, up, dout;
+};
+
 // V: Sized<P, activation dtype>.
 template <typename V>
 __global__ void __launch_bounds__(kBlockThreads, 4)
     swiglu_forward_kernel(const typename V::Type* gate, const typename V::Type* up, int64_t ld,
                           typename V::Type* out, int64_t rows, int64_t cols) {
   constexpr int P = V::value;
-  using GateUp = Both<Pack<typename V::Type, P>, Pack<typename V::Type, P>>;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     batched<kSwigluBatch>(
         first_pack<P>(), cols, pack_stride<P>(),
         [&](int64_t c) {
-          return GateUp{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)};
+          return GateUp<V>{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)};
         },
-        [&](int64_t c, const GateUp& gu) {
+        [&](int64_t c, const GateUp<V>& e) {
           Pack<typename V::Type, P> o;
           AMSP_UNROLL
-          for (int k = 0; k < P; ++k) store(&o.x[k], swiglu(load(gu.a.x[k]), load(gu.b.x[k])));
+          for (int k = 0; k < P; ++k) store(&o.x[k], swiglu(load(e.gate.x[k]), load(e.up.x[k])));
           store_pack<P>(out + r * cols + c, o);
         });
 }
@@ -48,21 +57,19 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
                            const typename V::Type* dout, typename V::Type* dgate,
                            typename V::Type* dup, int64_t rows, int64_t cols) {
   constexpr int P = V::value;
-  using A = Pack<typename V::Type, P>;
-  using Loaded = Both<Both<A, A>, A>;  // (gate, up), dout
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     batched<kSwigluBatch>(
         first_pack<P>(), cols, pack_stride<P>(),
         [&](int64_t c) {
-          return Loaded{{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)},
-                        load_pack<P>(dout + r * cols + c)};
+          return GateUpDout<V>{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c),
+                               load_pack<P>(dout + r * cols + c)};
         },
-        [&](int64_t c, const Loaded& l) {
-          A dg, du;
+        [&](int64_t c, const GateUpDout<V>& e) {
+          Pack<typename V::Type, P> dg, du;
           AMSP_UNROLL
           for (int k = 0; k < P; ++k) {
             float a, b;
-            swiglu_grad(load(l.a.a.x[k]), load(l.a.b.x[k]), load(l.b.x[k]), a, b);
+            swiglu_grad(load(e.gate.x[k]), load(e.up.x[k]), load(e.dout.x[k]), a, b);
             store(&dg.x[k], a);
             store(&du.x[k], b);
           }
