@@ -119,11 +119,7 @@ __global__ void cross_entropy_backward_kernel(typename S::Type* logits, const in
 // Calls launch(std::integral_constant<int, P>) for the logits' packs.
 template <typename Z, typename Launch>
 void with_logit_packs(const Z* logits, int64_t V, Launch launch) {
-  constexpr int N = kPack16<Z>;
-  if (V % N == 0 && packs_align<N>(logits))
-    launch(std::integral_constant<int, N>{});
-  else
-    launch(std::integral_constant<int, 1>{});
+  with_packs<kPack16<Z>>(V % kPack16<Z> == 0, launch, logits);
 }
 
 }  // namespace

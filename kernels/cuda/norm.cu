@@ -213,10 +213,7 @@ __global__ void rmsnorm_dw_sum_kernel(const double* partials, DW* dw, bool add, 
 constexpr int kNormPack = 4;
 template <typename F, typename... Ptr>
 void with_pack(int64_t dim, F f, const Ptr*... p) {
-  if (dim % kNormPack == 0 && packs_align<kNormPack>(p...))
-    f(std::integral_constant<int, kNormPack>{});
-  else
-    f(std::integral_constant<int, 1>{});
+  with_packs<kNormPack>(dim % kNormPack == 0, f, p...);
 }
 
 }  // namespace

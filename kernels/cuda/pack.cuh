@@ -128,6 +128,18 @@ bool packs_align(const T*... p) {
   return (pack_aligned(p, sizeof(T) * N) && ...);
 }
 
+// Calls launch(std::integral_constant<int, N>) where `whole` (the lengths and
+// strides a kernel steps by hold whole packs of N) and every pointer is
+// aligned to its pack, else launch(std::integral_constant<int, 1>): the one
+// choice every launcher by packs makes. Host side, at launch.
+template <int N, typename Launch, typename... T>
+void with_packs(bool whole, Launch launch, const T*... p) {
+  if (whole && packs_align<N>(p...))
+    launch(std::integral_constant<int, N>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+}
+
 // How many of n elements of flat arrays at these pointers for_each_pack<N>
 // can take by packs: n rounded down to whole packs, or 0 where a pointer is
 // not aligned to its pack.

@@ -61,10 +61,7 @@ void rope(A* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_
     AMSP_LAUNCH(rope_kernel<V>, grid, kBlockThreads, 0, s)
     (x, cos, sin, rows, T, heads, head_dim, row_stride, sign);
   };
-  if (half % kRopePack == 0 && row_stride % kRopePack == 0 && packs_align<kRopePack>(x, cos, sin))
-    launch(std::integral_constant<int, kRopePack>{});
-  else
-    launch(std::integral_constant<int, 1>{});
+  with_packs<kRopePack>(half % kRopePack == 0 && row_stride % kRopePack == 0, launch, x, cos, sin);
 }
 
 }  // namespace

@@ -82,11 +82,11 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
 template <typename A, typename F, typename... Ptr>
 void with_pack(int64_t rows, int64_t cols, int64_t ld, F f, const Ptr*... p) {
   constexpr int N = kPack16<A>;
-  const unsigned y = grid_for(rows, 1, 65535);
-  if (cols % N == 0 && ld % N == 0 && packs_align<N>(p...))
-    f(std::integral_constant<int, N>{}, dim3(grid_for(cols / N, kBlockThreads * kSwigluBatch), y));
-  else
-    f(std::integral_constant<int, 1>{}, dim3(grid_for(cols, kBlockThreads * kSwigluBatch), y));
+  const auto launch = [&](auto pack) {
+    const int64_t packs = cols / decltype(pack)::value;
+    f(pack, dim3(grid_for(packs, kBlockThreads * kSwigluBatch), grid_for(rows, 1, 65535)));
+  };
+  with_packs<N>(cols % N == 0 && ld % N == 0, launch, p...);
 }
 
 }  // namespace
