@@ -980,8 +980,9 @@ size_t shared_for(Kernel kernel, size_t bytes) {
   return bytes;
 }
 
-// Tiles of 16 rows a warp where the head dim allows two (set_attention_warp_tiles).
-std::atomic<int> warp_tiles{2};
+// Tiles of 16 rows a warp where the head dim allows two (set_attention_warp_tiles):
+// one, which an H200 ran 7% faster forward and 9% backward at D = 64 (doc/gpu.md).
+std::atomic<int> warp_tiles{1};
 
 // Whether forward, dq and dk/dv take two tiles a warp at head dim kD.
 template <int kD>

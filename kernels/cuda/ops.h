@@ -129,8 +129,8 @@ void rope_backward(A* dx, const float* cos, const float* sin, int64_t B, int64_t
 // same contract.
 int64_t attention_saved_count(int64_t B, int64_t T, int64_t H);
 // Tiles of 16 rows a warp of the tensor-core kernels where the head dim allows
-// two (D <= 64; attention_bf16.cu): 2, the default, or 1, the layout before
-// it, kept so that a GPU can time the two side by side in one run. The same
+// two (D <= 64; attention_bf16.cu): 1, the default (the faster on an H200), or
+// 2, kept so that a GPU can time the two side by side in one run. The same
 // bits either way. The CUDA backend sets it from AMSP_ATTENTION_WARP_TILES.
 void set_attention_warp_tiles(int tiles);
 int attention_warp_tiles();

@@ -21,8 +21,8 @@ namespace {
 constexpr Checks check(Device::kCuda);
 
 // AMSP_ATTENTION_WARP_TILES, where set: the tensor-core attention's tiles of
-// 16 rows a warp (kernels/cuda/ops.h), 2 by default, 1 to time the layout
-// before it beside it (doc/gpu.md, "The kernels").
+// 16 rows a warp (kernels/cuda/ops.h), 1 by default, 2 to time the other
+// layout beside it (doc/gpu.md, "The kernels").
 void apply_attention_warp_tiles() {
   const char* v = std::getenv("AMSP_ATTENTION_WARP_TILES");
   if (v == nullptr) return;
@@ -75,7 +75,7 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::describe() const {
   // The attention's warp layout only where it is not the default, for a run timed beside it.
   const std::string tiles =
-      kc::attention_warp_tiles() == 2 ? "" : "; attention: one tile of 16 rows a warp";
+      kc::attention_warp_tiles() == 1 ? "" : "; attention: two tiles of 16 rows a warp";
   return cat("cuda:", device_, " (", name_, ", sm_", sm_, tiles, ")");
 }
 

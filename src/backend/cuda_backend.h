@@ -84,7 +84,7 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::kCuda; }
   // "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", and the attention's warp layout where it is not
-  // the default (AMSP_ATTENTION_WARP_TILES=1).
+  // the default (AMSP_ATTENTION_WARP_TILES=2).
   std::string describe() const override;
   int device_index() const { return device_; }
   const std::string& device_name() const { return name_; }

@@ -362,9 +362,9 @@ def amsp_attention(c, name, model_args, m, extra=(), env=None):
 
 
 def attention_warp_tiles(c):
-    """Up to D = 64 the tensor-core kernels take two tiles of 16 rows a warp; one, the layout
-    before, is kept to time beside it (AMSP_ATTENTION_WARP_TILES): two decoder layers of
-    llama-1b (D = 64), each layout's attention ms a step in the same run."""
+    """Up to D = 64 the tensor-core kernels may take two tiles of 16 rows a warp
+    (AMSP_ATTENTION_WARP_TILES=2) or one (the default, the faster on an H200): two decoder
+    layers of llama-1b (D = 64), each layout's attention ms a step in the same run."""
     print("== 5b. attention at llama-1b's D = 64: one tile a warp against two", flush=True)
     base, seq, batch, steps = ("tiny", 32, 2, 3) if c.a.emulated else ("llama-1b", 2048, 2, 4)
     if c.left() < 90:
@@ -467,8 +467,8 @@ def warp_tiles_table(f):
     m = f.get("attention_warp_tiles")
     if not m or "tiles_1" not in m:
         return []
-    return timing_rows(f"amsp's attention at D = {m['head_dim']} with two tiles of 16 rows a warp (the default) "
-                       f"and one (AMSP_ATTENTION_WARP_TILES=1, the layout before), {m['layers']} decoder layers "
+    return timing_rows(f"amsp's attention at D = {m['head_dim']} with two tiles of 16 rows a warp "
+                       f"(AMSP_ATTENTION_WARP_TILES=2) and one (the default), {m['layers']} decoder layers "
                        f"of {m['preset']}, seq {m['seq']}, batch {m['batch']}, ms a step from the kernel profile:",
                        "tiles a warp", [(t, m[f"tiles_{t}"]) for t in (2, 1)], m)
 
@@ -487,11 +487,17 @@ def attention_128_table(f):
 
 # ---- counters: one step under Nsight Compute --------------------------------------------------
 # The kernel profile's events time each backend call, several kernels and any wait for the
-# host together; ncu times every kernel of one step alone and reads its counters: DRAM
-# traffic and throughput against the device's peak, SM throughput, occupancy, registers.
-# That says which memory-bound kernels are far from the memory and whether they are
-# short of warps or of bandwidth. ncu replays each kernel, so the step's own time under
-# it means nothing.
+# host together; ncu times a kernel alone and reads its counters: DRAM traffic and
+# throughput against the device's peak, SM throughput, occupancy, registers. That says
+# which memory-bound kernels are far from the memory and whether they are short of warps
+# or of bandwidth. ncu replays each kernel (9 passes of these counters on an H200, about
+# half a second a launch), so it takes one launch of each launch configuration (function,
+# grid, block, shared memory) of the step: llama-1b's 22 layers launch the same few dozen
+# configurations over and over, and every launch of the step (some 800) did not finish in
+# 5 minutes. The kernel profile has each kernel's time a step; the step's own time under
+# ncu means nothing.
+
+COUNTERS_FILTER = ("--filter-mode", "per-launch-config", "--launch-count", "1")
 
 def profiled_step(c, name, tool, ncu_args, limit):
     """llama-1b's third step under ncu with ncu_args; the report's path, or None and why not."""
@@ -517,13 +523,14 @@ def export_page(c, tool, report, page, name):
 
 def counters(c):
     print("== 4b. one training step under Nsight Compute: each kernel's time and counters", flush=True)
-    case = "llama-1b, step 3, every kernel"
+    case = "llama-1b, step 3, one launch of each configuration"
     tool = None if c.a.emulated else find_cuda_tool("ncu", "/opt/nvidia/nsight-compute/*/ncu")
     if tool is None or c.left() < 150:
         c.record("counters", case, "not run", "no GPU (emulation)" if c.a.emulated else
                  "ncu not found" if tool is None else "time budget spent")
         return
-    report, note = profiled_step(c, "counters", tool, ["--metrics", ",".join(ncu_table.METRICS)], 420)
+    report, note = profiled_step(c, "counters", tool,
+                                 ["--metrics", ",".join(ncu_table.METRICS), *COUNTERS_FILTER], 240)
     if report is None:
         c.record("counters", case, "FAIL", note)
         return
@@ -795,9 +802,10 @@ def write_report(c):
     lines += attention_table(f)
     n = f.get("counters")
     if n:
-        lines += ["", f"amsp's kernels in one step under Nsight Compute (llama-1b, seq 2048, batch 2, step 3; "
-                      f"{n['launches']} launches, {n['ms']:.1f} ms of kernel time, each kernel timed alone; "
-                      "percentages of the device's peak, weighted by time):", ""] + ncu_table.table(n["kernels"])
+        lines += ["", f"amsp's kernels under Nsight Compute, one launch of each launch configuration of a step "
+                      f"(llama-1b, seq 2048, batch 2, step 3; {n['launches']} launches, {n['ms']:.1f} ms, each "
+                      "timed alone; percentages of the device's peak, weighted by time; the time a step is the "
+                      "kernel profile's):", ""] + ncu_table.table(n["kernels"])
     deep = f.get("counters_attention")
     if deep:
         lines += ["", "One launch of each attention kernel with ncu's full set (the same step; the whole CSV in "

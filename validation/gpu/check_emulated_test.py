@@ -130,7 +130,7 @@ ran = {}
 for t in (1, 2):
     info = os.path.join(out, "runs", f"attention-warp-tiles-{t}", "run.json")
     ran[t] = " ".join(json.load(open(info)).get("devices", [])) if os.path.exists(info) else ""
-expect("one tile of 16 rows a warp" in ran[1] and "one tile" not in ran[2],
+expect("two tiles of 16 rows a warp" in ran[2] and "two tiles" not in ran[1],
        f"the runs of one tile a warp and of two each ran the layout named (devices: {ran})")
 expect(results.get(("attention", f"D = {wt.get('head_dim')}, tiny's layers, one tile a warp against two")) == "ok"
        and all(wt.get(f"tiles_{t}", {}).get("forward_ms", 0) > 0 for t in (1, 2))

@@ -11,7 +11,7 @@ ceilings: the check's part "counters" (validation/gpu/check.py) prints them.
 import csv
 import re
 
-# What the check asks ncu for: one pass of counters on Hopper.
+# What the check asks ncu for (9 passes of each launch on an H200).
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -90,7 +90,7 @@ def kernel_rows(csv_text):
 
 def table(rows, limit=25):
     """Markdown lines for the largest `limit` kernels."""
-    lines = ["| kernel | calls | ms | mean us | DRAM GB/s | DRAM % of peak | SM % of peak | warps active % | "
+    lines = ["| kernel | launches | ms | mean us | DRAM GB/s | DRAM % of peak | SM % of peak | warps active % | "
              "registers |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows[:limit]:
         name = r["name"] if len(r["name"]) <= 60 else r["name"][:57] + "..."
