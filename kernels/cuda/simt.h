@@ -22,15 +22,19 @@
 #define AMSP_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #define AMSP_DEVICE_INLINE __device__ __forceinline__
 #define AMSP_UNROLL _Pragma("unroll")
+#define AMSP_NO_UNROLL _Pragma("unroll 1")
 #else
 #include "kernels/cuda/emu/simt.h"
 #define AMSP_DEVICE_INLINE inline
 #define AMSP_UNROLL
+#define AMSP_NO_UNROLL
 #endif
 // AMSP_UNROLL before a loop over a register array's indices (mma fragments,
 // accumulators): nvcc then unrolls it whatever its body's size, so that every
 // index is a constant and the array stays in registers. A loop it keeps indexes
 // the array at run time, which puts the array in local memory (the stack).
+// AMSP_NO_UNROLL keeps a loop whose body indexes no register array by its
+// counter, where unrolling would only add registers (attention's dq).
 
 // AMSP_LAUNCH is a macro: a kernel's template arguments must hold no comma, so
 // a kernel of two dtypes takes them as one type, Dtypes<A, B>, and a kernel of
