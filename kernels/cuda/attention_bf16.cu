@@ -443,10 +443,13 @@ AMSP_DEVICE_INLINE void for_each_key_tile(KeyValueTiles<kD> (&tiles)[kStagesN], 
 // much the output accumulated so far shrinks. Key k0 <= row0 is in the tile
 // and every row (rows past T too) sees it, so the maximum is finite from the
 // first tile on, and 2^-inf = 0 for masked keys and for the first rescale.
+// kMasked: the caller's tile may reach past a row or past T.
+template <bool kMasked>
 AMSP_DEVICE_INLINE void softmax_tile(float (&s)[kKeys / 8][4], uint32_t (&p)[kKeys / 8][2],
                                      float (&m)[2], float (&l)[2], float (&rescale)[2], int64_t k0,
                                      int64_t row0, const Shape& sh) {
-  if (k0 + kKeys - 1 > row0 || k0 + kKeys > sh.T)  // warp-uniform: the diagonal, or the end
+  // Warp-uniform: the diagonal, or the end.
+  if (kMasked && (k0 + kKeys - 1 > row0 || k0 + kKeys > sh.T))
     for (int n = 0; n < kKeys / 8; ++n)
       for (int i = 0; i < 4; ++i) {
         const int64_t key = c_col(k0 + 8 * n, i);
@@ -521,8 +524,9 @@ __global__ void __launch_bounds__(kThreads, kTileMinBlocks<V::row_tiles, kMinBlo
   float o[kM][kD / 8][4] = {}, m[kM][2], l[kM][2] = {};
   AMSP_UNROLL
   for (int r = 0; r < kM; ++r) m[r][0] = m[r][1] = -INFINITY;
-  for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
-    if (k0 > row0 + kM * kRows - 1) return;  // causal: none of these keys for this warp
+  // One key tile's products and softmax; kMasked: it may reach past a row or past T.
+  auto keys = [&](const KeyValueTiles<kD>& kv, int64_t k0, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     float s[kM][kKeys / 8][4] = {};
     AMSP_UNROLL
     for (int n = 0; n < kKeys / 8; n += 2) mma_dots<kD>(s, n, qa, kv.k + 8 * n * kLd);
@@ -530,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, kTileMinBlocks<V::row_tiles, kMinBlo
     AMSP_UNROLL
     for (int r = 0; r < kM; ++r) {
       float rescale[2];
-      softmax_tile(s[r], p[r], m[r], l[r], rescale, k0, row0 + kRows * r, sh);
+      softmax_tile<kMasked>(s[r], p[r], m[r], l[r], rescale, k0, row0 + kRows * r, sh);
       for (int n = 0; n < kD / 8; ++n)
         for (int i = 0; i < 4; ++i) o[r][n][i] *= rescale[i / 2];
     }
@@ -542,6 +546,14 @@ __global__ void __launch_bounds__(kThreads, kTileMinBlocks<V::row_tiles, kMinBlo
         for (int i = 0; i < 4; ++i) pa[r][i] = p[r][2 * c + i / 2][i % 2];
       mma_rows<kD>(o, pa, kv.v + 16 * c * kLd);
     }
+  };
+  for_each_key_tile(tiles, k, v, hd, rows.q_last, sh, [&](const KeyValueTiles<kD>& kv, int64_t k0) {
+    if (k0 > row0 + kM * kRows - 1) return;  // causal: none of these keys for this warp
+    // Warp-uniform: every key of the tile at or before the warp's first row and before T.
+    if (k0 + kKeys - 1 <= row0 && k0 + kKeys <= sh.T)
+      keys(kv, k0, std::false_type{});
+    else
+      keys(kv, k0, std::true_type{});
   });
 
   AMSP_UNROLL
