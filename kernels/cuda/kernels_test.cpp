@@ -228,6 +228,32 @@ TEST(Batched, LoadsEachBatchBeforeUsingItAndVisitsEveryIndexOnceInOrder) {
   }
 }
 
+// A held row: every load first, then each pass visits the indices below end
+// in order, as often as asked, with what was loaded; none past end.
+TEST(Held, LoadsEveryIndexOnceThenVisitsThemInOrderEachPass) {
+  struct Case {
+    int64_t first, end, stride;
+  };
+  for (const Case& c :
+       {Case{0, 0, 1}, Case{3, 4, 5}, Case{0, 3, 1}, Case{2, 8, 3}, Case{7, 9, 64}}) {
+    std::vector<int64_t> loads, indices, visits;
+    const auto row = cuda::hold<3>(c.first, c.end, c.stride, [&](int64_t i) {
+      loads.push_back(i);
+      return i * 10;
+    });
+    for (int64_t i = c.first; i < c.end; i += c.stride) indices.push_back(i);
+    EXPECT_EQ(loads, indices) << c.first << ".." << c.end << " by " << c.stride;
+    for (int pass = 0; pass < 2; ++pass) {
+      visits.clear();
+      row.visit([&](int64_t i, int64_t loaded) {
+        EXPECT_EQ(loaded, i * 10);
+        visits.push_back(i);
+      });
+      EXPECT_EQ(visits, indices) << "pass " << pass << ", " << c.first << ".." << c.end;
+    }
+  }
+}
+
 // ---- conversions, add, sum of squares ----------------------------------------
 
 const int64_t kSizes[] = {0, 1, 31, 255, 256, 257, 1000, 2 * cuda::kSumSquaresChunk + 17};
@@ -398,9 +424,11 @@ struct RowsDim {
   int64_t rows, dim;
 };
 // By packs where dim is a multiple of 4: 2060 and 4096 give some threads a
-// second batch of packs (pack.cuh, batched), 2060's cut short.
-const RowsDim kNormShapes[] = {{1, 1},    {0, 16},   {3, 7},    {5, 256},  {2, 1000},
-                               {300, 65}, {4, 4097}, {70, 300}, {2, 2060}, {3, 4096}};
+// second batch of packs (pack.cuh, batched), 2060's cut short; 1500 and 2048
+// a row held in registers of two packs a thread (norm.cu, two_passes), 1500's
+// second pack only for some threads.
+const RowsDim kNormShapes[] = {{1, 1},    {0, 16},   {3, 7},    {5, 256},  {2, 1000}, {300, 65},
+                               {4, 4097}, {70, 300}, {3, 1500}, {2, 2048}, {2, 2060}, {3, 4096}};
 
 template <typename W>
 std::vector<W> weights(const std::vector<float>& w);

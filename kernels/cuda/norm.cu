@@ -19,8 +19,14 @@ namespace {
 // the packs j = threadIdx.x, + blockDim.x, ... of a row, two at a time
 // loaded before it uses them (pack.cuh, batched: llama-1b's row of 2048 fp32
 // values in one batch); the per-element arithmetic is the same either way.
-// dw's chunks, a small grid, take four rows at a time.
+// dw's chunks, a small grid, take four rows at a time. A row of at most
+// kNormHeld packs a thread (2048 columns by packs of 4: llama-1b's hidden
+// size) is held in registers from its sum to the pass that uses the sum, so
+// that it is read once (two_passes), in the registers the two passes took
+// (nvcc 13, sm_90: dx 54, forward 45); four packs, 7B's 4096 columns, would
+// take 101 for dx, half the blocks an SM.
 constexpr int kNormBatch = 2;
+constexpr int kNormHeld = 2;
 constexpr int kDwRowBatch = 4;
 template <int P>
 AMSP_DEVICE_INLINE int64_t first_column() {
@@ -31,7 +37,43 @@ AMSP_DEVICE_INLINE int64_t column_stride() {
   return static_cast<int64_t>(blockDim.x) * P;
 }
 
-// y = w * (x * inv) over one row, this block's threads taking its packs.
+// Two passes over a row of dim columns by packs of P, this block's threads
+// taking its packs j in order: sum(j, load(j)) for each, then between() (a
+// block reduction: every thread calls it), then update(j, load(j), more(j)),
+// more's loads (what only the update reads) issued before the updates. The
+// row is held in registers where kNormHeld packs a thread cover it, else
+// loaded again in batches; the same calls in the same order either way.
+struct Nothing {};
+template <int P, typename Load, typename Sum, typename Between, typename More, typename Update>
+AMSP_DEVICE_INLINE void two_passes(int64_t dim, Load load, Sum sum, Between between, More more,
+                                   Update update) {
+  const int64_t first = first_column<P>(), step = column_stride<P>();
+  if (dim <= kNormHeld * step) {  // block-uniform
+    const auto row = hold<kNormHeld>(first, dim, step, load);
+    row.visit(sum);
+    between();
+    const auto extra = hold<kNormHeld>(first, dim, step, more);
+    AMSP_UNROLL
+    for (int u = 0; u < kNormHeld; ++u)
+      if (row.at(u) < dim) update(row.at(u), row.v[u], extra.v[u]);
+  } else {
+    batched<kNormBatch>(first, dim, step, load, sum);
+    between();
+    using Loaded = decltype(load(first));
+    using Extra = decltype(more(first));
+    struct Both {
+      Loaded row;
+      Extra extra;
+    };
+    batched<kNormBatch>(
+        first, dim, step,
+        [&](int64_t j) {
+          return Both{load(j), more(j)};
+        },
+        [&](int64_t j, const Both& b) { update(j, b.row, b.extra); });
+  }
+}
+
 // P columns of a row's x and of w.
 template <int P, typename W>
 struct XW {
@@ -39,19 +81,13 @@ struct XW {
   Pack<W, P> w;
 };
 
+// y = w * (x * inv) at P columns from j.
 template <int P, typename W, typename Y>
-AMSP_DEVICE_INLINE void apply_row(const float* x, const W* w, Y* y, float inv, int64_t dim) {
-  batched<kNormBatch>(
-      first_column<P>(), dim, column_stride<P>(),
-      [&](int64_t j) {
-        return XW<P, W>{load_pack<P>(x + j), load_pack<P>(w + j)};
-      },
-      [&](int64_t j, const XW<P, W>& e) {
-        Pack<Y, P> yv;
-        AMSP_UNROLL
-        for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(e.x.x[k], load(e.w.x[k]), inv));
-        store_pack<P>(y + j, yv);
-      });
+AMSP_DEVICE_INLINE void apply_pack(Y* y, int64_t j, const XW<P, W>& e, float inv) {
+  Pack<Y, P> yv;
+  AMSP_UNROLL
+  for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(e.x.x[k], load(e.w.x[k]), inv));
+  store_pack<P>(y + j, yv);
 }
 
 // One block per row (grid-stride over rows); every thread of a block takes
@@ -61,18 +97,26 @@ __global__ void rmsnorm_forward_kernel(const float* x, const typename V::Type::F
                                        typename V::Type::Second* y, float* inv_rms, int64_t rows,
                                        int64_t dim, float eps) {
   constexpr int P = V::value;
+  using W = typename V::Type::First;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * dim;
     double ss = 0.0;
-    batched<kNormBatch>(
-        first_column<P>(), dim, column_stride<P>(), [&](int64_t j) { return load_pack<P>(xr + j); },
-        [&](int64_t, const Pack<float, P>& xv) {
+    float inv = 0.0f;
+    two_passes<P>(
+        dim,
+        [&](int64_t j) {
+          return XW<P, W>{load_pack<P>(xr + j), load_pack<P>(w + j)};
+        },
+        [&](int64_t, const XW<P, W>& e) {
           AMSP_UNROLL
-          for (int k = 0; k < P; ++k) ss += static_cast<double>(xv.x[k]) * xv.x[k];
-        });
-    const float inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
-    if (threadIdx.x == 0) inv_rms[r] = inv;
-    apply_row<P>(xr, w, y + r * dim, inv, dim);
+          for (int k = 0; k < P; ++k) ss += static_cast<double>(e.x.x[k]) * e.x.x[k];
+        },
+        [&] {
+          inv = rms_inv(static_cast<float>(block_sum(ss)), dim, eps);
+          if (threadIdx.x == 0) inv_rms[r] = inv;
+        },
+        [](int64_t) { return Nothing{}; },
+        [&](int64_t j, const XW<P, W>& e, Nothing) { apply_pack<P>(y + r * dim, j, e, inv); });
   }
 }
 
@@ -81,22 +125,25 @@ __global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::Fir
                                      const float* inv_rms, typename V::Type::Second* y,
                                      int64_t rows, int64_t dim) {
   constexpr int P = V::value;
+  using W = typename V::Type::First;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    apply_row<P>(x + r * dim, w, y + r * dim, inv_rms[r], dim);
+    const float* xr = x + r * dim;
+    const float inv = inv_rms[r];
+    batched<kNormBatch>(
+        first_column<P>(), dim, column_stride<P>(),
+        [&](int64_t j) {
+          return XW<P, W>{load_pack<P>(xr + j), load_pack<P>(w + j)};
+        },
+        [&](int64_t j, const XW<P, W>& e) { apply_pack<P>(y + r * dim, j, e, inv); });
   }
 }
 
-// P columns of a row's x, w and dy, and of dx where it is updated.
+// P columns of a row's x, w and dy.
 template <int P, typename W, typename DY>
 struct Row {
   Pack<float, P> x;
   Pack<W, P> w;
   Pack<DY, P> dy;
-};
-template <int P, typename W, typename DY>
-struct RowDx {
-  Row<P, W, DY> row;
-  Pack<float, P> dx;
 };
 
 // dx += inv * w*dy - x * coef, coef = inv^3 * sum_j(w*dy*x) / dim, per row;
@@ -114,29 +161,27 @@ __global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const floa
     const DY* dyr = dy + r * dim;
     float* dxr = dx + r * dim;
     const float inv = inv_rms[r];
-    const auto row_at = [&](int64_t j) {
-      return Row<P, W, DY>{load_pack<P>(xr + j), load_pack<P>(w + j), load_pack<P>(dyr + j)};
-    };
     double c = 0.0;
-    batched<kNormBatch>(first_column<P>(), dim, column_stride<P>(), row_at,
-                        [&](int64_t, const Row<P, W, DY>& e) {
-                          AMSP_UNROLL
-                          for (int k = 0; k < P; ++k)
-                            c += static_cast<double>(load(e.w.x[k]) * load(e.dy.x[k])) * e.x.x[k];
-                        });
-    c = block_sum(c);
-    const float coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
-    batched<kNormBatch>(
-        first_column<P>(), dim, column_stride<P>(),
+    float coef = 0.0f;
+    two_passes<P>(
+        dim,
         [&](int64_t j) {
-          return RowDx<P, W, DY>{row_at(j), load_pack<P>(dxr + j)};
+          return Row<P, W, DY>{load_pack<P>(xr + j), load_pack<P>(w + j), load_pack<P>(dyr + j)};
         },
-        [&](int64_t j, RowDx<P, W, DY> e) {
-          Pack<float, P>& dxv = e.dx;
+        [&](int64_t, const Row<P, W, DY>& e) {
           AMSP_UNROLL
           for (int k = 0; k < P; ++k)
-            dxv.x[k] += rmsnorm_dx_element(e.row.x.x[k], load(e.row.w.x[k]), load(e.row.dy.x[k]),
-                                           inv, coef);
+            c += static_cast<double>(load(e.w.x[k]) * load(e.dy.x[k])) * e.x.x[k];
+        },
+        [&] {
+          c = block_sum(c);
+          coef = static_cast<float>(c * inv * inv * inv / static_cast<double>(dim));
+        },
+        [&](int64_t j) { return load_pack<P>(dxr + j); },
+        [&](int64_t j, const Row<P, W, DY>& e, Pack<float, P> dxv) {
+          AMSP_UNROLL
+          for (int k = 0; k < P; ++k)
+            dxv.x[k] += rmsnorm_dx_element(e.x.x[k], load(e.w.x[k]), load(e.dy.x[k]), inv, coef);
           store_pack<P>(dxr + j, dxv);
           if (dx16 == nullptr) return;
           Pack<bf16, P> rounded;

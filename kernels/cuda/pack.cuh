@@ -94,6 +94,34 @@ AMSP_DEVICE_INLINE void batched(int64_t first, int64_t end, int64_t stride, Load
   }
 }
 
+// A thread's share of a row held in registers between two passes over it (a
+// sum over the row, then an update by that sum), so that the row is read once:
+// hold<U> loads load(i) for i = first, first + stride, ... < end, every load
+// before any use, where the caller knows that U of them cover the row (a
+// block-uniform test); visit(use) then calls use(i, loaded) in order, the
+// order batched takes, so a pass over a held row gives batched's bits.
+template <int U, typename T>
+struct Held {
+  T v[U];
+  int64_t first, end, stride;
+  AMSP_DEVICE_INLINE int64_t at(int u) const { return first + u * stride; }
+  template <typename Use>
+  AMSP_DEVICE_INLINE void visit(Use use) const {
+    AMSP_UNROLL
+    for (int u = 0; u < U; ++u)
+      if (at(u) < end) use(at(u), v[u]);
+  }
+};
+
+template <int U, typename Load>
+AMSP_DEVICE_INLINE auto hold(int64_t first, int64_t end, int64_t stride, Load load) {
+  Held<U, decltype(load(first))> h{{}, first, end, stride};
+  AMSP_UNROLL
+  for (int u = 0; u < U; ++u)
+    if (h.at(u) < end) h.v[u] = load(h.at(u));
+  return h;
+}
+
 // Over elements [0, n) of flat arrays, grid-stride: use(i, P, load(i, P))
 // for i in [0, packed) by packs of P (P a std::integral_constant), in batches
 // of U, then use(i, 1, load(i, 1)) for the rest, one at a time. `packed` is a
