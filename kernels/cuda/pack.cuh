@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "kernels/cuda/mma.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/simt.h"
 
@@ -53,6 +54,27 @@ AMSP_DEVICE_INLINE void store_pack(A* p, const Pack<A, N>& v) {
   ::amsp::emu::simt::check_aligned(p, sizeof v);
   std::memcpy(p, &v, sizeof v);
 #endif
+}
+
+// P fp32 values stored as a pack of A, as store() stores each: bf16 a pair
+// at a time by pack_bf16 (mma.h: one cvt.rn.bf16x2 on the GPU where
+// float_to_bf16 takes some six integer instructions a value; the same bits but
+// for a NaN's payload), fp32 as they are.
+template <typename A, int P>
+AMSP_DEVICE_INLINE Pack<A, P> rounded_pack(const float (&v)[P]) {
+  Pack<A, P> out;
+  if constexpr (std::is_same_v<A, uint16_t> && P % 2 == 0) {
+    AMSP_UNROLL
+    for (int k = 0; k < P; k += 2) {
+      const uint32_t w = pack_bf16(v[k], v[k + 1]);
+      out.x[k] = static_cast<uint16_t>(w & 0xffffu);
+      out.x[k + 1] = static_cast<uint16_t>(w >> 16);
+    }
+  } else {
+    AMSP_UNROLL
+    for (int k = 0; k < P; ++k) store(&out.x[k], v[k]);
+  }
+  return out;
 }
 
 // Grid-stride loops over packs of P elements: a thread's first element, and

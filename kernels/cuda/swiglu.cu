@@ -42,10 +42,10 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
           return GateUp<V>{load_pack<P>(gate + r * ld + c), load_pack<P>(up + r * ld + c)};
         },
         [&](int64_t c, const GateUp<V>& e) {
-          Pack<typename V::Type, P> o;
+          float o[P];
           AMSP_UNROLL
-          for (int k = 0; k < P; ++k) store(&o.x[k], swiglu(load(e.gate.x[k]), load(e.up.x[k])));
-          store_pack<P>(out + r * cols + c, o);
+          for (int k = 0; k < P; ++k) o[k] = swiglu(load(e.gate.x[k]), load(e.up.x[k]));
+          store_pack<P>(out + r * cols + c, rounded_pack<typename V::Type>(o));
         });
 }
 
@@ -65,16 +65,12 @@ __global__ void __launch_bounds__(kBlockThreads, 4)
                                load_pack<P>(dout + r * cols + c)};
         },
         [&](int64_t c, const GateUpDout<V>& e) {
-          Pack<typename V::Type, P> dg, du;
+          float dg[P], du[P];
           AMSP_UNROLL
-          for (int k = 0; k < P; ++k) {
-            float a, b;
-            swiglu_grad(load(e.gate.x[k]), load(e.up.x[k]), load(e.dout.x[k]), a, b);
-            store(&dg.x[k], a);
-            store(&du.x[k], b);
-          }
-          store_pack<P>(dgate + r * ld + c, dg);
-          store_pack<P>(dup + r * ld + c, du);
+          for (int k = 0; k < P; ++k)
+            swiglu_grad(load(e.gate.x[k]), load(e.up.x[k]), load(e.dout.x[k]), dg[k], du[k]);
+          store_pack<P>(dgate + r * ld + c, rounded_pack<typename V::Type>(dg));
+          store_pack<P>(dup + r * ld + c, rounded_pack<typename V::Type>(du));
         });
 }
 
