@@ -37,10 +37,10 @@ __global__ void convert_kernel(const typename T::First* x, typename T::Second* y
   for_each_pack<kFlatPack, kFlatBatch>(n, packed, pack_of(x),
                                        [&](int64_t i, auto pack, const auto& xv) {
                                          constexpr int P = decltype(pack)::value;
-                                         Pack<typename T::Second, P> yv;
+                                         float v[P];
                                          AMSP_UNROLL
-                                         for (int k = 0; k < P; ++k) store(&yv.x[k], load(xv.x[k]));
-                                         store_pack<P>(y + i, yv);
+                                         for (int k = 0; k < P; ++k) v[k] = load(xv.x[k]);
+                                         store_pack<P>(y + i, rounded_pack<typename T::Second>(v));
                                        });
 }
 

@@ -105,13 +105,14 @@ __global__ void cross_entropy_backward_kernel(typename S::Type* logits, const in
     }
     batched<kLossBatch>(
         first_pack<P>(), V, pack_stride<P>(), [&](int64_t j) { return load_pack<P>(z + j); },
-        [&](int64_t j, Logits zs) {
+        [&](int64_t j, const Logits& zs) {
+          float g[P];
           AMSP_UNROLL
           for (int k = 0; k < P; ++k) {
             const float p = scale * fast_exp(load(zs.x[k]) - l);
-            store(&zs.x[k], j + k == t ? p - scale : p);
+            g[k] = j + k == t ? p - scale : p;
           }
-          store_pack<P>(z + j, zs);
+          store_pack<P>(z + j, rounded_pack<typename S::Type>(g));
         });
   }
 }

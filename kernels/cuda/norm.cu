@@ -84,10 +84,10 @@ struct XW {
 // y = w * (x * inv) at P columns from j.
 template <int P, typename W, typename Y>
 AMSP_DEVICE_INLINE void apply_pack(Y* y, int64_t j, const XW<P, W>& e, float inv) {
-  Pack<Y, P> yv;
+  float v[P];
   AMSP_UNROLL
-  for (int k = 0; k < P; ++k) store(&yv.x[k], rmsnorm_element(e.x.x[k], load(e.w.x[k]), inv));
-  store_pack<P>(y + j, yv);
+  for (int k = 0; k < P; ++k) v[k] = rmsnorm_element(e.x.x[k], load(e.w.x[k]), inv);
+  store_pack<P>(y + j, rounded_pack<Y>(v));
 }
 
 // One block per row (grid-stride over rows); every thread of a block takes
@@ -183,11 +183,7 @@ __global__ void rmsnorm_dx_kernel(const typename V::Type::Second* dy, const floa
           for (int k = 0; k < P; ++k)
             dxv.x[k] += rmsnorm_dx_element(e.x.x[k], load(e.w.x[k]), load(e.dy.x[k]), inv, coef);
           store_pack<P>(dxr + j, dxv);
-          if (dx16 == nullptr) return;
-          Pack<bf16, P> rounded;
-          AMSP_UNROLL
-          for (int k = 0; k < P; ++k) store(&rounded.x[k], dxv.x[k]);
-          store_pack<P>(dx16 + r * dim + j, rounded);
+          if (dx16 != nullptr) store_pack<P>(dx16 + r * dim + j, rounded_pack<bf16>(dxv.x));
         });
   }
 }
