@@ -37,10 +37,7 @@ template <int P>
 AMSP_DEVICE_INLINE void store_copies(const AdamWTensor& t, int64_t i, const Pack<float, P>& p) {
   if (t.copy == nullptr) return;
   if (!t.copy_bf16) return store_pack<P>(static_cast<float*>(t.copy) + i, p);
-  Pack<bf16, P> b;
-  AMSP_UNROLL
-  for (int k = 0; k < P; ++k) b.x[k] = float_to_bf16(p.x[k]);
-  store_pack<P>(static_cast<bf16*>(t.copy) + i, b);
+  store_pack<P>(static_cast<bf16*>(t.copy) + i, rounded_pack<bf16>(p.x));
 }
 
 // An element's gradient, master, first and second moment: P of each.

@@ -69,9 +69,10 @@ __global__ void add_kernel(typename T::First* dst, const typename T::Second* src
   };
   for_each_pack<kFlatPack, kFlatBatch>(n, packed, both, [&](int64_t i, auto pack, auto e) {
     constexpr int P = decltype(pack)::value;
+    float sum[P];
     AMSP_UNROLL
-    for (int k = 0; k < P; ++k) store(&e.dst.x[k], load(e.dst.x[k]) + load(e.src.x[k]));
-    store_pack<P>(dst + i, e.dst);
+    for (int k = 0; k < P; ++k) sum[k] = load(e.dst.x[k]) + load(e.src.x[k]);
+    store_pack<P>(dst + i, rounded_pack<typename T::First>(sum));
   });
 }
 

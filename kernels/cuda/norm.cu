@@ -81,6 +81,11 @@ struct XW {
   Pack<W, P> w;
 };
 
+template <int P, typename W>
+AMSP_DEVICE_INLINE XW<P, W> load_xw(const float* x, const W* w, int64_t j) {
+  return XW<P, W>{load_pack<P>(x + j), load_pack<P>(w + j)};
+}
+
 // y = w * (x * inv) at P columns from j.
 template <int P, typename W, typename Y>
 AMSP_DEVICE_INLINE void apply_pack(Y* y, int64_t j, const XW<P, W>& e, float inv) {
@@ -103,10 +108,7 @@ __global__ void rmsnorm_forward_kernel(const float* x, const typename V::Type::F
     double ss = 0.0;
     float inv = 0.0f;
     two_passes<P>(
-        dim,
-        [&](int64_t j) {
-          return XW<P, W>{load_pack<P>(xr + j), load_pack<P>(w + j)};
-        },
+        dim, [&](int64_t j) { return load_xw<P>(xr, w, j); },
         [&](int64_t, const XW<P, W>& e) {
           AMSP_UNROLL
           for (int k = 0; k < P; ++k) ss += static_cast<double>(e.x.x[k]) * e.x.x[k];
@@ -130,10 +132,7 @@ __global__ void rmsnorm_apply_kernel(const float* x, const typename V::Type::Fir
     const float* xr = x + r * dim;
     const float inv = inv_rms[r];
     batched<kNormBatch>(
-        first_column<P>(), dim, column_stride<P>(),
-        [&](int64_t j) {
-          return XW<P, W>{load_pack<P>(xr + j), load_pack<P>(w + j)};
-        },
+        first_column<P>(), dim, column_stride<P>(), [&](int64_t j) { return load_xw<P>(xr, w, j); },
         [&](int64_t j, const XW<P, W>& e) { apply_pack<P>(y + r * dim, j, e, inv); });
   }
 }

@@ -29,17 +29,17 @@ __global__ void rope_kernel(typename V::Type* x, const float* cos, const float* 
          k += static_cast<int>(gridDim.x * blockDim.x)) {
       const int i = k % per_head * P;
       typename V::Type* a = x + r * row_stride + static_cast<int64_t>(k / per_head) * head_dim + i;
-      auto lo = load_pack<P>(a), hi = load_pack<P>(a + half);
+      const auto lo = load_pack<P>(a), hi = load_pack<P>(a + half);
       const Pack<float, P> c = load_pack<P>(cos + table + i), s = load_pack<P>(sin + table + i);
+      float u[P], v[P];
       AMSP_UNROLL
       for (int j = 0; j < P; ++j) {
-        float u = load(lo.x[j]), v = load(hi.x[j]);
-        rope_rotate(u, v, c.x[j], sign * s.x[j]);
-        store(&lo.x[j], u);
-        store(&hi.x[j], v);
+        u[j] = load(lo.x[j]);
+        v[j] = load(hi.x[j]);
+        rope_rotate(u[j], v[j], c.x[j], sign * s.x[j]);
       }
-      store_pack<P>(a, lo);
-      store_pack<P>(a + half, hi);
+      store_pack<P>(a, rounded_pack<typename V::Type>(u));
+      store_pack<P>(a + half, rounded_pack<typename V::Type>(v));
     }
   }
 }
